@@ -1,0 +1,110 @@
+"""Local Hugging Face checkpoint folders: config.json + *.safetensors (sharded or not).
+
+Tensors are read lazily from memory-mapped files and handed to a model built on the meta
+device, so loading holds one copy of the weights, never two.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+from genai_pipeline.errors import CheckpointError
+from genai_pipeline.models.decoder import Decoder, DecoderConfig
+from genai_pipeline.registry import ModelSpec
+
+
+def read_config(folder: Path) -> dict:
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise CheckpointError(f"checkpoint folder '{folder}' does not exist; pass --checkpoint DIR with a local Hugging Face model folder")
+    path = folder / "config.json"
+    if not path.is_file():
+        raise CheckpointError(f"'{folder}' has no config.json; a Hugging Face checkpoint folder needs config.json and *.safetensors")
+    try:
+        config = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"'{path}' is not valid JSON ({e}); re-download or re-save the checkpoint") from None
+    if not isinstance(config, dict):
+        raise CheckpointError(f"'{path}' must hold a JSON object")
+    return config
+
+
+def decoder_config(spec: ModelSpec, folder: Path) -> DecoderConfig:
+    """The checkpoint's own config.json is the truth for its shapes."""
+    hf = read_config(folder)
+    try:
+        return spec.config_from_hf(hf)
+    except (KeyError, TypeError, ValueError) as e:
+        raise CheckpointError(f"'{folder}/config.json' does not describe a {spec.family} model: {e!r}") from None
+
+
+def safetensors_files(folder: Path) -> list[Path]:
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+        except (json.JSONDecodeError, KeyError, TypeError) as e:
+            raise CheckpointError(f"'{index}' is corrupt ({e!r})") from None
+        files = sorted({folder / f for f in weight_map.values()})
+        missing = [f.name for f in files if not f.is_file()]
+        if missing:
+            raise CheckpointError(f"'{folder}' is missing shard(s) {', '.join(missing)} named in {index.name}")
+        return files
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise CheckpointError(f"'{folder}' has no *.safetensors files; save the model with safe_serialization=True")
+    return files
+
+
+def load_decoder(spec: ModelSpec, folder: Path, max_seq_len: int) -> Decoder:
+    """Build the decoder on the meta device and assign every tensor from the checkpoint once."""
+    folder = Path(folder)
+    config = decoder_config(spec, folder)
+    with torch.device("meta"):
+        model = Decoder(config, max_seq_len)
+    expected = model.state_dict()
+    if config.tie_embeddings:
+        expected.pop("output.weight")
+    state: dict[str, torch.Tensor] = {}
+    for file in safetensors_files(folder):
+        try:
+            with safe_open(str(file), framework="pt") as f:
+                for key in f.keys():
+                    ours = spec.map_key(key)
+                    if ours is None or ours not in expected:
+                        if ours == "output.weight" and config.tie_embeddings:
+                            continue  # a tied head saved anyway: the embedding is the head
+                        raise CheckpointError(f"unexpected tensor '{key}' in '{file.name}' for a {spec.family} model with this config.json")
+                    tensor = f.get_tensor(key)
+                    want = tuple(expected[ours].shape)
+                    if tuple(tensor.shape) != want:
+                        raise CheckpointError(
+                            f"tensor '{key}' in '{file.name}' has shape {tuple(tensor.shape)}, but config.json implies {want}"
+                        )
+                    state[ours] = tensor.to(torch.float32)
+        except CheckpointError:
+            raise
+        except Exception as e:  # safetensors raises several types for a damaged file
+            raise CheckpointError(f"cannot read '{file}': {e}; the file is truncated or not safetensors") from None
+    missing = sorted(set(expected) - set(state))
+    if missing:
+        raise CheckpointError(f"checkpoint '{folder}' lacks tensor(s) {', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}")
+    model.load_state_dict(state, strict=False, assign=True)
+    model.tie_weights()
+    model.reset_buffers()
+    return model.eval().requires_grad_(False)
+
+
+def random_decoder(config: DecoderConfig, max_seq_len: int, seed: int = 0) -> Decoder:
+    """Random weights (std 0.02, as HF initialises Llama), reproducible from the seed."""
+    torch.manual_seed(seed)
+    model = Decoder(config, max_seq_len)
+    for name, p in model.named_parameters():
+        if name.endswith("norm.weight"):
+            continue
+        torch.nn.init.normal_(p, std=0.02) if p.dim() > 1 else torch.nn.init.zeros_(p)
+    return model.eval().requires_grad_(False)

@@ -1,0 +1,207 @@
+"""`genai models | export | run | inspect`. Options and defaults come from the stage dataclasses."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import warnings
+from dataclasses import fields
+from pathlib import Path
+
+from genai_pipeline.errors import GenAIError
+
+log = logging.getLogger("genai_pipeline")
+
+
+def _quiet_libraries() -> None:
+    """Keep library chatter that users cannot act on off the terminal (see DESIGN.md: noise)."""
+    warnings.filterwarnings("ignore", category=FutureWarning)
+    warnings.filterwarnings("ignore", category=UserWarning)
+    warnings.filterwarnings("ignore", category=DeprecationWarning)
+    for name in ("torchao", "torch.utils._pytree", "root", "executorch"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+    logging.getLogger().setLevel(logging.ERROR)
+
+
+def _default(cls, name: str):
+    return next(f.default for f in fields(cls) if f.name == name)
+
+
+def cmd_models(args) -> int:
+    from genai_pipeline.registry import DEFAULT_MODEL, SPECS
+
+    rows = [
+        {
+            "name": s.name,
+            "family": s.family,
+            "params": s.config.num_params,
+            "weights": "shipped" if s.checkpoint else "--checkpoint DIR",
+            "default": s.name == DEFAULT_MODEL,
+            "description": s.description,
+        }
+        for s in SPECS.values()
+    ]
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    for r in rows:
+        params = f"{r['params'] / 1e6:.1f}M" if r["params"] < 1e9 else f"{r['params'] / 1e9:.2f}B"
+        mark = " (default)" if r["default"] else ""
+        print(f"{r['name']:<16} {r['family']:<8} {params:>8}  weights: {r['weights']:<17} {r['description']}{mark}")
+    return 0
+
+
+def cmd_export(args) -> int:
+    from genai_pipeline.compile import compile_artifacts
+    from genai_pipeline.prepare import PrepareOptions, prepare
+    from genai_pipeline.checkpoints.hf import read_config
+    from genai_pipeline.registry import DEFAULT_MODEL, get_spec, infer_spec
+    from genai_pipeline.targets import check_recipe, get_target
+
+    if args.model is None and args.checkpoint:
+        spec = infer_spec(read_config(Path(args.checkpoint)))
+        log.info("model: %s (inferred from %s/config.json)", spec.name, args.checkpoint)
+    else:
+        spec = get_spec(args.model or DEFAULT_MODEL)
+    target = get_target(args.target)
+    check_recipe(target, args.recipe)
+    options = PrepareOptions(
+        mode=args.mode,
+        max_seq_len=args.max_seq_len,
+        prefill_len=args.prefill_len,
+        checkpoint=Path(args.checkpoint) if args.checkpoint else None,
+        seed=args.seed,
+    )
+    log.info("prepare %s (%s mode, max_seq_len %d)", spec.name, options.mode.value, options.max_seq_len)
+    prepared = prepare(spec, options)
+    log.info("compile for %s", target.name)
+    result = compile_artifacts(prepared, target, Path(args.out), recipe=args.recipe)
+    for name, f in result.manifest["files"].items():
+        log.info("  %s  %.2f MB", name, f["bytes"] / (1 << 20))
+    return 0
+
+
+def cmd_run(args) -> int:
+    from genai_pipeline.errors import InputError
+    from genai_pipeline.runtime.generate import Sampler, SamplingOptions, generate
+    from genai_pipeline.runtime.session import DecoderSession
+    from genai_pipeline.runtime.tokenizer import TextStream, Tokenizer
+
+    sampling = SamplingOptions(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
+    session = DecoderSession(Path(args.folder))
+    tokenizer = Tokenizer(Path(args.folder) / "tokenizer.json", session.manifest.get("bos_id"))
+    prompt = tokenizer.encode(args.prompt)
+    if len(prompt) >= session.max_seq_len:
+        raise InputError(
+            f"the prompt is {len(prompt)} tokens but the program's context is {session.max_seq_len}; "
+            "shorten it or re-export with a larger --max-seq-len"
+        )
+    room = session.max_seq_len - len(prompt) + 1  # the last generated token is never fed back
+    max_new = min(args.max_new_tokens, room)
+    if max_new < args.max_new_tokens:
+        log.warning("only %d new tokens fit the context of %d", max_new, session.max_seq_len)
+    stream = TextStream(tokenizer)
+
+    def show(token: int) -> None:
+        if not args.json:
+            print(stream.push(token), end="", flush=True)
+
+    result = generate(session, prompt, max_new, Sampler(sampling), tuple(session.manifest.get("eos_ids", ())), show)
+    text = tokenizer.decode(result.tokens)
+    if args.json:
+        print(json.dumps({
+            "prompt_tokens": result.prompt_tokens,
+            "tokens": result.tokens,
+            "text": text,
+            "stop_reason": result.stop_reason,
+            "prefill_tokens_per_s": round(result.prefill_tokens_per_s, 2),
+            "decode_tokens_per_s": round(result.decode_tokens_per_s, 2),
+        }))
+    else:
+        print(stream.flush(), flush=True)
+        log.info(
+            "%d prompt tokens at %.1f tok/s, %d new tokens at %.1f tok/s (%s)",
+            len(prompt), result.prefill_tokens_per_s, len(result.tokens), result.decode_tokens_per_s, result.stop_reason,
+        )
+    return 0
+
+
+def cmd_inspect(args) -> int:
+    from genai_pipeline.inspect import format_report, inspect_program
+
+    report = inspect_program(Path(args.file))
+    print(json.dumps(report, indent=2) if args.json else format_report(report))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from genai_pipeline.names import Mode
+    from genai_pipeline.prepare import PrepareOptions
+    from genai_pipeline.registry import DEFAULT_MODEL
+    from genai_pipeline.runtime.generate import SamplingOptions
+
+    parser = argparse.ArgumentParser(prog="genai", description="LLM checkpoints to verified ExecuTorch programs.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("models", help="list the registry")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_models)
+
+    p = sub.add_parser("export", help="prepare, compile and write .pte programs + manifest")
+    p.add_argument("model", nargs="?", help=f"registry name (default: inferred from --checkpoint, else {DEFAULT_MODEL})")
+    p.add_argument("--checkpoint", help="local Hugging Face folder (config.json + *.safetensors)")
+    p.add_argument("--target", default="xnnpack", help="xnnpack (default) or portable")
+    p.add_argument("--recipe", default="fp32", help="quantization recipe (default fp32)")
+    p.add_argument("--mode", default=_default(PrepareOptions, "mode").value, choices=[m.value for m in Mode])
+    p.add_argument("--max-seq-len", type=int, default=_default(PrepareOptions, "max_seq_len"))
+    p.add_argument("--prefill-len", type=int, default=_default(PrepareOptions, "prefill_len"))
+    p.add_argument("--seed", type=int, default=_default(PrepareOptions, "seed"), help="seed for random weights")
+    p.add_argument("--out", required=True, help="output folder")
+    p.set_defaults(func=cmd_export)
+
+    p = sub.add_parser("run", help="generate text with an exported folder")
+    p.add_argument("folder", help="a folder written by `genai export`")
+    p.add_argument("--prompt", required=True)
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--temperature", type=float, default=_default(SamplingOptions, "temperature"))
+    p.add_argument("--top-k", type=int, default=_default(SamplingOptions, "top_k"))
+    p.add_argument("--top-p", type=float, default=_default(SamplingOptions, "top_p"))
+    p.add_argument("--seed", type=int, default=_default(SamplingOptions, "seed"))
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of streaming text")
+    p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("inspect", help="methods, delegates, shared data and metadata of a .pte")
+    p.add_argument("file")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_inspect)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    _quiet_libraries()
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("genai: %(message)s"))
+    log.addHandler(handler)
+    log.setLevel(logging.DEBUG if os.environ.get("GENAI_DEBUG") else logging.INFO)
+    log.propagate = False
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except GenAIError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("error: interrupted", file=sys.stderr)
+        return 130
+    except Exception as e:  # a bug: still one line for the user, the traceback on request
+        if os.environ.get("GENAI_DEBUG"):
+            raise
+        print(f"internal error: {type(e).__name__}: {e} (set GENAI_DEBUG=1 for the traceback)", file=sys.stderr)
+        return 3
+
+
+if __name__ == "__main__":
+    sys.exit(main())

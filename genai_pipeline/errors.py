@@ -1,0 +1,25 @@
+"""Errors a user can act on. The CLI prints `error: <message>` on one line and exits non-zero."""
+
+
+class GenAIError(Exception):
+    """Base of every error meant for the user; its message says what is wrong and what to do."""
+
+
+class UnknownModelError(GenAIError):
+    pass
+
+
+class CheckpointError(GenAIError):
+    pass
+
+
+class ExportError(GenAIError):
+    pass
+
+
+class ProgramError(GenAIError):
+    """A .pte that is missing, truncated, corrupt or not one of ours."""
+
+
+class InputError(GenAIError):
+    """A bad prompt or option value at run time."""

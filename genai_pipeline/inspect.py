@@ -1,0 +1,120 @@
+"""A look inside a .pte: methods and their I/O, delegates, shared weights and buffers, metadata."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from pathlib import Path
+
+from genai_pipeline.errors import ProgramError
+from genai_pipeline.runtime.program import check_pte_file
+
+
+def _tensor_desc(value) -> dict | None:
+    t = value.val
+    if type(t).__name__ != "Tensor":
+        return {"type": type(t).__name__}
+    return {"shape": list(t.sizes), "dtype": t.scalar_type.name.lower()}
+
+
+def _scalar(value):
+    t = value.val
+    for attr in ("int_val", "bool_val", "double_val", "string_val"):
+        if hasattr(t, attr):
+            return getattr(t, attr)
+    return None
+
+
+def inspect_program(path: Path) -> dict:
+    path = check_pte_file(path)
+    from executorch.exir._serialize._program import deserialize_pte_binary
+
+    try:
+        pte = deserialize_pte_binary(path.read_bytes())
+    except Exception as e:  # any parse failure of a damaged flatbuffer
+        raise ProgramError(f"'{path}' cannot be parsed as an ExecuTorch program ({type(e).__name__}); it is corrupt or truncated, re-export it") from None
+    program = pte.program
+    named = pte.named_data
+    named_sizes = {key: len(named.buffers[entry.buffer_index]) for key, entry in named.pte_data.items()} if named else {}
+
+    methods, metadata = {}, {}
+    const_users = defaultdict(set)  # constant-segment buffer index -> methods using it
+    named_users = defaultdict(set)  # named-data key -> methods whose delegates reference it
+    placements = defaultdict(dict)  # mutable buffer name -> {method: (arena, offset)}
+    for plan in program.execution_plan:
+        if not plan.inputs and all(_scalar(plan.values[i]) is not None for i in plan.outputs):
+            out = [_scalar(plan.values[i]) for i in plan.outputs]
+            metadata[plan.name] = out[0] if len(out) == 1 else out
+            continue
+        delegates = []
+        for d in plan.delegates:
+            blob = program.backend_delegate_data[d.processed.index].data
+            delegates.append({"backend": d.id, "bytes": len(blob)})
+            for key in named_sizes:
+                if key.encode() in blob:
+                    named_users[key].add(plan.name)
+        for v in plan.values:
+            t = v.val
+            if type(t).__name__ != "Tensor":
+                continue
+            if t.allocation_info is None and t.data_buffer_idx > 0:
+                const_users[t.data_buffer_idx].add(plan.name)
+            info = t.extra_tensor_info
+            if info is not None and info.fully_qualified_name and t.allocation_info is not None:
+                a = t.allocation_info
+                placements[info.fully_qualified_name][plan.name] = (a.memory_id, a.memory_offset_low + (a.memory_offset_high << 32))
+        by_backend = defaultdict(int)
+        for d in delegates:
+            by_backend[d["backend"]] += 1
+        methods[plan.name] = {
+            "inputs": [_tensor_desc(plan.values[i]) for i in plan.inputs],
+            "outputs": [_tensor_desc(plan.values[i]) for i in plan.outputs],
+            "delegates": dict(by_backend),
+            "delegate_bytes": sum(d["bytes"] for d in delegates),
+            "operators": len(plan.operators),
+            "planned_arena_bytes": list(plan.non_const_buffer_sizes[1:]),
+        }
+    compute = set(methods)
+
+    def shared(users: set) -> bool:
+        return len(compute) > 1 and users == compute
+
+    const_sizes = {i: len(b.storage) for i, b in enumerate(program.constant_buffer)}
+    mutable = {
+        name: {"placement": {m: list(p) for m, p in where.items()}, "shared": len(where) > 1 and len(set(where.values())) == 1}
+        for name, where in placements.items()
+    }
+    return {
+        "file": str(path),
+        "file_bytes": path.stat().st_size,
+        "methods": methods,
+        "metadata": metadata,
+        "constant_segment": {
+            "buffers": len(const_users),
+            "bytes": sum(const_sizes[i] for i in const_users),
+            "shared_bytes": sum(const_sizes[i] for i, u in const_users.items() if shared(u)),
+        },
+        "named_data": {
+            "entries": len(named_sizes),
+            "bytes": sum(named_sizes.values()),
+            "shared_bytes": sum(named_sizes[k] for k, u in named_users.items() if shared(u)),
+        },
+        "mutable_buffers": mutable,
+    }
+
+
+def format_report(r: dict) -> str:
+    mb = 1 << 20
+    lines = [f"{r['file']}  {r['file_bytes'] / mb:.2f} MB"]
+    for name, m in r["methods"].items():
+        io = lambda ts: ", ".join(f"{t.get('dtype', t.get('type'))}{t.get('shape', '')}" for t in ts)  # noqa: E731
+        delegates = ", ".join(f"{n}x {b}" for b, n in m["delegates"].items()) or "none"
+        lines.append(f"method {name}: ({io(m['inputs'])}) -> ({io(m['outputs'])})")
+        lines.append(f"    delegates: {delegates} ({m['delegate_bytes'] / 1024:.1f} KB); {m['operators']} operator kinds; arenas {m['planned_arena_bytes']} B")
+    c, n = r["constant_segment"], r["named_data"]
+    lines.append(f"constant segment: {c['buffers']} tensors, {c['bytes'] / mb:.2f} MB, shared by all methods: {c['shared_bytes'] / mb:.2f} MB")
+    lines.append(f"named data: {n['entries']} entries, {n['bytes'] / mb:.2f} MB, shared by all methods: {n['shared_bytes'] / mb:.2f} MB")
+    if r["mutable_buffers"]:
+        shared = sum(b["shared"] for b in r["mutable_buffers"].values())
+        lines.append(f"mutable buffers: {len(r['mutable_buffers'])}, at one shared place in every method: {shared}")
+    lines.append("metadata: " + ", ".join(f"{k}={v}" for k, v in r["metadata"].items()))
+    return "\n".join(lines)

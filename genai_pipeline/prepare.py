@@ -1,0 +1,111 @@
+"""prepare: a registry entry (+ optional local checkpoint) -> the graphs of each artifact."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+from torch.export import Dim
+
+from genai_pipeline.bundle import Artifact, GraphBundle, PreparedModel
+from genai_pipeline.checkpoints.hf import load_decoder, random_decoder
+from genai_pipeline.errors import InputError
+from genai_pipeline.models.decoder import Decoder
+from genai_pipeline.names import ArtifactKey, GraphName, Mode
+from genai_pipeline.registry import ModelSpec
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class PrepareOptions:
+    mode: Mode = Mode.HYBRID
+    max_seq_len: int = 512  # KV cache length: prompt + generated tokens
+    prefill_len: int = 32  # tokens per `prefill` call in hybrid mode
+    checkpoint: Path | None = None  # local Hugging Face folder; None: the entry's shipped weights, else random
+    seed: int = 0  # for random weights
+
+    def __post_init__(self):
+        object.__setattr__(self, "mode", Mode(self.mode))
+        if self.max_seq_len < 2:
+            raise InputError(f"--max-seq-len must be at least 2, got {self.max_seq_len}")
+        if not 1 <= self.prefill_len <= self.max_seq_len:
+            raise InputError(f"--prefill-len must be between 1 and --max-seq-len ({self.max_seq_len}), got {self.prefill_len}")
+
+
+class DecoderGraph(nn.Module):
+    """The decoder as one exported method. Every graph of a program wraps the same decoder the
+    same way, so their weights and KV-cache buffers carry the same names and are shared."""
+
+    def __init__(self, decoder: Decoder, last_only: bool):
+        super().__init__()
+        self.decoder, self.last_only = decoder, last_only
+
+    def forward(self, tokens: torch.Tensor, input_pos: torch.Tensor) -> torch.Tensor:
+        return self.decoder(tokens, input_pos, last_only=self.last_only)
+
+
+def _graphs(decoder: Decoder, options: PrepareOptions) -> dict[GraphName, GraphBundle]:
+    pos = torch.tensor([0], dtype=torch.long)
+
+    def tokens(n: int) -> torch.Tensor:
+        return torch.zeros((1, n), dtype=torch.long)
+
+    every_position = DecoderGraph(decoder, last_only=False)
+    next_token = DecoderGraph(decoder, last_only=True)
+    graphs = {
+        # prefill returns every position's logits: a padded last chunk reads its last real row.
+        GraphName.PREFILL: GraphBundle(GraphName.PREFILL, every_position, (tokens(options.prefill_len), pos)),
+        GraphName.DECODE: GraphBundle(GraphName.DECODE, next_token, (tokens(1), pos)),
+        GraphName.FORWARD: GraphBundle(
+            GraphName.FORWARD,
+            next_token,
+            (tokens(2), pos),
+            dynamic_shapes=({1: Dim("seq_len", min=1, max=options.max_seq_len - 1)}, None),
+        ),
+    }
+    return {name: graphs[name] for name in options.mode.graphs}
+
+
+def prepare(spec: ModelSpec, options: PrepareOptions) -> PreparedModel:
+    checkpoint = options.checkpoint or spec.checkpoint
+    if checkpoint is not None:
+        log.info("loading %s from %s", spec.name, checkpoint)
+        decoder = load_decoder(spec, Path(checkpoint), options.max_seq_len)
+        weights = str(checkpoint)
+    else:
+        log.warning(
+            "%s: no checkpoint given, using RANDOM weights (seed %d); pass --checkpoint DIR for real weights",
+            spec.name, options.seed,
+        )
+        decoder = random_decoder(spec.config, options.max_seq_len, options.seed)
+        weights = "random"
+    config = decoder.config
+    if options.max_seq_len > config.max_position_embeddings:
+        log.warning("--max-seq-len %d exceeds the model's trained context %d", options.max_seq_len, config.max_position_embeddings)
+    tokenizer = Path(checkpoint) / "tokenizer.json" if checkpoint is not None else None
+    constants = {
+        "get_max_seq_len": options.max_seq_len,
+        "get_max_context_len": options.max_seq_len,
+        "get_vocab_size": config.vocab_size,
+        "get_n_layers": config.n_layers,
+        "get_bos_id": spec.bos_id if spec.bos_id is not None else -1,
+        "get_eos_ids": list(spec.eos_ids),
+        "use_kv_cache": True,
+        "use_sdpa_with_kv_cache": True,
+        "enable_dynamic_shape": options.mode is Mode.DYNAMIC,
+    }
+    if options.mode is Mode.HYBRID:
+        constants["get_prefill_len"] = options.prefill_len
+    artifact = Artifact(ArtifactKey.TEXT_DECODER, _graphs(decoder, options), constants)
+    return PreparedModel(
+        spec=spec,
+        config=config,
+        artifacts={artifact.key: artifact},
+        options=options,
+        weights=weights,
+        tokenizer_file=tokenizer if tokenizer is not None and tokenizer.is_file() else None,
+    )

@@ -1,0 +1,110 @@
+"""Llama family: Llama 3.x, SmolLM2 and the shipped reference model (all `LlamaForCausalLM`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from genai_pipeline.models.decoder import DecoderConfig, RopeScaling
+from genai_pipeline.registry import ModelSpec
+
+ASSETS = Path(__file__).resolve().parents[2] / "assets"
+
+# Hugging Face `LlamaForCausalLM` tensor names -> ours.
+HF_KEY_MAP: tuple[tuple[str, str], ...] = (
+    (r"model\.embed_tokens\.weight", "tok_embeddings.weight"),
+    (r"model\.norm\.weight", "norm.weight"),
+    (r"lm_head\.weight", "output.weight"),
+    (r"model\.layers\.(\d+)\.self_attn\.q_proj\.(weight|bias)", r"layers.\1.attention.wq.\2"),
+    (r"model\.layers\.(\d+)\.self_attn\.k_proj\.(weight|bias)", r"layers.\1.attention.wk.\2"),
+    (r"model\.layers\.(\d+)\.self_attn\.v_proj\.(weight|bias)", r"layers.\1.attention.wv.\2"),
+    (r"model\.layers\.(\d+)\.self_attn\.o_proj\.weight", r"layers.\1.attention.wo.weight"),
+    (r"model\.layers\.(\d+)\.self_attn\.q_norm\.weight", r"layers.\1.attention.q_norm.weight"),
+    (r"model\.layers\.(\d+)\.self_attn\.k_norm\.weight", r"layers.\1.attention.k_norm.weight"),
+    (r"model\.layers\.(\d+)\.mlp\.gate_proj\.weight", r"layers.\1.feed_forward.w1.weight"),
+    (r"model\.layers\.(\d+)\.mlp\.down_proj\.weight", r"layers.\1.feed_forward.w2.weight"),
+    (r"model\.layers\.(\d+)\.mlp\.up_proj\.weight", r"layers.\1.feed_forward.w3.weight"),
+    (r"model\.layers\.(\d+)\.input_layernorm\.weight", r"layers.\1.attention_norm.weight"),
+    (r"model\.layers\.(\d+)\.post_attention_layernorm\.weight", r"layers.\1.ffn_norm.weight"),
+)
+
+
+def config_from_hf(hf: dict) -> DecoderConfig:
+    """A Hugging Face LlamaConfig (as a dict from config.json) as our DecoderConfig."""
+    rope = hf.get("rope_scaling") or hf.get("rope_parameters") or {}
+    scaling = None
+    if rope.get("rope_type", rope.get("type")) == "llama3":
+        scaling = RopeScaling(
+            factor=float(rope["factor"]),
+            low_freq_factor=float(rope["low_freq_factor"]),
+            high_freq_factor=float(rope["high_freq_factor"]),
+            original_max_position_embeddings=int(rope["original_max_position_embeddings"]),
+        )
+    n_heads = int(hf["num_attention_heads"])
+    return DecoderConfig(
+        vocab_size=int(hf["vocab_size"]),
+        dim=int(hf["hidden_size"]),
+        n_layers=int(hf["num_hidden_layers"]),
+        n_heads=n_heads,
+        n_kv_heads=int(hf.get("num_key_value_heads") or n_heads),
+        hidden_dim=int(hf["intermediate_size"]),
+        head_dim=int(hf.get("head_dim") or 0),
+        norm_eps=float(hf.get("rms_norm_eps", 1e-5)),
+        rope_theta=float(hf.get("rope_theta", rope.get("rope_theta", 10000.0))),
+        rope_scaling=scaling,
+        qkv_bias=bool(hf.get("attention_bias", False)),
+        tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
+        max_position_embeddings=int(hf.get("max_position_embeddings", 2048)),
+    )
+
+
+def _spec(name: str, description: str, config: DecoderConfig, bos: int, eos: tuple[int, ...], checkpoint=None):
+    return ModelSpec(
+        name=name,
+        family="llama",
+        description=description,
+        config=config,
+        key_map=HF_KEY_MAP,
+        config_from_hf=config_from_hf,
+        hf_model_types=("llama",),
+        bos_id=bos,
+        eos_ids=eos,
+        checkpoint=checkpoint,
+    )
+
+
+SPECS = (
+    _spec(
+        "reference",
+        "shipped reference model, trained by assets/train_reference.py on Python's own docs",
+        DecoderConfig(
+            vocab_size=4096, dim=256, n_layers=4, n_heads=8, n_kv_heads=4, hidden_dim=768,
+            tie_embeddings=True, max_position_embeddings=512,
+        ),
+        bos=0,
+        eos=(0,),
+        checkpoint=ASSETS / "reference",
+    ),
+    _spec(
+        "smollm2-135m",
+        "HuggingFaceTB/SmolLM2-135M",
+        DecoderConfig(
+            vocab_size=49152, dim=576, n_layers=30, n_heads=9, n_kv_heads=3, hidden_dim=1536,
+            rope_theta=100000.0, tie_embeddings=True, max_position_embeddings=8192,
+        ),
+        bos=0,
+        eos=(0,),
+    ),
+    _spec(
+        "llama3_2-1b",
+        "meta-llama/Llama-3.2-1B",
+        DecoderConfig(
+            vocab_size=128256, dim=2048, n_layers=16, n_heads=32, n_kv_heads=8, hidden_dim=8192,
+            norm_eps=1e-5, rope_theta=500000.0, tie_embeddings=True, max_position_embeddings=131072,
+            rope_scaling=RopeScaling(
+                factor=32.0, low_freq_factor=1.0, high_freq_factor=4.0, original_max_position_embeddings=8192
+            ),
+        ),
+        bos=128000,
+        eos=(128001, 128008, 128009),
+    ),
+)

@@ -1,0 +1,41 @@
+"""Loading .pte files into the ExecuTorch runtime, with one clear error for a bad file."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from genai_pipeline.errors import ProgramError
+
+# ExecuTorch's flatbuffer file identifier sits at bytes 4..8 of every .pte.
+PTE_MAGIC_PREFIX = b"ET"
+
+
+def check_pte_file(path: Path, expected_bytes: int | None = None) -> Path:
+    """Refuse missing, truncated or non-ExecuTorch files before the runtime sees them."""
+    path = Path(path)
+    if not path.is_file():
+        raise ProgramError(f"'{path}' does not exist; run `genai export` first or pass the right path")
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        head = f.read(8)
+    if len(head) < 8 or head[4:6] != PTE_MAGIC_PREFIX:
+        raise ProgramError(f"'{path}' is not an ExecuTorch program (.pte); re-export it")
+    if expected_bytes is not None and size != expected_bytes:
+        raise ProgramError(f"'{path}' is {size} bytes but its manifest says {expected_bytes}: truncated or replaced; re-export it")
+    return path
+
+
+def load_program(path: Path, expected_bytes: int | None = None):
+    """An `executorch.runtime.Program`, with the kernels our programs use registered first."""
+    check_pte_file(path, expected_bytes)
+    import executorch.extension.llm.custom_ops.custom_ops  # noqa: F401  llama.update_cache / custom_sdpa kernels
+    from executorch.runtime import Runtime
+
+    try:
+        program = Runtime.get().load_program(Path(path))
+        # Touch every method's metadata: a damaged flatbuffer fails here, not mid-generation.
+        for name in program.method_names:
+            program.metadata(name)
+    except (RuntimeError, ValueError) as e:
+        raise ProgramError(f"'{path}' cannot be loaded by the ExecuTorch runtime ({e}); it is corrupt or truncated, re-export it") from None
+    return program

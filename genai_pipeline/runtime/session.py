@@ -1,0 +1,107 @@
+"""A text-decoder program and its KV-cache cursor: prefill a prompt, then step one token at a time.
+
+The KV cache lives inside the runtime (a mutable buffer shared by the program's methods); Python
+only tracks `pos`, the number of cache positions holding real tokens.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from genai_pipeline.bundle import read_manifest
+from genai_pipeline.errors import InputError, ProgramError
+from genai_pipeline.names import ArtifactKey, GraphName, Mode
+from genai_pipeline.runtime.program import load_program
+
+
+class DecoderSession:
+    def __init__(self, folder: Path):
+        folder = Path(folder)
+        self.folder = folder
+        self.manifest = read_manifest(folder)
+        try:
+            entry = self.manifest["artifacts"][ArtifactKey.TEXT_DECODER.value]
+            self.mode = Mode(self.manifest["mode"])
+            self.max_seq_len = int(self.manifest["max_seq_len"])
+            self.prefill_len = int(self.manifest["prefill_len"])
+            expected = self.manifest["files"][entry["file"]]["bytes"]
+        except (KeyError, ValueError, TypeError) as e:
+            raise ProgramError(f"'{folder}/manifest.json' lacks {e}; re-export the model") from None
+        self.program = load_program(folder / entry["file"], expected)
+        self._methods = {name: self.program.load_method(name.value) for name in self.mode.graphs}
+        self.pos = 0
+
+    def reset(self) -> None:
+        # Positions past `pos` are never read (attention is causal), so resetting the cursor
+        # is the same as clearing the cache.
+        self.pos = 0
+
+    def _run(self, graph: GraphName, tokens: list[int]) -> torch.Tensor:
+        inputs = [torch.tensor([tokens], dtype=torch.long), torch.tensor([self.pos], dtype=torch.long)]
+        # Outputs live in the runtime's planned memory; the next call overwrites them.
+        return self._methods[graph].execute(inputs)[0].clone()
+
+    def _check_room(self, n: int) -> None:
+        if self.pos + n > self.max_seq_len:
+            raise InputError(
+                f"{self.pos + n} tokens do not fit the program's context of {self.max_seq_len}; "
+                "use a shorter prompt / fewer new tokens, or re-export with a larger --max-seq-len"
+            )
+
+    def prefill(self, tokens: list[int]) -> torch.Tensor:
+        """Feed `tokens` at the cursor; returns the next-token logits, [vocab]."""
+        if not tokens:
+            raise InputError("the prompt is empty")
+        self._check_room(len(tokens))
+        if self.mode is Mode.DYNAMIC:
+            logits = self._run(GraphName.FORWARD, tokens)[0]
+            self.pos += len(tokens)
+            return logits
+        logits = None
+        i = 0
+        if self.mode is Mode.HYBRID:
+            n = self.prefill_len
+            # Full chunks, and a last partial chunk padded at the end: causal attention keeps the
+            # padding out of every real token's output, and later writes overwrite its cache rows.
+            while i < len(tokens) and self.pos + n <= self.max_seq_len:
+                chunk = tokens[i : i + n]
+                out = self._run(GraphName.PREFILL, chunk + [0] * (n - len(chunk)))
+                logits = out[0, len(chunk) - 1]
+                self.pos += len(chunk)
+                i += len(chunk)
+        for token in tokens[i:]:  # kv mode, or a tail too close to the end of the cache for a chunk
+            logits = self.step(token)
+        return logits
+
+    def step(self, token: int) -> torch.Tensor:
+        """Feed one token at the cursor; returns the next-token logits, [vocab]."""
+        self._check_room(1)
+        graph = GraphName.FORWARD if self.mode is Mode.DYNAMIC else GraphName.DECODE
+        logits = self._run(graph, [token])[0]
+        self.pos += 1
+        return logits
+
+
+class EagerSession:
+    """The eager decoder behind the same prefill/step interface, for parity checks and eval."""
+
+    def __init__(self, decoder):
+        self.decoder = decoder
+        self.max_seq_len = decoder.max_seq_len
+        self.pos = 0
+
+    def reset(self) -> None:
+        self.pos = 0
+
+    @torch.no_grad()
+    def prefill(self, tokens: list[int]) -> torch.Tensor:
+        if self.pos + len(tokens) > self.max_seq_len:
+            raise InputError(f"{self.pos + len(tokens)} tokens do not fit the context of {self.max_seq_len}")
+        logits = self.decoder(torch.tensor([tokens]), torch.tensor([self.pos]), last_only=True)[0]
+        self.pos += len(tokens)
+        return logits
+
+    def step(self, token: int) -> torch.Tensor:
+        return self.prefill([token])

@@ -1,0 +1,30 @@
+"""Backends. Each is one small module that builds a `Target`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from genai_pipeline.errors import InputError
+
+
+@dataclass(frozen=True)
+class Target:
+    name: str
+    description: str
+    recipes: tuple[str, ...]  # quantization recipes this backend accepts
+    partitioners: Callable[[], list]  # ExecuTorch partitioners; empty: no delegate
+
+
+def get_target(name: str) -> Target:
+    from genai_pipeline.targets import portable, xnnpack
+
+    targets = {t.name: t for t in (xnnpack.TARGET, portable.TARGET)}
+    if name not in targets:
+        raise InputError(f"unknown target '{name}'; known targets: {', '.join(targets)}")
+    return targets[name]
+
+
+def check_recipe(target: Target, recipe: str) -> None:
+    if recipe not in target.recipes:
+        raise InputError(f"target '{target.name}' does not support recipe '{recipe}'; it supports: {', '.join(target.recipes)}")

@@ -1,0 +1,94 @@
+"""The Hugging Face folder loader: sharded files, and one clear error per kind of damage."""
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from conftest import save_hf_checkpoint
+from genai_pipeline.checkpoints.hf import load_decoder
+from genai_pipeline.errors import CheckpointError
+from genai_pipeline.registry import get_spec
+
+SPEC = get_spec("smollm2-135m")
+
+
+@pytest.fixture
+def checkpoint(tmp_path):
+    return save_hf_checkpoint(tmp_path / "ckpt")
+
+
+def test_sharded_checkpoint_loads_the_same_weights(tmp_path, checkpoint):
+    sharded = save_hf_checkpoint(tmp_path / "sharded", max_shard_size="60KB")
+    assert len(list(sharded.glob("*.safetensors"))) > 1
+    assert (sharded / "model.safetensors.index.json").is_file()
+    a, b = load_decoder(SPEC, checkpoint, 32).state_dict(), load_decoder(SPEC, sharded, 32).state_dict()
+    assert a.keys() == b.keys()
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], rtol=0, atol=0)
+
+
+def test_loaded_weights_equal_the_file(checkpoint):
+    model = load_decoder(SPEC, checkpoint, 32)
+    tensors = load_file(checkpoint / "model.safetensors")
+    torch.testing.assert_close(model.layers[1].feed_forward.w3.weight, tensors["model.layers.1.mlp.up_proj.weight"])
+    torch.testing.assert_close(model.output.weight, tensors["lm_head.weight"])
+
+
+def _error(folder) -> str:
+    with pytest.raises(CheckpointError) as e:
+        load_decoder(SPEC, folder, 32)
+    return str(e.value)
+
+
+def test_missing_folder(tmp_path):
+    assert "does not exist" in _error(tmp_path / "nope")
+
+
+def test_missing_config(checkpoint):
+    (checkpoint / "config.json").unlink()
+    assert "no config.json" in _error(checkpoint)
+
+
+def test_corrupt_config(checkpoint):
+    (checkpoint / "config.json").write_text("{not json")
+    assert "not valid JSON" in _error(checkpoint)
+
+
+def test_no_weights(checkpoint):
+    (checkpoint / "model.safetensors").unlink()
+    assert "no *.safetensors" in _error(checkpoint)
+
+
+def test_truncated_weights(checkpoint):
+    f = checkpoint / "model.safetensors"
+    f.write_bytes(f.read_bytes()[:1000])
+    assert "cannot read" in _error(checkpoint)
+
+
+def test_shape_mismatch_names_the_tensor(checkpoint):
+    f = checkpoint / "model.safetensors"
+    tensors = load_file(f)
+    tensors["model.layers.1.self_attn.k_proj.weight"] = torch.zeros(7, 64)
+    save_file(tensors, f, metadata={"format": "pt"})
+    message = _error(checkpoint)
+    assert "model.layers.1.self_attn.k_proj.weight" in message and "(7, 64)" in message
+
+
+def test_missing_and_unexpected_tensors_are_named(checkpoint):
+    f = checkpoint / "model.safetensors"
+    tensors = load_file(f)
+    tensors["model.layers.0.mlp.extra.weight"] = tensors.pop("model.layers.0.mlp.up_proj.weight")
+    save_file(tensors, f, metadata={"format": "pt"})
+    assert "model.layers.0.mlp.extra.weight" in _error(checkpoint)
+    del tensors["model.layers.0.mlp.extra.weight"]
+    save_file(tensors, f, metadata={"format": "pt"})
+    assert "layers.0.feed_forward.w3.weight" in _error(checkpoint)
+
+
+def test_config_that_is_not_this_family(checkpoint):
+    config = json.loads((checkpoint / "config.json").read_text())
+    del config["hidden_size"]
+    (checkpoint / "config.json").write_text(json.dumps(config))
+    assert "does not describe a llama model" in _error(checkpoint)

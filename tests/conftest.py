@@ -1,0 +1,129 @@
+"""Session fixtures: tiny checkpoints made here, each exported once per session.
+
+Lowering is the slow part (seconds per layer), so every test model has two layers and a small
+width and vocabulary, and every (model, mode, target) program is built once and shared.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from genai_pipeline.checkpoints.hf import load_decoder
+from genai_pipeline.compile import compile_artifacts
+from genai_pipeline.prepare import PrepareOptions, prepare
+from genai_pipeline.registry import get_spec
+from genai_pipeline.targets import get_target
+
+REPO = Path(__file__).resolve().parents[1]
+REFERENCE = REPO / "assets" / "reference"
+TINY_VOCAB = 384
+TINY_MAX_SEQ = 96
+TINY_PREFILL = 8
+
+
+def train_tokenizer(path: Path, vocab_size: int) -> Path:
+    """A byte-level BPE (the form ExecuTorch's C++ tokenizer reads) trained on Python's own docs."""
+    import pydoc_data.topics
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    text = "\n".join(sorted(pydoc_data.topics.topics.values()))[:200_000]
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, special_tokens=["<|endoftext|>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
+    tok.train_from_iterator([text], trainer)
+    tok.save(str(path))
+    return path
+
+
+def save_hf_checkpoint(
+    folder: Path, model_type: str = "llama", std: float = 0.08, seed: int = 0, max_shard_size: str | None = None, **config
+) -> Path:
+    """Random weights saved by `transformers` itself, in Hugging Face format."""
+    import transformers
+
+    classes = {
+        "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
+        "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM),
+        "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM),
+    }
+    config_cls, model_cls = classes[model_type]
+    defaults = dict(
+        vocab_size=TINY_VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        intermediate_size=128, max_position_embeddings=256, tie_word_embeddings=False, bos_token_id=0, eos_token_id=0,
+    )
+    torch.manual_seed(seed)
+    model = model_cls(config_cls(**{**defaults, **config})).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.normal_(0, std) if "norm" not in name else p.normal_(1.0, 0.1)
+    model.save_pretrained(folder, safe_serialization=True, **({"max_shard_size": max_shard_size} if max_shard_size else {}))
+    return folder
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint(tmp_path_factory) -> Path:
+    """Llama-family, GQA, Llama-3 RoPE scaling, untied head, with a tokenizer.json."""
+    folder = tmp_path_factory.mktemp("tiny_llama")
+    save_hf_checkpoint(
+        folder,
+        rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                      "original_max_position_embeddings": 32},
+        rope_theta=50000.0,
+    )
+    train_tokenizer(folder / "tokenizer.json", TINY_VOCAB)
+    return folder
+
+
+@pytest.fixture(scope="session")
+def tiny_eager(tiny_checkpoint):
+    """A fresh eager decoder per call (each holds its own KV cache)."""
+    return lambda: load_decoder(get_spec("smollm2-135m"), tiny_checkpoint, TINY_MAX_SEQ)
+
+
+@pytest.fixture(scope="session")
+def export_tiny(tiny_checkpoint, tmp_path_factory):
+    """export_tiny(mode, target) -> folder; each combination is lowered once per session."""
+    built: dict[tuple[str, str], Path] = {}
+
+    def build(mode: str, target: str = "xnnpack") -> Path:
+        if (mode, target) not in built:
+            out = tmp_path_factory.mktemp(f"tiny_{mode}_{target}")
+            options = PrepareOptions(mode=mode, max_seq_len=TINY_MAX_SEQ, prefill_len=TINY_PREFILL, checkpoint=tiny_checkpoint)
+            compile_artifacts(prepare(get_spec("smollm2-135m"), options), get_target(target), out)
+            built[mode, target] = out
+        return built[mode, target]
+
+    return build
+
+
+@pytest.fixture(scope="session")
+def export_reference(tmp_path_factory):
+    """export_reference(mode) -> folder of the shipped reference model, xnnpack."""
+    built: dict[str, Path] = {}
+
+    def build(mode: str) -> Path:
+        if mode not in built:
+            out = tmp_path_factory.mktemp(f"reference_{mode}")
+            options = PrepareOptions(mode=mode, max_seq_len=256, prefill_len=32)
+            compile_artifacts(prepare(get_spec("reference"), options), get_target("xnnpack"), out)
+            built[mode] = out
+        return built[mode]
+
+    return build
+
+
+def copy_export(folder: Path, dest: Path) -> Path:
+    shutil.copytree(folder, dest)
+    return dest
+
+
+def manifest(folder: Path) -> dict:
+    return json.loads((folder / "manifest.json").read_text())
