@@ -91,7 +91,7 @@ def cmd_run(args) -> int:
     from genai_pipeline.runtime.tokenizer import TextStream, Tokenizer
 
     sampling = SamplingOptions(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
-    session = DecoderSession(Path(args.folder))
+    session = DecoderSession(Path(args.folder), verify=not args.no_verify)
     tokenizer = Tokenizer(Path(args.folder) / "tokenizer.json", session.manifest.get("bos_id"))
     prompt = tokenizer.encode(args.prompt)
     if len(prompt) >= session.max_seq_len:
@@ -171,6 +171,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--top-p", type=float, default=_default(SamplingOptions, "top_p"))
     p.add_argument("--seed", type=int, default=_default(SamplingOptions, "seed"))
     p.add_argument("--json", action="store_true", help="print one JSON object instead of streaming text")
+    p.add_argument("--no-verify", action="store_true", help="skip the sha256 check of the program against its manifest")
     p.set_defaults(func=cmd_run)
 
     p = sub.add_parser("inspect", help="methods, delegates, shared data and metadata of a .pte")
@@ -184,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
     _quiet_libraries()
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("genai: %(message)s"))
-    log.addHandler(handler)
+    log.handlers = [handler]
     log.setLevel(logging.DEBUG if os.environ.get("GENAI_DEBUG") else logging.INFO)
     log.propagate = False
     args = build_parser().parse_args(argv)
@@ -201,6 +202,8 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"internal error: {type(e).__name__}: {e} (set GENAI_DEBUG=1 for the traceback)", file=sys.stderr)
         return 3
+    finally:
+        log.handlers = []  # the handler holds this call's stderr
 
 
 if __name__ == "__main__":

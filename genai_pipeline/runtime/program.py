@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from genai_pipeline.bundle import sha256
 from genai_pipeline.errors import ProgramError
 
 # ExecuTorch's flatbuffer file identifier sits at bytes 4..8 of every .pte.
 PTE_MAGIC_PREFIX = b"ET"
 
 
-def check_pte_file(path: Path, expected_bytes: int | None = None) -> Path:
+def check_pte_file(path: Path, expected_bytes: int | None = None, expected_sha256: str | None = None) -> Path:
     """Refuse missing, truncated or non-ExecuTorch files before the runtime sees them."""
     path = Path(path)
     if not path.is_file():
@@ -22,12 +23,14 @@ def check_pte_file(path: Path, expected_bytes: int | None = None) -> Path:
         raise ProgramError(f"'{path}' is not an ExecuTorch program (.pte); re-export it")
     if expected_bytes is not None and size != expected_bytes:
         raise ProgramError(f"'{path}' is {size} bytes but its manifest says {expected_bytes}: truncated or replaced; re-export it")
+    if expected_sha256 is not None and sha256(path) != expected_sha256:
+        raise ProgramError(f"'{path}' does not match the sha256 in its manifest: the file is corrupt; re-export it")
     return path
 
 
-def load_program(path: Path, expected_bytes: int | None = None):
+def load_program(path: Path, expected_bytes: int | None = None, expected_sha256: str | None = None):
     """An `executorch.runtime.Program`, with the kernels our programs use registered first."""
-    check_pte_file(path, expected_bytes)
+    check_pte_file(path, expected_bytes, expected_sha256)
     import executorch.extension.llm.custom_ops.custom_ops  # noqa: F401  llama.update_cache / custom_sdpa kernels
     from executorch.runtime import Runtime
 

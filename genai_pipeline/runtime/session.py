@@ -17,7 +17,7 @@ from genai_pipeline.runtime.program import load_program
 
 
 class DecoderSession:
-    def __init__(self, folder: Path):
+    def __init__(self, folder: Path, verify: bool = False):
         folder = Path(folder)
         self.folder = folder
         self.manifest = read_manifest(folder)
@@ -26,10 +26,11 @@ class DecoderSession:
             self.mode = Mode(self.manifest["mode"])
             self.max_seq_len = int(self.manifest["max_seq_len"])
             self.prefill_len = int(self.manifest["prefill_len"])
-            expected = self.manifest["files"][entry["file"]]["bytes"]
+            expected = self.manifest["files"][entry["file"]]
         except (KeyError, ValueError, TypeError) as e:
             raise ProgramError(f"'{folder}/manifest.json' lacks {e}; re-export the model") from None
-        self.program = load_program(folder / entry["file"], expected)
+        path = folder / entry["file"]
+        self.program = load_program(path, expected["bytes"], expected["sha256"] if verify else None)
         self._methods = {name: self.program.load_method(name.value) for name in self.mode.graphs}
         self.pos = 0
 

@@ -1,0 +1,181 @@
+"""The `genai` command: what users see, and one clear line for every kind of bad input."""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import TINY_MAX_SEQ, copy_export, save_hf_checkpoint
+from genai_pipeline.cli import main
+
+
+def genai(*args, timeout=600):
+    """The real entry point in a child process."""
+    return subprocess.run(
+        [sys.executable, "-m", "genai_pipeline.cli", *map(str, args)], capture_output=True, text=True, timeout=timeout
+    )
+
+
+def fails_with_one_line(capsys, argv, *needles):
+    """In-process `main`: non-zero exit, and stderr ends with one `error:` line naming the problem."""
+    assert main([str(a) for a in argv]) != 0
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("error: "), err
+    for needle in needles:
+        assert needle in last, last
+    return last
+
+
+def test_models_lists_the_registry(capsys):
+    assert main(["models", "--json"]) == 0
+    rows = {r["name"]: r for r in json.loads(capsys.readouterr().out)}
+    assert {"reference", "smollm2-135m", "llama3_2-1b"} <= set(rows)
+    assert rows["reference"]["default"] and 1e6 < rows["reference"]["params"] <= 10e6
+    assert 134e6 < rows["smollm2-135m"]["params"] < 135e6
+
+
+def test_unknown_model_lists_known_names(tmp_path):
+    result = genai("export", "llama-9000", "--out", tmp_path)
+    assert result.returncode != 0
+    assert "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines()[-1].startswith("error: unknown model 'llama-9000'")
+    assert "smollm2-135m" in result.stderr and "reference" in result.stderr
+
+
+def test_missing_checkpoint_folder(capsys, tmp_path):
+    fails_with_one_line(capsys, ["export", "smollm2-135m", "--checkpoint", tmp_path / "nope", "--out", tmp_path / "o"], "does not exist")
+
+
+def test_corrupt_checkpoint_folder(capsys, tmp_path):
+    folder = save_hf_checkpoint(tmp_path / "ckpt")
+    (folder / "model.safetensors").write_bytes(b"\x00" * 64)
+    fails_with_one_line(capsys, ["export", "--checkpoint", folder, "--out", tmp_path / "o"], "model.safetensors")
+    assert not (tmp_path / "o" / "text_decoder.pte").exists()
+
+
+def test_shape_mismatch_names_the_tensor(capsys, tmp_path):
+    from safetensors.torch import load_file, save_file
+    import torch
+
+    folder = save_hf_checkpoint(tmp_path / "ckpt")
+    tensors = load_file(folder / "model.safetensors")
+    tensors["model.norm.weight"] = torch.ones(65)
+    save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
+    fails_with_one_line(capsys, ["export", "--checkpoint", folder, "--out", tmp_path / "o"], "model.norm.weight")
+
+
+def test_unsupported_recipe_is_refused_before_work(capsys, tmp_path):
+    fails_with_one_line(capsys, ["export", "--recipe", "8da4w", "--out", tmp_path], "does not support recipe '8da4w'")
+
+
+def test_export_infers_the_entry_from_config(capsys, tmp_path, export_tiny):
+    folder = save_hf_checkpoint(tmp_path / "ckpt", model_type="qwen3", head_dim=16)
+    from genai_pipeline.registry import infer_spec
+    from genai_pipeline.checkpoints.hf import read_config
+
+    assert infer_spec(read_config(folder)).name == "qwen3-0_6b"
+    (folder / "config.json").write_text(json.dumps({**read_config(folder), "model_type": "mamba"}))
+    fails_with_one_line(capsys, ["export", "--checkpoint", folder, "--out", tmp_path / "o"], "model_type 'mamba'", "qwen3")
+
+
+def test_run_streams_text_and_reports_json(capsys, export_tiny):
+    folder = export_tiny("hybrid")
+    assert main(["run", str(folder), "--prompt", "The list object", "--max-new-tokens", "12", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert len(out["tokens"]) == 12 and out["prompt_tokens"][0] == 0  # BOS first
+    assert out["decode_tokens_per_s"] > 0 and out["prefill_tokens_per_s"] > 0
+    assert main(["run", str(folder), "--prompt", "The list object", "--max-new-tokens", "12"]) == 0
+    streamed = capsys.readouterr().out
+    assert streamed.strip() == out["text"].strip()
+
+
+def test_prompt_longer_than_context(capsys, export_tiny):
+    fails_with_one_line(capsys, ["run", export_tiny("hybrid"), "--prompt", "word " * (TINY_MAX_SEQ + 5)], "context")
+
+
+def test_run_on_missing_folder(capsys, tmp_path):
+    fails_with_one_line(capsys, ["run", tmp_path / "nope", "--prompt", "x"], "does not exist")
+
+
+def test_run_on_truncated_program(capsys, tmp_path, export_tiny):
+    folder = copy_export(export_tiny("hybrid"), tmp_path / "copy")
+    pte = folder / "text_decoder.pte"
+    pte.write_bytes(pte.read_bytes()[: pte.stat().st_size // 2])
+    fails_with_one_line(capsys, ["run", folder, "--prompt", "x"], "truncated")
+
+
+def test_run_on_corrupt_program_of_the_right_size(tmp_path, export_tiny):
+    folder = copy_export(export_tiny("hybrid"), tmp_path / "copy")
+    pte = folder / "text_decoder.pte"
+    data = bytearray(pte.read_bytes())
+    data[len(data) // 2 : len(data) // 2 + 64] = bytes(64)
+    pte.write_bytes(bytes(data))
+    result = genai("run", folder, "--prompt", "x")
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert "corrupt" in result.stderr.strip().splitlines()[-1]
+
+
+@pytest.mark.parametrize("damage", ["missing", "truncated", "garbage"])
+def test_inspect_bad_files(capsys, tmp_path, export_tiny, damage):
+    pte = tmp_path / "x.pte"
+    good = (export_tiny("hybrid") / "text_decoder.pte").read_bytes()
+    if damage == "truncated":
+        pte.write_bytes(good[:4096])
+    elif damage == "garbage":
+        pte.write_bytes(os.urandom(4096))
+    fails_with_one_line(capsys, ["inspect", pte], str(pte))
+
+
+def test_interrupted_export_leaves_nothing_that_looks_complete(tmp_path, tiny_checkpoint, export_tiny):
+    out = copy_export(export_tiny("kv"), tmp_path / "out")  # a complete earlier export in the same folder
+    old = (out / "text_decoder.pte").read_bytes()
+    child = subprocess.Popen(
+        [sys.executable, "-m", "genai_pipeline.cli", "export", "--checkpoint", tiny_checkpoint, "--mode", "hybrid",
+         "--max-seq-len", "64", "--out", out],
+        stderr=subprocess.PIPE,
+    )
+    seen, deadline = b"", time.time() + 300
+    while b"lower text_decoder" not in seen and time.time() < deadline:
+        chunk = os.read(child.stderr.fileno(), 4096)
+        if not chunk:
+            break
+        seen += chunk
+    assert b"lower text_decoder" in seen, seen.decode(errors="replace")
+    child.send_signal(signal.SIGKILL)
+    child.wait()
+    assert not (out / "manifest.json").exists()  # the folder reads as incomplete
+    assert (out / "text_decoder.pte").read_bytes() == old  # no half-written program took its place
+    assert not list(out.glob(".*partial"))
+    result = genai("run", out, "--prompt", "x")
+    assert result.returncode == 2 and "not a complete export" in result.stderr
+
+
+def test_inspect_json_describes_a_hybrid_program(export_tiny):
+    result = genai("inspect", export_tiny("hybrid") / "text_decoder.pte", "--json")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert set(report["methods"]) == {"prefill", "decode"}
+    prefill, decode = report["methods"]["prefill"], report["methods"]["decode"]
+    assert [i["shape"] for i in prefill["inputs"]] == [[1, 8], [1]]
+    assert [i["shape"] for i in decode["inputs"]] == [[1, 1], [1]]
+    assert prefill["outputs"][0]["shape"] == [1, 8, 384] and decode["outputs"][0]["shape"] == [1, 384]
+    assert prefill["delegates"]["XnnpackBackend"] > 0
+    assert report["named_data"]["bytes"] > 0 and report["named_data"]["shared_bytes"] == report["named_data"]["bytes"]
+    buffers = report["mutable_buffers"]
+    assert len(buffers) == 4 and all(b["shared"] for b in buffers.values())  # k and v, two layers
+    assert report["metadata"]["get_max_seq_len"] == TINY_MAX_SEQ and report["metadata"]["get_prefill_len"] == 8
+    assert report["metadata"]["use_kv_cache"] is True and report["metadata"]["enable_dynamic_shape"] is False
+
+
+def test_inspect_portable_program_has_no_delegates(capsys, export_tiny):
+    assert main(["inspect", str(export_tiny("dynamic", "portable") / "text_decoder.pte"), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["methods"]["forward"]["delegates"] == {}
+    assert report["metadata"]["enable_dynamic_shape"] is True
