@@ -337,9 +337,9 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--minutes", type=float, default=12.0, help="training wall-clock budget")
     ap.add_argument("--steps", type=int, default=100_000, help="step cap")
     ap.add_argument("--batch-size", type=int, default=8, help="sequences of 256 tokens per step")
-    ap.add_argument("--lr", type=float, default=2e-3)
+    ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--min-lr-ratio", type=float, default=0.1)
-    ap.add_argument("--warmup", type=int, default=50)
+    ap.add_argument("--warmup", type=int, default=30)
     ap.add_argument("--weight-decay", type=float, default=0.1)
     ap.add_argument("--vocab-size", type=int, default=4096)
     ap.add_argument("--threads", type=int, default=2)
@@ -432,6 +432,9 @@ def main() -> None:
         "greedy_samples": samples,
     }
     (tmp / "train_report.json").write_text(json.dumps(report, indent=2) + "\n")
+    os.chmod(tmp, 0o755)  # mkdtemp creates 0700; ship normal permissions
+    for f in tmp.iterdir():
+        os.chmod(f, 0o644)
     if out.exists():
         shutil.rmtree(out)
     tmp.rename(out)

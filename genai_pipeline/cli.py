@@ -92,7 +92,7 @@ def cmd_run(args) -> int:
 
     sampling = SamplingOptions(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
     session = DecoderSession(Path(args.folder), verify=not args.no_verify)
-    tokenizer = Tokenizer(Path(args.folder) / "tokenizer.json", session.manifest.get("bos_id"))
+    tokenizer = Tokenizer(Path(args.folder) / "tokenizer.json")
     prompt = tokenizer.encode(args.prompt)
     if len(prompt) >= session.max_seq_len:
         raise InputError(

@@ -29,7 +29,7 @@ TINY_PREFILL = 8
 def train_tokenizer(path: Path, vocab_size: int) -> Path:
     """A byte-level BPE (the form ExecuTorch's C++ tokenizer reads) trained on Python's own docs."""
     import pydoc_data.topics
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
     text = "\n".join(sorted(pydoc_data.topics.topics.values()))[:200_000]
     tok = Tokenizer(models.BPE())
@@ -39,6 +39,7 @@ def train_tokenizer(path: Path, vocab_size: int) -> Path:
         vocab_size=vocab_size, special_tokens=["<|endoftext|>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
     )
     tok.train_from_iterator([text], trainer)
+    tok.post_processor = processors.TemplateProcessing(single="<|endoftext|> $A", special_tokens=[("<|endoftext|>", 0)])
     tok.save(str(path))
     return path
 

@@ -8,7 +8,10 @@ from genai_pipeline.errors import InputError
 
 
 class Tokenizer:
-    def __init__(self, path: Path, bos_id: int | None):
+    """tokenizer.json decides the special tokens around a prompt (its post-processor adds BOS where
+    the model wants one), exactly as ExecuTorch's C++ tokenizer and Hugging Face read it."""
+
+    def __init__(self, path: Path):
         from tokenizers import Tokenizer as HFTokenizer
 
         path = Path(path)
@@ -18,11 +21,9 @@ class Tokenizer:
             self._tok = HFTokenizer.from_file(str(path))
         except Exception as e:  # the Rust parser raises a bare Exception
             raise InputError(f"'{path}' does not parse as a tokenizer.json: {e}") from None
-        self.bos_id = bos_id if bos_id is not None and bos_id >= 0 else None
 
-    def encode(self, text: str, add_bos: bool = True) -> list[int]:
-        ids = self._tok.encode(text, add_special_tokens=False).ids
-        return ([self.bos_id] if add_bos and self.bos_id is not None else []) + ids
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return self._tok.encode(text, add_special_tokens=add_special_tokens).ids
 
     def decode(self, ids: list[int]) -> str:
         return self._tok.decode(ids, skip_special_tokens=True)

@@ -1,0 +1,118 @@
+"""Benchmark of the vertical slice: export time and peak RSS, prefill and decode speed.
+
+For each model (the shipped reference; SmolLM2-135M's shape with random weights) and each mode
+(hybrid, kv, dynamic) on xnnpack: `genai export` in a child process (wall time, peak RSS from
+wait4), then a child process that loads the program and times a 128-token prefill and 128
+decode steps, repeated; medians are reported. Prints a table and writes JSON.
+
+    .venv/bin/python bench/slice.py [--models reference smollm2-135m] [--modes hybrid kv dynamic]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+
+def run_child(argv: list[str]) -> tuple[float, float, str]:
+    """Wall seconds, peak RSS in MB and stdout of one child process."""
+    start = time.perf_counter()
+    child = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    out = child.stdout.read()
+    _, status, usage = os.wait4(child.pid, 0)
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise SystemExit(f"failed: {' '.join(argv)}")
+    return time.perf_counter() - start, usage.ru_maxrss / 1024, out
+
+
+def measure(folder: str, prompt_len: int, gen_len: int, repeats: int) -> dict:
+    """In a child process: load once, then time prefill and decode `repeats` times."""
+    import torch
+
+    from genai_pipeline.runtime.session import DecoderSession
+
+    start = time.perf_counter()
+    session = DecoderSession(Path(folder))
+    load_s = time.perf_counter() - start
+    vocab = session.manifest["config"]["vocab_size"]
+    prompt = torch.randint(1, vocab, (prompt_len,), generator=torch.Generator().manual_seed(0)).tolist()
+    prefill, decode = [], []
+    for _ in range(repeats + 1):  # the first round warms up
+        session.reset()
+        t = time.perf_counter()
+        logits = session.prefill(prompt)
+        prefill.append(prompt_len / (time.perf_counter() - t))
+        t = time.perf_counter()
+        for _ in range(gen_len):
+            logits = session.step(int(logits.argmax()))
+        decode.append(gen_len / (time.perf_counter() - t))
+    return {
+        "load_s": round(load_s, 3),
+        "prefill_tokens_per_s": round(statistics.median(prefill[1:]), 1),
+        "decode_tokens_per_s": round(statistics.median(decode[1:]), 1),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", nargs="+", default=["reference", "smollm2-135m"])
+    parser.add_argument("--modes", nargs="+", default=["hybrid", "kv", "dynamic"])
+    parser.add_argument("--prompt-len", type=int, default=128)
+    parser.add_argument("--gen-len", type=int, default=128)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--max-seq-len", type=int, default=512)
+    parser.add_argument("--json", default=str(HERE / "results" / "slice.json"))
+    parser.add_argument("--measure", help=argparse.SUPPRESS)  # child-process mode
+    args = parser.parse_args()
+    if args.measure:
+        print(json.dumps(measure(args.measure, args.prompt_len, args.gen_len, args.repeats)))
+        return
+
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for model in args.models:
+            for mode in args.modes:
+                out = Path(tmp) / f"{model}-{mode}"
+                export_s, export_rss, _ = run_child(
+                    [sys.executable, "-m", "genai_pipeline.cli", "export", model, "--mode", mode,
+                     "--max-seq-len", str(args.max_seq_len), "--out", str(out)]
+                )
+                _, run_rss, printed = run_child(
+                    [sys.executable, __file__, "--measure", str(out), "--prompt-len", str(args.prompt_len),
+                     "--gen-len", str(args.gen_len), "--repeats", str(args.repeats)]
+                )
+                row = {
+                    "model": model, "mode": mode, "target": "xnnpack", "recipe": "fp32",
+                    "export_s": round(export_s, 1), "export_peak_rss_mb": round(export_rss),
+                    "pte_mb": round((out / "text_decoder.pte").stat().st_size / 2**20, 1),
+                    "run_peak_rss_mb": round(run_rss), **json.loads(printed),
+                }
+                rows.append(row)
+                print(
+                    f"{model:<14} {mode:<8} export {row['export_s']:>6.1f} s  {row['export_peak_rss_mb']:>5} MB RSS  "
+                    f"pte {row['pte_mb']:>6.1f} MB  prefill {row['prefill_tokens_per_s']:>8.1f} tok/s  "
+                    f"decode {row['decode_tokens_per_s']:>7.1f} tok/s  (run RSS {row['run_peak_rss_mb']} MB)",
+                    flush=True,
+                )
+    result = {
+        "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
+        "settings": {k: getattr(args, k) for k in ("prompt_len", "gen_len", "repeats", "max_seq_len")},
+        "rows": rows,
+    }
+    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+    print(f"wrote {args.json}")
+
+
+if __name__ == "__main__":
+    main()
