@@ -62,7 +62,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 from transformers import LlamaConfig, LlamaForCausalLM
 
 EOT = "<|endoftext|>"
@@ -337,9 +337,9 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--minutes", type=float, default=12.0, help="training wall-clock budget")
     ap.add_argument("--steps", type=int, default=100_000, help="step cap")
     ap.add_argument("--batch-size", type=int, default=8, help="sequences of 256 tokens per step")
-    ap.add_argument("--lr", type=float, default=3e-3)
+    ap.add_argument("--lr", type=float, default=2e-3)
     ap.add_argument("--min-lr-ratio", type=float, default=0.1)
-    ap.add_argument("--warmup", type=int, default=30)
+    ap.add_argument("--warmup", type=int, default=50)
     ap.add_argument("--weight-decay", type=float, default=0.1)
     ap.add_argument("--vocab-size", type=int, default=4096)
     ap.add_argument("--threads", type=int, default=2)
@@ -399,6 +399,9 @@ def main() -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     model.save_pretrained(tmp, safe_serialization=True)
+    # Prompts start with <|endoftext|>, as every training document did. The post-processor says so
+    # in tokenizer.json itself, where Hugging Face and ExecuTorch's C++ tokenizer both read it.
+    tok.post_processor = processors.TemplateProcessing(single=f"{EOT} $A", special_tokens=[(EOT, 0)])
     tok.save(str(tmp / "tokenizer.json"))
     write_tokenizer_config(tmp)
     (tmp / "heldout.txt").write_text(heldout_text, encoding="utf-8")

@@ -36,6 +36,7 @@ class Artifact:
     """The graphs that become the methods of one .pte, plus its constant (metadata) methods."""
 
     key: ArtifactKey
+    module: nn.Module  # the eager module whose parameters and buffers every graph uses
     graphs: Mapping[GraphName, GraphBundle]
     constant_methods: Mapping[str, Any]
 
@@ -48,6 +49,8 @@ class PreparedModel:
     options: Any  # PrepareOptions; typed loosely to keep this module free of stage imports
     weights: str  # checkpoint folder, or "random"
     tokenizer_file: Path | None = None
+    recipe: str = "fp32"  # set by the quantize stage
+    quantization: Mapping[str, Any] = field(default_factory=dict)  # the QuantOptions applied, as data
 
 
 @dataclass(frozen=True)

@@ -59,6 +59,7 @@ def cmd_export(args) -> int:
     from genai_pipeline.prepare import PrepareOptions, prepare
     from genai_pipeline.checkpoints.hf import read_config
     from genai_pipeline.registry import DEFAULT_MODEL, get_spec, infer_spec
+    from genai_pipeline.quantize import QuantOptions, parse_override, quantize
     from genai_pipeline.targets import check_recipe, get_target
 
     if args.model is None and args.checkpoint:
@@ -67,7 +68,13 @@ def cmd_export(args) -> int:
     else:
         spec = get_spec(args.model or DEFAULT_MODEL)
     target = get_target(args.target)
-    check_recipe(target, args.recipe)
+    quant = QuantOptions(
+        recipe=args.recipe,
+        group_size=args.group_size,
+        embedding=args.embedding,
+        overrides=tuple(parse_override(o) for o in args.quant_override),
+    )
+    check_recipe(target, quant)  # refused before any work starts
     options = PrepareOptions(
         mode=args.mode,
         max_seq_len=args.max_seq_len,
@@ -76,9 +83,9 @@ def cmd_export(args) -> int:
         seed=args.seed,
     )
     log.info("prepare %s (%s mode, max_seq_len %d)", spec.name, options.mode.value, options.max_seq_len)
-    prepared = prepare(spec, options)
-    log.info("compile for %s", target.name)
-    result = compile_artifacts(prepared, target, Path(args.out), recipe=args.recipe)
+    prepared = quantize(prepare(spec, options), quant)
+    log.info("compile for %s (%s)", target.name, prepared.recipe)
+    result = compile_artifacts(prepared, target, Path(args.out))
     for name, f in result.manifest["files"].items():
         log.info("  %s  %.2f MB", name, f["bytes"] / (1 << 20))
     return 0
@@ -129,6 +136,23 @@ def cmd_run(args) -> int:
     return 0
 
 
+def cmd_eval(args) -> int:
+    from genai_pipeline.evaluate import EvalOptions, evaluate
+
+    result = evaluate(Path(args.folder), EvalOptions(text=Path(args.text), max_tokens=args.max_tokens, window=args.window))
+    if args.json:
+        print(json.dumps(result))
+        return 0
+    ppl = result["perplexity"]
+    qdq = f"{ppl['qdq']:.3f}" if ppl["qdq"] is not None else "n/a (not quantized)"
+    print(f"{result['tokens']} tokens in windows of {result['window']}, recipe {result['recipe']}")
+    print(f"perplexity  float {ppl['float']:.3f}   qdq {qdq}   program {ppl['program']:.3f}")
+    print(f"program vs float: top-1 agreement {100 * result['top1_agreement']:.2f} %, KL divergence {result['kl_divergence']:.5f}")
+    for layer, db in result.get("layer_sqnr_db", {}).items():
+        print(f"  SQNR {layer:<10} {db:6.2f} dB")
+    return 0
+
+
 def cmd_inspect(args) -> int:
     from genai_pipeline.inspect import format_report, inspect_program
 
@@ -138,8 +162,10 @@ def cmd_inspect(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from genai_pipeline.evaluate import EvalOptions
     from genai_pipeline.names import Mode
     from genai_pipeline.prepare import PrepareOptions
+    from genai_pipeline.quantize import QuantOptions
     from genai_pipeline.registry import DEFAULT_MODEL
     from genai_pipeline.runtime.generate import SamplingOptions
 
@@ -154,7 +180,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("model", nargs="?", help=f"registry name (default: inferred from --checkpoint, else {DEFAULT_MODEL})")
     p.add_argument("--checkpoint", help="local Hugging Face folder (config.json + *.safetensors)")
     p.add_argument("--target", default="xnnpack", help="xnnpack (default) or portable")
-    p.add_argument("--recipe", default="fp32", help="quantization recipe (default fp32)")
+    p.add_argument("--recipe", default=_default(QuantOptions, "recipe"), help="fp32 (default), 8da4w, 8da8w")
+    p.add_argument("--group-size", type=int, default=_default(QuantOptions, "group_size"), help="int4 group size")
+    p.add_argument("--embedding", default=_default(QuantOptions, "embedding"), help="quantize the token embedding: 8w or 4w")
+    p.add_argument("--quant-override", action="append", default=[], metavar="REGEX=RECIPE",
+                   help="recipe for linear layers whose name matches REGEX (first match wins), e.g. output=8da8w")
     p.add_argument("--mode", default=_default(PrepareOptions, "mode").value, choices=[m.value for m in Mode])
     p.add_argument("--max-seq-len", type=int, default=_default(PrepareOptions, "max_seq_len"))
     p.add_argument("--prefill-len", type=int, default=_default(PrepareOptions, "prefill_len"))
@@ -173,6 +203,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print one JSON object instead of streaming text")
     p.add_argument("--no-verify", action="store_true", help="skip the sha256 check of the program against its manifest")
     p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("eval", help="perplexity, top-1 agreement and KL of a program against its float model")
+    p.add_argument("folder", help="a folder written by `genai export`")
+    p.add_argument("--text", required=True, help="UTF-8 text to score")
+    p.add_argument("--max-tokens", type=int, default=_default(EvalOptions, "max_tokens"))
+    p.add_argument("--window", type=int, default=_default(EvalOptions, "window"), help="0: the program's context")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_eval)
 
     p = sub.add_parser("inspect", help="methods, delegates, shared data and metadata of a .pte")
     p.add_argument("file")

@@ -21,9 +21,12 @@ from genai_pipeline.targets import Target
 log = logging.getLogger(__name__)
 
 
-def _to_executorch(artifact: Artifact, target: Target, progress: tqdm) -> bytes:
+def _to_executorch(artifact: Artifact, target: Target, progress: tqdm, quantized: bool) -> bytes:
     from executorch.exir import EdgeCompileConfig, ExecutorchBackendConfig, to_edge_transform_and_lower
     from executorch.exir.passes import MemoryPlanningPass
+
+    if quantized:
+        import executorch.kernels.quantized  # noqa: F401  out-variants of the quantized ops
 
     programs = {}
     for name, graph in artifact.graphs.items():
@@ -48,6 +51,8 @@ def _to_executorch(artifact: Artifact, target: Target, progress: tqdm) -> bytes:
             # decode reads what prefill wrote.
             memory_planning_pass=MemoryPlanningPass(share_mutable_buffers=True),
             emit_mutable_buffer_names=True,
+            # Fuses torchao's quantized-embedding pattern into ExecuTorch's quantized kernels.
+            do_quant_fusion_and_const_prop=quantized,
         )
     )
     data = program.buffer
@@ -64,7 +69,7 @@ def _versions() -> dict[str, str]:
     }
 
 
-def compile_artifacts(prepared: PreparedModel, target: Target, out: Path, recipe: str = "fp32") -> ArtifactSet:
+def compile_artifacts(prepared: PreparedModel, target: Target, out: Path) -> ArtifactSet:
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     (out / MANIFEST).unlink(missing_ok=True)  # until the new manifest lands, the folder reads as incomplete
@@ -74,7 +79,7 @@ def compile_artifacts(prepared: PreparedModel, target: Target, out: Path, recipe
     with tqdm(total=steps, unit="step", leave=False, dynamic_ncols=True) as progress:
         for key, artifact in prepared.artifacts.items():
             try:
-                data = _to_executorch(artifact, target, progress)
+                data = _to_executorch(artifact, target, progress, quantized=prepared.recipe != "fp32")
             except Exception as e:  # torch.export / lowering failures: say which artifact, keep the cause
                 raise ExportError(f"lowering {key.value} to {target.name} failed: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from e
             path = out / f"{key.value}.pte"
@@ -93,7 +98,9 @@ def compile_artifacts(prepared: PreparedModel, target: Target, out: Path, recipe
         "family": prepared.spec.family,
         "weights": prepared.weights,
         "config": dataclasses.asdict(prepared.config),
-        "recipe": recipe,
+        "recipe": prepared.recipe,
+        "quantization": dict(prepared.quantization),
+        "seed": options.seed,
         "target": target.name,
         "mode": options.mode.value,
         "max_seq_len": options.max_seq_len,

@@ -23,3 +23,7 @@ class ProgramError(GenAIError):
 
 class InputError(GenAIError):
     """A bad prompt or option value at run time."""
+
+
+class DataError(GenAIError):
+    """Calibration data that is missing, malformed or empty, or a `--calib` spec naming no known dataset."""

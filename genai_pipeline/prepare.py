@@ -100,7 +100,7 @@ def prepare(spec: ModelSpec, options: PrepareOptions) -> PreparedModel:
     }
     if options.mode is Mode.HYBRID:
         constants["get_prefill_len"] = options.prefill_len
-    artifact = Artifact(ArtifactKey.TEXT_DECODER, _graphs(decoder, options), constants)
+    artifact = Artifact(ArtifactKey.TEXT_DECODER, decoder, _graphs(decoder, options), constants)
     return PreparedModel(
         spec=spec,
         config=config,

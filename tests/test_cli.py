@@ -72,7 +72,12 @@ def test_shape_mismatch_names_the_tensor(capsys, tmp_path):
 
 
 def test_unsupported_recipe_is_refused_before_work(capsys, tmp_path):
-    fails_with_one_line(capsys, ["export", "--recipe", "8da4w", "--out", tmp_path], "does not support recipe '8da4w'")
+    out = tmp_path / "o"
+    fails_with_one_line(capsys, ["export", "--target", "portable", "--recipe", "8da4w", "--out", out], "does not support recipe '8da4w'")
+    fails_with_one_line(capsys, ["export", "--target", "portable", "--embedding", "8w", "--out", out], "--embedding 8w")
+    fails_with_one_line(capsys, ["export", "--recipe", "3da1w", "--out", out], "unknown recipe '3da1w'")
+    fails_with_one_line(capsys, ["export", "--quant-override", "output", "--out", out], "REGEX=RECIPE")
+    assert not out.exists()
 
 
 def test_export_infers_the_entry_from_config(capsys, tmp_path, export_tiny):

@@ -32,6 +32,7 @@ def load_program(path: Path, expected_bytes: int | None = None, expected_sha256:
     """An `executorch.runtime.Program`, with the kernels our programs use registered first."""
     check_pte_file(path, expected_bytes, expected_sha256)
     import executorch.extension.llm.custom_ops.custom_ops  # noqa: F401  llama.update_cache / custom_sdpa kernels
+    import executorch.kernels.quantized  # noqa: F401  quantized embedding kernels
     from executorch.runtime import Runtime
 
     try:

@@ -60,21 +60,29 @@ class DecoderSession:
             logits = self._run(GraphName.FORWARD, tokens)[0]
             self.pos += len(tokens)
             return logits
-        logits = None
-        i = 0
+        return self._feed(tokens, every_position=False)[-1]
+
+    def score(self, tokens: list[int]) -> torch.Tensor:
+        """Feed `tokens` at the cursor; returns the logits after every one of them, [T, vocab]."""
+        self._check_room(len(tokens))
+        return self._feed(tokens, every_position=True)
+
+    def _feed(self, tokens: list[int], every_position: bool) -> torch.Tensor:
+        rows, i, n = [], 0, self.prefill_len
         if self.mode is Mode.HYBRID:
-            n = self.prefill_len
             # Full chunks, and a last partial chunk padded at the end: causal attention keeps the
             # padding out of every real token's output, and later writes overwrite its cache rows.
             while i < len(tokens) and self.pos + n <= self.max_seq_len:
                 chunk = tokens[i : i + n]
-                out = self._run(GraphName.PREFILL, chunk + [0] * (n - len(chunk)))
-                logits = out[0, len(chunk) - 1]
+                out = self._run(GraphName.PREFILL, chunk + [0] * (n - len(chunk)))[0, : len(chunk)]
+                rows.append(out if every_position else out[-1:])
                 self.pos += len(chunk)
                 i += len(chunk)
         for token in tokens[i:]:  # kv mode, or a tail too close to the end of the cache for a chunk
-            logits = self.step(token)
-        return logits
+            if not every_position:
+                rows.clear()
+            rows.append(self.step(token)[None])
+        return torch.cat(rows) if every_position else rows[-1]
 
     def step(self, token: int) -> torch.Tensor:
         """Feed one token at the cursor; returns the next-token logits, [vocab]."""
@@ -106,3 +114,11 @@ class EagerSession:
 
     def step(self, token: int) -> torch.Tensor:
         return self.prefill([token])
+
+    @torch.no_grad()
+    def score(self, tokens: list[int]) -> torch.Tensor:
+        if self.pos + len(tokens) > self.max_seq_len:
+            raise InputError(f"{self.pos + len(tokens)} tokens do not fit the context of {self.max_seq_len}")
+        logits = self.decoder(torch.tensor([tokens]), torch.tensor([self.pos]))[0]
+        self.pos += len(tokens)
+        return logits

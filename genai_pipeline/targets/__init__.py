@@ -12,8 +12,9 @@ from genai_pipeline.errors import InputError
 class Target:
     name: str
     description: str
-    recipes: tuple[str, ...]  # quantization recipes this backend accepts
+    recipes: tuple[str, ...]  # quantization recipes of linear layers this backend accepts
     partitioners: Callable[[], list]  # ExecuTorch partitioners; empty: no delegate
+    embedding_recipes: tuple[str, ...] = ()
 
 
 def get_target(name: str) -> Target:
@@ -25,6 +26,11 @@ def get_target(name: str) -> Target:
     return targets[name]
 
 
-def check_recipe(target: Target, recipe: str) -> None:
-    if recipe not in target.recipes:
-        raise InputError(f"target '{target.name}' does not support recipe '{recipe}'; it supports: {', '.join(target.recipes)}")
+def check_recipe(target: Target, quant) -> None:
+    """Refuse a quantization (a quantize.QuantOptions) the backend cannot run."""
+    for recipe in (quant.recipe, *(r for _, r in quant.overrides)):
+        if recipe not in target.recipes:
+            raise InputError(f"target '{target.name}' does not support recipe '{recipe}'; it supports: {', '.join(target.recipes)}")
+    if quant.embedding and quant.embedding not in target.embedding_recipes:
+        supported = ", ".join(target.embedding_recipes) or "none"
+        raise InputError(f"target '{target.name}' does not support --embedding {quant.embedding}; it supports: {supported}")

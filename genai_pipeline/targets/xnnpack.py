@@ -13,6 +13,7 @@ def _partitioners() -> list:
 TARGET = Target(
     name="xnnpack",
     description="CPU via the XNNPACK delegate",
-    recipes=("fp32",),
+    recipes=("fp32", "8da4w", "8da8w"),
     partitioners=_partitioners,
+    embedding_recipes=("8w", "4w"),
 )

@@ -1,0 +1,59 @@
+"""Records of a JSON file (one array) or a JSON-lines file, each with where it is, for errors.
+
+`datasets.Dataset.to_json` writes JSON lines whatever the file is called, so the form is read from
+the content: a file whose first character is '[' is one array, anything else is one object a line.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Iterator
+
+from genai_pipeline.errors import DataError
+
+
+def read_text(path: Path) -> str:
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"calibration data '{path}' does not exist or is not a file")
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise DataError(f"'{path}' is not UTF-8 text (bad byte at offset {e.start})") from None
+
+
+def _array(path: Path, text: str) -> list:
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise DataError(f"'{path}' is not valid JSON: {e.msg} at line {e.lineno}, column {e.colno}") from None
+    if not isinstance(data, list):
+        raise DataError(f"'{path}' must hold a JSON array of samples, got {type(data).__name__}")
+    return data
+
+
+def _is_one_object(text: str) -> bool:
+    try:
+        return isinstance(json.loads(text), dict)
+    except json.JSONDecodeError:
+        return False
+
+
+def json_records(path: Path) -> Iterator[tuple[str, Any]]:
+    """(where, record) for each record of `path`; `where` reads '<path> sample 3' or '<path> line 4'."""
+    text = read_text(path)
+    if text.lstrip().startswith("["):
+        for i, record in enumerate(_array(path, text)):
+            yield f"'{path}' sample {i}", record
+        return
+    for n, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as e:
+            if _is_one_object(text):
+                raise DataError(f"'{path}' holds one JSON object; expected an array of samples or one sample per line") from None
+            raise DataError(f"'{path}' line {n} is not valid JSON: {e.msg} at column {e.colno}") from None
+        yield f"'{path}' line {n}", record

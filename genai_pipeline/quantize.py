@@ -1,0 +1,129 @@
+"""quantize: post-training quantization of an artifact's weights, before its graphs are exported.
+
+Every graph of an artifact wraps the same eager module (see prepare.DecoderGraph), so quantizing
+that module once gives `prefill` and `decode` bit-identical quantized weights, which the
+backend then stores once. Recipes are torchao configs applied in eager mode:
+
+- `8da4w`: dynamic per-token int8 activations, int4 group-wise weights (`group_size`)
+- `8da8w`: dynamic per-token int8 activations, int8 per-channel weights
+- embedding `8w` / `4w`: weight-only int8 per-row / int4 group-wise token embedding
+Per-layer overrides map a regex over linear-layer names to a recipe (first match wins), e.g.
+`output=8da8w` keeps the LM head at 8 bits.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import re
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from genai_pipeline.bundle import PreparedModel
+from genai_pipeline.errors import InputError
+
+log = logging.getLogger(__name__)
+
+LINEAR_RECIPES = ("fp32", "8da4w", "8da8w")
+EMBEDDING_RECIPES = ("4w", "8w")
+
+
+@dataclass(frozen=True)
+class QuantOptions:
+    recipe: str = "fp32"
+    group_size: int = 32  # int4 weights: values per scale
+    embedding: str | None = None  # None keeps the token embedding in fp32
+    overrides: tuple[tuple[str, str], ...] = ()  # (regex over linear names, recipe), first match wins
+
+    def __post_init__(self):
+        for recipe in (self.recipe, *(r for _, r in self.overrides)):
+            if recipe not in LINEAR_RECIPES:
+                raise InputError(f"unknown recipe '{recipe}'; known: {', '.join(LINEAR_RECIPES)}")
+        if self.embedding is not None and self.embedding not in EMBEDDING_RECIPES:
+            raise InputError(f"--embedding must be one of {', '.join(EMBEDDING_RECIPES)}, got '{self.embedding}'")
+        if self.group_size < 1 or self.group_size & (self.group_size - 1):
+            raise InputError(f"--group-size must be a power of two, got {self.group_size}")
+        for pattern, _ in self.overrides:
+            try:
+                re.compile(pattern)
+            except re.error as e:
+                raise InputError(f"override pattern '{pattern}' is not a valid regex: {e}") from None
+
+    @property
+    def is_float(self) -> bool:
+        return self.recipe == "fp32" and self.embedding is None and all(r == "fp32" for _, r in self.overrides)
+
+    def describe(self) -> str:
+        parts = [self.recipe + (f"-g{self.group_size}" if "4w" in self.recipe else "")]
+        if self.embedding:
+            parts.append(f"emb{self.embedding}")
+        parts += [f"{p}={r}" for p, r in self.overrides]
+        return "+".join(parts)
+
+
+def quant_options_from(data: dict) -> QuantOptions:
+    """The inverse of the manifest's `quantization` entry."""
+    if not data:
+        return QuantOptions()
+    return QuantOptions(**{**data, "overrides": tuple(tuple(o) for o in data.get("overrides", ()))})
+
+
+def parse_override(text: str) -> tuple[str, str]:
+    pattern, sep, recipe = text.rpartition("=")
+    if not sep or not pattern:
+        raise InputError(f"--quant-override takes REGEX=RECIPE (e.g. 'output=8da8w'), got '{text}'")
+    return pattern, recipe
+
+
+def _linear_config(recipe: str, group_size: int):
+    from torchao.quantization import Int8DynamicActivationIntxWeightConfig
+    from torchao.quantization.granularity import PerAxis, PerGroup
+
+    if recipe == "8da4w":
+        return Int8DynamicActivationIntxWeightConfig(weight_dtype=torch.int4, weight_granularity=PerGroup(group_size))
+    return Int8DynamicActivationIntxWeightConfig(weight_dtype=torch.int8, weight_granularity=PerAxis(0))
+
+
+def _embedding_config(recipe: str, group_size: int):
+    from torchao.quantization import IntxWeightOnlyConfig
+    from torchao.quantization.granularity import PerAxis, PerGroup
+
+    if recipe == "4w":
+        return IntxWeightOnlyConfig(weight_dtype=torch.int4, granularity=PerGroup(group_size))
+    return IntxWeightOnlyConfig(weight_dtype=torch.int8, granularity=PerAxis(0))
+
+
+def recipe_for(name: str, options: QuantOptions) -> str:
+    return next((r for pattern, r in options.overrides if re.search(pattern, name)), options.recipe)
+
+
+def quantize_module(module: nn.Module, options: QuantOptions) -> dict[str, str]:
+    """Quantize `module` in place; returns the recipe given to each layer."""
+    from torchao.quantization import quantize_
+
+    plan = {}
+    if options.embedding:
+        quantize_(module, _embedding_config(options.embedding, options.group_size), filter_fn=lambda m, _: isinstance(m, nn.Embedding))
+        plan.update({n: f"emb{options.embedding}" for n, m in module.named_modules() if isinstance(m, nn.Embedding)})
+    linears = {n: recipe_for(n, options) for n, m in module.named_modules() if isinstance(m, nn.Linear)}
+    for recipe in sorted(set(linears.values()) - {"fp32"}):
+        chosen = {n for n, r in linears.items() if r == recipe}
+        if "4w" in recipe:
+            too_narrow = sorted(n for n in chosen if module.get_submodule(n).in_features % options.group_size)
+            if too_narrow:
+                raise InputError(f"{too_narrow[0]} has {module.get_submodule(too_narrow[0]).in_features} inputs, not a multiple of --group-size {options.group_size}")
+        quantize_(module, _linear_config(recipe, options.group_size), filter_fn=lambda m, fqn, chosen=chosen: fqn in chosen)
+    plan.update(linears)
+    return plan
+
+
+def quantize(prepared: PreparedModel, options: QuantOptions) -> PreparedModel:
+    if options.is_float:
+        return prepared
+    for key, artifact in prepared.artifacts.items():
+        plan = quantize_module(artifact.module, options)
+        counts = {r: sum(1 for v in plan.values() if v == r) for r in sorted(set(plan.values()))}
+        log.info("quantized %s: %s", key.value, ", ".join(f"{n} layers {r}" for r, n in counts.items()))
+    return dataclasses.replace(prepared, recipe=options.describe(), quantization=dataclasses.asdict(options))
