@@ -2,8 +2,8 @@
 
 For each model (the shipped reference; SmolLM2-135M's shape with random weights) and each mode
 (hybrid, kv, dynamic) on xnnpack: `genai export` in a child process (wall time, peak RSS from
-wait4), then a child process that loads the program and times a 128-token prefill and 128
-decode steps, repeated; medians are reported. Prints a table and writes JSON.
+wait4), then `genai bench` in a child process (a 128-token prefill and 128 decode steps,
+repeated; medians). Prints a table and writes JSON.
 
     .venv/bin/python bench/slice.py [--models reference smollm2-135m] [--modes hybrid kv dynamic]
 """
@@ -14,7 +14,6 @@ import argparse
 import json
 import os
 import platform
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -35,34 +34,6 @@ def run_child(argv: list[str]) -> tuple[float, float, str]:
     return time.perf_counter() - start, usage.ru_maxrss / 1024, out
 
 
-def measure(folder: str, prompt_len: int, gen_len: int, repeats: int) -> dict:
-    """In a child process: load once, then time prefill and decode `repeats` times."""
-    import torch
-
-    from genai_pipeline.runtime.session import DecoderSession
-
-    start = time.perf_counter()
-    session = DecoderSession(Path(folder))
-    load_s = time.perf_counter() - start
-    vocab = session.manifest["config"]["vocab_size"]
-    prompt = torch.randint(1, vocab, (prompt_len,), generator=torch.Generator().manual_seed(0)).tolist()
-    prefill, decode = [], []
-    for _ in range(repeats + 1):  # the first round warms up
-        session.reset()
-        t = time.perf_counter()
-        logits = session.prefill(prompt)
-        prefill.append(prompt_len / (time.perf_counter() - t))
-        t = time.perf_counter()
-        for _ in range(gen_len):
-            logits = session.step(int(logits.argmax()))
-        decode.append(gen_len / (time.perf_counter() - t))
-    return {
-        "load_s": round(load_s, 3),
-        "prefill_tokens_per_s": round(statistics.median(prefill[1:]), 1),
-        "decode_tokens_per_s": round(statistics.median(decode[1:]), 1),
-    }
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", default=["reference", "smollm2-135m"])
@@ -72,11 +43,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--max-seq-len", type=int, default=512)
     parser.add_argument("--json", default=str(HERE / "results" / "slice.json"))
-    parser.add_argument("--measure", help=argparse.SUPPRESS)  # child-process mode
     args = parser.parse_args()
-    if args.measure:
-        print(json.dumps(measure(args.measure, args.prompt_len, args.gen_len, args.repeats)))
-        return
 
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -88,8 +55,8 @@ def main() -> None:
                      "--max-seq-len", str(args.max_seq_len), "--out", str(out)]
                 )
                 _, run_rss, printed = run_child(
-                    [sys.executable, __file__, "--measure", str(out), "--prompt-len", str(args.prompt_len),
-                     "--gen-len", str(args.gen_len), "--repeats", str(args.repeats)]
+                    [sys.executable, "-m", "genai_pipeline.cli", "bench", str(out), "--json", "--prompt-len",
+                     str(args.prompt_len), "--gen-len", str(args.gen_len), "--repeats", str(args.repeats)]
                 )
                 row = {
                     "model": model, "mode": mode, "target": "xnnpack", "recipe": "fp32",

@@ -153,6 +153,21 @@ def cmd_eval(args) -> int:
     return 0
 
 
+def cmd_bench(args) -> int:
+    from genai_pipeline.bench import BenchOptions, bench
+
+    options = BenchOptions(prompt_len=args.prompt_len, gen_len=args.gen_len, repeats=args.repeats, threads=args.threads)
+    r = bench(Path(args.folder), options)
+    if args.json:
+        print(json.dumps(r))
+        return 0
+    print(f"{r['model']} {r['mode']} {r['recipe']}: load {r['load_s']:.2f} s, peak RSS {r['peak_rss_mb']:.0f} MB")
+    print(f"prefill {r['prefill_tokens_per_s']:.1f} tok/s ({r['prompt_len']} tokens), decode {r['decode_tokens_per_s']:.1f} tok/s ({r['gen_len']} tokens)")
+    print(f"decode reads {r['weight_bytes_per_token'] / 2**20:.1f} MB of weights per token: "
+          f"{100 * r['bandwidth_share']:.1f} % of {r['memory_bandwidth_gbs']:.1f} GB/s copy bandwidth")
+    return 0
+
+
 def cmd_inspect(args) -> int:
     from genai_pipeline.inspect import format_report, inspect_program
 
@@ -162,6 +177,7 @@ def cmd_inspect(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from genai_pipeline.bench import BenchOptions
     from genai_pipeline.evaluate import EvalOptions
     from genai_pipeline.names import Mode
     from genai_pipeline.prepare import PrepareOptions
@@ -211,6 +227,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--window", type=int, default=_default(EvalOptions, "window"), help="0: the program's context")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_eval)
+
+    p = sub.add_parser("bench", help="load time, prefill and decode speed, peak RSS, bandwidth share")
+    p.add_argument("folder", help="a folder written by `genai export`")
+    p.add_argument("--prompt-len", type=int, default=_default(BenchOptions, "prompt_len"))
+    p.add_argument("--gen-len", type=int, default=_default(BenchOptions, "gen_len"))
+    p.add_argument("--repeats", type=int, default=_default(BenchOptions, "repeats"))
+    p.add_argument("--threads", type=int, default=_default(BenchOptions, "threads"), help="0: one per core")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_bench)
 
     p = sub.add_parser("inspect", help="methods, delegates, shared data and metadata of a .pte")
     p.add_argument("file")

@@ -16,11 +16,13 @@ import torch
 from genai_pipeline.checkpoints.hf import load_decoder
 from genai_pipeline.compile import compile_artifacts
 from genai_pipeline.prepare import PrepareOptions, prepare
+from genai_pipeline.quantize import QuantOptions, quantize
 from genai_pipeline.registry import get_spec
 from genai_pipeline.targets import get_target
 
 REPO = Path(__file__).resolve().parents[1]
 REFERENCE = REPO / "assets" / "reference"
+Q4 = QuantOptions(recipe="8da4w", embedding="8w")  # the reference model's small, fast recipe
 TINY_VOCAB = 384
 TINY_MAX_SEQ = 96
 TINY_PREFILL = 8
@@ -107,16 +109,17 @@ def export_tiny(tiny_checkpoint, tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def export_reference(tmp_path_factory):
-    """export_reference(mode) -> folder of the shipped reference model, xnnpack."""
-    built: dict[str, Path] = {}
+    """export_reference(mode, quant=QuantOptions()) -> folder of the shipped reference model, xnnpack."""
+    built: dict[tuple, Path] = {}
 
-    def build(mode: str) -> Path:
-        if mode not in built:
-            out = tmp_path_factory.mktemp(f"reference_{mode}")
+    def build(mode: str, quant: QuantOptions = QuantOptions()) -> Path:
+        if (mode, quant) not in built:
+            out = tmp_path_factory.mktemp(f"reference_{mode}_{quant.describe()}")
             options = PrepareOptions(mode=mode, max_seq_len=256, prefill_len=32)
-            compile_artifacts(prepare(get_spec("reference"), options), get_target("xnnpack"), out)
-            built[mode] = out
-        return built[mode]
+            prepared = quantize(prepare(get_spec("reference"), options), quant)
+            compile_artifacts(prepared, get_target("xnnpack"), out)
+            built[mode, quant] = out
+        return built[mode, quant]
 
     return build
 

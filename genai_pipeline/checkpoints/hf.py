@@ -66,30 +66,12 @@ def load_decoder(spec: ModelSpec, folder: Path, max_seq_len: int) -> Decoder:
     config = decoder_config(spec, folder)
     with torch.device("meta"):
         model = Decoder(config, max_seq_len)
-    expected = model.state_dict()
+    expected = {name: tuple(t.shape) for name, t in model.state_dict().items()}
     if config.tie_embeddings:
         expected.pop("output.weight")
     state: dict[str, torch.Tensor] = {}
     for file in safetensors_files(folder):
-        try:
-            with safe_open(str(file), framework="pt") as f:
-                for key in f.keys():
-                    ours = spec.map_key(key)
-                    if ours is None or ours not in expected:
-                        if ours == "output.weight" and config.tie_embeddings:
-                            continue  # a tied head saved anyway: the embedding is the head
-                        raise CheckpointError(f"unexpected tensor '{key}' in '{file.name}' for a {spec.family} model with this config.json")
-                    tensor = f.get_tensor(key)
-                    want = tuple(expected[ours].shape)
-                    if tuple(tensor.shape) != want:
-                        raise CheckpointError(
-                            f"tensor '{key}' in '{file.name}' has shape {tuple(tensor.shape)}, but config.json implies {want}"
-                        )
-                    state[ours] = tensor.to(torch.float32)
-        except CheckpointError:
-            raise
-        except Exception as e:  # safetensors raises several types for a damaged file
-            raise CheckpointError(f"cannot read '{file}': {e}; the file is truncated or not safetensors") from None
+        state.update(_read_file(spec, file, expected))
     missing = sorted(set(expected) - set(state))
     if missing:
         raise CheckpointError(f"checkpoint '{folder}' lacks tensor(s) {', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}")
@@ -97,6 +79,40 @@ def load_decoder(spec: ModelSpec, folder: Path, max_seq_len: int) -> Decoder:
     model.tie_weights()
     model.reset_buffers()
     return model.eval().requires_grad_(False)
+
+
+def _read_file(spec: ModelSpec, file: Path, expected: dict[str, tuple[int, ...]]) -> dict[str, torch.Tensor]:
+    """Our tensors from one safetensors file, in float32; `expected`: our names and shapes."""
+    state = {}
+    try:
+        with safe_open(str(file), framework="pt") as f:
+            for key in f.keys():
+                ours = spec.map_key(key)
+                if ours == ("output.weight",) and "output.weight" not in expected:
+                    continue  # a tied head saved anyway: the embedding is the head
+                if not ours or any(name not in expected for name in ours):
+                    raise CheckpointError(f"unexpected tensor '{key}' in '{file.name}' for a {spec.family} model with this config.json")
+                state.update(_as_ours(f.get_tensor(key), key, file.name, {name: expected[name] for name in ours}))
+    except CheckpointError:
+        raise
+    except Exception as e:  # safetensors raises several types for a damaged file
+        raise CheckpointError(f"cannot read '{file}': {e}; the file is truncated or not safetensors") from None
+    return state
+
+
+def _as_ours(tensor: torch.Tensor, key: str, file_name: str, shapes: dict[str, tuple[int, ...]]) -> dict[str, torch.Tensor]:
+    """A checkpoint tensor as our tensor, or as several when it is a fused one: our tensors
+    concatenated along dim 0 (e.g. Phi-3's qkv_proj), split by their shapes."""
+    first = next(iter(shapes.values()))
+    want = (sum(shape[0] for shape in shapes.values()), *first[1:])
+    if tuple(tensor.shape) != want or any(shape[1:] != first[1:] for shape in shapes.values()):
+        parts = f" ({' + '.join(shapes)})" if len(shapes) > 1 else ""
+        raise CheckpointError(f"tensor '{key}' in '{file_name}' has shape {tuple(tensor.shape)}, but config.json implies {want}{parts}")
+    if len(shapes) == 1:
+        return {name: tensor.to(torch.float32) for name in shapes}
+    pieces = tensor.split([shape[0] for shape in shapes.values()], dim=0)
+    # copies: each part owns its storage, so the fused tensor is freed and no weights alias
+    return {name: piece.to(torch.float32, copy=True) for name, piece in zip(shapes, pieces)}
 
 
 def random_decoder(config: DecoderConfig, max_seq_len: int, seed: int = 0) -> Decoder:

@@ -58,7 +58,8 @@ class CalibrationOptions:
     seq_len: int = 128  # --calib-seq-len: tokens per sample; longer samples are truncated
 
     def __post_init__(self):
-        specs = tuple(parse_dataset(d) if isinstance(d, str) else d for d in self.datasets)
+        datasets = (self.datasets,) if isinstance(self.datasets, (str, DatasetSpec)) else self.datasets
+        specs = tuple(parse_dataset(d) if isinstance(d, str) else d for d in datasets)
         if not all(isinstance(d, DatasetSpec) for d in specs):
             raise TypeError(f"datasets must be DatasetSpec or 'NAME:ARG' strings, got {self.datasets!r}")
         object.__setattr__(self, "datasets", specs)

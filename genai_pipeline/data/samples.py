@@ -29,12 +29,12 @@ class ContentPart:
     image: Path | None = None  # type "image"
 
     def __post_init__(self):
+        if self.type not in ("text", "image"):
+            raise ValueError(f"content part type must be 'text' or 'image', got {self.type!r}")
         if self.type == "text" and not isinstance(self.text, str):
             raise ValueError("a text part needs text")
         if self.type == "image" and not isinstance(self.image, Path):
             raise ValueError("an image part needs an image path")
-        if self.type not in ("text", "image"):
-            raise ValueError(f"content part type must be 'text' or 'image', got {self.type!r}")
 
 
 @dataclass(frozen=True)
@@ -45,8 +45,10 @@ class Message:
     def __post_init__(self):
         if not isinstance(self.role, str) or not self.role:
             raise ValueError(f"a message needs a role, got {self.role!r}")
-        if not isinstance(self.content, (str, tuple)):
-            raise ValueError(f"message content must be a str or a tuple of ContentPart, got {type(self.content).__name__}")
+        if not isinstance(self.content, str) and not (
+            isinstance(self.content, tuple) and all(isinstance(p, ContentPart) for p in self.content)
+        ):
+            raise ValueError(f"message content must be a str or a tuple of ContentPart, got {self.content!r:.60}")
 
     @property
     def images(self) -> tuple[Path, ...]:

@@ -1,28 +1,43 @@
-"""The one export-friendly decoder: every Llama-family model is this file plus a DecoderConfig.
+"""The one export-friendly decoder: every supported model is this file plus a DecoderConfig.
 
-Read top to bottom: config, RoPE, KV cache, attention, MLP, block, decoder.
+Read top to bottom: config, RoPE, norm and masks, KV cache, attention, MLP, block, decoder.
 
 Export notes (why it looks the way it does):
 - Positions come in explicitly (`input_pos`, shape [1]: the position of the first token); no
-  Python control flow depends on data, so one trace serves every call.
+  Python control flow depends on data, so one trace serves every call. The branches below
+  depend on the config only.
 - The KV cache is a pair of buffers per layer in ExecuTorch's `[B, S, H, D]` layout, written by
   `llama.update_cache` and read by `llama.custom_sdpa`; a plain `index_copy_` cache lowers to a
   whole-cache copy per call. Attention is causal from `start`, so padding after the last real
   token of a chunk never changes a real token's output, and the next write overwrites it.
+  Sliding-window layers pass `custom_sdpa` a float mask over the whole cache instead, built
+  from `start` with tensor ops, so it too has no data-dependent control flow.
 - RoPE uses the Hugging Face "rotate half" convention, so HF checkpoints load without permuting
   q/k weights.
+
+Family switches (all off by default: a Llama config is unchanged by them):
+- Qwen 2: `qkv_bias`. Qwen 3: `qk_norm`. SmolLM3: `nope_layers` (no RoPE in some layers).
+- Phi-3/4: `rope_dim` (partial rotary), `LongRopeScaling`; fused checkpoint tensors are split by
+  the loader, so the decoder keeps separate wq/wk/wv and w1/w3.
+- Gemma 3: `scale_embeddings`, `activation="gelu_tanh"`, `norm_unit_offset`, `sandwich_norms`,
+  `qk_norm`, `attention_scale`, sliding-window layers with their own `rope_local_theta`,
+  `final_logit_softcap`.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 import executorch.extension.llm.custom_ops.custom_ops  # noqa: F401  registers torch.ops.llama.*
+
+# The gate activation of the gated MLP, by DecoderConfig.activation.
+ACTIVATIONS = {"silu": F.silu, "gelu_tanh": partial(F.gelu, approximate="tanh")}
 
 
 @dataclass(frozen=True)
@@ -33,6 +48,59 @@ class RopeScaling:
     low_freq_factor: float
     high_freq_factor: float
     original_max_position_embeddings: int
+
+    @property
+    def attention_factor(self) -> float:
+        return 1.0
+
+    def scale(self, inv_freq: torch.Tensor, max_seq_len: int) -> torch.Tensor:
+        # Keep high frequencies, divide low ones by `factor`, blend in between.
+        low_wavelen = self.original_max_position_embeddings / self.low_freq_factor
+        high_wavelen = self.original_max_position_embeddings / self.high_freq_factor
+        wavelen = 2 * math.pi / inv_freq
+        scaled = torch.where(wavelen > low_wavelen, inv_freq / self.factor, inv_freq)
+        smooth = (self.original_max_position_embeddings / wavelen - self.low_freq_factor) / (
+            self.high_freq_factor - self.low_freq_factor
+        )
+        blended = (1 - smooth) * scaled / self.factor + smooth * scaled
+        medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+        return torch.where(medium, blended, scaled)
+
+
+@dataclass(frozen=True)
+class LongRopeScaling:
+    """Phi-3/Phi-4 LongRoPE (`rope_type: longrope`): one divisor per frequency, and cos/sin
+    multiplied by `attention_factor`.
+
+    transformers picks `short_factor` while the sequence fits `original_max_position_embeddings`
+    and `long_factor` beyond it, re-deciding at every call. A program has one static RoPE table,
+    so the choice is made once from the cache length: `short_factor` when `max_seq_len` fits the
+    original context (identical to transformers), `long_factor` otherwise (what transformers uses
+    once a sequence is longer than the original context; llama.cpp decides the same way).
+    """
+
+    short_factor: tuple[float, ...]
+    long_factor: tuple[float, ...]
+    original_max_position_embeddings: int
+    attention_factor: float
+
+    def __post_init__(self):
+        object.__setattr__(self, "short_factor", tuple(float(f) for f in self.short_factor))
+        object.__setattr__(self, "long_factor", tuple(float(f) for f in self.long_factor))
+        if len(self.short_factor) != len(self.long_factor):
+            raise ValueError(f"longrope short_factor ({len(self.short_factor)}) and long_factor ({len(self.long_factor)}) differ in length")
+        if min(self.short_factor + self.long_factor) <= 0 or self.attention_factor <= 0:
+            raise ValueError("longrope factors and attention_factor must be positive")
+
+    def scale(self, inv_freq: torch.Tensor, max_seq_len: int) -> torch.Tensor:
+        long = max_seq_len > self.original_max_position_embeddings
+        factors = torch.tensor(self.long_factor if long else self.short_factor, dtype=inv_freq.dtype)
+        return inv_freq / factors
+
+
+def _check_layers(name: str, layers: tuple[int, ...], n_layers: int) -> None:
+    if list(layers) != sorted(set(layers)) or any(not 0 <= i < n_layers for i in layers):
+        raise ValueError(f"DecoderConfig.{name} must list distinct layer indices in [0, {n_layers}) in order, got {layers}")
 
 
 @dataclass(frozen=True)
@@ -45,10 +113,21 @@ class DecoderConfig:
     hidden_dim: int
     head_dim: int = 0  # 0: dim // n_heads
     norm_eps: float = 1e-5
+    norm_unit_offset: bool = False  # RMSNorm scales by (1 + weight) (Gemma)
+    sandwich_norms: bool = False  # also normalise the attention and MLP outputs before the residual add (Gemma)
     rope_theta: float = 10000.0
-    rope_scaling: RopeScaling | None = None
+    rope_scaling: RopeScaling | LongRopeScaling | None = None
+    rope_dim: int = 0  # dims of each head that RoPE rotates, the first ones; 0: all (Phi: partial_rotary_factor)
+    nope_layers: tuple[int, ...] = ()  # layers without RoPE (SmolLM3)
+    sliding_window: int | None = None  # tokens a sliding-window layer sees, itself included
+    sliding_window_layers: tuple[int, ...] = ()  # layers with sliding-window attention
+    rope_local_theta: float | None = None  # RoPE base of the sliding-window layers (Gemma 3); None: rope_theta
     qkv_bias: bool = False
-    qk_norm: bool = False  # per-head RMSNorm on q and k before RoPE (Qwen3)
+    qk_norm: bool = False  # per-head RMSNorm on q and k before RoPE (Qwen3, Gemma 3)
+    attention_scale: float | None = None  # None: 1 / sqrt(head_dim) (Gemma 3: query_pre_attn_scalar ** -0.5)
+    activation: str = "silu"  # gate activation of the MLP: "silu" (SwiGLU) or "gelu_tanh" (GeGLU, Gemma)
+    scale_embeddings: bool = False  # token embeddings times sqrt(dim) (Gemma)
+    final_logit_softcap: float | None = None  # logits = cap * tanh(logits / cap)
     tie_embeddings: bool = False
     max_position_embeddings: int = 2048
 
@@ -62,63 +141,109 @@ class DecoderConfig:
             if self.dim % self.n_heads:
                 raise ValueError(f"dim ({self.dim}) must be a multiple of n_heads ({self.n_heads})")
             object.__setattr__(self, "head_dim", self.dim // self.n_heads)
-        if self.head_dim % 2:
-            raise ValueError(f"head_dim must be even for RoPE, got {self.head_dim}")
+        if self.rope_dim == 0:
+            object.__setattr__(self, "rope_dim", self.head_dim)
+        self._check_rope()
+        self._check_layer_kinds()
+        if self.activation not in ACTIVATIONS:
+            raise ValueError(f"DecoderConfig.activation must be one of {', '.join(ACTIVATIONS)}, got '{self.activation}'")
+        for field in ("norm_eps", "attention_scale", "final_logit_softcap"):
+            value = getattr(self, field)
+            if value is not None and value <= 0:
+                raise ValueError(f"DecoderConfig.{field} must be positive, got {value}")
+
+    def _check_rope(self) -> None:
+        if not 0 < self.rope_dim <= self.head_dim or self.rope_dim % 2:
+            raise ValueError(f"rope_dim must be even and in (0, head_dim={self.head_dim}], got {self.rope_dim}")
+        if self.rope_theta <= 0:
+            raise ValueError(f"rope_theta must be positive, got {self.rope_theta}")
+        if isinstance(self.rope_scaling, LongRopeScaling) and len(self.rope_scaling.short_factor) != self.rope_dim // 2:
+            raise ValueError(f"longrope needs rope_dim / 2 = {self.rope_dim // 2} factors, got {len(self.rope_scaling.short_factor)}")
+
+    def _check_layer_kinds(self) -> None:
+        for field in ("nope_layers", "sliding_window_layers"):
+            object.__setattr__(self, field, tuple(getattr(self, field)))
+            _check_layers(field, getattr(self, field), self.n_layers)
+        if (self.sliding_window is None) != (not self.sliding_window_layers):
+            raise ValueError("sliding_window and sliding_window_layers must be set together")
+        if self.sliding_window is not None and self.sliding_window < 1:
+            raise ValueError(f"sliding_window must be at least 1, got {self.sliding_window}")
+        if self.rope_local_theta is not None and (not self.sliding_window_layers or self.rope_local_theta <= 0):
+            raise ValueError("rope_local_theta must be positive and needs sliding_window_layers (the layers it applies to)")
+
+    def layer_rope(self, layer: int) -> str | None:
+        """Which RoPE table a layer uses: "global", "local" (sliding-window layers with their own
+        base) or None (no RoPE)."""
+        if layer in self.nope_layers:
+            return None
+        if self.rope_local_theta is not None and layer in self.sliding_window_layers:
+            return "local"
+        return "global"
 
     @property
     def num_params(self) -> int:
         d, hd = self.dim, self.head_dim
-        attn = d * hd * (self.n_heads * 2 + self.n_kv_heads * 2)
+        q, kv = self.n_heads * hd, self.n_kv_heads * hd
+        attn = d * (q + 2 * kv) + q * d
         if self.qkv_bias:
-            attn += hd * (self.n_heads + 2 * self.n_kv_heads)
+            attn += q + 2 * kv
         if self.qk_norm:
             attn += 2 * hd
-        block = attn + 3 * d * self.hidden_dim + 2 * d
+        norms = (4 if self.sandwich_norms else 2) * d
+        block = attn + 3 * d * self.hidden_dim + norms
         head = 0 if self.tie_embeddings else self.vocab_size * d
         return self.vocab_size * d + self.n_layers * block + d + head
 
 
-def rope_inverse_frequencies(config: DecoderConfig) -> torch.Tensor:
-    hd = config.head_dim
-    inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, hd, 2, dtype=torch.float64) / hd))
-    s = config.rope_scaling
-    if s is None:
+def rope_inverse_frequencies(config: DecoderConfig, max_seq_len: int, local: bool = False) -> torch.Tensor:
+    """[rope_dim / 2] in float64; `local`: the sliding-window layers' base, never scaled (Gemma 3)."""
+    theta = config.rope_local_theta if local else config.rope_theta
+    dim = config.rope_dim
+    inv_freq = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
+    if local or config.rope_scaling is None:
         return inv_freq
-    # Llama 3: keep high frequencies, divide low ones by `factor`, blend in between.
-    low_wavelen = s.original_max_position_embeddings / s.low_freq_factor
-    high_wavelen = s.original_max_position_embeddings / s.high_freq_factor
-    wavelen = 2 * math.pi / inv_freq
-    scaled = torch.where(wavelen > low_wavelen, inv_freq / s.factor, inv_freq)
-    smooth = (s.original_max_position_embeddings / wavelen - s.low_freq_factor) / (
-        s.high_freq_factor - s.low_freq_factor
-    )
-    blended = (1 - smooth) * scaled / s.factor + smooth * scaled
-    medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
-    return torch.where(medium, blended, scaled)
+    return config.rope_scaling.scale(inv_freq, max_seq_len)
 
 
-def rope_tables(config: DecoderConfig, max_seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin, [max_seq_len, head_dim], halves repeated as in HF's `rotate_half` form."""
-    angles = torch.outer(torch.arange(max_seq_len, dtype=torch.float64), rope_inverse_frequencies(config))
+def rope_tables(config: DecoderConfig, max_seq_len: int, local: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin, [max_seq_len, rope_dim], halves repeated as in HF's `rotate_half` form."""
+    angles = torch.outer(torch.arange(max_seq_len, dtype=torch.float64), rope_inverse_frequencies(config, max_seq_len, local))
     angles = torch.cat([angles, angles], dim=-1)
-    return angles.cos().float(), angles.sin().float()
+    factor = 1.0 if local or config.rope_scaling is None else config.rope_scaling.attention_factor
+    return (angles.cos() * factor).float(), (angles.sin() * factor).float()
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x: [B, S, H, D]; cos, sin: [S, D]."""
+    """x: [B, S, H, D]; cos, sin: [S, R]. Rotates the first R dims of each head; the rest pass."""
+    r, d = cos.size(-1), x.size(-1)
+    if r < d:  # partial rotary (Phi): a static shape check, not data
+        rotary, rest = x.split([r, d - r], dim=-1)
+        return torch.cat([apply_rope(rotary, cos, sin), rest], dim=-1)
     x1, x2 = x.chunk(2, dim=-1)
     rotated = torch.cat([-x2, x1], dim=-1)
     return x * cos[None, :, None, :] + rotated * sin[None, :, None, :]
 
 
 class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float):
+    """x / rms(x) * weight, or * (1 + weight) with `unit_offset` (Gemma; its weight starts at 0)."""
+
+    def __init__(self, dim: int, eps: float, unit_offset: bool = False):
         super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps, self.unit_offset = eps, unit_offset
+        self.weight = nn.Parameter(torch.zeros(dim) if unit_offset else torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return x * (1.0 + self.weight) if self.unit_offset else x * self.weight
+
+
+def sliding_window_mask(start, seq_len: int, cache_len: int, window: int, dtype: torch.dtype) -> torch.Tensor:
+    """Additive mask [seq_len, cache_len]: the token at position p = start + i sees cache rows j
+    with p - window < j <= p (itself and the window - 1 tokens before it), as in transformers."""
+    pos = torch.arange(seq_len).unsqueeze(1) + start
+    rows = torch.arange(cache_len).unsqueeze(0)
+    visible = (rows <= pos) & (rows > pos - window)
+    return torch.zeros(seq_len, cache_len, dtype=dtype).masked_fill(~visible, float("-inf"))
 
 
 class KVCache(nn.Module):
@@ -139,53 +264,67 @@ class Attention(nn.Module):
     def __init__(self, config: DecoderConfig, max_seq_len: int):
         super().__init__()
         c, hd = config, config.head_dim
-        self.n_heads, self.n_kv_heads, self.head_dim = c.n_heads, c.n_kv_heads, hd
+        self.n_heads, self.n_kv_heads, self.head_dim, self.scale = c.n_heads, c.n_kv_heads, hd, c.attention_scale
         self.wq = nn.Linear(c.dim, c.n_heads * hd, bias=c.qkv_bias)
         self.wk = nn.Linear(c.dim, c.n_kv_heads * hd, bias=c.qkv_bias)
         self.wv = nn.Linear(c.dim, c.n_kv_heads * hd, bias=c.qkv_bias)
         self.wo = nn.Linear(c.n_heads * hd, c.dim, bias=False)
-        self.q_norm = RMSNorm(hd, c.norm_eps) if c.qk_norm else None
-        self.k_norm = RMSNorm(hd, c.norm_eps) if c.qk_norm else None
+        self.q_norm = RMSNorm(hd, c.norm_eps, c.norm_unit_offset) if c.qk_norm else None
+        self.k_norm = RMSNorm(hd, c.norm_eps, c.norm_unit_offset) if c.qk_norm else None
         self.kv_cache = KVCache(max_seq_len, c.n_kv_heads, hd)
 
-    def forward(self, x: torch.Tensor, start: int, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, start: int, rope: tuple | None, mask: torch.Tensor | None) -> torch.Tensor:
+        """rope: (cos, sin) at this chunk's positions, None for a layer without RoPE;
+        mask: the sliding-window mask, None for causal attention over the whole prefix."""
         b, s, _ = x.shape
         q = self.wq(x).view(b, s, self.n_heads, self.head_dim)
         k = self.wk(x).view(b, s, self.n_kv_heads, self.head_dim)
         v = self.wv(x).view(b, s, self.n_kv_heads, self.head_dim)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if rope is not None:
+            q, k = apply_rope(q, *rope), apply_rope(k, *rope)
         self.kv_cache.update(k, v, start)
-        # Causal from `start`: token i attends to cache positions [0, start + i]. GQA is native.
-        y = torch.ops.llama.custom_sdpa(q, self.kv_cache.k_cache, self.kv_cache.v_cache, start, None, 0.0, True)
+        k_cache, v_cache = self.kv_cache.k_cache, self.kv_cache.v_cache
+        if mask is None:  # causal from `start`: token i attends to cache rows [0, start + i]. GQA is native.
+            y = torch.ops.llama.custom_sdpa(q, k_cache, v_cache, start, None, 0.0, True, self.scale)
+        else:  # the mask spans the whole cache and hides the rows past each token too
+            y = torch.ops.llama.custom_sdpa(q, k_cache, v_cache, start, mask, 0.0, False, self.scale)
         return self.wo(y.reshape(b, s, -1))
 
 
 class FeedForward(nn.Module):
-    """SwiGLU: w2(silu(w1 x) * w3 x)."""
+    """Gated MLP: w2(act(w1 x) * w3 x); SwiGLU with SiLU, GeGLU with GeLU."""
 
     def __init__(self, config: DecoderConfig):
         super().__init__()
+        self.act = ACTIVATIONS[config.activation]
         self.w1 = nn.Linear(config.dim, config.hidden_dim, bias=False)
         self.w2 = nn.Linear(config.hidden_dim, config.dim, bias=False)
         self.w3 = nn.Linear(config.dim, config.hidden_dim, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+        return self.w2(self.act(self.w1(x)) * self.w3(x))
 
 
 class Block(nn.Module):
     def __init__(self, config: DecoderConfig, max_seq_len: int):
         super().__init__()
-        self.attention_norm = RMSNorm(config.dim, config.norm_eps)
-        self.attention = Attention(config, max_seq_len)
-        self.ffn_norm = RMSNorm(config.dim, config.norm_eps)
-        self.feed_forward = FeedForward(config)
 
-    def forward(self, x: torch.Tensor, start: int, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        x = x + self.attention(self.attention_norm(x), start, cos, sin)
-        return x + self.feed_forward(self.ffn_norm(x))
+        def norm() -> nn.Module:
+            return RMSNorm(config.dim, config.norm_eps, config.norm_unit_offset)
+
+        post_norm = norm if config.sandwich_norms else nn.Identity
+        self.attention_norm = norm()
+        self.attention = Attention(config, max_seq_len)
+        self.attention_post_norm = post_norm()
+        self.ffn_norm = norm()
+        self.feed_forward = FeedForward(config)
+        self.ffn_post_norm = post_norm()
+
+    def forward(self, x: torch.Tensor, start: int, rope: tuple | None, mask: torch.Tensor | None) -> torch.Tensor:
+        x = x + self.attention_post_norm(self.attention(self.attention_norm(x), start, rope, mask))
+        return x + self.ffn_post_norm(self.feed_forward(self.ffn_norm(x)))
 
 
 class Decoder(nn.Module):
@@ -200,11 +339,13 @@ class Decoder(nn.Module):
         self.config, self.max_seq_len = config, max_seq_len
         self.tok_embeddings = nn.Embedding(config.vocab_size, config.dim)
         self.layers = nn.ModuleList(Block(config, max_seq_len) for _ in range(config.n_layers))
-        self.norm = RMSNorm(config.dim, config.norm_eps)
+        self.norm = RMSNorm(config.dim, config.norm_eps, config.norm_unit_offset)
         self.output = nn.Linear(config.dim, config.vocab_size, bias=False)
-        cos, sin = rope_tables(config, max_seq_len)
-        self.register_buffer("rope_cos", cos, persistent=False)
-        self.register_buffer("rope_sin", sin, persistent=False)
+        self.layer_rope = tuple(config.layer_rope(i) for i in range(config.n_layers))
+        # A window as long as the cache never hides anything: those layers stay plainly causal.
+        windowed = config.sliding_window is not None and config.sliding_window < max_seq_len
+        self.layer_windowed = tuple(windowed and i in config.sliding_window_layers for i in range(config.n_layers))
+        self._set_rope_tables()
         self.tie_weights()
 
     def tie_weights(self) -> None:
@@ -213,25 +354,53 @@ class Decoder(nn.Module):
 
     def reset_buffers(self) -> None:
         """(Re)create RoPE tables and empty caches, e.g. after building on the meta device."""
-        cos, sin = rope_tables(self.config, self.max_seq_len)
-        self.rope_cos, self.rope_sin = cos, sin
+        self._set_rope_tables()
         for layer in self.layers:
             cache = layer.attention.kv_cache
             cache.k_cache = torch.zeros(cache.k_cache.shape)
             cache.v_cache = torch.zeros(cache.v_cache.shape)
 
+    def _set_rope_tables(self) -> None:
+        """rope_cos/rope_sin, and rope_local_cos/rope_local_sin when some layers use the local base."""
+        for kind in sorted({r for r in self.layer_rope if r is not None}):
+            cos, sin = rope_tables(self.config, self.max_seq_len, local=kind == "local")
+            prefix = "rope_local" if kind == "local" else "rope"
+            self.register_buffer(f"{prefix}_cos", cos, persistent=False)
+            self.register_buffer(f"{prefix}_sin", sin, persistent=False)
+
     def forward(self, tokens: torch.Tensor, input_pos: torch.Tensor, last_only: bool = False) -> torch.Tensor:
-        return self.forward_embeddings(self.tok_embeddings(tokens), input_pos, last_only)
+        return self.forward_embeddings(self.embed(tokens), input_pos, last_only)
+
+    def embed(self, tokens: torch.Tensor) -> torch.Tensor:
+        h = self.tok_embeddings(tokens)
+        if self.config.scale_embeddings:  # sqrt(dim) rounded to float32, then to the embedding dtype, as transformers does
+            h = h * torch.tensor(self.config.dim**0.5, dtype=torch.float32).to(h.dtype)
+        return h
 
     def forward_embeddings(self, h: torch.Tensor, input_pos: torch.Tensor, last_only: bool = False) -> torch.Tensor:
         seq_len = h.size(1)
         start = input_pos[0].item()
         torch._check(start >= 0)
         torch._check(start + seq_len <= self.max_seq_len)
-        cos = self.rope_cos.narrow(0, start, seq_len)
-        sin = self.rope_sin.narrow(0, start, seq_len)
-        for layer in self.layers:
-            h = layer(h, start, cos, sin)
+        ropes = self._rope_at(start, seq_len)
+        mask = None
+        if any(self.layer_windowed):
+            mask = sliding_window_mask(start, seq_len, self.max_seq_len, self.config.sliding_window, h.dtype)
+        for layer, rope, windowed in zip(self.layers, self.layer_rope, self.layer_windowed):
+            h = layer(h, start, ropes.get(rope), mask if windowed else None)
         if last_only:  # only the next-token logits: skips the LM head for the other positions
-            return self.output(self.norm(h[:, -1, :]))
-        return self.output(self.norm(h))
+            h = h[:, -1, :]
+        return self._softcap(self.output(self.norm(h)))
+
+    def _rope_at(self, start, seq_len: int) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+        """The RoPE tables' rows for positions [start, start + seq_len), per kind in use."""
+        ropes = {}
+        if "global" in self.layer_rope:
+            ropes["global"] = (self.rope_cos.narrow(0, start, seq_len), self.rope_sin.narrow(0, start, seq_len))
+        if "local" in self.layer_rope:
+            ropes["local"] = (self.rope_local_cos.narrow(0, start, seq_len), self.rope_local_sin.narrow(0, start, seq_len))
+        return ropes
+
+    def _softcap(self, logits: torch.Tensor) -> torch.Tensor:
+        cap = self.config.final_logit_softcap
+        return logits if cap is None else torch.tanh(logits / cap) * cap

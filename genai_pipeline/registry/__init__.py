@@ -28,18 +28,31 @@ class ModelSpec:
     bos_id: int | None
     eos_ids: tuple[int, ...]
     checkpoint: Path | None = None  # shipped weights, if any
+    # Weight transform for fused checkpoint tensors: (regex, replacements naming our tensors).
+    # The checkpoint tensor is ours concatenated along dim 0 in this order, e.g. Phi-3's
+    # qkv_proj = [wq; wk; wv]; the loader splits it by the sizes of our tensors.
+    fused_key_map: tuple[tuple[str, tuple[str, ...]], ...] = ()
 
-    def map_key(self, checkpoint_key: str) -> str | None:
+    def map_key(self, checkpoint_key: str) -> tuple[str, ...]:
+        """Our tensor(s) holding a checkpoint tensor: one, several for a fused one, none if unknown."""
         for pattern, replacement in self.key_map:
             if re.fullmatch(pattern, checkpoint_key):
-                return re.sub(pattern, replacement, checkpoint_key)
-        return None
+                return (re.sub(pattern, replacement, checkpoint_key),)
+        for pattern, replacements in self.fused_key_map:
+            if re.fullmatch(pattern, checkpoint_key):
+                return tuple(re.sub(pattern, r, checkpoint_key) for r in replacements)
+        return ()
 
 
 def _all_specs() -> dict[str, ModelSpec]:
-    from genai_pipeline.registry import llama, qwen
+    from genai_pipeline.registry import gemma, llama, phi, qwen, smollm
 
-    return {spec.name: spec for spec in llama.SPECS + qwen.SPECS}
+    specs = [spec for family in (llama, qwen, smollm, phi, gemma) for spec in family.SPECS]
+    names = [spec.name for spec in specs]
+    duplicates = sorted({n for n in names if names.count(n) > 1})
+    if duplicates:
+        raise RuntimeError(f"registry names must be unique; repeated: {', '.join(duplicates)}")
+    return {spec.name: spec for spec in specs}
 
 
 SPECS: dict[str, ModelSpec] = _all_specs()

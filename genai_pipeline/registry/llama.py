@@ -1,4 +1,6 @@
-"""Llama family: Llama 3.x, SmolLM2 and the shipped reference model (all `LlamaForCausalLM`)."""
+"""Llama family: Llama 3.x, SmolLM2 and the shipped reference model (all `LlamaForCausalLM`).
+
+Sizes are those of the public config.json files."""
 
 from __future__ import annotations
 
@@ -6,6 +8,7 @@ from pathlib import Path
 
 from genai_pipeline.models.decoder import DecoderConfig, RopeScaling
 from genai_pipeline.registry import ModelSpec
+from genai_pipeline.registry.hf_config import decoder_fields, rope_fields
 
 ASSETS = Path(__file__).resolve().parents[2] / "assets"
 
@@ -30,31 +33,11 @@ HF_KEY_MAP: tuple[tuple[str, str], ...] = (
 
 def config_from_hf(hf: dict) -> DecoderConfig:
     """A Hugging Face LlamaConfig (as a dict from config.json) as our DecoderConfig."""
-    rope = hf.get("rope_scaling") or hf.get("rope_parameters") or {}
-    scaling = None
-    if rope.get("rope_type", rope.get("type")) == "llama3":
-        scaling = RopeScaling(
-            factor=float(rope["factor"]),
-            low_freq_factor=float(rope["low_freq_factor"]),
-            high_freq_factor=float(rope["high_freq_factor"]),
-            original_max_position_embeddings=int(rope["original_max_position_embeddings"]),
-        )
-    n_heads = int(hf["num_attention_heads"])
-    return DecoderConfig(
-        vocab_size=int(hf["vocab_size"]),
-        dim=int(hf["hidden_size"]),
-        n_layers=int(hf["num_hidden_layers"]),
-        n_heads=n_heads,
-        n_kv_heads=int(hf.get("num_key_value_heads") or n_heads),
-        hidden_dim=int(hf["intermediate_size"]),
-        head_dim=int(hf.get("head_dim") or 0),
-        norm_eps=float(hf.get("rms_norm_eps", 1e-5)),
-        rope_theta=float(hf.get("rope_theta", rope.get("rope_theta", 10000.0))),
-        rope_scaling=scaling,
-        qkv_bias=bool(hf.get("attention_bias", False)),
-        tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
-        max_position_embeddings=int(hf.get("max_position_embeddings", 2048)),
-    )
+    return DecoderConfig(**decoder_fields(hf), **rope_fields(hf), qkv_bias=bool(hf.get("attention_bias", False)))
+
+
+def _llama3_rope(factor: float) -> RopeScaling:
+    return RopeScaling(factor=factor, low_freq_factor=1.0, high_freq_factor=4.0, original_max_position_embeddings=8192)
 
 
 def _spec(name: str, description: str, config: DecoderConfig, bos: int, eos: tuple[int, ...], checkpoint=None):
@@ -95,14 +78,54 @@ SPECS = (
         eos=(0,),
     ),
     _spec(
+        "smollm2-360m",
+        "HuggingFaceTB/SmolLM2-360M",
+        DecoderConfig(
+            vocab_size=49152, dim=960, n_layers=32, n_heads=15, n_kv_heads=5, hidden_dim=2560,
+            rope_theta=100000.0, tie_embeddings=True, max_position_embeddings=8192,
+        ),
+        bos=0,
+        eos=(0,),
+    ),
+    _spec(
+        "smollm2-1_7b",
+        "HuggingFaceTB/SmolLM2-1.7B",
+        DecoderConfig(
+            vocab_size=49152, dim=2048, n_layers=24, n_heads=32, n_kv_heads=32, hidden_dim=8192,
+            rope_theta=130000.0, tie_embeddings=True, max_position_embeddings=8192,
+        ),
+        bos=0,
+        eos=(0,),
+    ),
+    _spec(
         "llama3_2-1b",
         "meta-llama/Llama-3.2-1B",
         DecoderConfig(
             vocab_size=128256, dim=2048, n_layers=16, n_heads=32, n_kv_heads=8, hidden_dim=8192,
             norm_eps=1e-5, rope_theta=500000.0, tie_embeddings=True, max_position_embeddings=131072,
-            rope_scaling=RopeScaling(
-                factor=32.0, low_freq_factor=1.0, high_freq_factor=4.0, original_max_position_embeddings=8192
-            ),
+            rope_scaling=_llama3_rope(32.0),
+        ),
+        bos=128000,
+        eos=(128001, 128008, 128009),
+    ),
+    _spec(
+        "llama3_2-3b",
+        "meta-llama/Llama-3.2-3B",
+        DecoderConfig(
+            vocab_size=128256, dim=3072, n_layers=28, n_heads=24, n_kv_heads=8, hidden_dim=8192, head_dim=128,
+            norm_eps=1e-5, rope_theta=500000.0, tie_embeddings=True, max_position_embeddings=131072,
+            rope_scaling=_llama3_rope(32.0),
+        ),
+        bos=128000,
+        eos=(128001, 128008, 128009),
+    ),
+    _spec(
+        "llama3_1-8b",
+        "meta-llama/Llama-3.1-8B",
+        DecoderConfig(
+            vocab_size=128256, dim=4096, n_layers=32, n_heads=32, n_kv_heads=8, hidden_dim=14336,
+            norm_eps=1e-5, rope_theta=500000.0, tie_embeddings=False, max_position_embeddings=131072,
+            rope_scaling=_llama3_rope(8.0),
         ),
         bos=128000,
         eos=(128001, 128008, 128009),

@@ -1,7 +1,6 @@
 """render_sample: text encoded with the tokenizer's special tokens; chats through a real Jinja template."""
 
 import json
-from pathlib import Path
 
 import pytest
 

@@ -36,6 +36,7 @@ def test_options_take_specs_or_strings_in_order():
     options = CalibrationOptions(datasets=["text:a.txt", DatasetSpec("random")], limit=4, seq_len=64)
     assert options.datasets == (DatasetSpec("text", "a.txt"), DatasetSpec("random"))
     assert CalibrationOptions().datasets == () and CalibrationOptions().seq_len == 128
+    assert CalibrationOptions(datasets="random").datasets == (DatasetSpec("random"),)  # one spec, not its letters
 
 
 @pytest.mark.parametrize(

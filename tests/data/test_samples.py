@@ -35,3 +35,5 @@ def test_message_and_part_validation():
         ContentPart("image", text="no path")
     with pytest.raises(ValueError):
         ContentPart("audio", text="x")
+    with pytest.raises(ValueError, match="tuple of ContentPart"):
+        Message("user", ({"type": "text", "text": "hi"},))

@@ -1,0 +1,106 @@
+"""bench: load time, prefill and decode speed, peak memory and bandwidth use of a program.
+
+Medians over repeats after one warm-up round. The decode rate excludes the first generated
+token (it comes from prefill). The bandwidth share compares the bytes of weights a decode step
+must read (every weight but the token embedding, of which it reads one row) times the decode
+rate with the machine's copy bandwidth, measured here with numpy.
+"""
+
+from __future__ import annotations
+
+import resource
+import statistics
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from genai_pipeline.errors import InputError
+from genai_pipeline.inspect import inspect_program
+from genai_pipeline.runtime.session import DecoderSession
+
+EMBEDDING_BYTES_PER_VALUE = {None: 4.0, "8w": 1.0, "4w": 0.5}
+
+
+@dataclass(frozen=True)
+class BenchOptions:
+    prompt_len: int = 128
+    gen_len: int = 128
+    repeats: int = 5
+    threads: int = 0  # 0: the runtime's default (one per core)
+
+    def __post_init__(self):
+        for name in ("prompt_len", "gen_len", "repeats"):
+            if getattr(self, name) < 1:
+                raise InputError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
+        if self.threads < 0:
+            raise InputError(f"--threads must be >= 0, got {self.threads}")
+
+
+def memory_bandwidth_gbs(megabytes: int = 256, repeats: int = 5) -> float:
+    """Best-of-N copy bandwidth (read + write) of a buffer far larger than the caches."""
+    src = np.ones(megabytes * 2**20 // 8)
+    dst = np.empty_like(src)
+    best = min(_timed(lambda: np.copyto(dst, src)) for _ in range(repeats))
+    return 2 * src.nbytes / best / 1e9
+
+
+def _timed(fn) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def weight_bytes_per_token(folder: Path, manifest: dict) -> int:
+    report = inspect_program(Path(folder) / manifest["artifacts"]["text_decoder"]["file"])
+    stored = report["named_data"]["bytes"] + report["constant_segment"]["bytes"]
+    config = manifest["config"]
+    embedding = (manifest.get("quantization") or {}).get("embedding")
+    return int(stored - config["vocab_size"] * config["dim"] * EMBEDDING_BYTES_PER_VALUE[embedding])
+
+
+def bench(folder: Path, options: BenchOptions) -> dict:
+    if options.threads:
+        from executorch.extension.pybindings import portable_lib
+
+        portable_lib._unsafe_reset_threadpool(options.threads)
+    start = time.perf_counter()
+    session = DecoderSession(Path(folder))
+    load_s = time.perf_counter() - start
+    if options.prompt_len + options.gen_len > session.max_seq_len:
+        raise InputError(
+            f"--prompt-len + --gen-len = {options.prompt_len + options.gen_len} exceeds the program's context {session.max_seq_len}"
+        )
+    vocab = session.manifest["config"]["vocab_size"]
+    prompt = torch.randint(1, vocab, (options.prompt_len,), generator=torch.Generator().manual_seed(0)).tolist()
+    prefill, decode = [], []
+    for _ in range(options.repeats + 1):  # the first round warms up
+        session.reset()
+        t = time.perf_counter()
+        logits = session.prefill(prompt)
+        prefill.append(options.prompt_len / (time.perf_counter() - t))
+        token = int(logits.argmax())
+        t = time.perf_counter()
+        for _ in range(options.gen_len):
+            token = int(session.step(token).argmax())
+        decode.append(options.gen_len / (time.perf_counter() - t))
+    decode_rate = statistics.median(decode[1:])
+    weights = weight_bytes_per_token(folder, session.manifest)
+    bandwidth = memory_bandwidth_gbs()
+    return {
+        "model": session.manifest["model"],
+        "mode": session.manifest["mode"],
+        "recipe": session.manifest.get("recipe", "fp32"),
+        "threads": options.threads or None,
+        "prompt_len": options.prompt_len,
+        "gen_len": options.gen_len,
+        "load_s": round(load_s, 3),
+        "prefill_tokens_per_s": round(statistics.median(prefill[1:]), 1),
+        "decode_tokens_per_s": round(decode_rate, 1),
+        "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+        "weight_bytes_per_token": weights,
+        "memory_bandwidth_gbs": round(bandwidth, 2),
+        "bandwidth_share": round(weights * decode_rate / (bandwidth * 1e9), 4),
+    }

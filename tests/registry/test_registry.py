@@ -1,0 +1,152 @@
+"""The model zoo: every entry's embedded config against the public model it names.
+
+HUB_CONFIGS holds the architecture fields of each model's public config.json, spelled as the
+Hub's files spell them (transformers 4.x layout). Each must read (config_from_hf) into exactly
+the embedded config, and `infer_spec` must pick the entry from it.
+"""
+
+import pytest
+import torch
+
+from genai_pipeline.errors import CheckpointError
+from genai_pipeline.models.decoder import Decoder
+from genai_pipeline.registry import SPECS, get_spec, infer_spec
+
+# Public parameter counts (model cards / papers). Qwen3-1.7B: 1.72 B with its tied embedding;
+# the Hub page's 2.03 B also counts the lm_head copy stored in its safetensors.
+PUBLIC_PARAMS = {
+    "llama3_2-1b": 1.24e9, "llama3_2-3b": 3.21e9, "llama3_1-8b": 8.03e9,
+    "qwen2_5-0_5b": 494e6, "qwen2_5-1_5b": 1.54e9,
+    "qwen3-0_6b": 596e6, "qwen3-1_7b": 1.72e9, "qwen3-4b": 4.02e9,
+    "smollm2-135m": 135e6, "smollm2-360m": 362e6, "smollm2-1_7b": 1.71e9,
+    "smollm3-3b": 3.08e9, "phi_4_mini": 3.84e9, "gemma3-1b": 1.0e9,
+}
+
+LLAMA3_ROPE = {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": 8192}
+LLAMA = dict(model_type="llama", hidden_act="silu", attention_bias=False, mlp_bias=False)
+QWEN2 = dict(model_type="qwen2", hidden_act="silu", rms_norm_eps=1e-6, rope_theta=1000000.0, vocab_size=151936,
+             use_sliding_window=False, tie_word_embeddings=True)
+QWEN3 = dict(model_type="qwen3", hidden_act="silu", rms_norm_eps=1e-6, rope_theta=1000000, rope_scaling=None, vocab_size=151936,
+             head_dim=128, max_position_embeddings=40960, use_sliding_window=False, sliding_window=None,
+             attention_bias=False, tie_word_embeddings=True)
+SMOLLM2 = dict(LLAMA, vocab_size=49152, max_position_embeddings=8192, rms_norm_eps=1e-5, rope_scaling=None,
+               tie_word_embeddings=True)
+PHI4_LONG_FACTOR = [
+    1, 1.118320672, 1.250641126, 1.398617824, 1.564103225, 1.74916897, 1.956131817, 2.187582649, 2.446418898,
+    2.735880826, 3.059592084, 3.421605075, 3.826451687, 4.279200023, 4.785517845, 5.351743533, 5.984965424,
+    6.693110555, 7.485043894, 8.370679318, 9.36110372, 10.4687158, 11.70738129, 13.09260651, 14.64173252,
+    16.37415215, 18.31155283, 20.47818807, 22.90118105, 25.61086418, 28.64115884, 32.03, 32.1, 32.13, 32.23,
+    32.6, 32.61, 32.64, 32.66, 32.7, 32.71, 32.93, 32.97, 33.28, 33.49, 33.5, 44.16, 47.77,
+]
+
+HUB_CONFIGS = {
+    "llama3_2-1b": dict(LLAMA, vocab_size=128256, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
+                        num_attention_heads=32, num_key_value_heads=8, head_dim=64, rms_norm_eps=1e-5,
+                        rope_theta=500000.0, rope_scaling=LLAMA3_ROPE, max_position_embeddings=131072,
+                        tie_word_embeddings=True),
+    "llama3_2-3b": dict(LLAMA, vocab_size=128256, hidden_size=3072, intermediate_size=8192, num_hidden_layers=28,
+                        num_attention_heads=24, num_key_value_heads=8, head_dim=128, rms_norm_eps=1e-5,
+                        rope_theta=500000.0, rope_scaling=LLAMA3_ROPE, max_position_embeddings=131072,
+                        tie_word_embeddings=True),
+    "llama3_1-8b": dict(LLAMA, vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+                        num_attention_heads=32, num_key_value_heads=8, rms_norm_eps=1e-5, rope_theta=500000.0,
+                        rope_scaling={**LLAMA3_ROPE, "factor": 8.0}, max_position_embeddings=131072,
+                        tie_word_embeddings=False),
+    "smollm2-135m": dict(SMOLLM2, hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
+                         num_key_value_heads=3, rope_theta=100000),
+    "smollm2-360m": dict(SMOLLM2, hidden_size=960, intermediate_size=2560, num_hidden_layers=32, num_attention_heads=15,
+                         num_key_value_heads=5, rope_theta=100000),
+    "smollm2-1_7b": dict(SMOLLM2, hidden_size=2048, intermediate_size=8192, num_hidden_layers=24, num_attention_heads=32,
+                         num_key_value_heads=32, rope_theta=130000),
+    "qwen2_5-0_5b": dict(QWEN2, hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
+                         num_key_value_heads=2, max_position_embeddings=32768, sliding_window=32768, max_window_layers=24),
+    "qwen2_5-1_5b": dict(QWEN2, hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
+                         num_key_value_heads=2, max_position_embeddings=131072, sliding_window=131072,
+                         max_window_layers=28),
+    "qwen3-0_6b": dict(QWEN3, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16,
+                       num_key_value_heads=8),
+    "qwen3-1_7b": dict(QWEN3, hidden_size=2048, intermediate_size=6144, num_hidden_layers=28, num_attention_heads=16,
+                       num_key_value_heads=8),
+    "qwen3-4b": dict(QWEN3, hidden_size=2560, intermediate_size=9728, num_hidden_layers=36, num_attention_heads=32,
+                     num_key_value_heads=8),
+    "smollm3-3b": dict(model_type="smollm3", hidden_act="silu", vocab_size=128256, hidden_size=2048,
+                       intermediate_size=11008, num_hidden_layers=36, num_attention_heads=16, num_key_value_heads=4,
+                       rms_norm_eps=1e-6, rope_theta=5000000.0, rope_scaling=None, max_position_embeddings=65536,
+                       no_rope_layer_interval=4, no_rope_layers=[1, 1, 1, 0] * 9, use_sliding_window=False,
+                       sliding_window=None, attention_bias=False, tie_word_embeddings=True),
+    "phi_4_mini": dict(model_type="phi3", hidden_act="silu", vocab_size=200064, hidden_size=3072, intermediate_size=8192,
+                       num_hidden_layers=32, num_attention_heads=24, num_key_value_heads=8, rms_norm_eps=1e-5,
+                       partial_rotary_factor=0.75, rope_theta=10000.0, max_position_embeddings=131072,
+                       original_max_position_embeddings=4096, sliding_window=262144, attention_bias=False,
+                       rope_scaling={"type": "longrope", "short_factor": [1.0] * 48, "long_factor": PHI4_LONG_FACTOR},
+                       tie_word_embeddings=True),
+    "gemma3-1b": dict(model_type="gemma3_text", hidden_activation="gelu_pytorch_tanh", vocab_size=262144,
+                      hidden_size=1152, intermediate_size=6912, num_hidden_layers=26, num_attention_heads=4,
+                      num_key_value_heads=1, head_dim=256, rms_norm_eps=1e-6, rope_theta=1000000,
+                      rope_local_base_freq=10000, rope_scaling=None, sliding_window=512, sliding_window_pattern=6,
+                      query_pre_attn_scalar=256, attn_logit_softcapping=None, final_logit_softcapping=None,
+                      max_position_embeddings=32768, attention_bias=False),
+}
+
+ZOO = sorted(PUBLIC_PARAMS)
+
+
+def test_the_zoo_is_complete_and_names_are_unique():
+    assert set(ZOO) <= set(SPECS) and set(HUB_CONFIGS) == set(ZOO)
+    names = [spec.name for spec in SPECS.values()]
+    assert len(names) == len(set(names))
+
+
+@pytest.mark.parametrize("name", ZOO)
+def test_embedded_config_has_the_public_parameter_count(name):
+    config = get_spec(name).config
+    with torch.device("meta"):
+        model = Decoder(config, max_seq_len=128)
+    count = sum(p.numel() for p in model.parameters())  # a tied head is counted once
+    assert count == config.num_params
+    assert abs(count / PUBLIC_PARAMS[name] - 1) < 0.03, f"{count / 1e9:.3f} B"
+
+
+@pytest.mark.parametrize("name", ZOO)
+def test_public_config_reads_into_the_embedded_one(name):
+    spec = get_spec(name)
+    assert spec.config_from_hf(HUB_CONFIGS[name]) == spec.config
+    assert infer_spec(HUB_CONFIGS[name]) is spec
+
+
+def test_every_family_reads_a_model_type():
+    families = {spec.family: spec.hf_model_types for spec in SPECS.values()}
+    assert families == {
+        "llama": ("llama",), "qwen2": ("qwen2",), "qwen3": ("qwen3",), "smollm3": ("smollm3",),
+        "phi3": ("phi3",), "gemma3": ("gemma3_text",),
+    }
+
+
+UNSUPPORTED = {
+    "yarn": ("qwen3-0_6b", dict(rope_scaling={"rope_type": "yarn", "factor": 4.0}), "RoPE scaling 'yarn'"),
+    "attn-softcap": ("gemma3-1b", dict(attn_logit_softcapping=50.0), "softcapping"),
+    "activation": ("llama3_2-1b", dict(hidden_act="relu"), "activation 'relu'"),
+    "window-without-layer-types": ("qwen2_5-0_5b", dict(use_sliding_window=True), "layer_types"),
+}
+
+
+@pytest.mark.parametrize("case", UNSUPPORTED.values(), ids=UNSUPPORTED.keys())
+def test_unsupported_features_are_refused_by_name(case):
+    name, change, message = case
+    with pytest.raises(CheckpointError, match=message):
+        get_spec(name).config_from_hf({**HUB_CONFIGS[name], **change})
+
+
+def test_sliding_window_layers_and_local_rope_of_gemma3():
+    config = get_spec("gemma3-1b").config
+    assert [i for i in range(26) if i not in config.sliding_window_layers] == [5, 11, 17, 23]
+    assert [config.layer_rope(i) for i in (0, 5)] == ["local", "global"]
+    assert config.rope_local_theta == 10000.0 and config.rope_theta == 1e6
+
+
+def test_smollm3_skips_rope_in_every_fourth_layer():
+    config = get_spec("smollm3-3b").config
+    assert config.nope_layers == (3, 7, 11, 15, 19, 23, 27, 31, 35)
+    without_list = {k: v for k, v in HUB_CONFIGS["smollm3-3b"].items() if k != "no_rope_layers"}
+    assert get_spec("smollm3-3b").config_from_hf(without_list) == config  # transformers' default pattern
