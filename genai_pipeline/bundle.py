@@ -37,8 +37,12 @@ class Artifact:
 
     key: ArtifactKey
     module: nn.Module  # the eager module whose parameters and buffers every graph uses
-    graphs: Mapping[GraphName, GraphBundle]
+    graphs: Mapping[GraphName, GraphBundle]  # the deploy graphs: methods of the program
     constant_methods: Mapping[str, Any]
+    # Calibrated by static quantization (dynamic length, every position's output); its
+    # encodings then serve every deploy graph. Never a method of the program.
+    quantize_graph: GraphBundle | None = None
+    qdq: Any = None  # the calibrated QDQ model (an ExportedProgram), once quantized statically
 
 
 @dataclass(frozen=True)

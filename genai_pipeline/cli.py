@@ -59,6 +59,7 @@ def cmd_export(args) -> int:
     from genai_pipeline.prepare import PrepareOptions, prepare
     from genai_pipeline.checkpoints.hf import read_config
     from genai_pipeline.registry import DEFAULT_MODEL, get_spec, infer_spec
+    from genai_pipeline.data import CalibrationOptions
     from genai_pipeline.quantize import QuantOptions, parse_override, quantize
     from genai_pipeline.targets import check_recipe, get_target
 
@@ -73,6 +74,8 @@ def cmd_export(args) -> int:
         group_size=args.group_size,
         embedding=args.embedding,
         overrides=tuple(parse_override(o) for o in args.quant_override),
+        block_size=args.block_size,
+        calibration=CalibrationOptions(datasets=tuple(args.calib), limit=args.calib_limit, seq_len=args.calib_seq_len),
     )
     check_recipe(target, quant)  # refused before any work starts
     options = PrepareOptions(
@@ -83,7 +86,7 @@ def cmd_export(args) -> int:
         seed=args.seed,
     )
     log.info("prepare %s (%s mode, max_seq_len %d)", spec.name, options.mode.value, options.max_seq_len)
-    prepared = quantize(prepare(spec, options), quant)
+    prepared = quantize(prepare(spec, options), quant, target)
     log.info("compile for %s (%s)", target.name, prepared.recipe)
     result = compile_artifacts(prepared, target, Path(args.out))
     for name, f in result.manifest["files"].items():
@@ -144,10 +147,12 @@ def cmd_eval(args) -> int:
         print(json.dumps(result))
         return 0
     ppl = result["perplexity"]
-    qdq = f"{ppl['qdq']:.3f}" if ppl["qdq"] is not None else "n/a (not quantized)"
+    shown = {"qdq": "n/a (not quantized)", "program": "n/a (not lowered)"}
+    shown.update({k: f"{v:.3f}" for k, v in ppl.items() if v is not None})
     print(f"{result['tokens']} tokens in windows of {result['window']}, recipe {result['recipe']}")
-    print(f"perplexity  float {ppl['float']:.3f}   qdq {qdq}   program {ppl['program']:.3f}")
-    print(f"program vs float: top-1 agreement {100 * result['top1_agreement']:.2f} %, KL divergence {result['kl_divergence']:.5f}")
+    print(f"perplexity  float {shown['float']}   qdq {shown['qdq']}   program {shown['program']}")
+    print(f"{result['compared']} vs float: top-1 agreement {100 * result['top1_agreement']:.2f} %, "
+          f"KL divergence {result['kl_divergence']:.5f}")
     for layer, db in result.get("layer_sqnr_db", {}).items():
         print(f"  SQNR {layer:<10} {db:6.2f} dB")
     return 0
@@ -178,6 +183,7 @@ def cmd_inspect(args) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     from genai_pipeline.bench import BenchOptions
+    from genai_pipeline.data import CalibrationOptions
     from genai_pipeline.evaluate import EvalOptions
     from genai_pipeline.names import Mode
     from genai_pipeline.prepare import PrepareOptions
@@ -196,11 +202,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("model", nargs="?", help=f"registry name (default: inferred from --checkpoint, else {DEFAULT_MODEL})")
     p.add_argument("--checkpoint", help="local Hugging Face folder (config.json + *.safetensors)")
     p.add_argument("--target", default="xnnpack", help="xnnpack (default) or portable")
-    p.add_argument("--recipe", default=_default(QuantOptions, "recipe"), help="fp32 (default), 8da4w, 8da8w")
+    p.add_argument("--recipe", default=_default(QuantOptions, "recipe"),
+                   help="xnnpack: fp32 (default), 8da4w, 8da8w, 8a8w; qnn: 16a8w, 16a4w, 16a4w_block, 8a8w")
     p.add_argument("--group-size", type=int, default=_default(QuantOptions, "group_size"), help="int4 group size")
     p.add_argument("--embedding", default=_default(QuantOptions, "embedding"), help="quantize the token embedding: 8w or 4w")
     p.add_argument("--quant-override", action="append", default=[], metavar="REGEX=RECIPE",
                    help="recipe for linear layers whose name matches REGEX (first match wins), e.g. output=8da8w")
+    p.add_argument("--block-size", type=int, default=_default(QuantOptions, "block_size"), help="16a4w_block block size")
+    p.add_argument("--calib", action="append", default=[], metavar="NAME:ARG",
+                   help="calibration data for static recipes (repeatable): random, text:FILE, messages:FILE.json, "
+                        "hf-chat:DIR, lm-eval:FILE")
+    p.add_argument("--calib-limit", type=int, default=_default(CalibrationOptions, "limit"), help="samples in all")
+    p.add_argument("--calib-seq-len", type=int, default=_default(CalibrationOptions, "seq_len"), help="tokens per sample")
     p.add_argument("--mode", default=_default(PrepareOptions, "mode").value, choices=[m.value for m in Mode])
     p.add_argument("--max-seq-len", type=int, default=_default(PrepareOptions, "max_seq_len"))
     p.add_argument("--prefill-len", type=int, default=_default(PrepareOptions, "prefill_len"))

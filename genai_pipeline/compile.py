@@ -69,29 +69,50 @@ def _versions() -> dict[str, str]:
     }
 
 
-def compile_artifacts(prepared: PreparedModel, target: Target, out: Path) -> ArtifactSet:
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / MANIFEST).unlink(missing_ok=True)  # until the new manifest lands, the folder reads as incomplete
-    started = time.perf_counter()
+def _copy(src: Path, dest: Path) -> None:
+    tmp = dest.with_name(f".{dest.name}.partial")
+    shutil.copyfile(src, tmp)
+    tmp.replace(dest)
+
+
+def _lower_all(prepared: PreparedModel, target: Target, out: Path) -> dict:
+    programs = {}
     steps = sum(len(a.graphs) + 2 for a in prepared.artifacts.values())
-    programs, files = {}, {}
     with tqdm(total=steps, unit="step", leave=False, dynamic_ncols=True) as progress:
         for key, artifact in prepared.artifacts.items():
             try:
                 data = _to_executorch(artifact, target, progress, quantized=prepared.recipe != "fp32")
             except Exception as e:  # torch.export / lowering failures: say which artifact, keep the cause
-                raise ExportError(f"lowering {key.value} to {target.name} failed: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from e
-            path = out / f"{key.value}.pte"
-            atomic_write(path, data)
-            programs[key] = path
+                first_line = str(e).splitlines()[0] if str(e) else ""
+                raise ExportError(f"lowering {key.value} to {target.name} failed: {type(e).__name__}: {first_line}") from e
+            programs[key] = out / f"{key.value}.pte"
+            atomic_write(programs[key], data)
+    return programs
+
+
+def compile_artifacts(prepared: PreparedModel, target: Target, out: Path) -> ArtifactSet:
+    """Writes `<artifact>.pte` (+ `<artifact>.qdq.pt2` when calibrated), the tokenizer, and the
+    manifest last. Where the target cannot lower on this host (no vendor SDK), the QDQ models and
+    a manifest with status `qdq-only` are written, then ExportError says why."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / MANIFEST).unlink(missing_ok=True)  # until the new manifest lands, the folder reads as incomplete
+    started = time.perf_counter()
+    for key, artifact in prepared.artifacts.items():
+        (out / f"{key.value}.pte").unlink(missing_ok=True)  # an earlier export's program must not pass for this one
+        if artifact.qdq is not None:  # the calibrated model, for `genai eval`
+            tmp = out / f".{key.value}.qdq.pt2.partial"
+            torch.export.save(artifact.qdq, tmp)
+            tmp.replace(out / f"{key.value}.qdq.pt2")
+    blocked = target.lowering_blocked()
+    programs = {} if blocked else _lower_all(prepared, target, out)
     if prepared.tokenizer_file is not None:
-        tmp = out / ".tokenizer.json.partial"
-        shutil.copyfile(prepared.tokenizer_file, tmp)
-        tmp.replace(out / "tokenizer.json")
-    for path in sorted(out.iterdir()):
-        if path.is_file() and not path.name.startswith(".") and path.name != MANIFEST:
-            files[path.name] = {"bytes": path.stat().st_size, "sha256": sha256(path)}
+        _copy(prepared.tokenizer_file, out / "tokenizer.json")
+    files = {
+        path.name: {"bytes": path.stat().st_size, "sha256": sha256(path)}
+        for path in sorted(out.iterdir())
+        if path.is_file() and not path.name.startswith(".") and path.name != MANIFEST
+    }
     options = prepared.options
     manifest = {
         "model": prepared.spec.name,
@@ -107,9 +128,11 @@ def compile_artifacts(prepared: PreparedModel, target: Target, out: Path) -> Art
         "prefill_len": options.prefill_len,
         "bos_id": prepared.spec.bos_id,
         "eos_ids": list(prepared.spec.eos_ids),
+        "status": "qdq-only" if blocked else "complete",
         "artifacts": {
             key.value: {
-                "file": programs[key].name,
+                "file": programs[key].name if key in programs else None,
+                "qdq": f"{key.value}.qdq.pt2" if artifact.qdq is not None else None,
                 "methods": [g.value for g in artifact.graphs],
                 "constant_methods": dict(artifact.constant_methods),
             }
@@ -120,5 +143,7 @@ def compile_artifacts(prepared: PreparedModel, target: Target, out: Path) -> Art
         "versions": _versions(),
     }
     atomic_write(out / MANIFEST, json.dumps(manifest, indent=2) + "\n")
+    if blocked:
+        raise ExportError(f"{blocked} in {out}")
     log.info("wrote %s (%s) in %.1f s", out, ", ".join(p.name for p in programs.values()), manifest["export_seconds"])
     return ArtifactSet(folder=out, programs=programs, manifest=manifest)

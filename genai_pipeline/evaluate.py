@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import copy
 import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from tqdm import tqdm
 
+from genai_pipeline.bundle import read_manifest
 from genai_pipeline.checkpoints.hf import load_decoder, random_decoder
 from genai_pipeline.errors import InputError
 from genai_pipeline.models.decoder import Decoder
@@ -58,34 +60,84 @@ def sqnr_db(reference: torch.Tensor, approx: torch.Tensor) -> float:
     return float("inf") if noise == 0 else 10 * math.log10(reference.pow(2).sum().item() / noise)
 
 
-def _block_outputs(model: Decoder, tokens: list[int]) -> list[torch.Tensor]:
-    outputs = []
-    hooks = [layer.register_forward_hook(lambda m, i, o: outputs.append(o.detach())) for layer in model.layers]
+def layer_sqnr(reference: Decoder, qdq, tokens: list[int]) -> dict[str, float]:
+    """SQNR (dB) of every block's output, QDQ vs float, over `tokens` from position 0.
+
+    A QDQ model from `.qdq.pt2` is a flat graph: its block outputs are the residual adds that
+    end each block, recognisable by the `layers.<i>` module path torch.export records."""
     with torch.no_grad():
+        want = _capture_blocks(reference, tokens)
+        got = _capture_blocks(qdq, tokens)
+    return {name: round(sqnr_db(want[name], got[name]), 2) for name in want if name in got}
+
+
+def _capture_blocks(model, tokens: list[int]) -> dict[str, torch.Tensor]:
+    outputs = {}
+    if isinstance(model, Decoder):
+        hooks = [
+            layer.register_forward_hook(lambda m, i, o, name=f"layers.{n}": outputs.__setitem__(name, o.detach()))
+            for n, layer in enumerate(model.layers)
+        ]
         model(torch.tensor([tokens]), torch.tensor([0]))
-    for h in hooks:
-        h.remove()
+        for h in hooks:
+            h.remove()
+        return outputs
+    last_add = {}  # layers.<i> -> the last add node of that block in graph order
+    for node in model.graph.nodes:
+        stack = node.meta.get("nn_module_stack") or {}
+        paths = [path for path, _ in stack.values()]
+        block = next((p for p in paths if re.fullmatch(r"(?:.*\.)?layers\.\d+", p)), None)
+        if block and node.op == "call_function" and "add" in str(node.target):
+            last_add["layers." + block.rsplit("layers.", 1)[1]] = node
+    interp = _Recorder(model, {n: name for name, n in last_add.items()}, outputs)
+    interp.run(torch.tensor([tokens]), torch.tensor([0]))
     return outputs
 
 
+class _Recorder(torch.fx.Interpreter):
+    def __init__(self, module, watch: dict, outputs: dict):
+        super().__init__(module)
+        self.watch, self.outputs = watch, outputs
+
+    def run_node(self, node):
+        result = super().run_node(node)
+        if node in self.watch:
+            self.outputs[self.watch[node]] = result.detach()
+        return result
+
+
+def quantized_model(folder: Path, manifest: dict, reference: Decoder):
+    """The QDQ model of an export: loaded from `.qdq.pt2` (static recipes), or rebuilt by applying
+    the manifest's dynamic recipe to a copy of the float model. None for a float export."""
+    quant = quant_options_from(manifest.get("quantization", {}))
+    if quant.is_float:
+        return None
+    if quant.is_static:
+        qdq_file = manifest["artifacts"]["text_decoder"]["qdq"]
+        return torch.export.load(Path(folder) / qdq_file).module()
+    model = copy.deepcopy(reference)
+    quantize_module(model, quant)
+    return model
+
+
 def evaluate(folder: Path, options: EvalOptions, progress: bool = True) -> dict:
-    program = DecoderSession(folder)
-    manifest = program.manifest
+    manifest = read_manifest(folder)
+    max_seq_len = int(manifest["max_seq_len"])
     tokenizer = Tokenizer(Path(folder) / "tokenizer.json")
     tokens = tokenizer.encode(Path(options.text).read_text(encoding="utf-8", errors="replace"))[: options.max_tokens]
     if len(tokens) < 2:
         raise InputError(f"'{options.text}' has fewer than 2 tokens")
-    window = min(options.window or program.max_seq_len, program.max_seq_len)
+    window = min(options.window or max_seq_len, max_seq_len)
 
     reference = float_model(manifest)
-    quant = quant_options_from(manifest.get("quantization", {}))
-    qdq = None
-    if not quant.is_float:
-        qdq = copy.deepcopy(reference)
-        quantize_module(qdq, quant)
-    models = {"float": EagerSession(reference), "program": program}
+    qdq = quantized_model(folder, manifest, reference)
+    models = {"float": EagerSession(reference)}
     if qdq is not None:
-        models["qdq"] = EagerSession(qdq)
+        models["qdq"] = EagerSession(qdq, max_seq_len)
+    if manifest.get("status", "complete") == "complete":
+        models["program"] = DecoderSession(folder)
+    # Agreement and KL of the program against float; of the QDQ model where no program could be built.
+    compared = "program" if "program" in models else "qdq"
 
     nll = {name: 0.0 for name in models}
     agree, kl, count = 0, 0.0, 0
@@ -99,7 +151,7 @@ def evaluate(folder: Path, options: EvalOptions, progress: bool = True) -> dict:
             model.reset()
             logprobs[name] = torch.log_softmax(model.score(chunk)[:-1].float(), dim=-1)
             nll[name] += -logprobs[name].gather(1, targets[:, None]).sum().item()
-        p, q = logprobs["float"], logprobs["program"]
+        p, q = logprobs["float"], logprobs[compared]
         agree += (p.argmax(-1) == q.argmax(-1)).sum().item()
         kl += (p.exp() * (p - q)).sum().item()
         count += len(targets)
@@ -108,18 +160,12 @@ def evaluate(folder: Path, options: EvalOptions, progress: bool = True) -> dict:
         "tokens": count,
         "window": window,
         "recipe": manifest.get("recipe", "fp32"),
-        "perplexity": {
-            "float": math.exp(nll["float"] / count),
-            "qdq": math.exp(nll["qdq"] / count) if qdq is not None else None,
-            "program": math.exp(nll["program"] / count),
-        },
+        "perplexity": {name: math.exp(nll[name] / count) if name in nll else None for name in ("float", "qdq", "program")},
+        "compared": compared,
         "top1_agreement": agree / count,
         "kl_divergence": kl / count,
     }
     if qdq is not None:
         sample = windows[0]
-        result["layer_sqnr_db"] = {
-            f"layers.{i}": round(sqnr_db(a, b), 2)
-            for i, (a, b) in enumerate(zip(_block_outputs(reference, sample), _block_outputs(qdq, sample)))
-        }
+        result["layer_sqnr_db"] = layer_sqnr(reference, qdq, sample)
     return result

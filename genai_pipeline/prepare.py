@@ -64,7 +64,7 @@ def _graphs(decoder: Decoder, options: PrepareOptions) -> dict[GraphName, GraphB
             GraphName.FORWARD,
             next_token,
             (tokens(2), pos),
-            dynamic_shapes=({1: Dim("seq_len", min=1, max=options.max_seq_len - 1)}, None),
+            dynamic_shapes=({1: Dim("seq_len", min=1, max=options.max_seq_len)}, None),
         ),
     }
     return {name: graphs[name] for name in options.mode.graphs}
@@ -100,7 +100,13 @@ def prepare(spec: ModelSpec, options: PrepareOptions) -> PreparedModel:
     }
     if options.mode is Mode.HYBRID:
         constants["get_prefill_len"] = options.prefill_len
-    artifact = Artifact(ArtifactKey.TEXT_DECODER, decoder, _graphs(decoder, options), constants)
+    quantize_graph = GraphBundle(
+        GraphName.FORWARD,
+        DecoderGraph(decoder, last_only=False),
+        (torch.zeros((1, 2), dtype=torch.long), torch.tensor([0], dtype=torch.long)),
+        dynamic_shapes=({1: Dim("seq_len", min=1, max=options.max_seq_len)}, None),
+    )
+    artifact = Artifact(ArtifactKey.TEXT_DECODER, decoder, _graphs(decoder, options), constants, quantize_graph)
     return PreparedModel(
         spec=spec,
         config=config,

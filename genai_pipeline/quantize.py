@@ -7,6 +7,13 @@ backend then stores once. Recipes are torchao configs applied in eager mode:
 - `8da4w`: dynamic per-token int8 activations, int4 group-wise weights (`group_size`)
 - `8da8w`: dynamic per-token int8 activations, int8 per-channel weights
 - embedding `8w` / `4w`: weight-only int8 per-row / int4 group-wise token embedding
+
+Static recipes (`8a8w` on xnnpack; `16a8w`, `16a4w`, `16a4w_block`, `8a8w` on qnn) calibrate
+activation ranges on data, with the target's PT2E quantizer, on the artifact's *quantize graph*
+(dynamic length, every position). The calibrated QDQ model is then exported once per deploy
+graph (prefill, decode, forward), so every graph carries the very same scales and zero points
+for every weight and activation: the encodings propagate by construction.
+
 Per-layer overrides map a regex over linear-layer names to a recipe (first match wins), e.g.
 `output=8da8w` keeps the LM head at 8 bits.
 """
@@ -21,12 +28,14 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from genai_pipeline.bundle import PreparedModel
+from genai_pipeline.bundle import Artifact, PreparedModel
+from genai_pipeline.data import CalibrationOptions, DatasetSpec, calibration_steps, iterate_with_progress, read_chat_template
 from genai_pipeline.errors import InputError
 
 log = logging.getLogger(__name__)
 
-LINEAR_RECIPES = ("fp32", "8da4w", "8da8w")
+LINEAR_RECIPES = ("fp32", "8da4w", "8da8w")  # torchao, in eager mode
+STATIC_RECIPES = ("8a8w", "16a8w", "16a4w", "16a4w_block")  # PT2E, calibrated
 EMBEDDING_RECIPES = ("4w", "8w")
 
 
@@ -36,11 +45,17 @@ class QuantOptions:
     group_size: int = 32  # int4 weights: values per scale
     embedding: str | None = None  # None keeps the token embedding in fp32
     overrides: tuple[tuple[str, str], ...] = ()  # (regex over linear names, recipe), first match wins
+    block_size: int = 64  # 16a4w_block: values per scale
+    calibration: CalibrationOptions = CalibrationOptions()  # static recipes only
 
     def __post_init__(self):
-        for recipe in (self.recipe, *(r for _, r in self.overrides)):
-            if recipe not in LINEAR_RECIPES:
-                raise InputError(f"unknown recipe '{recipe}'; known: {', '.join(LINEAR_RECIPES)}")
+        if self.recipe not in LINEAR_RECIPES + STATIC_RECIPES:
+            raise InputError(f"unknown recipe '{self.recipe}'; known: {', '.join(LINEAR_RECIPES + STATIC_RECIPES)}")
+        for _, recipe in self.overrides:
+            if recipe not in LINEAR_RECIPES or self.is_static:
+                raise InputError(f"overrides take {', '.join(LINEAR_RECIPES)} with a dynamic --recipe, got '{recipe}'")
+        if self.is_static and self.embedding:
+            raise InputError("--embedding goes with the dynamic recipes (8da4w, 8da8w); static recipes quantize what their quantizer annotates")
         if self.embedding is not None and self.embedding not in EMBEDDING_RECIPES:
             raise InputError(f"--embedding must be one of {', '.join(EMBEDDING_RECIPES)}, got '{self.embedding}'")
         if self.group_size < 1 or self.group_size & (self.group_size - 1):
@@ -52,11 +67,17 @@ class QuantOptions:
                 raise InputError(f"override pattern '{pattern}' is not a valid regex: {e}") from None
 
     @property
+    def is_static(self) -> bool:
+        return self.recipe in STATIC_RECIPES
+
+    @property
     def is_float(self) -> bool:
         return self.recipe == "fp32" and self.embedding is None and all(r == "fp32" for _, r in self.overrides)
 
     def describe(self) -> str:
-        parts = [self.recipe + (f"-g{self.group_size}" if "4w" in self.recipe else "")]
+        parts = [self.recipe + (f"-g{self.group_size}" if self.recipe == "8da4w" else "")]
+        if self.recipe == "16a4w_block":
+            parts[0] += f"-b{self.block_size}"
         if self.embedding:
             parts.append(f"emb{self.embedding}")
         parts += [f"{p}={r}" for p, r in self.overrides]
@@ -67,7 +88,14 @@ def quant_options_from(data: dict) -> QuantOptions:
     """The inverse of the manifest's `quantization` entry."""
     if not data:
         return QuantOptions()
-    return QuantOptions(**{**data, "overrides": tuple(tuple(o) for o in data.get("overrides", ()))})
+    calibration = data.get("calibration") or {}
+    calibration = CalibrationOptions(
+        datasets=tuple(DatasetSpec(**d) for d in calibration.get("datasets", ())),
+        limit=calibration.get("limit"),
+        seq_len=calibration.get("seq_len", CalibrationOptions().seq_len),
+    )
+    overrides = tuple(tuple(o) for o in data.get("overrides", ()))
+    return QuantOptions(**{**data, "overrides": overrides, "calibration": calibration})
 
 
 def parse_override(text: str) -> tuple[str, str]:
@@ -119,11 +147,52 @@ def quantize_module(module: nn.Module, options: QuantOptions) -> dict[str, str]:
     return plan
 
 
-def quantize(prepared: PreparedModel, options: QuantOptions) -> PreparedModel:
+def _calibrate(prepared: PreparedModel, artifact: Artifact, options: QuantOptions, quantizer):
+    """PT2E on the quantize graph: observe activations over the calibration data, then convert."""
+    from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
+
+    from genai_pipeline.runtime.tokenizer import Tokenizer
+
+    graph = artifact.quantize_graph
+    exported = torch.export.export(graph.module, graph.example_inputs, dynamic_shapes=graph.dynamic_shapes, strict=False)
+    observed = prepare_pt2e(exported.module(), quantizer(exported.graph_module))
+    tokenizer = Tokenizer(prepared.tokenizer_file) if prepared.tokenizer_file else None
+    checkpoint = prepared.tokenizer_file.parent if prepared.tokenizer_file else None
+    steps = calibration_steps(
+        options.calibration,
+        tokenizer,
+        chunk_len=prepared.options.prefill_len,
+        max_seq_len=prepared.options.max_seq_len,
+        vocab_size=prepared.config.vocab_size,
+        chat_template=read_chat_template(checkpoint) if checkpoint else None,
+        seed=prepared.options.seed,
+    )
+    with torch.no_grad():
+        for step in iterate_with_progress(steps, f"calibrating {artifact.key.value}"):
+            # A new sample restarts at position 0: causal attention never reads the stale rows.
+            observed(step.tokens[:, : step.n_real], step.input_pos)
+    qdq = convert_pt2e(observed)
+    return torch.export.export(qdq, graph.example_inputs, dynamic_shapes=graph.dynamic_shapes, strict=False)
+
+
+def quantize(prepared: PreparedModel, options: QuantOptions, target) -> PreparedModel:
+    """`target` (a targets.Target) supplies the quantizer of static recipes."""
     if options.is_float:
         return prepared
+    artifacts = {}
     for key, artifact in prepared.artifacts.items():
-        plan = quantize_module(artifact.module, options)
-        counts = {r: sum(1 for v in plan.values() if v == r) for r in sorted(set(plan.values()))}
-        log.info("quantized %s: %s", key.value, ", ".join(f"{n} layers {r}" for r, n in counts.items()))
-    return dataclasses.replace(prepared, recipe=options.describe(), quantization=dataclasses.asdict(options))
+        if options.is_static:
+            qdq = _calibrate(prepared, artifact, options, lambda gm: target.static_quantizer(options, gm))
+            deploy = qdq.module()
+            graphs = {name: dataclasses.replace(g, module=deploy) for name, g in artifact.graphs.items()}
+            artifact = dataclasses.replace(artifact, graphs=graphs, qdq=qdq)
+            log.info("quantized %s statically (%s), calibrated on %s", key.value, options.recipe,
+                     ", ".join(map(str, options.calibration.datasets)) or "random tokens")
+        else:
+            plan = quantize_module(artifact.module, options)
+            counts = {r: sum(1 for v in plan.values() if v == r) for r in sorted(set(plan.values()))}
+            log.info("quantized %s: %s", key.value, ", ".join(f"{n} layers {r}" for r, n in counts.items()))
+        artifacts[key] = artifact
+    return dataclasses.replace(
+        prepared, artifacts=artifacts, recipe=options.describe(), quantization=dataclasses.asdict(options)
+    )

@@ -116,7 +116,7 @@ def export_reference(tmp_path_factory):
         if (mode, quant) not in built:
             out = tmp_path_factory.mktemp(f"reference_{mode}_{quant.describe()}")
             options = PrepareOptions(mode=mode, max_seq_len=256, prefill_len=32)
-            prepared = quantize(prepare(get_spec("reference"), options), quant)
+            prepared = quantize(prepare(get_spec("reference"), options), quant, get_target("xnnpack"))
             compile_artifacts(prepared, get_target("xnnpack"), out)
             built[mode, quant] = out
         return built[mode, quant]

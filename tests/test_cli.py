@@ -140,7 +140,6 @@ def test_inspect_bad_files(capsys, tmp_path, export_tiny, damage):
 
 def test_interrupted_export_leaves_nothing_that_looks_complete(tmp_path, tiny_checkpoint, export_tiny):
     out = copy_export(export_tiny("kv"), tmp_path / "out")  # a complete earlier export in the same folder
-    old = (out / "text_decoder.pte").read_bytes()
     child = subprocess.Popen(
         [sys.executable, "-m", "genai_pipeline.cli", "export", "--checkpoint", tiny_checkpoint, "--mode", "hybrid",
          "--max-seq-len", "64", "--out", out],
@@ -156,7 +155,7 @@ def test_interrupted_export_leaves_nothing_that_looks_complete(tmp_path, tiny_ch
     child.send_signal(signal.SIGKILL)
     child.wait()
     assert not (out / "manifest.json").exists()  # the folder reads as incomplete
-    assert (out / "text_decoder.pte").read_bytes() == old  # no half-written program took its place
+    assert not (out / "text_decoder.pte").exists()  # the earlier program is gone, and no half-written one took its place
     assert not list(out.glob(".*partial"))
     result = genai("run", out, "--prompt", "x")
     assert result.returncode == 2 and "not a complete export" in result.stderr

@@ -35,7 +35,7 @@ def test_hybrid_prefill_returns_every_position(export_tiny, tiny_eager):
     """A whole chunk's logits, each row against the eager model at that position."""
     program = DecoderSession(export_tiny("hybrid"))
     chunk = PROMPT[:TINY_PREFILL]
-    rows = program._run(program.mode.graphs[0], chunk)[0]
+    rows = program.score(chunk)
     with torch.no_grad():
         want = tiny_eager()(torch.tensor([chunk]), torch.tensor([0]))[0]
     assert rows.shape == (TINY_PREFILL, TINY_VOCAB)

@@ -12,6 +12,7 @@ from genai_pipeline.errors import InputError
 from genai_pipeline.prepare import PrepareOptions, prepare
 from genai_pipeline.quantize import QuantOptions, quantize, quantize_module
 from genai_pipeline.registry import get_spec
+from genai_pipeline.targets import get_target
 
 
 def _plain_tensors(named):
@@ -37,7 +38,7 @@ def _exported_constants(prepared):
 
 def test_prefill_and_decode_carry_identical_quantization_parameters(tiny_checkpoint):
     options = PrepareOptions(mode="hybrid", max_seq_len=64, prefill_len=8, checkpoint=tiny_checkpoint)
-    prepared = quantize(prepare(get_spec("smollm2-135m"), options), QuantOptions(recipe="8da4w", embedding="8w"))
+    prepared = quantize(prepare(get_spec("smollm2-135m"), options), QuantOptions(recipe="8da4w", embedding="8w"), get_target("xnnpack"))
     graphs = _exported_constants(prepared)
     prefill, decode = graphs["prefill"], graphs["decode"]
     scales = [k for k in prefill if k.endswith("weight.scale")]

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from functools import partial
 
 import torch
 import torch.nn.functional as F
@@ -36,8 +35,16 @@ from torch import nn
 
 import executorch.extension.llm.custom_ops.custom_ops  # noqa: F401  registers torch.ops.llama.*
 
+
+
+def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
+    """GeLU, tanh approximation (transformers' `gelu_pytorch_tanh`), spelled out: ExecuTorch 1.5.1's
+    XNNPACK partitioner lowers `F.gelu(x, approximate="tanh")` as the exact (erf) GeLU."""
+    return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x * x * x)))
+
+
 # The gate activation of the gated MLP, by DecoderConfig.activation.
-ACTIVATIONS = {"silu": F.silu, "gelu_tanh": partial(F.gelu, approximate="tanh")}
+ACTIVATIONS = {"silu": F.silu, "gelu_tanh": gelu_tanh}
 
 
 @dataclass(frozen=True)
@@ -387,7 +394,7 @@ class Decoder(nn.Module):
         if any(self.layer_windowed):
             mask = sliding_window_mask(start, seq_len, self.max_seq_len, self.config.sliding_window, h.dtype)
         for layer, rope, windowed in zip(self.layers, self.layer_rope, self.layer_windowed):
-            h = layer(h, start, ropes.get(rope), mask if windowed else None)
+            h = layer(h, start, ropes.get(rope), mask if windowed else None)  # rope None: no RoPE
         if last_only:  # only the next-token logits: skips the LM head for the other positions
             h = h[:, -1, :]
         return self._softcap(self.output(self.norm(h)))

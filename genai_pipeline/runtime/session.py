@@ -29,6 +29,11 @@ class DecoderSession:
             expected = self.manifest["files"][entry["file"]]
         except (KeyError, ValueError, TypeError) as e:
             raise ProgramError(f"'{folder}/manifest.json' lacks {e}; re-export the model") from None
+        if entry.get("file") is None:
+            raise ProgramError(
+                f"'{folder}' holds only a QDQ model: lowering to {self.manifest.get('target')} was not possible "
+                "where it was exported; `genai eval` evaluates it"
+            )
         path = folder / entry["file"]
         self.program = load_program(path, expected["bytes"], expected["sha256"] if verify else None)
         self._methods = {name: self.program.load_method(name.value) for name in self.mode.graphs}
@@ -41,8 +46,10 @@ class DecoderSession:
 
     def _run(self, graph: GraphName, tokens: list[int]) -> torch.Tensor:
         inputs = [torch.tensor([tokens], dtype=torch.long), torch.tensor([self.pos], dtype=torch.long)]
-        # Outputs live in the runtime's planned memory; the next call overwrites them.
-        return self._methods[graph].execute(inputs)[0].clone()
+        # Outputs live in the runtime's planned memory; the next call overwrites them. Graphs
+        # return [1, T, vocab] or, with only the last position, [1, vocab]: rows of logits.
+        out = self._methods[graph].execute(inputs)[0]
+        return out.reshape(-1, out.shape[-1]).clone()
 
     def _check_room(self, n: int) -> None:
         if self.pos + n > self.max_seq_len:
@@ -57,7 +64,7 @@ class DecoderSession:
             raise InputError("the prompt is empty")
         self._check_room(len(tokens))
         if self.mode is Mode.DYNAMIC:
-            logits = self._run(GraphName.FORWARD, tokens)[0]
+            logits = self._run(GraphName.FORWARD, tokens)[-1]
             self.pos += len(tokens)
             return logits
         return self._feed(tokens, every_position=False)[-1]
@@ -74,7 +81,7 @@ class DecoderSession:
             # padding out of every real token's output, and later writes overwrite its cache rows.
             while i < len(tokens) and self.pos + n <= self.max_seq_len:
                 chunk = tokens[i : i + n]
-                out = self._run(GraphName.PREFILL, chunk + [0] * (n - len(chunk)))[0, : len(chunk)]
+                out = self._run(GraphName.PREFILL, chunk + [0] * (n - len(chunk)))[: len(chunk)]
                 rows.append(out if every_position else out[-1:])
                 self.pos += len(chunk)
                 i += len(chunk)
@@ -88,37 +95,34 @@ class DecoderSession:
         """Feed one token at the cursor; returns the next-token logits, [vocab]."""
         self._check_room(1)
         graph = GraphName.FORWARD if self.mode is Mode.DYNAMIC else GraphName.DECODE
-        logits = self._run(graph, [token])[0]
+        logits = self._run(graph, [token])[-1]
         self.pos += 1
         return logits
 
 
 class EagerSession:
-    """The eager decoder behind the same prefill/step interface, for parity checks and eval."""
+    """An eager model behind the same prefill/step/score interface, for parity checks and eval:
+    anything called as `model(tokens [1, T], input_pos [1]) -> logits [1, T, vocab]` that keeps
+    its own KV cache (our Decoder, or a QDQ model loaded from `.qdq.pt2`)."""
 
-    def __init__(self, decoder):
-        self.decoder = decoder
-        self.max_seq_len = decoder.max_seq_len
+    def __init__(self, model, max_seq_len: int | None = None):
+        self.model = model
+        self.max_seq_len = max_seq_len or model.max_seq_len
         self.pos = 0
 
     def reset(self) -> None:
         self.pos = 0
 
     @torch.no_grad()
-    def prefill(self, tokens: list[int]) -> torch.Tensor:
-        if self.pos + len(tokens) > self.max_seq_len:
-            raise InputError(f"{self.pos + len(tokens)} tokens do not fit the context of {self.max_seq_len}")
-        logits = self.decoder(torch.tensor([tokens]), torch.tensor([self.pos]), last_only=True)[0]
-        self.pos += len(tokens)
-        return logits
-
-    def step(self, token: int) -> torch.Tensor:
-        return self.prefill([token])
-
-    @torch.no_grad()
     def score(self, tokens: list[int]) -> torch.Tensor:
         if self.pos + len(tokens) > self.max_seq_len:
             raise InputError(f"{self.pos + len(tokens)} tokens do not fit the context of {self.max_seq_len}")
-        logits = self.decoder(torch.tensor([tokens]), torch.tensor([self.pos]))[0]
+        logits = self.model(torch.tensor([tokens]), torch.tensor([self.pos]))[0]
         self.pos += len(tokens)
         return logits
+
+    def prefill(self, tokens: list[int]) -> torch.Tensor:
+        return self.score(tokens)[-1]
+
+    def step(self, token: int) -> torch.Tensor:
+        return self.score([token])[-1]

@@ -12,15 +12,19 @@ from genai_pipeline.errors import InputError
 class Target:
     name: str
     description: str
-    recipes: tuple[str, ...]  # quantization recipes of linear layers this backend accepts
+    recipes: tuple[str, ...]  # quantization recipes this backend accepts
     partitioners: Callable[[], list]  # ExecuTorch partitioners; empty: no delegate
     embedding_recipes: tuple[str, ...] = ()
+    # (QuantOptions, the exported quantize graph's module) -> a PT2E quantizer, for static recipes
+    static_quantizer: Callable | None = None
+    # Why programs cannot be lowered on this host (a missing vendor SDK), or None when they can.
+    lowering_blocked: Callable[[], str | None] = lambda: None
 
 
 def get_target(name: str) -> Target:
-    from genai_pipeline.targets import portable, xnnpack
+    from genai_pipeline.targets import portable, qnn, xnnpack
 
-    targets = {t.name: t for t in (xnnpack.TARGET, portable.TARGET)}
+    targets = {t.name: t for t in (xnnpack.TARGET, portable.TARGET, qnn.TARGET)}
     if name not in targets:
         raise InputError(f"unknown target '{name}'; known targets: {', '.join(targets)}")
     return targets[name]

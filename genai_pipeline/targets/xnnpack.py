@@ -10,10 +10,21 @@ def _partitioners() -> list:
     return [XnnpackPartitioner()]
 
 
+def _static_quantizer(options, graph_module):
+    """8a8w: static per-tensor int8 activations, per-channel int8 weights (symmetric)."""
+    from executorch.backends.xnnpack.quantizer.xnnpack_quantizer import (
+        XNNPACKQuantizer,
+        get_symmetric_quantization_config,
+    )
+
+    return XNNPACKQuantizer().set_global(get_symmetric_quantization_config(is_per_channel=True))
+
+
 TARGET = Target(
     name="xnnpack",
     description="CPU via the XNNPACK delegate",
-    recipes=("fp32", "8da4w", "8da8w"),
+    recipes=("fp32", "8da4w", "8da8w", "8a8w"),
     partitioners=_partitioners,
     embedding_recipes=("8w", "4w"),
+    static_quantizer=_static_quantizer,
 )

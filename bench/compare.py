@@ -1,0 +1,568 @@
+"""Side by side: genai vs llama.cpp (llama-cpp-python) vs optimum-executorch, same model, same machine.
+
+A benchmark, not a test. For each shape (SmolLM2-135M, Llama-3.2-1B) it builds one seeded
+random-weight Hugging Face folder (fp32 safetensors + a byte-level BPE tokenizer.json of the
+model's vocab size), then for each system:
+
+  genai      `genai export --checkpoint` per recipe (fp32, 8da8w, 8da4w, 8da4w + 8-bit embedding)
+             and mode (dynamic, hybrid); measured by `genai bench --json`.
+  llamacpp   a venv bench/.envs/llamacpp with llama-cpp-python built from its sdist
+             (CMAKE_ARGS=-DGGML_NATIVE=ON); the sdist's convert_hf_to_gguf.py -> F32 GGUF, then
+             llama_cpp.llama_model_quantize -> Q8_0, Q4_0; measured through llama_cpp.Llama.
+  optimum    a venv bench/.envs/optimum with optimum-executorch; `optimum-cli export executorch`
+             (xnnpack, custom SDPA + KV cache) fp32, --qlinear 8da8w, 8da4w, 8da4w + --qembedding 8w;
+             measured through ExecuTorch's python runtime (the program's `forward(tokens, input_pos)`).
+
+Every export/convert/install and every measurement runs in a child process (wall time; peak RSS
+from os.wait4). Measurements go round-robin over all variants, `--repeats` rounds; each child
+does one warm-up round and one timed round (a `--prompt-len` prefill of random token ids, seeded
+as in `genai bench`, then `--gen-len` greedy decode steps, the first generated token excluded);
+the table shows medians over rounds. Stages cache their outputs (a done.json beside them) in
+`--work`, so a re-run resumes. A peer that cannot be installed, exported or run is recorded with
+the reason and the others go on. Prints a table and writes bench/results/compare.json.
+
+    .venv/bin/python bench/compare.py [--shapes smollm2-135m llama3_2-1b] [--systems genai llamacpp optimum]
+        [--recipes fp32 8da8w 8da4w] [--modes dynamic hybrid] [--repeats 3] [--threads 2] [--skip-install]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tarfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+MAIN_PY = ROOT / ".venv" / "bin" / "python"
+ENVS = HERE / ".envs"
+
+LLAMACPP_VERSION = "0.3.36"
+OPTIMUM_VERSION = "1.1.0"
+PINNED = ["torch==2.13.0", "executorch==1.5.1", "torchao==0.18.0"]  # the main venv's, for the optimum venv
+
+COMMON = dict(rms_norm_eps=1e-5, hidden_act="silu", tie_word_embeddings=True, initializer_range=0.02,
+              attention_bias=False, mlp_bias=False, bos_token_id=0, eos_token_id=0, pad_token_id=None)
+SHAPES = {
+    "smollm2-135m": dict(hidden_size=576, num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3,
+                         intermediate_size=1536, vocab_size=49152, max_position_embeddings=2048,
+                         rope_parameters={"rope_type": "default", "rope_theta": 100000.0}),
+    "llama3_2-1b": dict(hidden_size=2048, num_hidden_layers=16, num_attention_heads=32, num_key_value_heads=8,
+                        intermediate_size=8192, vocab_size=128256, max_position_embeddings=131072,
+                        head_dim=64,
+                        rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 32.0,
+                                         "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                         "original_max_position_embeddings": 8192}),
+}
+# recipe class -> variants per system: (variant name, arguments)
+GENAI_RECIPES = {"fp32": [("fp32", ["--recipe", "fp32"])],
+                 "8da8w": [("8da8w", ["--recipe", "8da8w"])],
+                 "8da4w": [("8da4w", ["--recipe", "8da4w"]), ("8da4w+emb8w", ["--recipe", "8da4w", "--embedding", "8w"])]}
+LLAMACPP_RECIPES = {"fp32": [("F32", None)], "8da8w": [("Q8_0", 7)], "8da4w": [("Q4_0", 2)]}  # llama_ftype values
+OPTIMUM_RECIPES = {"fp32": [("fp32", [])],
+                   "8da8w": [("8da8w", ["--qlinear", "8da8w"])],
+                   "8da4w": [("8da4w", ["--qlinear", "8da4w"]), ("8da4w+emb8w", ["--qlinear", "8da4w", "--qembedding", "8w"])]}
+
+
+# ----------------------------------------------------------------------------- child processes
+
+class ChildFailed(Exception):
+    pass
+
+
+def run_child(argv: list, log: Path | None = None, env: dict | None = None, cwd: Path | None = None) -> tuple[float, float, str]:
+    """Wall seconds, peak RSS in MB and stdout of one child process; its stderr goes to `log`."""
+    start = time.perf_counter()
+    err = open(log, "w") if log else subprocess.DEVNULL
+    try:
+        child = subprocess.Popen([str(a) for a in argv], stdout=subprocess.PIPE, stderr=err, text=True,
+                                 env={**os.environ, **(env or {})}, cwd=cwd)
+        out = child.stdout.read()
+        _, status, usage = os.wait4(child.pid, 0)
+    finally:
+        if log:
+            err.close()
+    if os.waitstatus_to_exitcode(status) != 0:
+        tail = log.read_text(errors="replace").strip().splitlines()[-15:] if log and log.exists() else []
+        raise ChildFailed(f"exit {os.waitstatus_to_exitcode(status)}: {' '.join(map(str, argv))}\n" + "\n".join(tail))
+    return time.perf_counter() - start, usage.ru_maxrss / 1024, out
+
+
+def last_error_line(e: Exception) -> str:
+    lines = [l for l in str(e).splitlines() if l.strip()]
+    errs = [l.strip() for l in lines if "Error" in l or "error" in l]
+    return (errs[-1] if errs else lines[-1] if lines else repr(e))[:400]
+
+
+def cached(done: Path, make) -> dict:
+    """The stage's record from `done` (a JSON file), or make() it and write it."""
+    if done.exists():
+        return json.loads(done.read_text())
+    record = make()
+    done.parent.mkdir(parents=True, exist_ok=True)
+    done.write_text(json.dumps(record, indent=2) + "\n")
+    return record
+
+
+def say(*parts) -> None:
+    print(time.strftime("%H:%M:%S"), *parts, flush=True)
+
+
+# ----------------------------------------------------------------------------- stage 1: model
+
+def worker_build_model(shape: str, out: str, seed: int) -> None:
+    """Runs in the main venv: the random-weight HF folder."""
+    import torch
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    hf = {**COMMON, **SHAPES[shape]}
+    vocab = hf["vocab_size"]
+    config = LlamaConfig(**hf)
+    config.architectures = ["LlamaForCausalLM"]
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        model = LlamaForCausalLM(config).float().eval()
+        for name, p in model.named_parameters():  # std 0.02 for every matrix, 1 for norms
+            if p.dim() >= 2:
+                p.normal_(0.0, 0.02)
+            else:
+                p.fill_(1.0)
+    model.save_pretrained(out, safe_serialization=True)
+
+    # A byte-level BPE trained on prose that ships with Python, padded with reserved tokens to the
+    # model's vocab size (the harness feeds random token ids; the tokenizer only has to be valid).
+    import pydoc_data.topics
+    text = list(pydoc_data.topics.topics.values())
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator(text, trainers.BpeTrainer(
+        vocab_size=min(vocab, 4096), special_tokens=specials,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False))
+    spec = json.loads(tok.to_str())
+    table = spec["model"]["vocab"]
+    for i in range(len(table), vocab):
+        table[f"<|reserved_{i}|>"] = i
+    tok = Tokenizer.from_str(json.dumps(spec))
+    assert tok.get_vocab_size() == vocab, (tok.get_vocab_size(), vocab)
+    PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<|endoftext|>", eos_token="<|endoftext|>",
+                            unk_token=None).save_pretrained(out)
+
+
+def build_model(shape: str, work: Path, seed: int) -> dict:
+    folder = work / shape / "hf"
+
+    def make():
+        wall, rss, _ = run_child([MAIN_PY, __file__, "_build-model", shape, folder, str(seed)],
+                                 log=work / "logs" / f"{shape}-build-model.log")
+        n = sum(f.stat().st_size for f in folder.glob("*.safetensors"))
+        return {"folder": str(folder), "seed": seed, "build_s": round(wall, 1), "build_peak_rss_mb": round(rss),
+                "safetensors_mb": round(n / 2**20, 1)}
+
+    return cached(folder / "done.json", make)
+
+
+# ----------------------------------------------------------------------------- stage 2: installs
+
+def install_llamacpp(work: Path) -> dict:
+    env = ENVS / "llamacpp"
+    py = env / "bin" / "python"
+    src = ENVS / "src"
+
+    def make():
+        src.mkdir(parents=True, exist_ok=True)
+        log = work / "logs" / "llamacpp-install.log"
+        t = time.perf_counter()
+        if not py.exists():
+            run_child(["python3", "-m", "venv", env])
+        sdist = src / f"llama_cpp_python-{LLAMACPP_VERSION}.tar.gz"
+        if not sdist.exists():  # the sdist carries llama.cpp, its converter and gguf-py: PyPI only
+            run_child([py, "-m", "pip", "download", "--no-binary", ":all:", "--no-deps",
+                       f"llama-cpp-python=={LLAMACPP_VERSION}", "-d", src], log=log)
+        tree = src / f"llama_cpp_python-{LLAMACPP_VERSION}"
+        if not tree.exists():
+            with tarfile.open(sdist) as tar:
+                tar.extractall(src, filter="data")
+        run_child([py, "-m", "pip", "install", sdist, "gguf", "numpy", "torch==2.13.0", "transformers>=5",
+                   "safetensors", "sentencepiece"], log=log,
+                  env={"CMAKE_ARGS": "-DGGML_NATIVE=ON -DLLAVA_BUILD=OFF", "CMAKE_BUILD_PARALLEL_LEVEL": str(os.cpu_count())})
+        _, _, version = run_child([py, "-c", "import llama_cpp; print(llama_cpp.__version__)"])
+        return {"python": str(py), "llama_cpp_python": version.strip(), "llama_cpp_tree": str(tree / "vendor" / "llama.cpp"),
+                "cmake_args": "-DGGML_NATIVE=ON -DLLAVA_BUILD=OFF", "install_s": round(time.perf_counter() - t)}
+
+    return cached(env / "done.json", make)
+
+
+def install_optimum(work: Path) -> dict:
+    env = ENVS / "optimum"
+    py = env / "bin" / "python"
+
+    def make():
+        log = work / "logs" / "optimum-install.log"
+        t = time.perf_counter()
+        if not py.exists():
+            run_child(["python3", "-m", "venv", env])
+        run_child([py, "-m", "pip", "install", f"optimum-executorch=={OPTIMUM_VERSION}", *PINNED], log=log)
+        _, _, out = run_child([py, "-c", "import importlib.metadata as m; import json; print(json.dumps({p: m.version(p) for p in "
+                               "('optimum-executorch', 'optimum', 'executorch', 'torch', 'torchao', 'transformers')}))"])
+        return {"python": str(py), "versions": json.loads(out), "install_s": round(time.perf_counter() - t)}
+
+    return cached(env / "done.json", make)
+
+
+# ----------------------------------------------------------------------------- stage 3: exports
+
+def export_genai(shape, model, recipe_args, mode, out: Path, work: Path, max_seq_len: int) -> dict:
+    def make():
+        wall, rss, _ = run_child([MAIN_PY, "-m", "genai_pipeline.cli", "export", "--checkpoint", model["folder"],
+                                  *recipe_args, "--mode", mode, "--max-seq-len", str(max_seq_len), "--out", out],
+                                 log=work / "logs" / f"{out.name}-export.log", cwd=ROOT)
+        return {"file": str(out / "text_decoder.pte"), "export_s": round(wall, 1), "export_peak_rss_mb": round(rss)}
+
+    return cached(out / "done.json", make)
+
+
+def worker_convert_gguf(tree: str, hf: str, outfile: str) -> None:
+    """Runs in the llama.cpp venv: the sdist's convert_hf_to_gguf.py on our folder, F32.
+
+    Our tokenizer is ours, so the converter's table of known BPE pre-tokenizers (a hash of how
+    the tokenizer splits a test text) cannot know it: we tell it the pre-tokenizer is GPT-2's
+    byte-level split, which it is. Token ids are all the benchmark uses."""
+    sys.path.insert(0, tree)
+    sys.path.insert(1, str(Path(tree) / "gguf-py"))
+    import conversion.base as base
+
+    base.TextModel.get_vocab_base_pre = lambda self, tokenizer: "gpt-2"
+    sys.argv = ["convert_hf_to_gguf.py", hf, "--outtype", "f32", "--outfile", outfile]
+    import runpy
+
+    runpy.run_path(str(Path(tree) / "convert_hf_to_gguf.py"), run_name="__main__")
+
+
+def worker_quantize(src: str, dst: str, ftype: int, threads: int) -> None:
+    import llama_cpp
+
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = ftype
+    params.nthread = threads
+    rc = llama_cpp.llama_model_quantize(src.encode(), dst.encode(), params)
+    if rc != 0:
+        raise SystemExit(f"llama_model_quantize returned {rc}")
+
+
+def export_llamacpp(model, name, ftype, out: Path, work: Path, inst: dict, threads: int) -> dict:
+    f32 = out / "model-F32.gguf"
+    target = out / f"model-{name}.gguf"
+
+    def make():
+        if ftype is None:
+            wall, rss, _ = run_child([inst["python"], __file__, "_convert-gguf", inst["llama_cpp_tree"], model["folder"], f32],
+                                     log=work / "logs" / f"{out.parent.name}-gguf-F32.log")
+            what = "convert_hf_to_gguf.py --outtype f32"
+        else:
+            base = export_llamacpp(model, "F32", None, out, work, inst, threads)
+            wall, rss, _ = run_child([inst["python"], __file__, "_quantize", f32, target, str(ftype), str(threads)],
+                                     log=work / "logs" / f"{out.parent.name}-gguf-{name}.log")
+            what = f"llama_model_quantize(ftype={ftype}) from F32 (F32 conversion {base['export_s']} s not included)"
+        return {"file": str(target), "export_s": round(wall, 1), "export_peak_rss_mb": round(rss), "how": what}
+
+    return cached(out / f"{name}.done.json", make)
+
+
+def export_optimum(model, args, out: Path, work: Path, inst: dict, max_seq_len: int) -> dict:
+    def make():
+        cli = Path(inst["python"]).parent / "optimum-cli"
+        argv = [cli, "export", "executorch", "--model", model["folder"], "--task", "text-generation",
+                "--recipe", "xnnpack", "--use_custom_sdpa", "--use_custom_kv_cache", "--max_seq_len", str(max_seq_len),
+                *args, "--output_dir", out]
+        wall, rss, _ = run_child(argv, log=work / "logs" / f"{out.parent.name}-{out.name}-export.log")
+        ptes = sorted(out.glob("*.pte"))
+        if not ptes:
+            raise ChildFailed(f"no .pte in {out}")
+        return {"file": str(ptes[0]), "export_s": round(wall, 1), "export_peak_rss_mb": round(rss),
+                "command": " ".join(map(str, argv))}
+
+    return cached(out / "done.json", make)
+
+
+# ----------------------------------------------------------------------------- stage 4: measurements
+
+def prompt_ids(vocab: int, n: int) -> list[int]:
+    import torch  # as genai bench draws them
+
+    return torch.randint(1, vocab, (n,), generator=torch.Generator().manual_seed(0)).tolist()
+
+
+def timed_rounds(prefill, step, reset, prompt: list[int], gen_len: int) -> dict:
+    """One warm-up round then one timed round; rates of the timed one."""
+    for _ in range(2):
+        reset()
+        t = time.perf_counter()
+        token = prefill(prompt)
+        prefill_rate = len(prompt) / (time.perf_counter() - t)
+        t = time.perf_counter()
+        for _ in range(gen_len):
+            token = step(token)
+        decode_rate = gen_len / (time.perf_counter() - t)
+    return {"prefill_tokens_per_s": round(prefill_rate, 1), "decode_tokens_per_s": round(decode_rate, 1)}
+
+
+def worker_run_llamacpp(path: str, vocab: int, prompt_len: int, gen_len: int, threads: int) -> None:
+    import numpy as np
+    from llama_cpp import Llama
+
+    t = time.perf_counter()
+    llm = Llama(model_path=path, n_ctx=prompt_len + gen_len + 8, n_batch=512, n_ubatch=512, n_threads=threads,
+                n_threads_batch=threads, verbose=False)
+    load_s = time.perf_counter() - t
+
+    def prefill(ids):
+        llm.eval(ids)
+        return int(np.argmax(llm.scores[llm.n_tokens - 1]))
+
+    def step(token):
+        llm.eval([token])
+        return int(np.argmax(llm.scores[llm.n_tokens - 1]))
+
+    rates = timed_rounds(prefill, step, llm.reset, prompt_ids(vocab, prompt_len), gen_len)
+    print(json.dumps({"load_s": round(load_s, 3), **rates}))
+
+
+def worker_run_optimum(path: str, vocab: int, prompt_len: int, gen_len: int, threads: int) -> None:
+    import torch
+    from executorch.extension.pybindings import portable_lib
+
+    portable_lib._unsafe_reset_threadpool(threads)
+    t = time.perf_counter()
+    module = portable_lib._load_for_executorch(path)
+    module.run_method("forward", (torch.tensor([[1]], dtype=torch.long), torch.tensor([0], dtype=torch.long)))
+    load_s = time.perf_counter() - t  # includes one 1-token call: methods load lazily
+    pos = [0]
+
+    def forward(ids):
+        n = len(ids)
+        tokens = torch.tensor([ids], dtype=torch.long)
+        cache_position = torch.arange(pos[0], pos[0] + n, dtype=torch.long)
+        logits = module.run_method("forward", (tokens, cache_position))[0]
+        pos[0] += n
+        return int(logits.reshape(-1, logits.shape[-1])[-1].argmax())
+
+    def reset():  # the KV cache is overwritten from position 0 on; attention is masked by position
+        pos[0] = 0
+
+    rates = timed_rounds(forward, lambda token: forward([token]), reset, prompt_ids(vocab, prompt_len), gen_len)
+    print(json.dumps({"load_s": round(load_s, 3), **rates}))
+
+
+def measure(variant: dict, args, work: Path) -> dict:
+    log = work / "logs" / f"run-{variant['id']}.log"
+    if variant["system"] == "genai":
+        argv = [MAIN_PY, "-m", "genai_pipeline.cli", "bench", Path(variant["file"]).parent, "--json",
+                "--prompt-len", args.prompt_len, "--gen-len", args.gen_len, "--repeats", 1, "--threads", args.threads]
+    else:
+        worker = {"llamacpp": "_run-llamacpp", "optimum": "_run-optimum"}[variant["system"]]
+        argv = [variant["python"], __file__, worker, variant["file"], variant["vocab"], args.prompt_len, args.gen_len,
+                args.threads]
+    _, rss, out = run_child(argv, log=log, cwd=ROOT)
+    got = json.loads(out.strip().splitlines()[-1])
+    return {"prefill_tokens_per_s": got["prefill_tokens_per_s"], "decode_tokens_per_s": got["decode_tokens_per_s"],
+            "load_s": got["load_s"], "run_peak_rss_mb": round(rss)}
+
+
+# ----------------------------------------------------------------------------- driver
+
+def prepare_variants(shape: str, args, work: Path, problems: list) -> list[dict]:
+    say(f"[{shape}] model")
+    model = build_model(shape, work, args.seed)
+    vocab = SHAPES[shape]["vocab_size"]
+    variants = []
+
+    def add(system, recipe, name, make, extra=None):
+        vid = f"{shape}-{system}-{name}"
+        try:
+            say(f"[{shape}] export {system} {name}")
+            rec = make()
+            variants.append({"id": vid, "shape": shape, "system": system, "recipe_class": recipe, "variant": name,
+                             "vocab": vocab, "file_mb": round(Path(rec["file"]).stat().st_size / 2**20, 1), **rec,
+                             **(extra or {})})
+        except ChildFailed as e:
+            problems.append({"shape": shape, "system": system, "variant": name, "stage": "export",
+                             "reason": last_error_line(e), "detail": str(e)[-3000:]})
+            say(f"  failed: {last_error_line(e)}")
+
+    base = work / shape / "exports"
+    if "genai" in args.systems:
+        for recipe in args.recipes:
+            for name, rargs in GENAI_RECIPES[recipe]:
+                for mode in args.modes:
+                    out = base / f"genai-{name}-{mode}"
+                    add("genai", recipe, f"{name}/{mode}",
+                        lambda: export_genai(shape, model, rargs, mode, out, work, args.max_seq_len))
+    if "llamacpp" in args.systems:
+        inst = installs.get("llamacpp")
+        if isinstance(inst, dict) and "python" in inst:
+            for recipe in args.recipes:
+                for name, ftype in LLAMACPP_RECIPES[recipe]:
+                    add("llamacpp", recipe, name,
+                        lambda: export_llamacpp(model, name, ftype, base / "llamacpp", work, inst, args.threads),
+                        {"python": inst["python"]})
+    if "optimum" in args.systems:
+        inst = installs.get("optimum")
+        if isinstance(inst, dict) and "python" in inst:
+            for recipe in args.recipes:
+                for name, oargs in OPTIMUM_RECIPES[recipe]:
+                    add("optimum", recipe, name,
+                        lambda: export_optimum(model, oargs, base / f"optimum-{name}", work, inst, args.max_seq_len),
+                        {"python": inst["python"]})
+    return variants
+
+
+installs: dict = {}
+
+
+def ratio(ours, best):
+    return round(ours / best, 2) if ours and best else None
+
+
+def summarize(variants: list[dict], samples: dict) -> list[dict]:
+    rows = []
+    for v in variants:
+        got = samples.get(v["id"], [])
+        ok = [s for s in got if "error" not in s]
+        row = {k: v[k] for k in ("shape", "system", "recipe_class", "variant", "file_mb", "export_s", "export_peak_rss_mb")}
+        if ok:
+            for key in ("prefill_tokens_per_s", "decode_tokens_per_s", "load_s", "run_peak_rss_mb"):
+                row[key] = round(statistics.median(s[key] for s in ok), 1 if key != "load_s" else 3)
+            row["prefill_samples"] = [s["prefill_tokens_per_s"] for s in ok]
+            row["decode_samples"] = [s["decode_tokens_per_s"] for s in ok]
+        errors = [s["error"] for s in got if "error" in s]
+        if errors:
+            row["run_error"] = errors[0]
+        rows.append(row)
+    # ours / best peer, within one shape and one recipe class
+    for row in rows:
+        if row["system"] != "genai":
+            continue
+        peers = [r for r in rows if r["system"] != "genai" and r["shape"] == row["shape"]
+                 and r["recipe_class"] == row["recipe_class"]]
+        ratios = {}
+        for key, better in (("prefill_tokens_per_s", max), ("decode_tokens_per_s", max), ("file_mb", min),
+                            ("export_s", min), ("export_peak_rss_mb", min), ("run_peak_rss_mb", min)):
+            vals = [(r[key], r) for r in peers if r.get(key)]
+            if vals and row.get(key):
+                val, who = better(vals, key=lambda x: x[0])
+                ratios[key] = {"ratio": ratio(row[key], val), "best_peer": f"{who['system']} {who['variant']}"}
+        row["vs_best_peer"] = ratios
+    return rows
+
+
+def print_table(rows: list[dict], problems: list[dict]) -> None:
+    head = (f"{'shape':<13} {'system':<9} {'variant':<19} {'file MB':>8} {'export s':>8} {'exp RSS':>8} "
+            f"{'prefill t/s':>11} {'decode t/s':>10} {'load s':>7} {'run RSS':>8}  {'prefill/best':>12} {'decode/best':>11}")
+    print("\n" + head + "\n" + "-" * len(head))
+    for r in rows:
+        vs = r.get("vs_best_peer", {})
+        fmt = lambda k: f"{vs[k]['ratio']:.2f}" if k in vs and vs[k]["ratio"] is not None else "-"
+        num = lambda k, w, p=1: f"{r[k]:>{w}.{p}f}" if r.get(k) is not None else f"{'-':>{w}}"
+        print(f"{r['shape']:<13} {r['system']:<9} {r['variant']:<19} {num('file_mb', 8)} {num('export_s', 8)} "
+              f"{num('export_peak_rss_mb', 8, 0)} {num('prefill_tokens_per_s', 11)} {num('decode_tokens_per_s', 10)} "
+              f"{num('load_s', 7, 2)} {num('run_peak_rss_mb', 8, 0)}  {fmt('prefill_tokens_per_s'):>12} "
+              f"{fmt('decode_tokens_per_s'):>11}" + (f"  run failed: {r['run_error'][:80]}" if r.get("run_error") else ""))
+    print("(ratios: genai / best peer of the same recipe class; fp32 ~ F32, 8da8w ~ Q8_0, 8da4w ~ Q4_0)")
+    for p in problems:
+        print(f"NOT RUN  {p.get('shape', '')} {p['system']} {p.get('variant', '')} [{p['stage']}]: {p['reason']}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shapes", nargs="+", default=["smollm2-135m"], choices=list(SHAPES))
+    parser.add_argument("--systems", nargs="+", default=["genai", "llamacpp", "optimum"],
+                        choices=["genai", "llamacpp", "optimum"])
+    parser.add_argument("--recipes", nargs="+", default=["fp32", "8da8w", "8da4w"], choices=list(GENAI_RECIPES))
+    parser.add_argument("--modes", nargs="+", default=["dynamic", "hybrid"], help="genai modes")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--prompt-len", type=int, default=128)
+    parser.add_argument("--gen-len", type=int, default=128)
+    parser.add_argument("--max-seq-len", type=int, default=512)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--skip-install", action="store_true", help="use the venvs under bench/.envs as they are")
+    parser.add_argument("--work", default=str(HERE / ".work"))
+    parser.add_argument("--json", default=str(HERE / "results" / "compare.json"))
+    args = parser.parse_args()
+    work = Path(args.work).resolve()
+    (work / "logs").mkdir(parents=True, exist_ok=True)
+    started = time.time()
+    problems: list[dict] = []
+
+    for system, install in (("llamacpp", install_llamacpp), ("optimum", install_optimum)):
+        if system not in args.systems:
+            continue
+        say(f"install {system}")
+        done = ENVS / system / "done.json"
+        try:
+            if args.skip_install and not done.exists():
+                raise ChildFailed(f"--skip-install, and {ENVS / system} has no completed install")
+            installs[system] = install(work)
+        except ChildFailed as e:
+            installs[system] = None
+            problems.append({"system": system, "stage": "install", "reason": last_error_line(e), "detail": str(e)[-3000:]})
+            say(f"  failed: {last_error_line(e)}")
+
+    variants = []
+    for shape in args.shapes:
+        variants += prepare_variants(shape, args, work, problems)
+
+    samples: dict[str, list] = {}
+    for r in range(args.repeats):  # round-robin: every variant once per round
+        for v in variants:
+            try:
+                s = measure(v, args, work)
+            except (ChildFailed, ValueError, KeyError) as e:
+                s = {"error": last_error_line(e)}
+            samples.setdefault(v["id"], []).append(s)
+            say(f"round {r + 1}/{args.repeats} {v['id']}: {s}")
+
+    rows = summarize(variants, samples)
+    print_table(rows, problems)
+    result = {
+        "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
+        "settings": {k: getattr(args, k) for k in ("shapes", "systems", "recipes", "modes", "repeats", "threads",
+                                                    "prompt_len", "gen_len", "max_seq_len", "seed")},
+        "command": " ".join([Path(sys.executable).name, *sys.argv]),
+        "installs": installs,
+        "models": {s: json.loads((work / s / "hf" / "done.json").read_text()) for s in args.shapes
+                   if (work / s / "hf" / "done.json").exists()},
+        "rows": rows,
+        "samples": samples,
+        "not_run": problems,
+        "wall_s": round(time.time() - started),
+    }
+    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+    print(f"wrote {args.json}")
+
+
+WORKERS = {
+    "_build-model": lambda a: worker_build_model(a[0], a[1], int(a[2])),
+    "_convert-gguf": lambda a: worker_convert_gguf(a[0], a[1], a[2]),
+    "_quantize": lambda a: worker_quantize(a[0], a[1], int(a[2]), int(a[3])),
+    "_run-llamacpp": lambda a: worker_run_llamacpp(a[0], int(a[1]), int(a[2]), int(a[3]), int(a[4])),
+    "_run-optimum": lambda a: worker_run_optimum(a[0], int(a[1]), int(a[2]), int(a[3]), int(a[4])),
+}
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] in WORKERS:
+        WORKERS[sys.argv[1]](sys.argv[2:])
+    else:
+        main()
