@@ -1,13 +1,16 @@
 """The quantize stage: shared encodings across graphs, one copy of the weights, recipes and overrides."""
 
 import json
+import operator
 import subprocess
 import sys
 
 import pytest
 import torch
 
-from conftest import Q4
+from conftest import Q4, REFERENCE
+from genai_pipeline.cli import main
+from genai_pipeline.data import CalibrationOptions
 from genai_pipeline.errors import InputError
 from genai_pipeline.prepare import PrepareOptions, prepare
 from genai_pipeline.quantize import QuantOptions, quantize, quantize_module
@@ -78,3 +81,72 @@ def test_quantized_hybrid_program_stores_the_weights_once_and_is_small(export_re
     assert hybrid["file_bytes"] <= 0.2 * fp32["file_bytes"], (hybrid["file_bytes"], fp32["file_bytes"])
     manifest = json.loads((export_reference("hybrid", Q4) / "manifest.json").read_text())
     assert manifest["recipe"] == "8da4w-g32+emb8w" and manifest["quantization"]["embedding"] == "8w"
+
+
+def _qparams(graph_module):
+    """(op, scale, zero point) of every quantize/dequantize node in graph order; per-channel
+    scales and zero points are tensors the graph holds."""
+
+    def value(arg):
+        if isinstance(arg, torch.fx.Node) and arg.op == "get_attr":
+            return operator.attrgetter(arg.target)(graph_module)
+        return arg
+
+    return [
+        (str(n.target), *[value(a) for a in n.args[1:3]])
+        for n in graph_module.graph.nodes
+        if n.op == "call_function" and "quantize_per" in str(n.target)
+    ]
+
+
+def _same(a, b) -> bool:
+    return torch.equal(a, b) if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) else a == b
+
+
+def test_static_encodings_are_identical_in_prefill_and_decode(tiny_checkpoint):
+    options = PrepareOptions(mode="hybrid", max_seq_len=64, prefill_len=8, checkpoint=tiny_checkpoint)
+    quant = QuantOptions(recipe="8a8w", calibration=CalibrationOptions(datasets=("random",), limit=4, seq_len=24))
+    prepared = quantize(prepare(get_spec("smollm2-135m"), options), quant, get_target("xnnpack"))
+    artifact = next(iter(prepared.artifacts.values()))
+    assert artifact.qdq is not None
+    exported = {
+        name.value: torch.export.export(g.module, g.example_inputs, strict=False).module()
+        for name, g in artifact.graphs.items()
+    }
+    prefill, decode = _qparams(exported["prefill"]), _qparams(exported["decode"])
+    assert len(prefill) == len(decode) > 20
+    for p, d in zip(prefill, decode):  # every activation and weight: the same scale and zero point
+        assert p[0] == d[0] and _same(p[1], d[1]) and _same(p[2], d[2]), (p, d)
+    assert any(isinstance(p[1], torch.Tensor) for p in prefill)  # per-channel weight scales were compared as tensors
+    weights = {k: v for k, v in exported["prefill"].state_dict().items()}
+    for key, value in exported["decode"].state_dict().items():
+        assert torch.equal(weights[key], value), key
+
+
+def test_qnn_export_stops_after_quantization_with_one_clear_line(tmp_path, tiny_checkpoint, capsys):
+    out = tmp_path / "qnn"
+    argv = ["export", "--checkpoint", str(tiny_checkpoint), "--target", "qnn", "--recipe", "16a4w", "--calib", "random",
+            "--calib-limit", "2", "--calib-seq-len", "16", "--max-seq-len", "64", "--prefill-len", "8", "--out", str(out)]
+    assert main(argv) == 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last.startswith("error: lowering to QNN needs the Qualcomm QNN SDK")
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["status"] == "qdq-only" and (out / "text_decoder.qdq.pt2").is_file()
+    assert not (out / "text_decoder.pte").exists()
+    assert main(["eval", str(out), "--text", str(REFERENCE / "heldout.txt"), "--max-tokens", "100", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["perplexity"]["program"] is None and result["compared"] == "qdq"
+    assert result["perplexity"]["qdq"] > 0 and 0 < result["top1_agreement"] <= 1
+    assert main(["run", str(out), "--prompt", "x"]) == 2
+    assert "holds only a QDQ model" in capsys.readouterr().err
+
+
+def test_8a8w_reference_program_tracks_its_float_model(export_reference, capsys):
+    quant = QuantOptions(recipe="8a8w", calibration=CalibrationOptions(
+        datasets=(f"text:{REFERENCE / 'sample.txt'}",), limit=64, seq_len=256))
+    folder = export_reference("kv", quant)
+    assert main(["eval", str(folder), "--text", str(REFERENCE / "heldout.txt"), "--max-tokens", "1024", "--window", "128", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    ppl = result["perplexity"]
+    assert ppl["program"] <= 1.03 * ppl["float"]  # measured +1.4 %; the issue's goal of 1 % is not met yet
+    assert abs(ppl["program"] / ppl["qdq"] - 1) < 0.01  # the program runs the QDQ model it was lowered from

@@ -21,6 +21,11 @@ class DecoderSession:
         folder = Path(folder)
         self.folder = folder
         self.manifest = read_manifest(folder)
+        if self.manifest.get("status", "complete") == "qdq-only":
+            raise ProgramError(
+                f"'{folder}' holds only a QDQ model: lowering to {self.manifest.get('target')} was not possible "
+                "where it was exported; `genai eval` evaluates it"
+            )
         try:
             entry = self.manifest["artifacts"][ArtifactKey.TEXT_DECODER.value]
             self.mode = Mode(self.manifest["mode"])
@@ -29,11 +34,6 @@ class DecoderSession:
             expected = self.manifest["files"][entry["file"]]
         except (KeyError, ValueError, TypeError) as e:
             raise ProgramError(f"'{folder}/manifest.json' lacks {e}; re-export the model") from None
-        if entry.get("file") is None:
-            raise ProgramError(
-                f"'{folder}' holds only a QDQ model: lowering to {self.manifest.get('target')} was not possible "
-                "where it was exported; `genai eval` evaluates it"
-            )
         path = folder / entry["file"]
         self.program = load_program(path, expected["bytes"], expected["sha256"] if verify else None)
         self._methods = {name: self.program.load_method(name.value) for name in self.mode.graphs}
