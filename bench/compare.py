@@ -193,8 +193,10 @@ def install_llamacpp(work: Path) -> dict:
         if not tree.exists():
             with tarfile.open(sdist) as tar:
                 tar.extractall(src, filter="data")
-        run_child([py, "-m", "pip", "install", sdist, "gguf", "numpy", "torch==2.13.0", "transformers>=5",
-                   "safetensors", "sentencepiece"], log=log,
+        have = subprocess.run([py, "-c", "import llama_cpp; print(llama_cpp.__version__)"], capture_output=True, text=True)
+        built = have.stdout.strip() == LLAMACPP_VERSION  # a finished build in this venv is kept
+        run_child([py, "-m", "pip", "install", *([] if built else [sdist]), "gguf", "numpy", "torch==2.13.0",
+                   "transformers>=5", "safetensors", "sentencepiece"], log=log,
                   env={"CMAKE_ARGS": "-DGGML_NATIVE=ON -DLLAVA_BUILD=OFF", "CMAKE_BUILD_PARALLEL_LEVEL": str(os.cpu_count())})
         _, _, version = run_child([py, "-c", "import llama_cpp; print(llama_cpp.__version__)"])
         return {"python": str(py), "llama_cpp_python": version.strip(), "llama_cpp_tree": str(tree / "vendor" / "llama.cpp"),
@@ -212,7 +214,10 @@ def install_optimum(work: Path) -> dict:
         t = time.perf_counter()
         if not py.exists():
             run_child(["python3", "-m", "venv", env])
-        run_child([py, "-m", "pip", "install", f"optimum-executorch=={OPTIMUM_VERSION}", *PINNED], log=log)
+        have = subprocess.run([py, "-c", "import importlib.metadata as m; print(m.version('optimum-executorch'))"],
+                              capture_output=True, text=True)
+        if have.stdout.strip() != OPTIMUM_VERSION:
+            run_child([py, "-m", "pip", "install", f"optimum-executorch=={OPTIMUM_VERSION}", *PINNED], log=log)
         _, _, out = run_child([py, "-c", "import importlib.metadata as m; import json; print(json.dumps({p: m.version(p) for p in "
                                "('optimum-executorch', 'optimum', 'executorch', 'torch', 'torchao', 'transformers')}))"])
         return {"python": str(py), "versions": json.loads(out), "install_s": round(time.perf_counter() - t)}
@@ -222,12 +227,32 @@ def install_optimum(work: Path) -> dict:
 
 # ----------------------------------------------------------------------------- stage 3: exports
 
-def export_genai(shape, model, recipe_args, mode, out: Path, work: Path, max_seq_len: int) -> dict:
+def genai_source(ref: str, work: Path) -> dict:
+    """Where `genai` runs from: a snapshot of git `ref`'s genai_pipeline/ (other engineers edit the
+    working tree while this runs), or the working tree itself with ref 'worktree'."""
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    if ref == "worktree":
+        dirty = subprocess.run(["git", "status", "--porcelain", "genai_pipeline"], cwd=ROOT, capture_output=True,
+                               text=True).stdout.strip()
+        return {"ref": "worktree", "sha": head + ("-dirty" if dirty else ""), "cwd": str(ROOT), "env": {}}
+    sha = subprocess.run(["git", "rev-parse", ref], cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
+    dest = work / "genai-src" / sha[:12]
+    if not (dest / "genai_pipeline").exists():
+        dest.mkdir(parents=True, exist_ok=True)
+        archive = subprocess.run(["git", "archive", sha, "genai_pipeline"], cwd=ROOT, capture_output=True, check=True).stdout
+        subprocess.run(["tar", "-x", "-C", dest], input=archive, check=True)
+    # `python -m` puts the current directory first on sys.path: run from the snapshot
+    return {"ref": ref, "sha": sha, "cwd": str(dest), "env": {"PYTHONPATH": str(dest)}}
+
+
+def export_genai(shape, model, recipe_args, mode, out: Path, work: Path, max_seq_len: int, src: dict) -> dict:
     def make():
         wall, rss, _ = run_child([MAIN_PY, "-m", "genai_pipeline.cli", "export", "--checkpoint", model["folder"],
                                   *recipe_args, "--mode", mode, "--max-seq-len", str(max_seq_len), "--out", out],
-                                 log=work / "logs" / f"{out.name}-export.log", cwd=ROOT)
-        return {"file": str(out / "text_decoder.pte"), "export_s": round(wall, 1), "export_peak_rss_mb": round(rss)}
+                                 log=work / "logs" / f"{out.parent.parent.name}-{out.name}-export.log",
+                                 cwd=src["cwd"], env=src["env"])
+        return {"file": str(out / "text_decoder.pte"), "export_s": round(wall, 1), "export_peak_rss_mb": round(rss),
+                "genai_sha": src["sha"]}
 
     return cached(out / "done.json", make)
 
@@ -365,7 +390,8 @@ def worker_run_optimum(path: str, vocab: int, prompt_len: int, gen_len: int, thr
 
 
 def measure(variant: dict, args, work: Path) -> dict:
-    log = work / "logs" / f"run-{variant['id']}.log"
+    log = work / "logs" / f"run-{variant['id'].replace('/', '-')}.log"
+    load = round(os.getloadavg()[0], 2)  # the machine is shared: how busy it was
     if variant["system"] == "genai":
         argv = [MAIN_PY, "-m", "genai_pipeline.cli", "bench", Path(variant["file"]).parent, "--json",
                 "--prompt-len", args.prompt_len, "--gen-len", args.gen_len, "--repeats", 1, "--threads", args.threads]
@@ -373,10 +399,11 @@ def measure(variant: dict, args, work: Path) -> dict:
         worker = {"llamacpp": "_run-llamacpp", "optimum": "_run-optimum"}[variant["system"]]
         argv = [variant["python"], __file__, worker, variant["file"], variant["vocab"], args.prompt_len, args.gen_len,
                 args.threads]
-    _, rss, out = run_child(argv, log=log, cwd=ROOT)
+    src = variant.get("genai_src") or {"cwd": str(ROOT), "env": {}}
+    _, rss, out = run_child(argv, log=log, cwd=src["cwd"], env=src["env"])
     got = json.loads(out.strip().splitlines()[-1])
     return {"prefill_tokens_per_s": got["prefill_tokens_per_s"], "decode_tokens_per_s": got["decode_tokens_per_s"],
-            "load_s": got["load_s"], "run_peak_rss_mb": round(rss)}
+            "load_s": got["load_s"], "run_peak_rss_mb": round(rss), "loadavg_1m_before": load}
 
 
 # ----------------------------------------------------------------------------- driver
@@ -402,12 +429,14 @@ def prepare_variants(shape: str, args, work: Path, problems: list) -> list[dict]
 
     base = work / shape / "exports"
     if "genai" in args.systems:
+        src = genai_source(args.genai_ref, work)
         for recipe in args.recipes:
             for name, rargs in GENAI_RECIPES[recipe]:
                 for mode in args.modes:
-                    out = base / f"genai-{name}-{mode}"
+                    out = base / f"genai-{src['sha'][:8]}-{name}-{mode}"
                     add("genai", recipe, f"{name}/{mode}",
-                        lambda: export_genai(shape, model, rargs, mode, out, work, args.max_seq_len))
+                        lambda: export_genai(shape, model, rargs, mode, out, work, args.max_seq_len, src),
+                        {"genai_src": src})
     if "llamacpp" in args.systems:
         inst = installs.get("llamacpp")
         if isinstance(inst, dict) and "python" in inst:
@@ -445,6 +474,7 @@ def summarize(variants: list[dict], samples: dict) -> list[dict]:
                 row[key] = round(statistics.median(s[key] for s in ok), 1 if key != "load_s" else 3)
             row["prefill_samples"] = [s["prefill_tokens_per_s"] for s in ok]
             row["decode_samples"] = [s["decode_tokens_per_s"] for s in ok]
+            row["loadavg_1m_samples"] = [s["loadavg_1m_before"] for s in ok]
         errors = [s["error"] for s in got if "error" in s]
         if errors:
             row["run_error"] = errors[0]
@@ -496,6 +526,8 @@ def main() -> None:
     parser.add_argument("--gen-len", type=int, default=128)
     parser.add_argument("--max-seq-len", type=int, default=512)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--genai-ref", default="HEAD",
+                        help="git ref whose genai_pipeline/ is exported and measured, or 'worktree'")
     parser.add_argument("--skip-install", action="store_true", help="use the venvs under bench/.envs as they are")
     parser.add_argument("--work", default=str(HERE / ".work"))
     parser.add_argument("--json", default=str(HERE / "results" / "compare.json"))
@@ -538,7 +570,7 @@ def main() -> None:
     result = {
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
         "settings": {k: getattr(args, k) for k in ("shapes", "systems", "recipes", "modes", "repeats", "threads",
-                                                    "prompt_len", "gen_len", "max_seq_len", "seed")},
+                                                    "prompt_len", "gen_len", "max_seq_len", "seed", "genai_ref")},
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
         "installs": installs,
         "models": {s: json.loads((work / s / "hf" / "done.json").read_text()) for s in args.shapes

@@ -36,7 +36,6 @@ from torch import nn
 import executorch.extension.llm.custom_ops.custom_ops  # noqa: F401  registers torch.ops.llama.*
 
 
-
 def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
     """GeLU, tanh approximation (transformers' `gelu_pytorch_tanh`), spelled out: ExecuTorch 1.5.1's
     XNNPACK partitioner lowers `F.gelu(x, approximate="tanh")` as the exact (erf) GeLU."""

@@ -21,7 +21,9 @@ def test_dynamic_program_runs_in_executorch_text_llm_runner(export_reference):
     runner = TextLLMRunner(str(folder / "text_decoder.pte"), str(folder / "tokenizer.json"))
     pieces, stats = [], []
     runner.generate(
-        prompt, GenerationConfig(echo=False, max_new_tokens=n, temperature=0.0),
+        # num_bos=1: ExecuTorch's C++ tokenizer takes its BOS token from tokenizer.json's post-processor,
+        # but the runner adds it only when asked.
+        prompt, GenerationConfig(echo=False, max_new_tokens=n, temperature=0.0, num_bos=1),
         token_callback=pieces.append, stats_callback=stats.append,
     )
     assert stats and stats[0].num_prompt_tokens == len(ours["prompt_tokens"])  # same prompt ids, BOS included
