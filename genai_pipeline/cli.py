@@ -201,7 +201,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("export", help="prepare, compile and write .pte programs + manifest")
     p.add_argument("model", nargs="?", help=f"registry name (default: inferred from --checkpoint, else {DEFAULT_MODEL})")
     p.add_argument("--checkpoint", help="local Hugging Face folder (config.json + *.safetensors)")
-    p.add_argument("--target", default="xnnpack", help="xnnpack (default) or portable")
+    p.add_argument("--target", default="xnnpack", help="xnnpack (default), portable, or qnn (quantize only here)")
     p.add_argument("--recipe", default=_default(QuantOptions, "recipe"),
                    help="xnnpack: fp32 (default), 8da4w, 8da8w, 8a8w; qnn: 16a8w, 16a4w, 16a4w_block, 8a8w")
     p.add_argument("--group-size", type=int, default=_default(QuantOptions, "group_size"), help="int4 group size")
