@@ -290,14 +290,15 @@ def export_llamacpp(model, name, ftype, out: Path, work: Path, inst: dict, threa
     target = out / f"model-{name}.gguf"
 
     def make():
+        out.mkdir(parents=True, exist_ok=True)
         if ftype is None:
             wall, rss, _ = run_child([inst["python"], __file__, "_convert-gguf", inst["llama_cpp_tree"], model["folder"], f32],
-                                     log=work / "logs" / f"{out.parent.name}-gguf-F32.log")
+                                     log=work / "logs" / f"{out.parent.parent.name}-gguf-F32.log")
             what = "convert_hf_to_gguf.py --outtype f32"
         else:
             base = export_llamacpp(model, "F32", None, out, work, inst, threads)
             wall, rss, _ = run_child([inst["python"], __file__, "_quantize", f32, target, str(ftype), str(threads)],
-                                     log=work / "logs" / f"{out.parent.name}-gguf-{name}.log")
+                                     log=work / "logs" / f"{out.parent.parent.name}-gguf-{name}.log")
             what = f"llama_model_quantize(ftype={ftype}) from F32 (F32 conversion {base['export_s']} s not included)"
         return {"file": str(target), "export_s": round(wall, 1), "export_peak_rss_mb": round(rss), "how": what}
 
@@ -310,7 +311,7 @@ def export_optimum(model, args, out: Path, work: Path, inst: dict, max_seq_len: 
         argv = [cli, "export", "executorch", "--model", model["folder"], "--task", "text-generation",
                 "--recipe", "xnnpack", "--use_custom_sdpa", "--use_custom_kv_cache", "--max_seq_len", str(max_seq_len),
                 *args, "--output_dir", out]
-        wall, rss, _ = run_child(argv, log=work / "logs" / f"{out.parent.name}-{out.name}-export.log")
+        wall, rss, _ = run_child(argv, log=work / "logs" / f"{out.parent.parent.name}-{out.name}-export.log")
         ptes = sorted(out.glob("*.pte"))
         if not ptes:
             raise ChildFailed(f"no .pte in {out}")
@@ -351,13 +352,18 @@ def worker_run_llamacpp(path: str, vocab: int, prompt_len: int, gen_len: int, th
                 n_threads_batch=threads, verbose=False)
     load_s = time.perf_counter() - t
 
+    n_vocab = llm.n_vocab()
+
+    def last_logits():  # only the last token of a batch has logits (logits_all=False)
+        return np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(n_vocab,))
+
     def prefill(ids):
         llm.eval(ids)
-        return int(np.argmax(llm.scores[llm.n_tokens - 1]))
+        return int(np.argmax(last_logits()))
 
     def step(token):
         llm.eval([token])
-        return int(np.argmax(llm.scores[llm.n_tokens - 1]))
+        return int(np.argmax(last_logits()))
 
     rates = timed_rounds(prefill, step, llm.reset, prompt_ids(vocab, prompt_len), gen_len)
     print(json.dumps({"load_s": round(load_s, 3), **rates}))
@@ -366,6 +372,8 @@ def worker_run_llamacpp(path: str, vocab: int, prompt_len: int, gen_len: int, th
 def worker_run_optimum(path: str, vocab: int, prompt_len: int, gen_len: int, threads: int) -> None:
     import torch
     from executorch.extension.pybindings import portable_lib
+    from executorch.kernels import quantized  # noqa: F401  the quantized ops' kernels, as optimum's runner loads them
+    from executorch.extension.llm.custom_ops import custom_ops  # noqa: F401  custom SDPA and KV-cache update kernels
 
     portable_lib._unsafe_reset_threadpool(threads)
     t = time.perf_counter()
