@@ -299,7 +299,10 @@ def export_llamacpp(model, name, ftype, out: Path, work: Path, inst: dict, threa
             base = export_llamacpp(model, "F32", None, out, work, inst, threads)
             wall, rss, _ = run_child([inst["python"], __file__, "_quantize", f32, target, str(ftype), str(threads)],
                                      log=work / "logs" / f"{out.parent.parent.name}-gguf-{name}.log")
-            what = f"llama_model_quantize(ftype={ftype}) from F32 (F32 conversion {base['export_s']} s not included)"
+            what = f"convert_hf_to_gguf.py --outtype f32 ({base['export_s']} s) + llama_model_quantize(ftype={ftype}) ({wall:.1f} s)"
+            # the whole path from the HF folder, as for the other systems
+            return {"file": str(target), "export_s": round(base["export_s"] + wall, 1), "quantize_s": round(wall, 1),
+                    "export_peak_rss_mb": max(base["export_peak_rss_mb"], round(rss)), "how": what}
         return {"file": str(target), "export_s": round(wall, 1), "export_peak_rss_mb": round(rss), "how": what}
 
     return cached(out / f"{name}.done.json", make)
