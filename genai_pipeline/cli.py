@@ -88,10 +88,29 @@ def cmd_export(args) -> int:
     log.info("prepare %s (%s mode, max_seq_len %d)", spec.name, options.mode.value, options.max_seq_len)
     prepared = quantize(prepare(spec, options), quant, target)
     log.info("compile for %s (%s)", target.name, prepared.recipe)
-    result = compile_artifacts(prepared, target, Path(args.out))
+    out = Path(args.out)
+    try:
+        result = compile_artifacts(prepared, target, out)
+    finally:  # also after a QDQ-only export (no vendor SDK): its manifest is complete for eval
+        if not quant.is_float and (out / "manifest.json").is_file():
+            _quant_report(prepared, quant, out)
     for name, f in result.manifest["files"].items():
         log.info("  %s  %.2f MB", name, f["bytes"] / (1 << 20))
     return 0
+
+
+def _quant_report(prepared, quant, out: Path) -> None:
+    from genai_pipeline.data import calibration_tokens
+    from genai_pipeline.quantize import with_default_data
+    from genai_pipeline.report import write_quant_report
+    from genai_pipeline.runtime.tokenizer import Tokenizer
+
+    tokenizer = Tokenizer(prepared.tokenizer_file) if prepared.tokenizer_file else None
+    data = with_default_data(quant.calibration)
+    samples = calibration_tokens(data, tokenizer, vocab_size=prepared.config.vocab_size, seed=prepared.options.seed)
+    tokens = [t for sample in samples for t in sample][: min(256, prepared.options.max_seq_len)]
+    source = ", ".join(map(str, data.datasets))
+    log.info("wrote %s", write_quant_report(out, tokens, source))
 
 
 def cmd_run(args) -> int:

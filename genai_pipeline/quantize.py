@@ -147,6 +147,11 @@ def quantize_module(module: nn.Module, options: QuantOptions) -> dict[str, str]:
     return plan
 
 
+def with_default_data(calibration: CalibrationOptions) -> CalibrationOptions:
+    """No --calib given: random tokens (the data layer warns that accuracy will suffer)."""
+    return calibration if calibration.datasets else dataclasses.replace(calibration, datasets=("random",))
+
+
 def _calibrate(prepared: PreparedModel, artifact: Artifact, options: QuantOptions, quantizer):
     """PT2E on the quantize graph: observe activations over the calibration data, then convert."""
     from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
@@ -159,7 +164,7 @@ def _calibrate(prepared: PreparedModel, artifact: Artifact, options: QuantOption
     tokenizer = Tokenizer(prepared.tokenizer_file) if prepared.tokenizer_file else None
     checkpoint = prepared.tokenizer_file.parent if prepared.tokenizer_file else None
     steps = calibration_steps(
-        options.calibration,
+        with_default_data(options.calibration),
         tokenizer,
         chunk_len=prepared.options.prefill_len,
         max_seq_len=prepared.options.max_seq_len,

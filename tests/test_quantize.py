@@ -2,6 +2,7 @@
 
 import json
 import operator
+import re
 import subprocess
 import sys
 
@@ -105,7 +106,8 @@ def _same(a, b) -> bool:
 
 def test_static_encodings_are_identical_in_prefill_and_decode(tiny_checkpoint):
     options = PrepareOptions(mode="hybrid", max_seq_len=64, prefill_len=8, checkpoint=tiny_checkpoint)
-    quant = QuantOptions(recipe="8a8w", calibration=CalibrationOptions(datasets=("random",), limit=4, seq_len=24))
+    # no --calib: random tokens, with a warning
+    quant = QuantOptions(recipe="8a8w", calibration=CalibrationOptions(limit=4, seq_len=24))
     prepared = quantize(prepare(get_spec("smollm2-135m"), options), quant, get_target("xnnpack"))
     artifact = next(iter(prepared.artifacts.values()))
     assert artifact.qdq is not None
@@ -133,6 +135,10 @@ def test_qnn_export_stops_after_quantization_with_one_clear_line(tmp_path, tiny_
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["status"] == "qdq-only" and (out / "text_decoder.qdq.pt2").is_file()
     assert not (out / "text_decoder.pte").exists()
+    report = (out / "quant_report.html").read_text()
+    sqnr = re.findall(r"<td>layers\.(\d)</td><td class=num>([\d.]+)</td>", report)
+    assert [layer for layer, _ in sqnr] == ["0", "1"] and all(float(db) > 5 for _, db in sqnr)
+    assert "Worst layer" in report
     assert main(["eval", str(out), "--text", str(REFERENCE / "heldout.txt"), "--max-tokens", "100", "--json"]) == 0
     result = json.loads(capsys.readouterr().out)
     assert result["perplexity"]["program"] is None and result["compared"] == "qdq"

@@ -1,0 +1,54 @@
+"""quant_report.html: after a quantized export, each layer's output SQNR (QDQ vs float) as a bar
+chart, so a user sees at a glance which layer hurts. Self-contained HTML, no plotting library."""
+
+from __future__ import annotations
+
+import html
+from pathlib import Path
+
+from genai_pipeline.bundle import atomic_write, read_manifest
+from genai_pipeline.evaluate import float_model, layer_sqnr, quantized_model
+
+REPORT = "quant_report.html"
+# Below this a layer's output noise is large enough to show in perplexity (see genai eval).
+WARN_DB = 20.0
+
+
+def write_quant_report(folder: Path, tokens: list[int], source: str) -> Path:
+    manifest = read_manifest(folder)
+    reference = float_model(manifest)
+    qdq = quantized_model(folder, manifest, reference)
+    sqnr = layer_sqnr(reference, qdq, tokens)
+    path = Path(folder) / REPORT
+    atomic_write(path, render(manifest, sqnr, f"{len(tokens)} tokens of {source}"))
+    return path
+
+
+def render(manifest: dict, sqnr: dict[str, float], data: str) -> str:
+    worst = min(sqnr, key=sqnr.get) if sqnr else None
+    top = max([v for v in sqnr.values() if v != float("inf")] + [1.0])
+    rows = []
+    for layer, db in sqnr.items():
+        width = 100 * min(db, top) / top
+        color = "#c0392b" if db < WARN_DB else ("#e67e22" if layer == worst else "#2e86c1")
+        rows.append(
+            f"<tr><td>{html.escape(layer)}</td><td class=num>{db:.2f}</td>"
+            f"<td><div class=bar style='width:{width:.1f}%;background:{color}'></div></td></tr>"
+        )
+    title = f"{manifest['model']} — {manifest['recipe']} on {manifest['target']}"
+    return f"""<!doctype html>
+<meta charset=utf-8>
+<title>{html.escape(title)}</title>
+<style>
+body{{font-family:sans-serif;max-width:52em;margin:2em auto}} td{{padding:2px 8px}}
+.num{{text-align:right;font-variant-numeric:tabular-nums}} .bar{{height:1em}} td:last-child{{width:60%}}
+</style>
+<h1>{html.escape(title)}</h1>
+<p>Signal-to-quantization-noise ratio of each block's output, quantized model vs float, over
+{html.escape(data)}. Higher is better; below {WARN_DB:.0f} dB is red.
+Worst layer: <b>{html.escape(worst or "n/a")}</b>. For perplexity, top-1 agreement and KL run
+<code>genai eval</code>.</p>
+<table><tr><th>layer<th>SQNR dB<th></tr>
+{chr(10).join(rows)}
+</table>
+"""
