@@ -91,7 +91,8 @@ def _qparams(graph_module):
     def value(arg):
         if isinstance(arg, torch.fx.Node) and arg.op == "get_attr":
             return operator.attrgetter(arg.target)(graph_module)
-        return arg
+        # a scale computed at run time (the LM head's per-token input): the same computation node
+        return arg.name if isinstance(arg, torch.fx.Node) else arg
 
     return [
         (str(n.target), *[value(a) for a in n.args[1:3]])
@@ -154,5 +155,5 @@ def test_8a8w_reference_program_tracks_its_float_model(export_reference, capsys)
     assert main(["eval", str(folder), "--text", str(REFERENCE / "heldout.txt"), "--max-tokens", "1024", "--window", "128", "--json"]) == 0
     result = json.loads(capsys.readouterr().out)
     ppl = result["perplexity"]
-    assert ppl["program"] <= 1.03 * ppl["float"]  # measured +1.4 %; the goal of 1 % is not met yet
+    assert ppl["program"] <= 1.01 * ppl["float"]  # measured +0.06 % (+1.4 % with a static scale on the LM head)
     assert abs(ppl["program"] / ppl["qdq"] - 1) < 0.01  # the program runs the QDQ model it was lowered from
