@@ -43,6 +43,7 @@ class Artifact:
     # encodings then serve every deploy graph. Never a method of the program.
     quantize_graph: GraphBundle | None = None
     qdq: Any = None  # the calibrated QDQ model (an ExportedProgram), once quantized statically
+    qdq_key: str | None = None  # hash of everything its calibration depended on
 
 
 @dataclass(frozen=True)

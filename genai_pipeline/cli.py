@@ -86,7 +86,7 @@ def cmd_export(args) -> int:
         seed=args.seed,
     )
     log.info("prepare %s (%s mode, max_seq_len %d)", spec.name, options.mode.value, options.max_seq_len)
-    prepared = quantize(prepare(spec, options), quant, target)
+    prepared = quantize(prepare(spec, options), quant, target, cache=Path(args.out))
     log.info("compile for %s (%s)", target.name, prepared.recipe)
     out = Path(args.out)
     try:

@@ -104,6 +104,7 @@ def compile_artifacts(prepared: PreparedModel, target: Target, out: Path) -> Art
             tmp = out / f".{key.value}.qdq.pt2.partial"
             torch.export.save(artifact.qdq, tmp)
             tmp.replace(out / f"{key.value}.qdq.pt2")
+            atomic_write(out / f".{key.value}.qdq.key", artifact.qdq_key or "")  # lets a re-run reuse it
     blocked = target.lowering_blocked()
     programs = {} if blocked else _lower_all(prepared, target, out)
     if prepared.tokenizer_file is not None:

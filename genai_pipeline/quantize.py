@@ -21,9 +21,12 @@ Per-layer overrides map a regex over linear-layer names to a recipe (first match
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 import logging
 import re
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -180,19 +183,59 @@ def _calibrate(prepared: PreparedModel, artifact: Artifact, options: QuantOption
     return torch.export.export(qdq, graph.example_inputs, dynamic_shapes=graph.dynamic_shapes, strict=False)
 
 
-def quantize(prepared: PreparedModel, options: QuantOptions, target) -> PreparedModel:
-    """`target` (a targets.Target) supplies the quantizer of static recipes."""
+def _fingerprint(path: Path, h) -> None:
+    """Names, sizes and modification times of a file or of every file below a folder."""
+    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
+    for f in files:
+        stat = f.stat()
+        h.update(f"{f}:{stat.st_size}:{stat.st_mtime_ns}\n".encode())
+
+
+def qdq_key(prepared: PreparedModel, options: QuantOptions, target_name: str) -> str:
+    """A hash of everything calibration depends on: the model and its weights, the quantize
+    graph's shape options, the recipe, and the calibration data files."""
+    h = hashlib.sha256()
+    o = prepared.options
+    inputs = {
+        "model": prepared.spec.name, "weights": prepared.weights, "config": dataclasses.asdict(prepared.config),
+        "max_seq_len": o.max_seq_len, "prefill_len": o.prefill_len, "seed": o.seed, "target": target_name,
+        "quant": dataclasses.asdict(options), "versions": [torch.__version__],
+    }
+    h.update(json.dumps(inputs, sort_keys=True, default=str).encode())
+    sources = [Path(prepared.weights)] if prepared.weights != "random" else []
+    sources += [d.path for d in options.calibration.datasets if d.arg and d.path.exists()]
+    for source in sources:
+        _fingerprint(source, h)
+    return h.hexdigest()
+
+
+def _cached_qdq(cache: Path | None, key: str, artifact: Artifact):
+    if cache is None:
+        return None
+    qdq, stamp = cache / f"{artifact.key.value}.qdq.pt2", cache / f".{artifact.key.value}.qdq.key"
+    if qdq.is_file() and stamp.is_file() and stamp.read_text().strip() == key:
+        log.info("reusing the calibrated %s (its inputs have not changed)", qdq)
+        return torch.export.load(qdq)
+    return None
+
+
+def quantize(prepared: PreparedModel, options: QuantOptions, target, cache: Path | None = None) -> PreparedModel:
+    """`target` (a targets.Target) supplies the quantizer of static recipes. With `cache` (the
+    output folder of an earlier export), a QDQ model calibrated there on the same inputs is reused."""
     if options.is_float:
         return prepared
     artifacts = {}
     for key, artifact in prepared.artifacts.items():
         if options.is_static:
-            qdq = _calibrate(prepared, artifact, options, lambda gm: target.static_quantizer(options, gm))
+            stamp = qdq_key(prepared, options, target.name)
+            qdq = _cached_qdq(cache, stamp, artifact)
+            if qdq is None:
+                qdq = _calibrate(prepared, artifact, options, lambda gm: target.static_quantizer(options, gm))
+                log.info("quantized %s statically (%s), calibrated on %s", key.value, options.recipe,
+                         ", ".join(map(str, with_default_data(options.calibration).datasets)))
             deploy = qdq.module()
             graphs = {name: dataclasses.replace(g, module=deploy) for name, g in artifact.graphs.items()}
-            artifact = dataclasses.replace(artifact, graphs=graphs, qdq=qdq)
-            log.info("quantized %s statically (%s), calibrated on %s", key.value, options.recipe,
-                     ", ".join(map(str, options.calibration.datasets)) or "random tokens")
+            artifact = dataclasses.replace(artifact, graphs=graphs, qdq=qdq, qdq_key=stamp)
         else:
             plan = quantize_module(artifact.module, options)
             counts = {r: sum(1 for v in plan.values() if v == r) for r in sorted(set(plan.values()))}

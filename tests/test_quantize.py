@@ -146,6 +146,11 @@ def test_qnn_export_stops_after_quantization_with_one_clear_line(tmp_path, tiny_
     assert result["perplexity"]["qdq"] > 0 and 0 < result["top1_agreement"] <= 1
     assert main(["run", str(out), "--prompt", "x"]) == 2
     assert "holds only a QDQ model" in capsys.readouterr().err
+    # a re-run on the same inputs reuses the calibrated model; other calibration data does not
+    assert main(argv) == 2
+    assert "reusing the calibrated" in capsys.readouterr().err
+    assert main([a if a != "2" else "3" for a in argv]) == 2  # --calib-limit 3
+    assert "reusing" not in capsys.readouterr().err
 
 
 def test_8a8w_reference_program_tracks_its_float_model(export_reference, capsys):
