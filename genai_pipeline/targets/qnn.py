@@ -32,8 +32,9 @@ def _lowering_blocked() -> str:
     root = os.environ.get("QNN_SDK_ROOT", "")
     if not (root and any(Path(root).glob("lib/*/libQnnHtp.so"))):
         return (
-            "lowering to QNN needs the Qualcomm QNN SDK (libQnnHtp.so), which is not installed here; "
-            "the calibrated QDQ model was saved and `genai eval` evaluates it"
+            "lowering to QNN needs the Qualcomm QNN SDK (QNN_SDK_ROOT pointing at a folder with "
+            "lib/<arch>/libQnnHtp.so) and none is installed here; the calibrated QDQ model was saved and "
+            "`genai eval` evaluates it"
         )
     # Building QNN compile specs and context binaries is the next step; without an SDK on any
     # machine of ours it cannot be tested, so it is refused rather than shipped untested.
