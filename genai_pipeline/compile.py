@@ -20,6 +20,8 @@ from genai_pipeline.targets import Target
 
 log = logging.getLogger(__name__)
 
+RUNTIME_FILES = ("tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja", "generation_config.json")
+
 
 def _to_executorch(artifact: Artifact, target: Target, progress: tqdm, quantized: bool) -> bytes:
     from executorch.exir import EdgeCompileConfig, ExecutorchBackendConfig, to_edge_transform_and_lower
@@ -109,6 +111,10 @@ def compile_artifacts(prepared: PreparedModel, target: Target, out: Path) -> Art
     programs = {} if blocked else _lower_all(prepared, target, out)
     if prepared.tokenizer_file is not None:
         _copy(prepared.tokenizer_file, out / "tokenizer.json")
+        # What a chat runtime needs beside it: special tokens and the chat template.
+        for name in RUNTIME_FILES:
+            if (prepared.tokenizer_file.parent / name).is_file():
+                _copy(prepared.tokenizer_file.parent / name, out / name)
     files = {
         path.name: {"bytes": path.stat().st_size, "sha256": sha256(path)}
         for path in sorted(out.iterdir())

@@ -70,7 +70,7 @@ def test_manifest_describes_the_program(export_tiny, tiny_checkpoint):
     assert m["mode"] == "hybrid" and m["target"] == "xnnpack" and m["recipe"] == "fp32"
     assert m["artifacts"]["text_decoder"]["methods"] == ["prefill", "decode"]
     assert m["weights"] == str(tiny_checkpoint)
-    assert set(m["files"]) == {"text_decoder.pte", "tokenizer.json"}
+    assert set(m["files"]) == {"text_decoder.pte", "tokenizer.json", "generation_config.json"}  # as the checkpoint has
     assert {"torch", "executorch", "torchao", "genai_pipeline"} <= set(m["versions"])
     from genai_pipeline.bundle import sha256
 
