@@ -20,7 +20,7 @@ from tqdm import tqdm
 from genai_pipeline.bundle import read_manifest
 from genai_pipeline.checkpoints.hf import load_decoder, random_decoder
 from genai_pipeline.errors import InputError
-from genai_pipeline.models.decoder import Decoder
+from genai_pipeline.models.decoder import Decoder, DecoderConfig
 from genai_pipeline.quantize import quant_options_from, quantize_module
 from genai_pipeline.registry import get_spec
 from genai_pipeline.runtime.session import DecoderSession, EagerSession
@@ -46,12 +46,8 @@ def float_model(manifest: dict) -> Decoder:
     """The float model an export started from, rebuilt from its manifest."""
     spec = get_spec(manifest["model"])
     if manifest["weights"] == "random":
-        from genai_pipeline.models.decoder import DecoderConfig, RopeScaling
-
-        config = dict(manifest["config"])
-        if config.get("rope_scaling"):
-            config["rope_scaling"] = RopeScaling(**config["rope_scaling"])
-        return random_decoder(DecoderConfig(**config), manifest["max_seq_len"], manifest.get("seed", 0))
+        config = DecoderConfig.from_dict(manifest["config"])
+        return random_decoder(config, manifest["max_seq_len"], manifest.get("seed", 0))
     return load_decoder(spec, Path(manifest["weights"]), manifest["max_seq_len"])
 
 

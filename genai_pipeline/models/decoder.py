@@ -186,6 +186,18 @@ class DecoderConfig:
             return "local"
         return "global"
 
+    @classmethod
+    def from_dict(cls, data: dict) -> "DecoderConfig":
+        """The inverse of `dataclasses.asdict`, e.g. a manifest's `config` read back from JSON."""
+        data = dict(data)
+        scaling = data.get("rope_scaling")
+        if scaling:
+            data["rope_scaling"] = (LongRopeScaling if "short_factor" in scaling else RopeScaling)(**scaling)
+        for name in ("nope_layers", "sliding_window_layers"):
+            if name in data:
+                data[name] = tuple(data[name])
+        return cls(**data)
+
     @property
     def num_params(self) -> int:
         d, hd = self.dim, self.head_dim

@@ -51,3 +51,15 @@ def test_config_rejects_inconsistent_shapes(bad):
     base = dict(vocab_size=10, dim=64, n_layers=1, n_heads=4, n_kv_heads=2, hidden_dim=32)
     with pytest.raises(ValueError):
         DecoderConfig(**{**base, **bad})
+
+
+def test_config_round_trips_through_a_manifest():
+    """`genai eval` rebuilds random-weight models from the manifest's JSON config."""
+    import dataclasses
+    import json
+
+    from genai_pipeline.registry import SPECS
+
+    for spec in SPECS.values():
+        data = json.loads(json.dumps(dataclasses.asdict(spec.config)))
+        assert DecoderConfig.from_dict(data) == spec.config, spec.name
