@@ -57,15 +57,15 @@ def cmd_models(args) -> int:
 def cmd_export(args) -> int:
     from genai_pipeline.compile import compile_artifacts
     from genai_pipeline.prepare import PrepareOptions, prepare
-    from genai_pipeline.checkpoints.hf import read_config
-    from genai_pipeline.registry import DEFAULT_MODEL, get_spec, infer_spec
+    from genai_pipeline.checkpoints import infer_checkpoint_spec
+    from genai_pipeline.registry import DEFAULT_MODEL, get_spec
     from genai_pipeline.data import CalibrationOptions
     from genai_pipeline.quantize import QuantOptions, parse_override, quantize
     from genai_pipeline.targets import check_recipe, get_target
 
     if args.model is None and args.checkpoint:
-        spec = infer_spec(read_config(Path(args.checkpoint)))
-        log.info("model: %s (inferred from %s/config.json)", spec.name, args.checkpoint)
+        spec, source = infer_checkpoint_spec(Path(args.checkpoint))
+        log.info("model: %s (inferred from %s)", spec.name, source)
     else:
         spec = get_spec(args.model or DEFAULT_MODEL)
     target = get_target(args.target)
@@ -105,7 +105,7 @@ def _quant_report(prepared, quant, out: Path) -> None:
     from genai_pipeline.report import write_quant_report
     from genai_pipeline.runtime.tokenizer import Tokenizer
 
-    tokenizer = Tokenizer(prepared.tokenizer_file) if prepared.tokenizer_file else None
+    tokenizer = Tokenizer.from_folder(prepared.tokenizer_file.parent, bos_id=prepared.spec.bos_id) if prepared.tokenizer_file else None
     data = with_default_data(quant.calibration)
     samples = calibration_tokens(data, tokenizer, vocab_size=prepared.config.vocab_size, seed=prepared.options.seed)
     tokens = [t for sample in samples for t in sample][: min(256, prepared.options.max_seq_len)]
@@ -119,9 +119,17 @@ def cmd_run(args) -> int:
     from genai_pipeline.runtime.session import DecoderSession
     from genai_pipeline.runtime.tokenizer import TextStream, Tokenizer
 
+    if args.chat and args.json:
+        raise InputError("--json does not apply to --chat")
+    if not args.chat and args.prompt is None:
+        raise InputError("--prompt TEXT is required (or pass --chat for a conversation on stdin)")
+    if not args.chat and args.system is not None:
+        raise InputError("--system needs --chat")
     sampling = SamplingOptions(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
     session = DecoderSession(Path(args.folder), verify=not args.no_verify)
-    tokenizer = Tokenizer(Path(args.folder) / "tokenizer.json")
+    tokenizer = Tokenizer.from_folder(Path(args.folder), bos_id=session.manifest.get("bos_id"))
+    if args.chat:
+        return _chat(args, session, tokenizer, Sampler(sampling))
     prompt = tokenizer.encode(args.prompt)
     if len(prompt) >= session.max_seq_len:
         raise InputError(
@@ -156,6 +164,64 @@ def cmd_run(args) -> int:
             len(prompt), result.prefill_tokens_per_s, len(result.tokens), result.decode_tokens_per_s, result.stop_reason,
         )
     return 0
+
+
+def _chat(args, session, tokenizer, sampler) -> int:
+    """`genai run --chat`: user messages from stdin (--prompt first), replies streamed to stdout."""
+    from genai_pipeline.data.chat_template import read_chat_template
+    from genai_pipeline.errors import ContextFullError, InputError
+    from genai_pipeline.runtime.chat import Chat, end_of_turn_ids
+    from genai_pipeline.runtime.tokenizer import TextStream
+
+    folder = Path(args.folder)
+    template = read_chat_template(folder)
+    if template is None:
+        raise InputError(
+            f"'{folder}' has no chat template (chat_template.jinja, or chat_template in tokenizer_config.json); "
+            "write one there as chat_template.jinja, or export from a checkpoint that has one"
+        )
+    stop_ids = end_of_turn_ids(folder, tokenizer, session.manifest.get("eos_ids", ()), template)
+    chat = Chat(session, tokenizer, template, sampler, stop_ids, args.max_new_tokens, system=args.system)
+    interactive = sys.stdin.isatty()
+    if interactive:
+        import readline  # noqa: F401  line editing and history for input()
+
+        log.info("chat with %s: /reset clears the conversation, /exit or Ctrl-D quits", session.manifest.get("model"))
+    for text in _user_messages(args.prompt, interactive):
+        if text.strip() == "/exit":
+            break
+        if text.strip() == "/reset":
+            chat.reset()
+            log.info("conversation cleared")
+            continue
+        if not text.strip():
+            continue
+        stream = TextStream(tokenizer)
+        try:
+            reply = chat.send(text, on_token=lambda token: print(stream.push(token), end="", flush=True))
+        except ContextFullError as e:
+            log.warning("%s; /reset clears the conversation", e)
+            continue
+        print(stream.flush(), flush=True)
+        if reply.stop_reason == "context":
+            log.warning("the reply filled the program's context of %d tokens; /reset clears the conversation",
+                        session.max_seq_len)
+        log.debug("kept %d cached tokens, prefilled %d, replied %d (%s)",
+                  reply.reused, reply.prefilled, len(reply.tokens), reply.stop_reason)
+    return 0
+
+
+def _user_messages(first: str | None, interactive: bool):
+    """--prompt, then stdin line by line until its end (Ctrl-D)."""
+    if first is not None:
+        yield first
+    while True:
+        try:
+            yield input("> " if interactive else "")
+        except EOFError:
+            if interactive:
+                print()  # the shell's prompt starts on a line of its own
+            return
 
 
 def cmd_eval(args) -> int:
@@ -219,12 +285,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("export", help="prepare, compile and write .pte programs + manifest")
     p.add_argument("model", nargs="?", help=f"registry name (default: inferred from --checkpoint, else {DEFAULT_MODEL})")
-    p.add_argument("--checkpoint", help="local Hugging Face folder (config.json + *.safetensors)")
+    p.add_argument("--checkpoint", help="local Hugging Face folder (config.json + *.safetensors) or llama2.c folder (*.pt + tokenizer.model)")
     p.add_argument("--target", default="xnnpack", help="xnnpack (default), portable, or qnn (quantize only here)")
     p.add_argument("--recipe", default=_default(QuantOptions, "recipe"),
                    help="xnnpack: fp32 (default), 8da4w, 8da8w, 8a8w; qnn: 16a8w, 16a4w, 16a4w_block, 8a8w")
     p.add_argument("--group-size", type=int, default=_default(QuantOptions, "group_size"), help="int4 group size")
-    p.add_argument("--embedding", default=_default(QuantOptions, "embedding"), help="quantize the token embedding: 8w or 4w")
+    p.add_argument("--embedding", default=_default(QuantOptions, "embedding"), help="token embedding: auto (8da4w: 4w, 8da8w: 8w, else fp32), fp32, 8w or 4w")
     p.add_argument("--quant-override", action="append", default=[], metavar="REGEX=RECIPE",
                    help="recipe for linear layers whose name matches REGEX (first match wins), e.g. output=8da8w")
     p.add_argument("--block-size", type=int, default=_default(QuantOptions, "block_size"), help="16a4w_block block size")
@@ -242,7 +308,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("run", help="generate text with an exported folder")
     p.add_argument("folder", help="a folder written by `genai export`")
-    p.add_argument("--prompt", required=True)
+    p.add_argument("--prompt", help="the text to continue; with --chat, the first user message")
+    p.add_argument("--chat", action="store_true",
+                   help="a conversation through the folder's chat template: user messages from stdin, "
+                        "/reset clears it, /exit or end of input quits")
+    p.add_argument("--system", help="with --chat: the system message")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--temperature", type=float, default=_default(SamplingOptions, "temperature"))
     p.add_argument("--top-k", type=int, default=_default(SamplingOptions, "top_k"))

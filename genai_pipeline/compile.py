@@ -15,7 +15,9 @@ from tqdm import tqdm
 
 from genai_pipeline import __version__
 from genai_pipeline.bundle import MANIFEST, Artifact, ArtifactSet, PreparedModel, atomic_write, sha256
+from genai_pipeline.data.chat_template import read_chat_template
 from genai_pipeline.errors import ExportError
+from genai_pipeline.runtime.tokenizer import TOKENIZER_FILES
 from genai_pipeline.targets import Target
 
 log = logging.getLogger(__name__)
@@ -109,12 +111,17 @@ def compile_artifacts(prepared: PreparedModel, target: Target, out: Path) -> Art
             atomic_write(out / f".{key.value}.qdq.key", artifact.qdq_key or "")  # lets a re-run reuse it
     blocked = target.lowering_blocked()
     programs = {} if blocked else _lower_all(prepared, target, out)
-    if prepared.tokenizer_file is not None:
-        _copy(prepared.tokenizer_file, out / "tokenizer.json")
+    for name in TOKENIZER_FILES:  # the runtime reads tokenizer.json first: an earlier export's must not linger
+        (out / name).unlink(missing_ok=True)
+    if prepared.tokenizer_file is not None:  # tokenizer.json or tokenizer.model, under its own name
+        _copy(prepared.tokenizer_file, out / prepared.tokenizer_file.name)
         # What a chat runtime needs beside it: special tokens and the chat template.
         for name in RUNTIME_FILES:
             if (prepared.tokenizer_file.parent / name).is_file():
                 _copy(prepared.tokenizer_file.parent / name, out / name)
+    if prepared.spec.chat_template is not None and read_chat_template(out) is None:
+        # The entry's template stands in for a checkpoint without one: `genai run --chat` reads only the folder.
+        atomic_write(out / "chat_template.jinja", prepared.spec.chat_template)
     files = {
         path.name: {"bytes": path.stat().st_size, "sha256": sha256(path)}
         for path in sorted(out.iterdir())

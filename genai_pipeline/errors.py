@@ -27,3 +27,11 @@ class InputError(GenAIError):
 
 class DataError(GenAIError):
     """Calibration data that is missing, malformed or empty, or a `--calib` spec naming no known dataset."""
+
+
+class ChatTemplateError(DataError):
+    """A chat template that does not parse, or fails to render a conversation (e.g. its `raise_exception`)."""
+
+
+class ContextFullError(InputError):
+    """A conversation that no longer fits the program's context."""

@@ -18,7 +18,8 @@ import torch
 from tqdm import tqdm
 
 from genai_pipeline.bundle import read_manifest
-from genai_pipeline.checkpoints.hf import load_decoder, random_decoder
+from genai_pipeline.checkpoints import load_decoder
+from genai_pipeline.checkpoints.hf import random_decoder
 from genai_pipeline.errors import InputError
 from genai_pipeline.models.decoder import Decoder, DecoderConfig
 from genai_pipeline.quantize import quant_options_from, quantize_module
@@ -119,7 +120,7 @@ def quantized_model(folder: Path, manifest: dict, reference: Decoder):
 def evaluate(folder: Path, options: EvalOptions, progress: bool = True) -> dict:
     manifest = read_manifest(folder)
     max_seq_len = int(manifest["max_seq_len"])
-    tokenizer = Tokenizer(Path(folder) / "tokenizer.json")
+    tokenizer = Tokenizer.from_folder(Path(folder), bos_id=manifest.get("bos_id"))
     tokens = tokenizer.encode(Path(options.text).read_text(encoding="utf-8", errors="replace"))[: options.max_tokens]
     if len(tokens) < 2:
         raise InputError(f"'{options.text}' has fewer than 2 tokens")

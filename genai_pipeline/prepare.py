@@ -11,11 +11,13 @@ from torch import nn
 from torch.export import Dim
 
 from genai_pipeline.bundle import Artifact, GraphBundle, PreparedModel
-from genai_pipeline.checkpoints.hf import load_decoder, random_decoder
+from genai_pipeline.checkpoints import load_decoder
+from genai_pipeline.checkpoints.hf import random_decoder
 from genai_pipeline.errors import InputError
 from genai_pipeline.models.decoder import Decoder
 from genai_pipeline.names import ArtifactKey, GraphName, Mode
 from genai_pipeline.registry import ModelSpec
+from genai_pipeline.runtime.tokenizer import find_tokenizer_file, tokenizer_kind
 
 log = logging.getLogger(__name__)
 
@@ -25,7 +27,7 @@ class PrepareOptions:
     mode: Mode = Mode.HYBRID
     max_seq_len: int = 512  # KV cache length: prompt + generated tokens
     prefill_len: int = 32  # tokens per `prefill` call in hybrid mode
-    checkpoint: Path | None = None  # local Hugging Face folder; None: the entry's shipped weights, else random
+    checkpoint: Path | None = None  # local checkpoint folder (the entry's format); None: the entry's shipped weights, else random
     seed: int = 0  # for random weights
 
     def __post_init__(self):
@@ -54,11 +56,12 @@ def _graphs(decoder: Decoder, options: PrepareOptions) -> dict[GraphName, GraphB
     def tokens(n: int) -> torch.Tensor:
         return torch.zeros((1, n), dtype=torch.long)
 
-    every_position = DecoderGraph(decoder, last_only=False)
+    # Every graph returns only the next-token logits: the LM head is the widest layer, and a
+    # prefill chunk's other rows would be computed to be thrown away (see DecoderSession.prefill
+    # for a padded last chunk).
     next_token = DecoderGraph(decoder, last_only=True)
     graphs = {
-        # prefill returns every position's logits: a padded last chunk reads its last real row.
-        GraphName.PREFILL: GraphBundle(GraphName.PREFILL, every_position, (tokens(options.prefill_len), pos)),
+        GraphName.PREFILL: GraphBundle(GraphName.PREFILL, next_token, (tokens(options.prefill_len), pos)),
         GraphName.DECODE: GraphBundle(GraphName.DECODE, next_token, (tokens(1), pos)),
         GraphName.FORWARD: GraphBundle(
             GraphName.FORWARD,
@@ -86,7 +89,12 @@ def prepare(spec: ModelSpec, options: PrepareOptions) -> PreparedModel:
     config = decoder.config
     if options.max_seq_len > config.max_position_embeddings:
         log.warning("--max-seq-len %d exceeds the model's trained context %d", options.max_seq_len, config.max_position_embeddings)
-    tokenizer = Path(checkpoint) / "tokenizer.json" if checkpoint is not None else None
+    tokenizer = find_tokenizer_file(Path(checkpoint)) if checkpoint is not None else None
+    if tokenizer is not None and (kind := tokenizer_kind(tokenizer)) is not spec.tokenizer_kind:
+        log.warning(
+            "%s: %s is %s, but this entry's checkpoints carry %s; check that the tokenizer belongs to the model",
+            spec.name, tokenizer, kind.value, spec.tokenizer_kind.value,
+        )
     constants = {
         "get_max_seq_len": options.max_seq_len,
         "get_max_context_len": options.max_seq_len,
@@ -113,5 +121,5 @@ def prepare(spec: ModelSpec, options: PrepareOptions) -> PreparedModel:
         artifacts={artifact.key: artifact},
         options=options,
         weights=weights,
-        tokenizer_file=tokenizer if tokenizer is not None and tokenizer.is_file() else None,
+        tokenizer_file=tokenizer,
     )

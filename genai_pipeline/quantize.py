@@ -6,7 +6,10 @@ backend then stores once. Recipes are torchao configs applied in eager mode:
 
 - `8da4w`: dynamic per-token int8 activations, int4 group-wise weights (`group_size`)
 - `8da8w`: dynamic per-token int8 activations, int8 per-channel weights
-- embedding `8w` / `4w`: weight-only int8 per-row / int4 group-wise token embedding
+- embedding `8w` / `4w`: weight-only int8 per-row / int4 group-wise token embedding. By default
+  (`auto`) it follows the linear recipe: `8da4w` -> `4w`, `8da8w` -> `8w`. A tied LM head is
+  quantized as a linear layer either way, so an fp32 embedding would be the largest tensor left
+  (SmolLM2-135M: 113 of 181 MB); `fp32` keeps it anyway.
 
 Static recipes (`8a8w` on xnnpack; `16a8w`, `16a4w`, `16a4w_block`, `8a8w` on qnn) calibrate
 activation ranges on data, with the target's PT2E quantizer, on the artifact's *quantize graph*
@@ -40,13 +43,14 @@ log = logging.getLogger(__name__)
 LINEAR_RECIPES = ("fp32", "8da4w", "8da8w")  # torchao, in eager mode
 STATIC_RECIPES = ("8a8w", "16a8w", "16a4w", "16a4w_block")  # PT2E, calibrated
 EMBEDDING_RECIPES = ("4w", "8w")
+AUTO_EMBEDDING = {"8da4w": "4w", "8da8w": "8w"}  # --embedding auto, by --recipe
 
 
 @dataclass(frozen=True)
 class QuantOptions:
     recipe: str = "fp32"
     group_size: int = 32  # int4 weights: values per scale
-    embedding: str | None = None  # None keeps the token embedding in fp32
+    embedding: str | None = "auto"  # 8w, 4w; auto: by recipe; fp32 or None: keep it float
     overrides: tuple[tuple[str, str], ...] = ()  # (regex over linear names, recipe), first match wins
     block_size: int = 64  # 16a4w_block: values per scale
     calibration: CalibrationOptions = CalibrationOptions()  # static recipes only
@@ -57,10 +61,14 @@ class QuantOptions:
         for _, recipe in self.overrides:
             if recipe not in LINEAR_RECIPES or self.is_static:
                 raise InputError(f"overrides take {', '.join(LINEAR_RECIPES)} with a dynamic --recipe, got '{recipe}'")
+        if self.embedding == "auto":
+            object.__setattr__(self, "embedding", AUTO_EMBEDDING.get(self.recipe))
+        if self.embedding == "fp32":
+            object.__setattr__(self, "embedding", None)
         if self.is_static and self.embedding:
             raise InputError("--embedding goes with the dynamic recipes (8da4w, 8da8w); static recipes quantize what their quantizer annotates")
         if self.embedding is not None and self.embedding not in EMBEDDING_RECIPES:
-            raise InputError(f"--embedding must be one of {', '.join(EMBEDDING_RECIPES)}, got '{self.embedding}'")
+            raise InputError(f"--embedding must be auto, fp32 or one of {', '.join(EMBEDDING_RECIPES)}, got '{self.embedding}'")
         if self.group_size < 1 or self.group_size & (self.group_size - 1):
             raise InputError(f"--group-size must be a power of two, got {self.group_size}")
         for pattern, _ in self.overrides:
@@ -136,6 +144,9 @@ def quantize_module(module: nn.Module, options: QuantOptions) -> dict[str, str]:
 
     plan = {}
     if options.embedding:
+        dim = next(m.embedding_dim for m in module.modules() if isinstance(m, nn.Embedding))
+        if options.embedding == "4w" and dim % options.group_size:
+            raise InputError(f"the embedding width {dim} is not a multiple of --group-size {options.group_size}; use --embedding 8w")
         quantize_(module, _embedding_config(options.embedding, options.group_size), filter_fn=lambda m, _: isinstance(m, nn.Embedding))
         plan.update({n: f"emb{options.embedding}" for n, m in module.named_modules() if isinstance(m, nn.Embedding)})
     linears = {n: recipe_for(n, options) for n, m in module.named_modules() if isinstance(m, nn.Linear)}
@@ -164,8 +175,8 @@ def _calibrate(prepared: PreparedModel, artifact: Artifact, options: QuantOption
     graph = artifact.quantize_graph
     exported = torch.export.export(graph.module, graph.example_inputs, dynamic_shapes=graph.dynamic_shapes, strict=False)
     observed = prepare_pt2e(exported.module(), quantizer(exported.graph_module))
-    tokenizer = Tokenizer(prepared.tokenizer_file) if prepared.tokenizer_file else None
     checkpoint = prepared.tokenizer_file.parent if prepared.tokenizer_file else None
+    tokenizer = Tokenizer.from_folder(checkpoint, bos_id=prepared.spec.bos_id) if checkpoint else None
     steps = calibration_steps(
         with_default_data(options.calibration),
         tokenizer,

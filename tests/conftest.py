@@ -131,3 +131,22 @@ def copy_export(folder: Path, dest: Path) -> Path:
 
 def manifest(folder: Path) -> dict:
     return json.loads((folder / "manifest.json").read_text())
+
+
+def train_sentencepiece(path: Path, vocab_size: int = 512) -> Path:
+    """A SentencePiece BPE with Llama 2's options (byte fallback, digits split, whitespace kept
+    as is, a dummy-prefix space; <unk> 0, <s> 1, </s> 2) trained on Python's own docs."""
+    import io
+
+    import pydoc_data.topics
+    import sentencepiece
+
+    text = "\n".join(sorted(pydoc_data.topics.topics.values()))[:100_000]
+    model = io.BytesIO()
+    sentencepiece.SentencePieceTrainer.train(
+        sentence_iterator=iter(text.splitlines()), model_writer=model, vocab_size=vocab_size, model_type="bpe",
+        byte_fallback=True, split_digits=True, character_coverage=0.9995, normalization_rule_name="identity",
+        remove_extra_whitespaces=False, add_dummy_prefix=True, allow_whitespace_only_pieces=True, minloglevel=2,
+    )
+    Path(path).write_bytes(model.getvalue())
+    return Path(path)

@@ -169,7 +169,7 @@ def test_inspect_json_describes_a_hybrid_program(export_tiny):
     prefill, decode = report["methods"]["prefill"], report["methods"]["decode"]
     assert [i["shape"] for i in prefill["inputs"]] == [[1, 8], [1]]
     assert [i["shape"] for i in decode["inputs"]] == [[1, 1], [1]]
-    assert prefill["outputs"][0]["shape"] == [1, 8, 384] and decode["outputs"][0]["shape"] == [1, 384]
+    assert prefill["outputs"][0]["shape"] == decode["outputs"][0]["shape"] == [1, 384]  # the next token's logits
     assert prefill["delegates"]["XnnpackBackend"] > 0
     assert report["named_data"]["bytes"] > 0 and report["named_data"]["shared_bytes"] == report["named_data"]["bytes"]
     buffers = report["mutable_buffers"]
@@ -183,3 +183,58 @@ def test_inspect_portable_program_has_no_delegates(capsys, export_tiny):
     report = json.loads(capsys.readouterr().out)
     assert report["methods"]["forward"]["delegates"] == {}
     assert report["metadata"]["enable_dynamic_shape"] is True
+
+
+# ChatML's shape with the tiny tokenizer's only special token, <|endoftext|>, ending each turn.
+CHAT_TEMPLATE = (
+    "{{ bos_token }}{% for message in messages %}{{ message['role'] + '\\n' + message['content'] + eos_token + '\\n' }}"
+    "{% endfor %}{% if add_generation_prompt %}{{ 'assistant\\n' }}{% endif %}"
+)
+
+
+def chat_folder(export_tiny, dest, template=CHAT_TEMPLATE):
+    folder = copy_export(export_tiny("hybrid"), dest)
+    (folder / "chat_template.jinja").write_text(template)
+    specials = {"bos_token": "<|endoftext|>", "eos_token": {"content": "<|endoftext|>"}}
+    (folder / "tokenizer_config.json").write_text(json.dumps(specials))
+    return folder
+
+
+def test_run_chat_converses_on_stdin(capsys, monkeypatch, tmp_path, export_tiny):
+    import io
+
+    from genai_pipeline.data.chat_template import read_chat_template
+    from genai_pipeline.runtime.chat import Chat, end_of_turn_ids
+    from genai_pipeline.runtime.generate import Sampler, SamplingOptions
+    from genai_pipeline.runtime.session import DecoderSession
+    from genai_pipeline.runtime.tokenizer import Tokenizer
+
+    folder = chat_folder(export_tiny, tmp_path / "chat")
+    session, tokenizer, template = DecoderSession(folder), Tokenizer(folder / "tokenizer.json"), read_chat_template(folder)
+    chat = Chat(session, tokenizer, template, Sampler(SamplingOptions()), end_of_turn_ids(folder, tokenizer, [0], template), 8)
+    first, second = chat.send("Hi").text, chat.send("And a list?").text
+    assert first != second
+
+    # --prompt is the first turn; a turn that does not fit is refused and the chat goes on; /exit ends it
+    stdin = "And a list?\n" + "word " * TINY_MAX_SEQ + "\n/reset\nHi\n/exit\nHi\n"
+    monkeypatch.setattr("sys.stdin", io.StringIO(stdin))
+    assert main(["run", str(folder), "--chat", "--prompt", "Hi", "--max-new-tokens", "8"]) == 0
+    out, err = capsys.readouterr()
+    assert out == f"{first}\n{second}\n{first}\n"  # after /reset, "Hi" is answered as at the start
+    full = [line for line in err.splitlines() if "context" in line]
+    assert len(full) == 1 and f"the program's context is {TINY_MAX_SEQ}" in full[0] and "/reset" in full[0]
+    assert "conversation cleared" in err
+
+
+def test_run_chat_bad_input(capsys, monkeypatch, tmp_path, export_tiny):
+    import io
+
+    fails_with_one_line(capsys, ["run", export_tiny("hybrid")], "--prompt TEXT is required", "--chat")
+    fails_with_one_line(capsys, ["run", export_tiny("hybrid"), "--prompt", "x", "--system", "Be brief."], "--system needs --chat")
+    fails_with_one_line(capsys, ["run", export_tiny("hybrid"), "--chat"], "no chat template", "chat_template.jinja")
+    refusing = "{% if messages[0]['role'] == 'system' %}{{ raise_exception('System role not supported') }}{% endif %}"
+    folder = chat_folder(export_tiny, tmp_path / "refusing", refusing + CHAT_TEMPLATE)
+    monkeypatch.setattr("sys.stdin", io.StringIO("Hi\n"))
+    fails_with_one_line(
+        capsys, ["run", folder, "--chat", "--system", "Be brief."], "System role not supported", "chat_template.jinja"
+    )

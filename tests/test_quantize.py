@@ -64,6 +64,21 @@ def test_overrides_first_match_wins_and_group_size_is_checked(tiny_eager):
         quantize_module(tiny_eager(), QuantOptions(recipe="8da4w", group_size=256))
 
 
+@pytest.mark.parametrize("recipe,embedding,want", [
+    ("8da4w", "auto", "4w"), ("8da8w", "auto", "8w"), ("fp32", "auto", None), ("8a8w", "auto", None),
+    ("8da4w", "fp32", None), ("8da4w", "8w", "8w"), ("fp32", "8w", "8w"),
+])
+def test_embedding_follows_the_recipe_unless_told(recipe, embedding, want):
+    options = QuantOptions(recipe=recipe, embedding=embedding)
+    assert options.embedding == want
+    assert options.is_float == (recipe == "fp32" and want is None)
+
+
+def test_auto_embedding_is_quantized_with_the_linear_layers(tiny_eager):
+    plan = quantize_module(tiny_eager(), QuantOptions(recipe="8da4w"))
+    assert plan["tok_embeddings"] == "emb4w" and plan["output"] == "8da4w"
+
+
 @pytest.mark.parametrize("bad", [dict(recipe="int3"), dict(embedding="2w"), dict(group_size=48), dict(overrides=(("(", "8da4w"),))])
 def test_bad_quant_options(bad):
     with pytest.raises(InputError):

@@ -58,7 +58,7 @@ def calibration_tokens(
             )
             continue
         if tokenizer is None:
-            raise DataError(f"--calib {spec} needs the model's tokenizer, and the checkpoint has no tokenizer.json")
+            raise DataError(f"--calib {spec} needs the model's tokenizer, and the checkpoint has no tokenizer.json or tokenizer.model")
         tokens += [render_sample(s, tokenizer, template, bos_token=bos, eos_token=eos) for s in load_dataset(spec, wanted)]
     return tokens
 

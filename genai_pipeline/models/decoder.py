@@ -232,14 +232,14 @@ def rope_tables(config: DecoderConfig, max_seq_len: int, local: bool = False) ->
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x: [B, S, H, D]; cos, sin: [S, R]. Rotates the first R dims of each head; the rest pass."""
+    """x: [B, S, H, D]; cos, sin: [1, S, 1, R]. Rotates the first R dims of each head; the rest pass."""
     r, d = cos.size(-1), x.size(-1)
     if r < d:  # partial rotary (Phi): a static shape check, not data
-        rotary, rest = x.split([r, d - r], dim=-1)
-        return torch.cat([apply_rope(rotary, cos, sin), rest], dim=-1)
-    x1, x2 = x.chunk(2, dim=-1)
-    rotated = torch.cat([-x2, x1], dim=-1)
-    return x * cos[None, :, None, :] + rotated * sin[None, :, None, :]
+        return torch.cat([apply_rope(x[..., :r], cos, sin), x[..., r:]], dim=-1)
+    # Slices, not chunk/split: XNNPACK takes static slices into the delegate, where a split
+    # would end it and cost a delegate call per q and k in every layer.
+    rotated = torch.cat([-x[..., d // 2 :], x[..., : d // 2]], dim=-1)
+    return x * cos + rotated * sin
 
 
 class RMSNorm(nn.Module):
@@ -412,11 +412,12 @@ class Decoder(nn.Module):
 
     def _rope_at(self, start, seq_len: int) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
         """The RoPE tables' rows for positions [start, start + seq_len), per kind in use."""
+        # Shaped [1, S, 1, R] once here, not in every layer: every q and k broadcasts against them.
         ropes = {}
-        if "global" in self.layer_rope:
-            ropes["global"] = (self.rope_cos.narrow(0, start, seq_len), self.rope_sin.narrow(0, start, seq_len))
-        if "local" in self.layer_rope:
-            ropes["local"] = (self.rope_local_cos.narrow(0, start, seq_len), self.rope_local_sin.narrow(0, start, seq_len))
+        for kind, prefix in (("global", "rope"), ("local", "rope_local")):
+            if kind in self.layer_rope:
+                cos, sin = getattr(self, f"{prefix}_cos"), getattr(self, f"{prefix}_sin")
+                ropes[kind] = (cos.narrow(0, start, seq_len)[None, :, None], sin.narrow(0, start, seq_len)[None, :, None])
         return ropes
 
     def _softcap(self, logits: torch.Tensor) -> torch.Tensor:

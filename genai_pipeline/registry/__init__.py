@@ -12,6 +12,11 @@ from typing import Callable
 
 from genai_pipeline.errors import UnknownModelError
 from genai_pipeline.models.decoder import DecoderConfig
+from genai_pipeline.runtime.tokenizer import TokenizerKind
+
+# How a checkpoint folder stores its weights: Hugging Face (config.json + *.safetensors) or
+# llama2.c (one torch.save'd *.pt holding `model` and `model_args`).
+CHECKPOINT_FORMATS = ("hf", "llama2c")
 
 
 @dataclass(frozen=True)
@@ -22,7 +27,8 @@ class ModelSpec:
     config: DecoderConfig
     # (regex over checkpoint tensor names, replacement naming our tensor), first match wins.
     key_map: tuple[tuple[str, str], ...]
-    # Reads a checkpoint's config.json into a DecoderConfig of this family.
+    # Reads a checkpoint's own description of its shapes into a DecoderConfig of this family:
+    # config.json as a dict, or for checkpoint_format "llama2c" the .pt's `model_args`.
     config_from_hf: Callable[[dict], DecoderConfig]
     hf_model_types: tuple[str, ...]  # `model_type` values in config.json this entry reads
     bos_id: int | None
@@ -32,6 +38,14 @@ class ModelSpec:
     # The checkpoint tensor is ours concatenated along dim 0 in this order, e.g. Phi-3's
     # qkv_proj = [wq; wk; wv]; the loader splits it by the sizes of our tensors.
     fused_key_map: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    checkpoint_format: str = "hf"  # one of CHECKPOINT_FORMATS: which loader reads --checkpoint
+    tokenizer_kind: TokenizerKind = TokenizerKind.HF_JSON  # the tokenizer file its checkpoints carry
+    # Jinja chat template for checkpoints that carry none (the export writes it as chat_template.jinja).
+    chat_template: str | None = None
+
+    def __post_init__(self):
+        if self.checkpoint_format not in CHECKPOINT_FORMATS:
+            raise ValueError(f"{self.name}: checkpoint_format must be one of {', '.join(CHECKPOINT_FORMATS)}, got '{self.checkpoint_format}'")
 
     def map_key(self, checkpoint_key: str) -> tuple[str, ...]:
         """Our tensor(s) holding a checkpoint tensor: one, several for a fused one, none if unknown."""
@@ -45,9 +59,9 @@ class ModelSpec:
 
 
 def _all_specs() -> dict[str, ModelSpec]:
-    from genai_pipeline.registry import gemma, llama, phi, qwen, smollm
+    from genai_pipeline.registry import gemma, llama, llama2c, phi, qwen, smollm
 
-    specs = [spec for family in (llama, qwen, smollm, phi, gemma) for spec in family.SPECS]
+    specs = [spec for family in (llama, qwen, smollm, phi, gemma, llama2c) for spec in family.SPECS]
     names = [spec.name for spec in specs]
     duplicates = sorted({n for n in names if names.count(n) > 1})
     if duplicates:
@@ -74,12 +88,19 @@ def infer_spec(hf_config: dict) -> ModelSpec:
     if not candidates:
         types = sorted({t for s in SPECS.values() for t in s.hf_model_types})
         raise UnknownModelError(f"no registry entry reads model_type '{model_type}'; supported: {', '.join(types)}")
+    return next((s for s in candidates if _same_size(s, hf_config)), candidates[0])
 
-    def same_size(s: ModelSpec) -> bool:
-        try:
-            c = s.config_from_hf(hf_config)
-        except (KeyError, TypeError, ValueError):
-            return False
-        return (c.dim, c.n_layers, c.vocab_size) == (s.config.dim, s.config.n_layers, s.config.vocab_size)
 
-    return next((s for s in candidates if same_size(s)), candidates[0])
+def infer_llama2c_spec(model_args: dict) -> ModelSpec:
+    """The llama2.c entry whose embedded config has the sizes of a checkpoint's `model_args`, else
+    the first llama2.c entry (any of them reads the checkpoint's own model_args)."""
+    candidates = [s for s in SPECS.values() if s.checkpoint_format == "llama2c"]
+    return next((s for s in candidates if _same_size(s, model_args)), candidates[0])
+
+
+def _same_size(spec: ModelSpec, checkpoint_config: dict) -> bool:
+    try:
+        c = spec.config_from_hf(checkpoint_config)
+    except (KeyError, TypeError, ValueError):
+        return False
+    return (c.dim, c.n_layers, c.vocab_size) == (spec.config.dim, spec.config.n_layers, spec.config.vocab_size)

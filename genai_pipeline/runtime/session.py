@@ -46,10 +46,11 @@ class DecoderSession:
 
     def _run(self, graph: GraphName, tokens: list[int]) -> torch.Tensor:
         inputs = [torch.tensor([tokens], dtype=torch.long), torch.tensor([self.pos], dtype=torch.long)]
-        # Outputs live in the runtime's planned memory; the next call overwrites them. Graphs
-        # return [1, T, vocab] or, with only the last position, [1, vocab]: rows of logits.
+        # Every graph returns the logits after its last token, [1, vocab] (programs exported
+        # before 0.2 return every row of a prefill chunk: the last row is the same thing). They
+        # live in the runtime's planned memory and the next call overwrites them.
         out = self._methods[graph].execute(inputs)[0]
-        return out.reshape(-1, out.shape[-1]).clone()
+        return out.reshape(-1, out.shape[-1])[-1].clone()
 
     def _check_room(self, n: int) -> None:
         if self.pos + n > self.max_seq_len:
@@ -64,38 +65,37 @@ class DecoderSession:
             raise InputError("the prompt is empty")
         self._check_room(len(tokens))
         if self.mode is Mode.DYNAMIC:
-            logits = self._run(GraphName.FORWARD, tokens)[-1]
+            logits = self._run(GraphName.FORWARD, tokens)
             self.pos += len(tokens)
             return logits
-        return self._feed(tokens, every_position=False)[-1]
-
-    def score(self, tokens: list[int]) -> torch.Tensor:
-        """Feed `tokens` at the cursor; returns the logits after every one of them, [T, vocab]."""
-        self._check_room(len(tokens))
-        return self._feed(tokens, every_position=True)
-
-    def _feed(self, tokens: list[int], every_position: bool) -> torch.Tensor:
-        rows, i, n = [], 0, self.prefill_len
+        i, n = 0, self.prefill_len
         if self.mode is Mode.HYBRID:
-            # Full chunks, and a last partial chunk padded at the end: causal attention keeps the
-            # padding out of every real token's output, and later writes overwrite its cache rows.
             while i < len(tokens) and self.pos + n <= self.max_seq_len:
                 chunk = tokens[i : i + n]
-                out = self._run(GraphName.PREFILL, chunk + [0] * (n - len(chunk)))[: len(chunk)]
-                rows.append(out if every_position else out[-1:])
+                logits = self._run(GraphName.PREFILL, chunk + [0] * (n - len(chunk)))
                 self.pos += len(chunk)
                 i += len(chunk)
-        for token in tokens[i:]:  # kv mode, or a tail too close to the end of the cache for a chunk
-            if not every_position:
-                rows.clear()
-            rows.append(self.step(token)[None])
-        return torch.cat(rows) if every_position else rows[-1]
+                if len(chunk) < n:
+                    # Padded at the end: causal attention keeps the padding out of every real
+                    # token's cache rows, but the logits are the padding's. The last real token
+                    # goes again through decode, which rewrites its own row and gives its logits.
+                    self.pos -= 1
+                    i -= 1
+                    break
+        for token in tokens[i:]:  # kv mode, a re-fed last token, or a tail too close to the end of the cache
+            logits = self.step(token)
+        return logits
+
+    def score(self, tokens: list[int]) -> torch.Tensor:
+        """Feed `tokens` at the cursor; returns the logits after every one of them, [T, vocab].
+        One decode step each: the programs compute logits for the last position only."""
+        self._check_room(len(tokens))
+        return torch.stack([self.step(token) for token in tokens])
 
     def step(self, token: int) -> torch.Tensor:
         """Feed one token at the cursor; returns the next-token logits, [vocab]."""
         self._check_room(1)
-        graph = GraphName.FORWARD if self.mode is Mode.DYNAMIC else GraphName.DECODE
-        logits = self._run(graph, [token])[-1]
+        logits = self._run(GraphName.FORWARD if self.mode is Mode.DYNAMIC else GraphName.DECODE, [token])
         self.pos += 1
         return logits
 

@@ -98,3 +98,46 @@ def test_no_chat_template(tmp_path):
     (tmp_path / "tokenizer_config.json").write_text("{broken")
     with pytest.raises(DataError, match="tokenizer_config.json' is not valid JSON"):
         read_chat_template(tmp_path)
+
+
+# Whitespace control around indented tags, a namespace, loop controls, the {% generation %} tag and tojson.
+RICH = """{%- set ns = namespace(turns=0) %}
+{% for message in messages %}
+    {% set ns.turns = ns.turns + 1 %}
+    {% if message['role'] == 'assistant' %}
+{% generation %}{{ message['content'] | tojson }}{% endgeneration %}
+    {% else %}
+{{ bos_token }}{{ message['role'] }} {{ ns.turns }}: {{ message['content'] }}
+    {% endif %}
+    {% if loop.index >= 4 %}{% break %}{% endif %}
+{% endfor %}
+{% if add_generation_prompt %}{{ 'assistant:' }}{% endif %}"""
+
+
+@pytest.mark.parametrize("template", [CHATML, LLAMA2, RICH], ids=["chatml", "llama2", "rich"])
+def test_rendering_matches_transformers(template):
+    from transformers.utils.chat_template_utils import render_jinja_template
+
+    messages = (
+        Message("user", "Is <a & b> 'true'?"), Message("assistant", 'Yes: "ünïcode".'), Message("user", "Why?"),
+        Message("assistant", "Because."), Message("user", "Past the break"),
+    )
+    for add_generation_prompt in (False, True):
+        ours = render_chat(messages, template, bos_token="<s>", eos_token="</s>", add_generation_prompt=add_generation_prompt)
+        (theirs,), _ = render_jinja_template(
+            [[{"role": m.role, "content": m.content} for m in messages]], chat_template=template,
+            add_generation_prompt=add_generation_prompt, bos_token="<s>", eos_token="</s>",
+        )
+        assert ours == theirs
+    if template == RICH:  # Hugging Face's tojson: neither HTML escapes nor \u escapes
+        assert ours == "<s>user 1: Is <a & b> 'true'?\n\"Yes: \\\"ünïcode\\\".\"<s>user 3: Why?\n\"Because.\"assistant:"
+
+
+def test_special_tokens_map_fills_a_legacy_tokenizer_config(tmp_path):
+    config = {"chat_template": CHATML, "bos_token": "<s>"}
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(config))
+    (tmp_path / "special_tokens_map.json").write_text(json.dumps({"bos_token": {"content": "<|begin|>"}, "eos_token": "<|end|>"}))
+    assert read_chat_template(tmp_path) == ChatTemplate(CHATML, "<|begin|>", "<|end|>")
+    # with added_tokens_decoder, tokenizer_config.json is the whole story (transformers ignores the map)
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({**config, "added_tokens_decoder": {}}))
+    assert read_chat_template(tmp_path) == ChatTemplate(CHATML, "<s>", None)

@@ -1,0 +1,144 @@
+"""A multi-turn chat over one decoder session whose KV cache is kept from turn to turn.
+
+Each turn renders the whole conversation with the chat template (`add_generation_prompt=True`)
+and encodes it as `apply_chat_template(tokenize=True)` does: the rendered text already holds the
+special tokens the model wants, so none are added. The cache holds the ids of earlier turns; only
+what follows their longest common prefix with the new rendering is prefilled. The cursor moves
+back to the end of that prefix: attention is causal, so positions past it are never read, and
+they are overwritten. Nothing here knows a template: one that re-renders an earlier turn
+differently (trims a reply, drops its reasoning) only makes the ids diverge earlier, and more is
+prefilled.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterable, Literal, Protocol
+
+import torch
+
+from genai_pipeline.data.chat_template import ChatTemplate, render_chat
+from genai_pipeline.data.samples import Message
+from genai_pipeline.errors import ChatTemplateError, ContextFullError, InputError
+from genai_pipeline.runtime.generate import generate
+
+# Special tokens that end an assistant's turn in common templates; those that are one token of
+# the vocabulary stop a reply (Llama 3, ChatML, Gemma, Phi-3, GPT-2 style).
+END_OF_TURN_TOKENS = ("<|eot_id|>", "<|im_end|>", "<end_of_turn>", "<|end|>", "<|endoftext|>")
+
+
+class ChatSession(Protocol):
+    """A DecoderSession or EagerSession: a KV cache with a cursor `pos` that may move back."""
+
+    pos: int
+    max_seq_len: int
+
+    def prefill(self, tokens: list[int]) -> torch.Tensor: ...
+    def step(self, token: int) -> torch.Tensor: ...
+
+
+class ChatTokenizer(Protocol):
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]: ...
+    def decode(self, ids: list[int]) -> str: ...
+
+
+@dataclass(frozen=True)
+class Reply:
+    text: str
+    tokens: tuple[int, ...]  # without the end-of-turn token
+    # "eos": an end-of-turn token; "length": max_new_tokens; "context": the program's context is full
+    stop_reason: Literal["eos", "length", "context"]
+    reused: int  # conversation tokens whose cache entries were kept from earlier turns
+    prefilled: int  # conversation tokens fed before the reply
+
+
+def common_prefix_len(a: list[int], b: list[int]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def end_of_turn_ids(folder: Path, tokenizer: ChatTokenizer, eos_ids: Iterable[int], template: ChatTemplate) -> tuple[int, ...]:
+    """Tokens that end a reply: the manifest's `eos_ids`, generation_config.json's `eos_token_id`
+    (an int or a list), and the template's eos_token and END_OF_TURN_TOKENS where the vocabulary
+    has them as one token."""
+    ids = set(eos_ids)
+    config_path = Path(folder) / "generation_config.json"
+    if config_path.is_file():
+        try:
+            configured = json.loads(config_path.read_text(encoding="utf-8")).get("eos_token_id")
+        except (json.JSONDecodeError, AttributeError):
+            raise InputError(f"'{config_path}' is not a JSON object; fix or remove it") from None
+        configured = [configured] if isinstance(configured, int) else configured if isinstance(configured, list) else []
+        ids.update(i for i in configured if isinstance(i, int))
+    for text in filter(None, (template.eos_token, *END_OF_TURN_TOKENS)):
+        encoded = tokenizer.encode(text, add_special_tokens=False)
+        if len(encoded) == 1:
+            ids.add(encoded[0])
+    return tuple(sorted(ids))
+
+
+class Chat:
+    """A conversation: `send` a user message, get the assistant's reply (streamed to `on_token`)."""
+
+    def __init__(
+        self,
+        session: ChatSession,
+        tokenizer: ChatTokenizer,
+        template: ChatTemplate,
+        sampler: Callable[[torch.Tensor], int],
+        stop_ids: tuple[int, ...],
+        max_new_tokens: int,
+        system: str | None = None,
+    ):
+        if max_new_tokens < 1:
+            raise InputError(f"--max-new-tokens must be at least 1, got {max_new_tokens}")
+        self.session = session
+        self.tokenizer = tokenizer
+        self.template = template
+        self.sampler = sampler
+        self.stop_ids = stop_ids
+        self.max_new_tokens = max_new_tokens
+        self.first_messages = (Message("system", system),) if system else ()
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget the conversation (the system message stays)."""
+        self.messages: tuple[Message, ...] = self.first_messages
+        self.cached: list[int] = []  # the ids whose keys and values the cache holds, from position 0
+        self.session.pos = 0
+
+    def render(self, messages: tuple[Message, ...]) -> list[int]:
+        """The conversation's ids up to the opening of the assistant's next turn."""
+        t = self.template
+        try:
+            text = render_chat(messages, t.source, bos_token=t.bos_token, eos_token=t.eos_token, add_generation_prompt=True)
+        except ChatTemplateError as e:
+            raise ChatTemplateError(f"'{t.origin}': {e}" if t.origin else str(e)) from None
+        return self.tokenizer.encode(text, add_special_tokens=False)
+
+    def send(self, text: str, on_token: Callable[[int], None] | None = None) -> Reply:
+        """Add a user message and generate the reply. ContextFullError leaves the conversation as it was."""
+        messages = (*self.messages, Message("user", text))
+        ids = self.render(messages)
+        context = self.session.max_seq_len
+        if len(ids) >= context:
+            raise ContextFullError(f"the conversation would be {len(ids)} tokens; the program's context is {context}")
+        # At least one token is fed: its logits start the reply.
+        reused = min(common_prefix_len(self.cached, ids), len(ids) - 1)
+        self.session.pos = reused
+        self.cached = ids[:reused]  # until generation returns, only this much is known to be in the cache
+        room = context - len(ids) + 1  # the last generated token is never fed back
+        max_new = min(self.max_new_tokens, room)
+        result = generate(self.session, ids[reused:], max_new, self.sampler, self.stop_ids, on_token)
+        # Everything fed is cached: the prompt, and each reply token but one that ended the reply.
+        self.cached = (ids + result.tokens)[: self.session.pos]
+        reply_text = self.tokenizer.decode(result.tokens)
+        self.messages = (*messages, Message("assistant", reply_text))
+        stop = "context" if result.stop_reason == "length" and max_new < self.max_new_tokens else result.stop_reason
+        return Reply(reply_text, tuple(result.tokens), stop, reused, len(ids) - reused)
