@@ -4,7 +4,8 @@ A benchmark, not a test. For each shape (SmolLM2-135M, Llama-3.2-1B) it builds o
 random-weight Hugging Face folder (fp32 safetensors + a byte-level BPE tokenizer.json of the
 model's vocab size), then for each system:
 
-  genai      `genai export --checkpoint` per recipe (fp32, 8da8w, 8da4w, 8da4w + 8-bit embedding)
+  genai      `genai export --checkpoint` per recipe (fp32, 8da8w, 8da4w -- their embedding follows the
+             recipe: 8-bit, 4-bit -- and 8da4w with an 8-bit embedding)
              and mode (dynamic, hybrid); measured by `genai bench --json`.
   llamacpp   a venv bench/.envs/llamacpp with llama-cpp-python built from its sdist
              (CMAKE_ARGS=-DGGML_NATIVE=ON); the sdist's convert_hf_to_gguf.py -> F32 GGUF, then
@@ -22,7 +23,8 @@ the table shows medians over rounds. Stages cache their outputs (a done.json bes
 the reason and the others go on. Prints a table and writes bench/results/compare.json.
 
     .venv/bin/python bench/compare.py [--shapes smollm2-135m llama3_2-1b] [--systems genai llamacpp optimum]
-        [--recipes fp32 8da8w 8da4w] [--modes dynamic hybrid] [--repeats 3] [--threads 2] [--skip-install]
+        [--recipes fp32 8da8w 8da4w] [--modes dynamic hybrid] [--variants 8da4w Q4_0 ...] [--repeats 3]
+        [--threads 2] [--skip-install]
 """
 
 from __future__ import annotations
@@ -443,6 +445,8 @@ def prepare_variants(shape: str, args, work: Path, problems: list) -> list[dict]
         src = genai_source(args.genai_ref, work)
         for recipe in args.recipes:
             for name, rargs in GENAI_RECIPES[recipe]:
+                if args.variants and name not in args.variants:
+                    continue
                 for mode in args.modes:
                     out = base / f"genai-{src['sha'][:8]}-{name}-{mode}"
                     add("genai", recipe, f"{name}/{mode}",
@@ -453,6 +457,8 @@ def prepare_variants(shape: str, args, work: Path, problems: list) -> list[dict]
         if isinstance(inst, dict) and "python" in inst:
             for recipe in args.recipes:
                 for name, ftype in LLAMACPP_RECIPES[recipe]:
+                    if args.variants and name not in args.variants:
+                        continue
                     add("llamacpp", recipe, name,
                         lambda: export_llamacpp(model, name, ftype, base / "llamacpp", work, inst, args.threads),
                         {"python": inst["python"]})
@@ -461,6 +467,8 @@ def prepare_variants(shape: str, args, work: Path, problems: list) -> list[dict]
         if isinstance(inst, dict) and "python" in inst:
             for recipe in args.recipes:
                 for name, oargs in OPTIMUM_RECIPES[recipe]:
+                    if args.variants and name not in args.variants:
+                        continue
                     add("optimum", recipe, name,
                         lambda: export_optimum(model, oargs, base / f"optimum-{name}", work, inst, args.max_seq_len),
                         {"python": inst["python"]})
@@ -531,6 +539,8 @@ def main() -> None:
                         choices=["genai", "llamacpp", "optimum"])
     parser.add_argument("--recipes", nargs="+", default=["fp32", "8da8w", "8da4w"], choices=list(GENAI_RECIPES))
     parser.add_argument("--modes", nargs="+", default=["dynamic", "hybrid"], help="genai modes")
+    parser.add_argument("--variants", nargs="+", default=[],
+                        help="only these variant names (e.g. 8da4w Q4_0), for any system; default: every one")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--prompt-len", type=int, default=128)
@@ -580,7 +590,7 @@ def main() -> None:
     print_table(rows, problems)
     result = {
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
-        "settings": {k: getattr(args, k) for k in ("shapes", "systems", "recipes", "modes", "repeats", "threads",
+        "settings": {k: getattr(args, k) for k in ("shapes", "systems", "recipes", "modes", "variants", "repeats", "threads",
                                                     "prompt_len", "gen_len", "max_seq_len", "seed", "genai_ref")},
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
         "installs": installs,

@@ -362,6 +362,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `genai inspect ... | head`: the reader has gone, nothing is wrong here
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so the exit flush stays quiet
+        return 0
     except Exception as e:  # a bug: still one line for the user, the traceback on request
         if os.environ.get("GENAI_DEBUG"):
             raise

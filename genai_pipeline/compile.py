@@ -111,7 +111,7 @@ def compile_artifacts(prepared: PreparedModel, target: Target, out: Path) -> Art
             atomic_write(out / f".{key.value}.qdq.key", artifact.qdq_key or "")  # lets a re-run reuse it
     blocked = target.lowering_blocked()
     programs = {} if blocked else _lower_all(prepared, target, out)
-    for name in TOKENIZER_FILES:  # the runtime reads tokenizer.json first: an earlier export's must not linger
+    for name in (*TOKENIZER_FILES, *RUNTIME_FILES):  # the runtime reads what is there: an earlier export's must not linger
         (out / name).unlink(missing_ok=True)
     if prepared.tokenizer_file is not None:  # tokenizer.json or tokenizer.model, under its own name
         _copy(prepared.tokenizer_file, out / prepared.tokenizer_file.name)

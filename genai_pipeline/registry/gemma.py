@@ -9,7 +9,7 @@ base. Sizes are those of the public config.json.
 from __future__ import annotations
 
 from genai_pipeline.models.decoder import DecoderConfig
-from genai_pipeline.registry import ModelSpec
+from genai_pipeline.registry import ModelSpec, chat_templates
 from genai_pipeline.registry.hf_config import decoder_fields, rope_fields, sliding_window_fields, unsupported
 from genai_pipeline.registry.llama import HF_KEY_MAP
 
@@ -74,5 +74,6 @@ SPECS = (
         hf_model_types=("gemma3_text",),
         bos_id=2,  # <bos>
         eos_ids=(1, 106),  # <eos>, <end_of_turn>
+        chat_template=chat_templates.GEMMA,
     ),
 )

@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from genai_pipeline.models.decoder import DecoderConfig, RopeScaling
-from genai_pipeline.registry import ModelSpec
+from genai_pipeline.registry import ModelSpec, chat_templates
 from genai_pipeline.registry.hf_config import decoder_fields, rope_fields
 
 ASSETS = Path(__file__).resolve().parents[2] / "assets"
@@ -40,7 +40,7 @@ def _llama3_rope(factor: float) -> RopeScaling:
     return RopeScaling(factor=factor, low_freq_factor=1.0, high_freq_factor=4.0, original_max_position_embeddings=8192)
 
 
-def _spec(name: str, description: str, config: DecoderConfig, bos: int, eos: tuple[int, ...], checkpoint=None):
+def _spec(name: str, description: str, config: DecoderConfig, bos: int, eos: tuple[int, ...], checkpoint=None, chat=None):
     return ModelSpec(
         name=name,
         family="llama",
@@ -52,6 +52,7 @@ def _spec(name: str, description: str, config: DecoderConfig, bos: int, eos: tup
         bos_id=bos,
         eos_ids=eos,
         checkpoint=checkpoint,
+        chat_template=chat,
     )
 
 
@@ -76,6 +77,7 @@ SPECS = (
         ),
         bos=0,
         eos=(0,),
+        chat=chat_templates.CHATML,
     ),
     _spec(
         "smollm2-360m",
@@ -86,6 +88,7 @@ SPECS = (
         ),
         bos=0,
         eos=(0,),
+        chat=chat_templates.CHATML,
     ),
     _spec(
         "smollm2-1_7b",
@@ -96,6 +99,7 @@ SPECS = (
         ),
         bos=0,
         eos=(0,),
+        chat=chat_templates.CHATML,
     ),
     _spec(
         "llama3_2-1b",
@@ -107,6 +111,7 @@ SPECS = (
         ),
         bos=128000,
         eos=(128001, 128008, 128009),
+        chat=chat_templates.LLAMA3,
     ),
     _spec(
         "llama3_2-3b",
@@ -118,6 +123,7 @@ SPECS = (
         ),
         bos=128000,
         eos=(128001, 128008, 128009),
+        chat=chat_templates.LLAMA3,
     ),
     _spec(
         "llama3_1-8b",
@@ -129,5 +135,6 @@ SPECS = (
         ),
         bos=128000,
         eos=(128001, 128008, 128009),
+        chat=chat_templates.LLAMA3,
     ),
 )

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 
 from genai_pipeline.models.decoder import DecoderConfig, LongRopeScaling
-from genai_pipeline.registry import ModelSpec
+from genai_pipeline.registry import ModelSpec, chat_templates
 from genai_pipeline.registry.hf_config import decoder_fields, rope_fields, sliding_window_fields
 from genai_pipeline.registry.llama import HF_KEY_MAP
 
@@ -64,5 +64,6 @@ SPECS = (
         hf_model_types=("phi3",),
         bos_id=199999,  # <|endoftext|>
         eos_ids=(200020, 199999),  # <|end|>, <|endoftext|>
+        chat_template=chat_templates.PHI,
     ),
 )

@@ -7,7 +7,7 @@ Sizes are those of the public config.json files. Qwen3-0.6B, 1.7B and 4B tie the
 from __future__ import annotations
 
 from genai_pipeline.models.decoder import DecoderConfig
-from genai_pipeline.registry import ModelSpec
+from genai_pipeline.registry import ModelSpec, chat_templates
 from genai_pipeline.registry.hf_config import decoder_fields, rope_fields, sliding_window_fields
 from genai_pipeline.registry.llama import HF_KEY_MAP
 
@@ -36,6 +36,7 @@ def _spec(name: str, description: str, family: str, config: DecoderConfig) -> Mo
         hf_model_types=(family,),
         bos_id=None,
         eos_ids=QWEN_EOS,
+        chat_template=chat_templates.CHATML,
     )
 
 

@@ -6,7 +6,7 @@
 from __future__ import annotations
 
 from genai_pipeline.models.decoder import DecoderConfig
-from genai_pipeline.registry import ModelSpec
+from genai_pipeline.registry import ModelSpec, chat_templates
 from genai_pipeline.registry.hf_config import decoder_fields, rope_fields, sliding_window_fields
 from genai_pipeline.registry.llama import HF_KEY_MAP
 
@@ -44,5 +44,6 @@ SPECS = (
         hf_model_types=("smollm3",),
         bos_id=None,  # its tokenizer adds no BOS
         eos_ids=(128012, 128001),  # <|im_end|>, <|end_of_text|>
+        chat_template=chat_templates.CHATML,
     ),
 )

@@ -150,3 +150,33 @@ def test_smollm3_skips_rope_in_every_fourth_layer():
     assert config.nope_layers == (3, 7, 11, 15, 19, 23, 27, 31, 35)
     without_list = {k: v for k, v in HUB_CONFIGS["smollm3-3b"].items() if k != "no_rope_layers"}
     assert get_spec("smollm3-3b").config_from_hf(without_list) == config  # transformers' default pattern
+
+
+CHAT_ENTRIES = [s for s in SPECS.values() if s.chat_template]
+
+
+def test_chat_models_carry_a_fallback_template():
+    assert {s.family for s in CHAT_ENTRIES} >= {"llama", "qwen2", "qwen3", "smollm3", "phi3", "gemma3"}
+
+
+@pytest.mark.parametrize("spec", CHAT_ENTRIES, ids=lambda s: s.name)
+def test_fallback_templates_render_every_turn_as_transformers_does(spec):
+    from transformers.utils.chat_template_utils import render_jinja_template
+
+    from genai_pipeline.data.chat_template import render_chat
+    from genai_pipeline.data.samples import Message
+
+    messages = (Message("system", "Be brief."), Message("user", "Hi there"), Message("assistant", "Hello."), Message("user", "Bye"))
+    rendered = {}
+    for add_generation_prompt in (False, True):
+        ours = render_chat(messages, spec.chat_template, bos_token="<s>", eos_token="</s>", add_generation_prompt=add_generation_prompt)
+        (theirs,), _ = render_jinja_template(
+            [[{"role": m.role, "content": m.content} for m in messages]], chat_template=spec.chat_template,
+            add_generation_prompt=add_generation_prompt, bos_token="<s>", eos_token="</s>",
+        )
+        assert ours == theirs
+        rendered[add_generation_prompt] = ours
+    positions = [rendered[False].index(m.content) for m in messages]
+    assert positions == sorted(positions)  # every message, in order
+    prompt = rendered[True]
+    assert prompt.startswith(rendered[False]) and len(prompt) > len(rendered[False])  # opens the assistant's turn

@@ -1,0 +1,38 @@
+"""Chat templates that stand in for a checkpoint without one (Jinja, rendered as Hugging Face
+renders `chat_template`). A checkpoint's own template, from tokenizer_config.json or
+chat_template.jinja, always wins; these carry each format's turn markers and nothing more
+(no tool calls, no default system message)."""
+
+LLAMA3 = (
+    "{{- bos_token }}"
+    "{%- for message in messages %}"
+    "{{- '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n' + message['content'] | trim + '<|eot_id|>' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{%- endif %}"
+)
+
+# Qwen2.5, Qwen3, SmolLM2, SmolLM3
+CHATML = (
+    "{%- for message in messages %}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+
+# Gemma has no system role: a system message opens the first user turn.
+GEMMA = (
+    "{{- bos_token }}"
+    "{%- set system = messages[0]['content'] + '\\n\\n' if messages and messages[0]['role'] == 'system' else '' %}"
+    "{%- for message in messages if message['role'] != 'system' %}"
+    "{%- set role = 'model' if message['role'] == 'assistant' else message['role'] %}"
+    "{{- '<start_of_turn>' + role + '\\n' + (system if loop.first else '') + message['content'] | trim + '<end_of_turn>\\n' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<start_of_turn>model\\n' }}{%- endif %}"
+)
+
+PHI = (
+    "{%- for message in messages %}"
+    "{{- '<|' + message['role'] + '|>' + message['content'] + '<|end|>' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|assistant|>' }}{%- endif %}"
+)
