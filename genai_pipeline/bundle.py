@@ -8,7 +8,7 @@ import os
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, BinaryIO, Callable, Mapping
 
 from torch import nn
 
@@ -65,14 +65,18 @@ class ArtifactSet:
     manifest: Mapping[str, Any]
 
 
-def atomic_write(path: Path, data: bytes | str) -> None:
-    """Write to a temporary file in the same folder, then rename: a reader never sees half a file."""
+def atomic_write(path: Path, data: bytes | str | Callable[[BinaryIO], None]) -> None:
+    """Write to a temporary file in the same folder, then rename: a reader never sees half a file.
+    `data` may be a function that writes to the open file (a program streamed out in pieces)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".partial")
     try:
         with os.fdopen(fd, "wb") as f:
-            f.write(data.encode() if isinstance(data, str) else data)
+            if callable(data):
+                data(f)
+            else:
+                f.write(data.encode() if isinstance(data, str) else data)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)

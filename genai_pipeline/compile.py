@@ -25,7 +25,8 @@ log = logging.getLogger(__name__)
 RUNTIME_FILES = ("tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja", "generation_config.json")
 
 
-def _to_executorch(artifact: Artifact, target: Target, progress: tqdm, quantized: bool) -> bytes:
+def _to_executorch(artifact: Artifact, target: Target, progress: tqdm, quantized: bool):
+    """The artifact's graphs lowered and emitted as one program (an ExecutorchProgramManager)."""
     from executorch.exir import EdgeCompileConfig, ExecutorchBackendConfig, to_edge_transform_and_lower
     from executorch.exir.passes import MemoryPlanningPass
 
@@ -59,9 +60,8 @@ def _to_executorch(artifact: Artifact, target: Target, progress: tqdm, quantized
             do_quant_fusion_and_const_prop=quantized,
         )
     )
-    data = program.buffer
     progress.update()
-    return data
+    return program
 
 
 def _versions() -> dict[str, str]:
@@ -85,12 +85,15 @@ def _lower_all(prepared: PreparedModel, target: Target, out: Path) -> dict:
     with tqdm(total=steps, unit="step", leave=False, dynamic_ncols=True) as progress:
         for key, artifact in prepared.artifacts.items():
             try:
-                data = _to_executorch(artifact, target, progress, quantized=prepared.recipe != "fp32")
+                program = _to_executorch(artifact, target, progress, quantized=prepared.recipe != "fp32")
             except Exception as e:  # torch.export / lowering failures: say which artifact, keep the cause
                 first_line = str(e).splitlines()[0] if str(e) else ""
                 raise ExportError(f"lowering {key.value} to {target.name} failed: {type(e).__name__}: {first_line}") from e
             programs[key] = out / f"{key.value}.pte"
-            atomic_write(programs[key], data)
+            # Streamed to the file piece by piece: `program.buffer` would hold a second copy of
+            # every weight in memory at once (~5 GB for a 1B model in fp32).
+            atomic_write(programs[key], program.write_to_file)
+            del program
     return programs
 
 

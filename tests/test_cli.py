@@ -231,7 +231,9 @@ def test_run_chat_bad_input(capsys, monkeypatch, tmp_path, export_tiny):
 
     fails_with_one_line(capsys, ["run", export_tiny("hybrid")], "--prompt TEXT is required", "--chat")
     fails_with_one_line(capsys, ["run", export_tiny("hybrid"), "--prompt", "x", "--system", "Be brief."], "--system needs --chat")
-    fails_with_one_line(capsys, ["run", export_tiny("hybrid"), "--chat"], "no chat template", "chat_template.jinja")
+    untemplated = copy_export(export_tiny("hybrid"), tmp_path / "untemplated")
+    (untemplated / "chat_template.jinja").unlink()  # the registry's fallback, written by the export
+    fails_with_one_line(capsys, ["run", untemplated, "--chat"], "no chat template", "chat_template.jinja")
     refusing = "{% if messages[0]['role'] == 'system' %}{{ raise_exception('System role not supported') }}{% endif %}"
     folder = chat_folder(export_tiny, tmp_path / "refusing", refusing + CHAT_TEMPLATE)
     monkeypatch.setattr("sys.stdin", io.StringIO("Hi\n"))

@@ -71,7 +71,8 @@ def test_manifest_describes_the_program(export_tiny, tiny_checkpoint):
     assert m["mode"] == "hybrid" and m["target"] == "xnnpack" and m["recipe"] == "fp32"
     assert m["artifacts"]["text_decoder"]["methods"] == ["prefill", "decode"]
     assert m["weights"] == str(tiny_checkpoint)
-    assert set(m["files"]) == {"text_decoder.pte", "tokenizer.json", "generation_config.json"}  # as the checkpoint has
+    # the checkpoint's files, and the entry's chat template standing in for the one it lacks
+    assert set(m["files"]) == {"text_decoder.pte", "tokenizer.json", "generation_config.json", "chat_template.jinja"}
     assert {"torch", "executorch", "torchao", "genai_pipeline"} <= set(m["versions"])
     from genai_pipeline.bundle import sha256
 
