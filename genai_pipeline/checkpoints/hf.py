@@ -72,9 +72,14 @@ def load_decoder(spec: ModelSpec, folder: Path, max_seq_len: int) -> Decoder:
     state: dict[str, torch.Tensor] = {}
     for file in safetensors_files(folder):
         state.update(_read_file(spec, file, expected))
+    return assign_weights(model, state, expected, folder)
+
+
+def assign_weights(model: Decoder, state: dict[str, torch.Tensor], expected: dict, source: Path) -> Decoder:
+    """A meta-device decoder given its tensors, each once (no copy); every expected one must be there."""
     missing = sorted(set(expected) - set(state))
     if missing:
-        raise CheckpointError(f"checkpoint '{folder}' lacks tensor(s) {', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}")
+        raise CheckpointError(f"checkpoint '{source}' lacks tensor(s) {', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}")
     model.load_state_dict(state, strict=False, assign=True)
     model.tie_weights()
     model.reset_buffers()

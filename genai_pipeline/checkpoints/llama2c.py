@@ -22,6 +22,7 @@ from pathlib import Path
 
 import torch
 
+from genai_pipeline.checkpoints.hf import assign_weights
 from genai_pipeline.errors import CheckpointError
 from genai_pipeline.models.decoder import Decoder, DecoderConfig
 from genai_pipeline.registry import ModelSpec
@@ -120,13 +121,7 @@ def load_decoder(spec: ModelSpec, folder: Path, max_seq_len: int) -> Decoder:
         if tuple(tensor.shape) != expected[name]:
             raise CheckpointError(f"tensor '{key}' in '{file.name}' has shape {tuple(tensor.shape)}, but its model_args imply {expected[name]}")
         ours[name] = _as_ours(name, tensor, config)
-    missing = sorted(set(expected) - set(ours))
-    if missing:
-        raise CheckpointError(f"checkpoint '{file}' lacks tensor(s) {', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}")
-    model.load_state_dict(ours, strict=False, assign=True)
-    model.tie_weights()
-    model.reset_buffers()
-    return model.eval().requires_grad_(False)
+    return assign_weights(model, ours, expected, file)
 
 
 def _as_ours(name: str, tensor: torch.Tensor, config: DecoderConfig) -> torch.Tensor:
