@@ -113,11 +113,22 @@ def _as_ours(tensor: torch.Tensor, key: str, file_name: str, shapes: dict[str, t
     if tuple(tensor.shape) != want or any(shape[1:] != first[1:] for shape in shapes.values()):
         parts = f" ({' + '.join(shapes)})" if len(shapes) > 1 else ""
         raise CheckpointError(f"tensor '{key}' in '{file_name}' has shape {tuple(tensor.shape)}, but config.json implies {want}{parts}")
+    check_float(tensor, key, file_name)
     if len(shapes) == 1:
         return {name: tensor.to(torch.float32) for name in shapes}
     pieces = tensor.split([shape[0] for shape in shapes.values()], dim=0)
     # copies: each part owns its storage, so the fused tensor is freed and no weights alias
     return {name: piece.to(torch.float32, copy=True) for name, piece in zip(shapes, pieces)}
+
+
+def check_float(tensor: torch.Tensor, key: str, file_name: str) -> None:
+    """Float weights of any width are read as float32; integer ones are a quantized format
+    (GPTQ/AWQ packs, bitsandbytes) whose values are not the weights."""
+    if not tensor.is_floating_point():
+        raise CheckpointError(
+            f"tensor '{key}' in '{file_name}' is {str(tensor.dtype).removeprefix('torch.')}: a pre-quantized checkpoint "
+            "cannot be read; pass its float (fp32/bf16/fp16) checkpoint and quantize with --recipe"
+        )
 
 
 def random_decoder(config: DecoderConfig, max_seq_len: int, seed: int = 0) -> Decoder:

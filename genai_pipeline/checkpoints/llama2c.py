@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from genai_pipeline.checkpoints.hf import assign_weights
+from genai_pipeline.checkpoints.hf import assign_weights, check_float
 from genai_pipeline.errors import CheckpointError
 from genai_pipeline.models.decoder import Decoder, DecoderConfig
 from genai_pipeline.registry import ModelSpec
@@ -120,6 +120,7 @@ def load_decoder(spec: ModelSpec, folder: Path, max_seq_len: int) -> Decoder:
         name = names[0]
         if tuple(tensor.shape) != expected[name]:
             raise CheckpointError(f"tensor '{key}' in '{file.name}' has shape {tuple(tensor.shape)}, but its model_args imply {expected[name]}")
+        check_float(tensor, key, file.name)
         ours[name] = _as_ours(name, tensor, config)
     return assign_weights(model, ours, expected, file)
 

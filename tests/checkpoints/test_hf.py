@@ -76,6 +76,18 @@ def test_shape_mismatch_names_the_tensor(checkpoint):
     assert "model.layers.1.self_attn.k_proj.weight" in message and "(7, 64)" in message
 
 
+def test_half_precision_is_read_and_integer_weights_are_refused(checkpoint):
+    f = checkpoint / "model.safetensors"
+    tensors = load_file(f)
+    save_file({k: v.to(torch.bfloat16) for k, v in tensors.items()}, f, metadata={"format": "pt"})
+    model = load_decoder(SPEC, checkpoint, 16)
+    assert model.layers[0].attention.wq.weight.dtype == torch.float32
+    tensors["model.layers.0.self_attn.q_proj.weight"] = torch.zeros(tensors["model.layers.0.self_attn.q_proj.weight"].shape, dtype=torch.int8)
+    save_file(tensors, f, metadata={"format": "pt"})
+    message = _error(checkpoint)
+    assert "model.layers.0.self_attn.q_proj.weight" in message and "int8" in message and "float" in message
+
+
 def test_missing_and_unexpected_tensors_are_named(checkpoint):
     f = checkpoint / "model.safetensors"
     tensors = load_file(f)
