@@ -5,6 +5,7 @@ Model knowledge lives in the entries, one module per family; nothing else branch
 
 from __future__ import annotations
 
+import difflib
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -87,7 +88,9 @@ def infer_spec(hf_config: dict) -> ModelSpec:
     candidates = [s for s in SPECS.values() if model_type in s.hf_model_types]
     if not candidates:
         types = sorted({t for s in SPECS.values() for t in s.hf_model_types})
-        raise UnknownModelError(f"no registry entry reads model_type '{model_type}'; supported: {', '.join(types)}")
+        close = difflib.get_close_matches(str(model_type), types, n=3, cutoff=0.5)
+        closest = f"; closest: {', '.join(close)}" if close else ""
+        raise UnknownModelError(f"no registry entry reads model_type '{model_type}'{closest}; supported: {', '.join(types)}")
     return next((s for s in candidates if _same_size(s, hf_config)), candidates[0])
 
 

@@ -180,3 +180,10 @@ def test_fallback_templates_render_every_turn_as_transformers_does(spec):
     assert positions == sorted(positions)  # every message, in order
     prompt = rendered[True]
     assert prompt.startswith(rendered[False]) and len(prompt) > len(rendered[False])  # opens the assistant's turn
+
+
+def test_an_unknown_model_type_names_the_closest_supported_ones():
+    from genai_pipeline.errors import UnknownModelError
+
+    with pytest.raises(UnknownModelError, match=r"'qwen2_moe'; closest: qwen2.*; supported: .*llama"):
+        infer_spec({"model_type": "qwen2_moe"})
