@@ -1,3 +1,3 @@
 """GenAI Pipeline: from an LLM checkpoint to verified ExecuTorch programs."""
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
