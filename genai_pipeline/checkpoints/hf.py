@@ -37,7 +37,7 @@ def decoder_config(spec: ModelSpec, folder: Path) -> DecoderConfig:
     """The checkpoint's own config.json is the truth for its shapes."""
     hf = read_config(folder)
     try:
-        return spec.config_from_hf(hf)
+        return spec.config_from_checkpoint(hf)
     except (KeyError, TypeError, ValueError) as e:
         raise CheckpointError(f"'{folder}/config.json' does not describe a {spec.family} model: {e!r}") from None
 

@@ -75,7 +75,7 @@ def read_model_args(folder: Path) -> tuple[Path, dict]:
 def decoder_config(spec: ModelSpec, file: Path, model_args: dict) -> DecoderConfig:
     """The checkpoint's own model_args are the truth for its shapes."""
     try:
-        return spec.config_from_hf(model_args)
+        return spec.config_from_checkpoint(model_args)
     except (KeyError, TypeError, ValueError) as e:
         raise CheckpointError(f"the model_args of '{file}' do not describe a llama2.c model: {e!r}") from None
 

@@ -30,7 +30,7 @@ class ModelSpec:
     key_map: tuple[tuple[str, str], ...]
     # Reads a checkpoint's own description of its shapes into a DecoderConfig of this family:
     # config.json as a dict, or for checkpoint_format "llama2c" the .pt's `model_args`.
-    config_from_hf: Callable[[dict], DecoderConfig]
+    config_from_checkpoint: Callable[[dict], DecoderConfig]
     hf_model_types: tuple[str, ...]  # `model_type` values in config.json this entry reads
     bos_id: int | None
     eos_ids: tuple[int, ...]
@@ -103,7 +103,7 @@ def infer_llama2c_spec(model_args: dict) -> ModelSpec:
 
 def _same_size(spec: ModelSpec, checkpoint_config: dict) -> bool:
     try:
-        c = spec.config_from_hf(checkpoint_config)
+        c = spec.config_from_checkpoint(checkpoint_config)
     except (KeyError, TypeError, ValueError):
         return False
     return (c.dim, c.n_layers, c.vocab_size) == (spec.config.dim, spec.config.n_layers, spec.config.vocab_size)

@@ -70,7 +70,7 @@ SPECS = (
             tie_embeddings=True, max_position_embeddings=32768,
         ),
         key_map=GEMMA3_KEY_MAP,
-        config_from_hf=gemma3_config_from_hf,
+        config_from_checkpoint=gemma3_config_from_hf,
         hf_model_types=("gemma3_text",),
         bos_id=2,  # <bos>
         eos_ids=(1, 106),  # <eos>, <end_of_turn>

@@ -47,7 +47,7 @@ def _spec(name: str, description: str, config: DecoderConfig, bos: int, eos: tup
         description=description,
         config=config,
         key_map=HF_KEY_MAP,
-        config_from_hf=config_from_hf,
+        config_from_checkpoint=config_from_hf,
         hf_model_types=("llama",),
         bos_id=bos,
         eos_ids=eos,

@@ -59,7 +59,7 @@ def _spec(name: str, description: str, model_args: dict) -> ModelSpec:
         description=description,
         config=config_from_model_args(model_args),
         key_map=LLAMA2C_KEY_MAP,
-        config_from_hf=config_from_model_args,  # llama2.c folders have no config.json: model_args
+        config_from_checkpoint=config_from_model_args,  # llama2.c folders have no config.json: model_args
         hf_model_types=(),
         bos_id=1,
         eos_ids=(2,),

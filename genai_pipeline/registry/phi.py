@@ -60,7 +60,7 @@ SPECS = (
         ),
         key_map=HF_KEY_MAP,
         fused_key_map=PHI3_FUSED_KEY_MAP,
-        config_from_hf=phi3_config_from_hf,
+        config_from_checkpoint=phi3_config_from_hf,
         hf_model_types=("phi3",),
         bos_id=199999,  # <|endoftext|>
         eos_ids=(200020, 199999),  # <|end|>, <|endoftext|>

@@ -32,7 +32,7 @@ def _spec(name: str, description: str, family: str, config: DecoderConfig) -> Mo
         description=description,
         config=config,
         key_map=HF_KEY_MAP,
-        config_from_hf={"qwen2": qwen2_config_from_hf, "qwen3": qwen3_config_from_hf}[family],
+        config_from_checkpoint={"qwen2": qwen2_config_from_hf, "qwen3": qwen3_config_from_hf}[family],
         hf_model_types=(family,),
         bos_id=None,
         eos_ids=QWEN_EOS,

@@ -40,7 +40,7 @@ SPECS = (
             nope_layers=tuple(range(3, 36, 4)),
         ),
         key_map=HF_KEY_MAP,
-        config_from_hf=smollm3_config_from_hf,
+        config_from_checkpoint=smollm3_config_from_hf,
         hf_model_types=("smollm3",),
         bos_id=None,  # its tokenizer adds no BOS
         eos_ids=(128012, 128001),  # <|im_end|>, <|end_of_text|>

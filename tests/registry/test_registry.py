@@ -111,7 +111,7 @@ def test_embedded_config_has_the_public_parameter_count(name):
 @pytest.mark.parametrize("name", ZOO)
 def test_public_config_reads_into_the_embedded_one(name):
     spec = get_spec(name)
-    assert spec.config_from_hf(HUB_CONFIGS[name]) == spec.config
+    assert spec.config_from_checkpoint(HUB_CONFIGS[name]) == spec.config
     assert infer_spec(HUB_CONFIGS[name]) is spec
 
 
@@ -135,7 +135,7 @@ UNSUPPORTED = {
 def test_unsupported_features_are_refused_by_name(case):
     name, change, message = case
     with pytest.raises(CheckpointError, match=message):
-        get_spec(name).config_from_hf({**HUB_CONFIGS[name], **change})
+        get_spec(name).config_from_checkpoint({**HUB_CONFIGS[name], **change})
 
 
 def test_sliding_window_layers_and_local_rope_of_gemma3():
@@ -149,7 +149,7 @@ def test_smollm3_skips_rope_in_every_fourth_layer():
     config = get_spec("smollm3-3b").config
     assert config.nope_layers == (3, 7, 11, 15, 19, 23, 27, 31, 35)
     without_list = {k: v for k, v in HUB_CONFIGS["smollm3-3b"].items() if k != "no_rope_layers"}
-    assert get_spec("smollm3-3b").config_from_hf(without_list) == config  # transformers' default pattern
+    assert get_spec("smollm3-3b").config_from_checkpoint(without_list) == config  # transformers' default pattern
 
 
 CHAT_ENTRIES = [s for s in SPECS.values() if s.chat_template]
