@@ -63,16 +63,22 @@ def safetensors_files(folder: Path) -> list[Path]:
 def load_decoder(spec: ModelSpec, folder: Path, max_seq_len: int) -> Decoder:
     """Build the decoder on the meta device and assign every tensor from the checkpoint once."""
     folder = Path(folder)
-    config = decoder_config(spec, folder)
+    model, expected = empty_decoder(decoder_config(spec, folder), max_seq_len)
+    state: dict[str, torch.Tensor] = {}
+    for file in safetensors_files(folder):
+        state.update(_read_file(spec, file, expected))
+    return assign_weights(model, state, expected, folder)
+
+
+def empty_decoder(config: DecoderConfig, max_seq_len: int) -> tuple[Decoder, dict[str, tuple[int, ...]]]:
+    """The decoder on the meta device (no memory), and the name and shape of every tensor a
+    checkpoint must supply (a tied head comes with the embedding)."""
     with torch.device("meta"):
         model = Decoder(config, max_seq_len)
     expected = {name: tuple(t.shape) for name, t in model.state_dict().items()}
     if config.tie_embeddings:
         expected.pop("output.weight")
-    state: dict[str, torch.Tensor] = {}
-    for file in safetensors_files(folder):
-        state.update(_read_file(spec, file, expected))
-    return assign_weights(model, state, expected, folder)
+    return model, expected
 
 
 def assign_weights(model: Decoder, state: dict[str, torch.Tensor], expected: dict, source: Path) -> Decoder:

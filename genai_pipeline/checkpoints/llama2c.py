@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from genai_pipeline.checkpoints.hf import assign_weights, check_float
+from genai_pipeline.checkpoints.hf import assign_weights, check_float, empty_decoder
 from genai_pipeline.errors import CheckpointError
 from genai_pipeline.models.decoder import Decoder, DecoderConfig
 from genai_pipeline.registry import ModelSpec
@@ -105,11 +105,7 @@ def load_decoder(spec: ModelSpec, folder: Path, max_seq_len: int) -> Decoder:
     config = decoder_config(spec, file, model_args)
     if not _tied(state):
         config = dataclasses.replace(config, tie_embeddings=False)
-    with torch.device("meta"):
-        model = Decoder(config, max_seq_len)
-    expected = {name: tuple(t.shape) for name, t in model.state_dict().items()}
-    if config.tie_embeddings:
-        expected.pop("output.weight")
+    model, expected = empty_decoder(config, max_seq_len)
     ours: dict[str, torch.Tensor] = {}
     for key, tensor in state.items():
         names = spec.map_key(key)
