@@ -36,6 +36,7 @@ def _to_executorch(artifact: Artifact, target: Target, progress: tqdm, quantized
     programs = {}
     for name, graph in artifact.graphs.items():
         progress.set_description(f"export {artifact.key.value}.{name.value}")
+        target.adapt_for_lowering(graph.module)
         programs[name.value] = torch.export.export(
             graph.module, graph.example_inputs, dynamic_shapes=graph.dynamic_shapes, strict=False
         )

@@ -142,7 +142,7 @@ def random_decoder(config: DecoderConfig, max_seq_len: int, seed: int = 0) -> De
     torch.manual_seed(seed)
     model = Decoder(config, max_seq_len)
     for name, p in model.named_parameters():
-        if name.endswith("norm.weight"):
-            continue
+        if name.endswith("norm.weight") or (config.tie_embeddings and name == "output.weight"):
+            continue  # norms start at one; a tied head is the embedding
         torch.nn.init.normal_(p, std=0.02) if p.dim() > 1 else torch.nn.init.zeros_(p)
     return model.eval().requires_grad_(False)

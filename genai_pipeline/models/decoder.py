@@ -249,9 +249,20 @@ class RMSNorm(nn.Module):
         super().__init__()
         self.eps, self.unit_offset = eps, unit_offset
         self.weight = nn.Parameter(torch.zeros(dim) if unit_offset else torch.ones(dim))
+        self.mean_weights: torch.Tensor | None = None  # see mean_by_matmul
+
+    def mean_by_matmul(self) -> None:
+        """Take the mean of squares as a product with a constant [1, dim] row of 1/dim: XNNPACK
+        keeps a linear inside its delegate but runs no mean over the last dim of a 3-D tensor,
+        so the plain form ends the delegate twice per layer (a delegate call costs ~8 us)."""
+        self.mean_weights = torch.full((1, self.weight.numel()), 1.0 / self.weight.numel())
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        if self.mean_weights is None:
+            mean_square = x.pow(2).mean(-1, keepdim=True)
+        else:
+            mean_square = F.linear(x * x, self.mean_weights)
+        x = x * torch.rsqrt(mean_square + self.eps)
         return x * (1.0 + self.weight) if self.unit_offset else x * self.weight
 
 
@@ -368,7 +379,10 @@ class Decoder(nn.Module):
 
     def tie_weights(self) -> None:
         if self.config.tie_embeddings:
-            self.output.weight = self.tok_embeddings.weight
+            # The head reads the embedding's storage through a parameter of its own: one table in
+            # memory, two graph inputs. With a single shared input, lowering a delegated head beside
+            # the portable embedding lookup deep-copies the table once per method (GBs for a 1B model).
+            self.output.weight = nn.Parameter(self.tok_embeddings.weight.detach(), requires_grad=False)
 
     def reset_buffers(self) -> None:
         """(Re)create RoPE tables and empty caches, e.g. after building on the meta device."""

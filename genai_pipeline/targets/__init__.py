@@ -19,6 +19,9 @@ class Target:
     static_quantizer: Callable | None = None
     # Why programs cannot be lowered on this host (a missing vendor SDK), or None when they can.
     lowering_blocked: Callable[[], str | None] = lambda: None
+    # Rewrites an eager graph module in place into the form this backend lowers best, right
+    # before it is exported for lowering (calibrated QDQ graphs pass through unchanged).
+    adapt_for_lowering: Callable[[object], None] = lambda module: None
 
 
 def get_target(name: str) -> Target:

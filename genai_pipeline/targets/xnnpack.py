@@ -1,12 +1,42 @@
 """XNNPACK: ExecuTorch's CPU delegate (x86 and Arm). Delegated weights are stored as named data
 keyed by content, so the methods of one program share a single copy."""
 
+import copy
+
 from genai_pipeline.targets import Target
+
+
+def _copy_sharing_weights(cls, program, compile_specs):
+    """The hook ExecuTorch calls to isolate each partition before `preprocess`, minus the weights.
+    Its default deep-copies the partition's weights too, and holds the copies of every partition
+    of every method at once: two extra copies of a hybrid program's weights. XNNPACK's preprocess
+    replaces constants, never writes into them, so sharing them is safe."""
+    weights = (*program.state_dict.values(), *program.constants.values())
+    return copy.deepcopy(program, memo={id(w): w for w in weights})
+
+
+def _preprocess_sharing_data(cls, programs, compile_specs):
+    """ExecuTorch's default `preprocess_multimethod`, holding one bytes object per named weight:
+    each method serializes its partitions on its own, so every weight the methods share would
+    otherwise sit in memory once per method until the program is written. XNNPACK names weights
+    by the SHA-256 of their bytes, so one name is one content."""
+    results, by_name = {}, {}
+    for method, partitions in programs.items():
+        results[method] = [cls.preprocess(p, specs) for p, specs in zip(partitions, compile_specs[method])]
+        for result in results[method]:
+            store = result.data_store_output
+            for name, entry in (store.pte_data if store is not None else {}).items():
+                store.buffers[entry.buffer_index] = by_name.setdefault(name, store.buffers[entry.buffer_index])
+    return results
 
 
 def _partitioners() -> list:
     from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+    from executorch.backends.xnnpack.xnnpack_preprocess import XnnpackBackend
 
+    # Both are hooks ExecuTorch gives backends to override; these keep lowering within ~2x the weights.
+    XnnpackBackend.copy_exported_program_for_preprocess = classmethod(_copy_sharing_weights)
+    XnnpackBackend.preprocess_multimethod = classmethod(_preprocess_sharing_data)
     return [XnnpackPartitioner()]
 
 
@@ -24,6 +54,14 @@ def _static_quantizer(options, graph_module):
     return quantizer.set_module_name("decoder.output", dynamic)
 
 
+def _adapt_for_lowering(module) -> None:
+    from genai_pipeline.models.decoder import RMSNorm
+
+    for norm in module.modules():
+        if isinstance(norm, RMSNorm):
+            norm.mean_by_matmul()
+
+
 TARGET = Target(
     name="xnnpack",
     description="CPU via the XNNPACK delegate",
@@ -31,4 +69,5 @@ TARGET = Target(
     partitioners=_partitioners,
     embedding_recipes=("8w", "4w"),
     static_quantizer=_static_quantizer,
+    adapt_for_lowering=_adapt_for_lowering,
 )

@@ -63,3 +63,35 @@ def test_config_round_trips_through_a_manifest():
     for spec in SPECS.values():
         data = json.loads(json.dumps(dataclasses.asdict(spec.config)))
         assert DecoderConfig.from_dict(data) == spec.config, spec.name
+
+
+@pytest.mark.parametrize("unit_offset", [False, True])
+@pytest.mark.parametrize("shape", [(1, 7, 64), (1, 7, 4, 16)], ids=["hidden", "per-head"])
+def test_norm_mean_by_matmul_equals_the_mean(shape, unit_offset):
+    """The XNNPACK form of RMSNorm (mean of squares as a product with a row of 1/dim)."""
+    from genai_pipeline.models.decoder import RMSNorm
+
+    norm = RMSNorm(shape[-1], 1e-6, unit_offset)
+    torch.nn.init.normal_(norm.weight)
+    x = torch.randn(shape) * 3
+    with torch.no_grad():
+        plain = norm(x)
+        norm.mean_by_matmul()
+        torch.testing.assert_close(norm(x), plain, rtol=1e-6, atol=1e-6)
+
+
+def test_tied_head_is_its_own_graph_input_over_the_same_storage(tmp_path):
+    """A tied head and the embedding lookup are two graph inputs over one table, so lowering a
+    delegated head beside a portable lookup copies nothing (see Decoder.tie_weights)."""
+    from genai_pipeline.checkpoints import load_decoder
+    from genai_pipeline.prepare import DecoderGraph
+    from genai_pipeline.registry import get_spec
+
+    save_hf_checkpoint(tmp_path, tie_word_embeddings=True)
+    model = load_decoder(get_spec("smollm2-135m"), tmp_path, 32)
+    assert model.output.weight.data_ptr() == model.tok_embeddings.weight.data_ptr()
+    program = torch.export.export(DecoderGraph(model, last_only=True), (torch.zeros(1, 1, dtype=torch.long), torch.tensor([0])))
+    inputs = {s.target for s in program.graph_signature.input_specs if s.kind.name == "PARAMETER"}
+    assert {"decoder.output.weight", "decoder.tok_embeddings.weight"} <= inputs
+    state = program.state_dict
+    assert state["decoder.output.weight"].data_ptr() == state["decoder.tok_embeddings.weight"].data_ptr()

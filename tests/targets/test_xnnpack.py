@@ -1,0 +1,65 @@
+"""Lowering to XNNPACK: what the delegate keeps together, and what lowering holds in memory."""
+
+import torch
+
+from conftest import TINY_MAX_SEQ, TINY_PREFILL
+from genai_pipeline.names import Mode
+from genai_pipeline.prepare import PrepareOptions, prepare
+from genai_pipeline.registry import get_spec
+from genai_pipeline.targets import get_target
+
+
+def lower(checkpoint, mode: str):
+    """{method: lowered ExportedProgram} of the tiny model, as compile lowers it."""
+    from executorch.exir import EdgeCompileConfig, to_edge_transform_and_lower
+
+    target = get_target("xnnpack")
+    options = PrepareOptions(mode=mode, max_seq_len=TINY_MAX_SEQ, prefill_len=TINY_PREFILL, checkpoint=checkpoint)
+    artifact = next(iter(prepare(get_spec("smollm2-135m"), options).artifacts.values()))
+    programs = {}
+    for name, graph in artifact.graphs.items():
+        target.adapt_for_lowering(graph.module)
+        programs[name.value] = torch.export.export(graph.module, graph.example_inputs, dynamic_shapes=graph.dynamic_shapes, strict=False)
+    edge = to_edge_transform_and_lower(programs, partitioner=target.partitioners(),
+                                       compile_config=EdgeCompileConfig(_check_ir_validity=False))
+    return {name: edge.exported_program(name) for name in programs}, artifact.module.config
+
+
+def delegates(program) -> list:
+    return [getattr(program.graph_module, n.args[0].target) for n in program.graph.nodes
+            if n.op == "call_function" and "executorch_call_delegate" in str(n.target)]
+
+
+def test_each_layer_is_one_delegate_call_and_methods_share_weight_bytes(tiny_checkpoint):
+    methods, config = lower(tiny_checkpoint, Mode.HYBRID.value)
+    for name, program in methods.items():
+        left = [str(n.target) for n in program.graph.nodes if n.op == "call_function"]
+        assert not [t for t in left if "mean" in t], (name, left)  # RMSNorm stays inside the delegate
+        # one delegate per layer (attention input to the next layer's), plus the first and the head
+        assert len(delegates(program)) <= config.n_layers + 2, (name, len(delegates(program)))
+    # Every weight the two methods share is one bytes object in memory while the program is built.
+    by_key = {}
+    for program in methods.values():
+        for lowered in delegates(program):
+            store = lowered.named_data_store_output
+            for key, entry in store.pte_data.items():
+                by_key.setdefault(key, []).append(store.buffers[entry.buffer_index])
+    shared = [blobs for blobs in by_key.values() if len(blobs) > 1]
+    assert len(shared) >= 7 * config.n_layers  # every linear of every layer is in both methods
+    assert all(all(b is blobs[0] for b in blobs) for blobs in shared)
+
+
+def test_partition_copied_for_preprocess_shares_its_weights(tiny_eager):
+    """ExecuTorch's default copy holds every weight twice more while a hybrid program is lowered;
+    ours copies the graph only (XNNPACK's preprocess never writes into a weight: the programs'
+    parity with the eager model in test_compile.py would show it if it did)."""
+    from executorch.backends.xnnpack.xnnpack_preprocess import XnnpackBackend
+    from executorch.exir.backend.backend_details import BackendDetails
+
+    get_target("xnnpack").partitioners()  # installs the hooks
+    program = torch.export.export(tiny_eager(), (torch.zeros(1, 2, dtype=torch.long), torch.tensor([0])), strict=False)
+    ours = XnnpackBackend.copy_exported_program_for_preprocess(program, [])
+    default = BackendDetails.copy_exported_program_for_preprocess.__func__(XnnpackBackend, program, [])
+    assert ours.graph_module is not program.graph_module
+    assert all(ours.state_dict[k] is v for k, v in program.state_dict.items())
+    assert all(default.state_dict[k] is not v for k, v in program.state_dict.items())
