@@ -2,8 +2,13 @@
 keyed by content, so the methods of one program share a single copy."""
 
 import copy
+import ctypes
+import mmap
+import sys
 
 from genai_pipeline.targets import Target
+
+_madvise = ctypes.CDLL(None, use_errno=True).madvise if sys.platform == "linux" else None
 
 
 def _copy_sharing_weights(cls, program, compile_specs):
@@ -15,6 +20,21 @@ def _copy_sharing_weights(cls, program, compile_specs):
     return copy.deepcopy(program, memo={id(w): w for w in weights})
 
 
+def _page_out(tensors) -> None:
+    """Hint the kernel to reclaim the pages behind `tensors` (Linux MADV_PAGEOUT). Checkpoint
+    weights are memory-mapped files: once a partition's weights are serialized, their pages are
+    clean copies of the file and can go, to be read again only if something reads them again.
+    Anonymous memory stays (there is no swap to page it to); other systems ignore the hint."""
+    if _madvise is None:
+        return
+    page = mmap.PAGESIZE
+    for t in tensors:
+        start, end = t.data_ptr(), t.data_ptr() + t.untyped_storage().nbytes()
+        first, last = -(-start // page) * page, end // page * page
+        if last > first:
+            _madvise(ctypes.c_void_p(first), ctypes.c_size_t(last - first), 21)  # 21: MADV_PAGEOUT
+
+
 def _preprocess_sharing_data(cls, programs, compile_specs):
     """ExecuTorch's default `preprocess_multimethod`, holding one bytes object per named weight:
     each method serializes its partitions on its own, so every weight the methods share would
@@ -22,11 +42,14 @@ def _preprocess_sharing_data(cls, programs, compile_specs):
     by the SHA-256 of their bytes, so one name is one content."""
     results, by_name = {}, {}
     for method, partitions in programs.items():
-        results[method] = [cls.preprocess(p, specs) for p, specs in zip(partitions, compile_specs[method])]
-        for result in results[method]:
-            store = result.data_store_output
+        results[method] = []
+        for partition, specs in zip(partitions, compile_specs[method]):
+            result = cls.preprocess(partition, specs)
+            _page_out(partition.state_dict.values())
+            store = result.data_store_output  # deduplicated now, before the next partition adds its own
             for name, entry in (store.pte_data if store is not None else {}).items():
                 store.buffers[entry.buffer_index] = by_name.setdefault(name, store.buffers[entry.buffer_index])
+            results[method].append(result)
     return results
 
 
