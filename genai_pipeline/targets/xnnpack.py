@@ -21,17 +21,22 @@ def _copy_sharing_weights(cls, program, compile_specs):
 
 
 def _page_out(tensors) -> None:
-    """Hint the kernel to reclaim the pages behind `tensors` (Linux MADV_PAGEOUT). Checkpoint
-    weights are memory-mapped files: once a partition's weights are serialized, their pages are
-    clean copies of the file and can go, to be read again only if something reads them again.
-    Anonymous memory stays (there is no swap to page it to); other systems ignore the hint."""
+    """Hint the kernel to reclaim the pages behind `tensors` that are memory-mapped files (Linux
+    MADV_PAGEOUT). Checkpoint weights are read from mapped safetensors files: once a partition's
+    weights are serialized, their pages are clean copies of the file and can go, to be read again
+    only if something reads them again. Anonymous memory (e.g. quantized weights) is left alone."""
     if _madvise is None:
         return
+    files = []  # [start, end) of every file mapping: /proc/self/maps lines with an inode
+    for line in open("/proc/self/maps"):
+        fields = line.split()
+        if len(fields) >= 6 and fields[4] != "0":
+            files.append(tuple(int(a, 16) for a in fields[0].split("-")))
     page = mmap.PAGESIZE
     for t in tensors:
         start, end = t.data_ptr(), t.data_ptr() + t.untyped_storage().nbytes()
-        first, last = -(-start // page) * page, end // page * page
-        if last > first:
+        first, last = -(-start // page) * page, end // page * page  # whole pages inside the tensor
+        if last > first and any(lo <= first and last <= hi for lo, hi in files):
             _madvise(ctypes.c_void_p(first), ctypes.c_size_t(last - first), 21)  # 21: MADV_PAGEOUT
 
 

@@ -89,3 +89,19 @@ def test_serialized_checkpoint_pages_are_given_back(tmp_path):
     _page_out([mapped])
     assert touched - rss_file_mb() > 48
     assert torch.equal(mapped, weights)
+
+
+def test_only_file_mappings_are_paged_out(tmp_path, monkeypatch):
+    """Anonymous memory (quantized weights, a bf16 checkpoint made fp32) would go to swap, not away."""
+    from safetensors.torch import load_file, save_file
+
+    from genai_pipeline.targets import xnnpack
+
+    calls = []
+    monkeypatch.setattr(xnnpack, "_madvise", lambda addr, size, advice: calls.append((addr.value, size.value)))
+    save_file({"w": torch.randn(16, 2**16)}, tmp_path / "w.safetensors")
+    mapped, anonymous = load_file(tmp_path / "w.safetensors")["w"], torch.randn(16, 2**16)
+    xnnpack._page_out([anonymous])
+    assert calls == []
+    xnnpack._page_out([mapped])
+    assert len(calls) == 1 and mapped.data_ptr() <= calls[0][0] and calls[0][1] >= 4 * 2**20 - 2 * 4096
