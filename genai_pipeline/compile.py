@@ -25,13 +25,9 @@ log = logging.getLogger(__name__)
 RUNTIME_FILES = ("tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja", "generation_config.json")
 
 
-def _to_executorch(artifact: Artifact, target: Target, progress: tqdm, quantized: bool):
-    """The artifact's graphs lowered and emitted as one program (an ExecutorchProgramManager)."""
-    from executorch.exir import EdgeCompileConfig, ExecutorchBackendConfig, to_edge_transform_and_lower
-    from executorch.exir.passes import MemoryPlanningPass
-
-    if quantized:
-        import executorch.kernels.quantized  # noqa: F401  out-variants of the quantized ops
+def lower(artifact: Artifact, target: Target, progress: tqdm):
+    """The artifact's graphs exported and lowered to the target (an EdgeProgramManager)."""
+    from executorch.exir import EdgeCompileConfig, to_edge_transform_and_lower
 
     programs = {}
     for name, graph in artifact.graphs.items():
@@ -50,6 +46,18 @@ def _to_executorch(artifact: Artifact, target: Target, progress: tqdm, quantized
         compile_config=EdgeCompileConfig(_check_ir_validity=False),
     )
     progress.update()
+    return edge
+
+
+def _to_executorch(artifact: Artifact, target: Target, progress: tqdm, quantized: bool):
+    """The artifact's graphs lowered and emitted as one program (an ExecutorchProgramManager)."""
+    from executorch.exir import ExecutorchBackendConfig
+    from executorch.exir.passes import MemoryPlanningPass
+
+    if quantized:
+        import executorch.kernels.quantized  # noqa: F401  out-variants of the quantized ops
+
+    edge = lower(artifact, target, progress)
     progress.set_description(f"emit {artifact.key.value}.pte")
     program = edge.to_executorch(
         ExecutorchBackendConfig(

@@ -1,28 +1,23 @@
 """Lowering to XNNPACK: what the delegate keeps together, and what lowering holds in memory."""
 
 import torch
+from tqdm import tqdm
 
 from conftest import TINY_MAX_SEQ, TINY_PREFILL
+from genai_pipeline.compile import lower
 from genai_pipeline.names import Mode
 from genai_pipeline.prepare import PrepareOptions, prepare
 from genai_pipeline.registry import get_spec
 from genai_pipeline.targets import get_target
 
 
-def lower(checkpoint, mode: str):
+def lower_tiny(checkpoint, mode: str):
     """{method: lowered ExportedProgram} of the tiny model, as compile lowers it."""
-    from executorch.exir import EdgeCompileConfig, to_edge_transform_and_lower
-
-    target = get_target("xnnpack")
     options = PrepareOptions(mode=mode, max_seq_len=TINY_MAX_SEQ, prefill_len=TINY_PREFILL, checkpoint=checkpoint)
     artifact = next(iter(prepare(get_spec("smollm2-135m"), options).artifacts.values()))
-    programs = {}
-    for name, graph in artifact.graphs.items():
-        target.adapt_for_lowering(graph.module)
-        programs[name.value] = torch.export.export(graph.module, graph.example_inputs, dynamic_shapes=graph.dynamic_shapes, strict=False)
-    edge = to_edge_transform_and_lower(programs, partitioner=target.partitioners(),
-                                       compile_config=EdgeCompileConfig(_check_ir_validity=False))
-    return {name: edge.exported_program(name) for name in programs}, artifact.module.config
+    with tqdm(disable=True) as progress:
+        edge = lower(artifact, get_target("xnnpack"), progress)
+    return {name.value: edge.exported_program(name.value) for name in artifact.graphs}, artifact.module.config
 
 
 def delegates(program) -> list:
@@ -31,7 +26,7 @@ def delegates(program) -> list:
 
 
 def test_each_layer_is_one_delegate_call_and_methods_share_weight_bytes(tiny_checkpoint):
-    methods, config = lower(tiny_checkpoint, Mode.HYBRID.value)
+    methods, config = lower_tiny(tiny_checkpoint, Mode.HYBRID.value)
     for name, program in methods.items():
         left = [str(n.target) for n in program.graph.nodes if n.op == "call_function"]
         assert not [t for t in left if "mean" in t], (name, left)  # RMSNorm stays inside the delegate
