@@ -27,11 +27,8 @@ def _page_out(tensors) -> None:
     only if something reads them again. Anonymous memory (e.g. quantized weights) is left alone."""
     if _madvise is None:
         return
-    files = []  # [start, end) of every file mapping: /proc/self/maps lines with an inode
-    for line in open("/proc/self/maps"):
-        fields = line.split()
-        if len(fields) >= 6 and fields[4] != "0":
-            files.append(tuple(int(a, 16) for a in fields[0].split("-")))
+    with open("/proc/self/maps") as maps:  # [start, end) of every file mapping: lines with an inode
+        files = [tuple(int(a, 16) for a in f[0].split("-")) for f in map(str.split, maps) if len(f) >= 6 and f[4] != "0"]
     page = mmap.PAGESIZE
     for t in tensors:
         start, end = t.data_ptr(), t.data_ptr() + t.untyped_storage().nbytes()
