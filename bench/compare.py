@@ -8,7 +8,7 @@ model's vocab size), then for each system:
              recipe: 8-bit, 4-bit -- and 8da4w with an 8-bit embedding)
              and mode (dynamic, hybrid); measured by `genai bench --json`.
   llamacpp   a venv bench/.envs/llamacpp with llama-cpp-python built from its sdist
-             (CMAKE_ARGS=-DGGML_NATIVE=ON); the sdist's convert_hf_to_gguf.py -> F32 GGUF, then
+             (-DGGML_NATIVE=ON, no AMX); the sdist's convert_hf_to_gguf.py -> F32 GGUF, then
              llama_cpp.llama_model_quantize -> Q8_0, Q4_0; measured through llama_cpp.Llama.
   optimum    a venv bench/.envs/optimum with optimum-executorch; `optimum-cli export executorch`
              (xnnpack, custom SDPA + KV cache) fp32, --qlinear 8da8w, 8da4w, 8da4w + --qembedding 8w;
@@ -48,6 +48,12 @@ ENVS = HERE / ".envs"
 LLAMACPP_VERSION = "0.3.36"
 OPTIMUM_VERSION = "1.1.0"
 PINNED = ["torch==2.13.0", "executorch==1.5.1", "torchao==0.18.0"]  # the main venv's, for the optimum venv
+# llama.cpp built for this CPU, except AMX: on this machine (a Firecracker VM with AMX in its CPUID) ggml's AMX
+# matmul segfaults on the first Q4_0 prefill (ggml_backend_amx_mul_mat, 0.3.36), so its AVX-512 VNNI kernels
+# and Q4_0 repacking run instead. Explicit -mno-amx-* flags override what -march=native turns on.
+LLAMACPP_BUILD = {"CMAKE_ARGS": "-DGGML_NATIVE=ON -DLLAVA_BUILD=OFF",
+                  "CFLAGS": "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16",
+                  "CXXFLAGS": "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"}
 
 COMMON = dict(rms_norm_eps=1e-5, hidden_act="silu", tie_word_embeddings=True, initializer_range=0.02,
               attention_bias=False, mlp_bias=False, bos_token_id=0, eos_token_id=0, pad_token_id=None)
@@ -196,13 +202,16 @@ def install_llamacpp(work: Path) -> dict:
             with tarfile.open(sdist) as tar:
                 tar.extractall(src, filter="data")
         have = subprocess.run([py, "-c", "import llama_cpp; print(llama_cpp.__version__)"], capture_output=True, text=True)
-        built = have.stdout.strip() == LLAMACPP_VERSION  # a finished build in this venv is kept
-        run_child([py, "-m", "pip", "install", *([] if built else [sdist]), "gguf", "numpy", "torch==2.13.0",
-                   "transformers>=5", "safetensors", "sentencepiece"], log=log,
-                  env={"CMAKE_ARGS": "-DGGML_NATIVE=ON -DLLAVA_BUILD=OFF", "CMAKE_BUILD_PARALLEL_LEVEL": str(os.cpu_count())})
+        flags = env / "build-flags.json"  # a finished build in this venv with the same flags is kept
+        built = have.stdout.strip() == LLAMACPP_VERSION and flags.exists() and json.loads(flags.read_text()) == LLAMACPP_BUILD
+        run_child([py, "-m", "pip", "install", *([] if built else ["--force-reinstall", "--no-deps", "--no-cache-dir", sdist])],
+                  log=log, env={**LLAMACPP_BUILD, "CMAKE_BUILD_PARALLEL_LEVEL": str(os.cpu_count())})
+        flags.write_text(json.dumps(LLAMACPP_BUILD))
+        run_child([py, "-m", "pip", "install", "llama-cpp-python==" + LLAMACPP_VERSION, "gguf", "numpy", "torch==2.13.0",
+                   "transformers>=5", "safetensors", "sentencepiece"], log=log)
         _, _, version = run_child([py, "-c", "import llama_cpp; print(llama_cpp.__version__)"])
         return {"python": str(py), "llama_cpp_python": version.strip(), "llama_cpp_tree": str(tree / "vendor" / "llama.cpp"),
-                "cmake_args": "-DGGML_NATIVE=ON -DLLAVA_BUILD=OFF", "install_s": round(time.perf_counter() - t)}
+                "build": LLAMACPP_BUILD, "install_s": round(time.perf_counter() - t)}
 
     return cached(env / "done.json", make)
 
