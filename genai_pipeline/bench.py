@@ -87,6 +87,8 @@ def bench(folder: Path, options: BenchOptions) -> dict:
             token = int(session.step(token).argmax())
         decode.append(options.gen_len / (time.perf_counter() - t))
     decode_rate = statistics.median(decode[1:])
+    # Taken before the bandwidth probe and the weight count below, which allocate on their own.
+    peak_rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     weights = weight_bytes_per_token(folder, session.manifest)
     bandwidth = memory_bandwidth_gbs()
     return {
@@ -99,7 +101,7 @@ def bench(folder: Path, options: BenchOptions) -> dict:
         "load_s": round(load_s, 3),
         "prefill_tokens_per_s": round(statistics.median(prefill[1:]), 1),
         "decode_tokens_per_s": round(decode_rate, 1),
-        "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+        "peak_rss_mb": round(peak_rss_mb, 1),
         "weight_bytes_per_token": weights,
         "memory_bandwidth_gbs": round(bandwidth, 2),
         "bandwidth_share": round(weights * decode_rate / (bandwidth * 1e9), 4),

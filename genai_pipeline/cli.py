@@ -346,7 +346,19 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _one_openmp_thread_per_caller(argv: list[str]) -> None:
+    """For the commands that time programs: ExecuTorch's custom SDPA kernel calls MKL from inside
+    ExecuTorch's own thread pool, and by default each such call starts an OpenMP team whose
+    spinning threads take the cores from XNNPACK's GEMMs (decode 1.4-1.8x slower on 2 cores,
+    bench/README.md). OpenMP reads this once, when torch loads it, so it is set before the parser
+    imports torch; `export` and `eval` keep torch's intra-op threads for their eager work."""
+    if argv[:1] in (["run"], ["bench"]):
+        os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    _one_openmp_thread_per_caller(argv)
     _quiet_libraries()
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("genai: %(message)s"))

@@ -24,17 +24,47 @@ def _scalar(value):
     return None
 
 
+def _read_program(path: Path):
+    """The program's flatbuffer and a reader of its segments. Only the flatbuffer (kilobytes) is
+    parsed: the segments after it hold the weights, which would otherwise be read and copied
+    whole (three times the file size in memory for a 1B model)."""
+    from executorch.exir._serialize._program import _flatbuffer_to_program, _get_extended_header
+
+    with open(path, "rb") as f:
+        header = _get_extended_header(f.read(64))
+        f.seek(0)
+        program = _flatbuffer_to_program(f.read(header.program_size if header else -1))
+    base = header.segment_base_offset if header else 0
+    end = max((base + s.offset + s.size for s in program.segments or []), default=0)
+    if end > path.stat().st_size:
+        raise ValueError(f"segments end at byte {end}, past the end of the file")
+
+    def segment(index: int) -> bytes:
+        with open(path, "rb") as f:
+            f.seek(base + program.segments[index].offset)
+            return f.read(program.segments[index].size)
+
+    return program, segment
+
+
+def _constant_sizes(program) -> dict[int, int]:
+    """Bytes of each constant tensor (padding included), by its buffer index."""
+    if not program.constant_segment.offsets:  # inline constants (no segments)
+        return {i: len(b.storage) for i, b in enumerate(program.constant_buffer)}
+    offsets = list(program.constant_segment.offsets)
+    ends = offsets[1:] + [program.segments[program.constant_segment.segment_index].size]
+    return {i: end - start for i, (start, end) in enumerate(zip(offsets, ends))}
+
+
 def inspect_program(path: Path) -> dict:
     path = check_pte_file(path)
-    from executorch.exir._serialize._program import deserialize_pte_binary
+    from executorch.exir.schema import DataLocation
 
     try:
-        pte = deserialize_pte_binary(path.read_bytes())
+        program, segment = _read_program(path)
     except Exception as e:  # any parse failure of a damaged flatbuffer
         raise ProgramError(f"'{path}' cannot be parsed as an ExecuTorch program ({type(e).__name__}); it is corrupt or truncated, re-export it") from None
-    program = pte.program
-    named = pte.named_data
-    named_sizes = {key: len(named.buffers[entry.buffer_index]) for key, entry in named.pte_data.items()} if named else {}
+    named_sizes = {entry.key: program.segments[entry.segment_index].size for entry in program.named_data or []}
 
     methods, metadata = {}, {}
     const_users = defaultdict(set)  # constant-segment buffer index -> methods using it
@@ -47,7 +77,8 @@ def inspect_program(path: Path) -> dict:
             continue
         delegates = []
         for d in plan.delegates:
-            blob = program.backend_delegate_data[d.processed.index].data
+            inline = d.processed.location == DataLocation.INLINE
+            blob = program.backend_delegate_data[d.processed.index].data if inline else segment(d.processed.index)
             delegates.append({"backend": d.id, "bytes": len(blob)})
             for key in named_sizes:
                 if key.encode() in blob:
@@ -78,7 +109,7 @@ def inspect_program(path: Path) -> dict:
     def shared(users: set) -> bool:
         return len(compute) > 1 and users == compute
 
-    const_sizes = {i: len(b.storage) for i, b in enumerate(program.constant_buffer)}
+    const_sizes = _constant_sizes(program)
     mutable = {
         name: {"placement": {m: list(p) for m, p in where.items()}, "shared": len(where) > 1 and len(set(where.values())) == 1}
         for name, where in placements.items()
