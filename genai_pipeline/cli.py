@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import logging
 import os
@@ -89,28 +90,34 @@ def cmd_export(args) -> int:
     prepared = quantize(prepare(spec, options), quant, target, cache=Path(args.out))
     log.info("compile for %s (%s)", target.name, prepared.recipe)
     out = Path(args.out)
+    report_tokens = None if quant.is_float else _report_tokens(prepared, quant)
     try:
         result = compile_artifacts(prepared, target, out)
     finally:  # also after a QDQ-only export (no vendor SDK): its manifest is complete for eval
-        if not quant.is_float and (out / "manifest.json").is_file():
-            _quant_report(prepared, quant, out)
+        # The report rebuilds the float and QDQ models from the manifest; the prepared model and
+        # its lowered graphs go first, or both sets are held at once (the export's peak RSS).
+        del prepared
+        gc.collect()
+        if report_tokens and (out / "manifest.json").is_file():
+            from genai_pipeline.report import write_quant_report
+
+            log.info("wrote %s", write_quant_report(out, *report_tokens))
     for name, f in result.manifest["files"].items():
         log.info("  %s  %.2f MB", name, f["bytes"] / (1 << 20))
     return 0
 
 
-def _quant_report(prepared, quant, out: Path) -> None:
+def _report_tokens(prepared, quant) -> tuple[list[int], str]:
+    """The quantization report's input: tokens of the calibration data, and where they came from."""
     from genai_pipeline.data import calibration_tokens
     from genai_pipeline.quantize import with_default_data
-    from genai_pipeline.report import write_quant_report
     from genai_pipeline.runtime.tokenizer import Tokenizer
 
     tokenizer = Tokenizer.from_folder(prepared.tokenizer_file.parent, bos_id=prepared.spec.bos_id) if prepared.tokenizer_file else None
     data = with_default_data(quant.calibration)
     samples = calibration_tokens(data, tokenizer, vocab_size=prepared.config.vocab_size, seed=prepared.options.seed)
     tokens = [t for sample in samples for t in sample][: min(256, prepared.options.max_seq_len)]
-    source = ", ".join(map(str, data.datasets))
-    log.info("wrote %s", write_quant_report(out, tokens, source))
+    return tokens, ", ".join(map(str, data.datasets))
 
 
 def cmd_run(args) -> int:
