@@ -427,8 +427,9 @@ def measure(variant: dict, args, work: Path) -> dict:
     # `genai bench` goes on to probe memory bandwidth (512 MB of buffers) after its timed rounds, so
     # its own peak, taken before that, is the runtime's; the peer workers do nothing but run.
     rss = got.get("peak_rss_mb", rss)
+    share = {"bandwidth_share": got["bandwidth_share"]} if "bandwidth_share" in got else {}  # genai bench's own figure
     return {"prefill_tokens_per_s": got["prefill_tokens_per_s"], "decode_tokens_per_s": got["decode_tokens_per_s"],
-            "load_s": got["load_s"], "run_peak_rss_mb": round(rss), "loadavg_1m_before": load}
+            "load_s": got["load_s"], "run_peak_rss_mb": round(rss), "loadavg_1m_before": load, **share}
 
 
 # ----------------------------------------------------------------------------- driver
@@ -506,6 +507,8 @@ def summarize(variants: list[dict], samples: dict) -> list[dict]:
             row["prefill_samples"] = [s["prefill_tokens_per_s"] for s in ok]
             row["decode_samples"] = [s["decode_tokens_per_s"] for s in ok]
             row["loadavg_1m_samples"] = [s["loadavg_1m_before"] for s in ok]
+            if all("bandwidth_share" in s for s in ok):
+                row["bandwidth_share"] = statistics.median(s["bandwidth_share"] for s in ok)
         errors = [s["error"] for s in got if "error" in s]
         if errors:
             row["run_error"] = errors[0]
@@ -540,6 +543,10 @@ def print_table(rows: list[dict], problems: list[dict]) -> None:
               f"{num('load_s', 7, 2)} {num('run_peak_rss_mb', 8, 0)}  {fmt('prefill_tokens_per_s'):>12} "
               f"{fmt('decode_tokens_per_s'):>11}" + (f"  run failed: {r['run_error'][:80]}" if r.get("run_error") else ""))
     print("(ratios: genai / best peer of the same recipe class; fp32 ~ F32, 8da8w ~ Q8_0, 8da4w ~ Q4_0)")
+    for r in rows:
+        if r.get("bandwidth_share") is not None:
+            print(f"{r['shape']} genai {r['variant']}: decode reads weights at {100 * r['bandwidth_share']:.0f} % "
+                  "of the machine's measured copy bandwidth")
     for p in problems:
         print(f"NOT RUN  {p.get('shape', '')} {p['system']} {p.get('variant', '')} [{p['stage']}]: {p['reason']}")
 

@@ -57,15 +57,18 @@ def sqnr_db(reference: torch.Tensor, approx: torch.Tensor) -> float:
     return float("inf") if noise == 0 else 10 * math.log10(reference.pow(2).sum().item() / noise)
 
 
-def layer_sqnr(reference: Decoder, qdq, tokens: list[int]) -> dict[str, float]:
-    """SQNR (dB) of every block's output, QDQ vs float, over `tokens` from position 0.
+def layer_sqnr(want: dict[str, torch.Tensor], got: dict[str, torch.Tensor]) -> dict[str, float]:
+    """SQNR (dB) of every block's output, QDQ (`got`) vs float (`want`), from `block_outputs`."""
+    return {name: round(sqnr_db(want[name], got[name]), 2) for name in want if name in got}
+
+
+def block_outputs(model, tokens: list[int]) -> dict[str, torch.Tensor]:
+    """Every block's output over `tokens` from position 0, by `layers.<i>`.
 
     A QDQ model from `.qdq.pt2` is a flat graph: its block outputs are the residual adds that
     end each block, recognisable by the `layers.<i>` module path torch.export records."""
     with torch.no_grad():
-        want = _capture_blocks(reference, tokens)
-        got = _capture_blocks(qdq, tokens)
-    return {name: round(sqnr_db(want[name], got[name]), 2) for name in want if name in got}
+        return _capture_blocks(model, tokens)
 
 
 def _capture_blocks(model, tokens: list[int]) -> dict[str, torch.Tensor]:
@@ -103,16 +106,17 @@ class _Recorder(torch.fx.Interpreter):
         return result
 
 
-def quantized_model(folder: Path, manifest: dict, reference: Decoder):
+def quantized_model(folder: Path, manifest: dict, reference: Decoder, in_place: bool = False):
     """The QDQ model of an export: loaded from `.qdq.pt2` (static recipes), or rebuilt by applying
-    the manifest's dynamic recipe to a copy of the float model. None for a float export."""
+    the manifest's dynamic recipe to a copy of the float model (to the float model itself with
+    `in_place`). None for a float export."""
     quant = quant_options_from(manifest.get("quantization", {}))
     if quant.is_float:
         return None
     if quant.is_static:
         qdq_file = manifest["artifacts"]["text_decoder"]["qdq"]
         return torch.export.load(Path(folder) / qdq_file).module()
-    model = copy.deepcopy(reference)
+    model = reference if in_place else copy.deepcopy(reference)
     quantize_module(model, quant)
     return model
 
@@ -164,5 +168,5 @@ def evaluate(folder: Path, options: EvalOptions, progress: bool = True) -> dict:
     }
     if qdq is not None:
         sample = windows[0]
-        result["layer_sqnr_db"] = layer_sqnr(reference, qdq, sample)
+        result["layer_sqnr_db"] = layer_sqnr(block_outputs(reference, sample), block_outputs(qdq, sample))
     return result
