@@ -87,7 +87,7 @@ def bench(folder: Path, options: BenchOptions) -> dict:
             token = int(session.step(token).argmax())
         decode.append(options.gen_len / (time.perf_counter() - t))
     decode_rate = statistics.median(decode[1:])
-    # Taken before the bandwidth probe and the weight count below, which allocate on their own.
+    # Taken before the bandwidth probe below, whose 512 MB of buffers are not the runtime's.
     peak_rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     weights = weight_bytes_per_token(folder, session.manifest)
     bandwidth = memory_bandwidth_gbs()
