@@ -55,13 +55,85 @@ def _preprocess_sharing_data(cls, programs, compile_specs):
     return results
 
 
+def _op_name(target) -> str:
+    return getattr(target, "__name__", str(target))  # "aten.cat.default" for an edge op
+
+
+def _ops_rewritten_by() -> dict[str, list[set[str]]]:
+    """{pass class name: op sets}, for the passes of XNNPACK's preprocess that rewrite only certain
+    ops (a single op, or one of the patterns they match): such a pass can change a partition only
+    if the partition holds every op of one of its sets."""
+    from executorch.backends.xnnpack._passes import DecomposeBatchNorm, FuseActivationPass
+    from executorch.backends.xnnpack.partition.graphs import bilinear_2d, sdpa
+
+    def patterns(graphs) -> list[set[str]]:
+        return [{_op_name(n.target) for n in g.graph.nodes if n.op == "call_function"} for g in graphs]
+
+    def each(*ops) -> list[set[str]]:
+        return [{_op_name(op)} for op in ops]
+
+    return {
+        "ConvertToUpsampleBilinear2d": patterns(bilinear_2d.get_graphs()),
+        "ConvertToSDPAPass": patterns(sdpa.get_graphs()),
+        "ConvertToLinearPass": each("aten.mm.default", "aten.addmm.default", "aten.bmm.default"),
+        "FuseBatchNormPass": each(*DecomposeBatchNorm.BATCH_NORM_OPS),
+        "DecomposeBatchNorm": each(*DecomposeBatchNorm.BATCH_NORM_OPS),
+        "FuseActivationPass": each(*FuseActivationPass.FUSEABLE_ACTIVATIONS),
+        "DecomposeConcatenate": each("aten.cat.default"),
+        "RemoveGetItemPass": each("aten.max_pool2d_with_indices.default", "aten.max.dim"),
+        "Conv1dUnsqueezePass": each("aten.convolution.default"),
+        "PReLUReshapePass": each("aten._prelu_kernel.default"),
+        "RemoveRedundantCopyPass": each("aten._to_copy.default"),
+    }
+
+
+def _may_change(pass_, graph, rewrites: dict[str, list[set[str]]]) -> bool:
+    """False for a pass that has nothing to rewrite in `graph`."""
+    if pass_.__name__ == "PropagateCustomMetaPass":  # copies node.meta["custom"] to q/dq nodes
+        return any("custom" in n.meta for n in graph.nodes)
+    if pass_.__name__ not in rewrites:
+        return True
+    present = {_op_name(n.target) for n in graph.nodes if n.op == "call_function"}
+    return any(ops <= present for ops in rewrites[pass_.__name__])
+
+
+def _pass_manager_skipping_idle_passes():
+    """XNNPACK's preprocess pass manager, minus the passes with nothing to rewrite in a partition.
+    Each pass re-traces the whole partition with fake tensors even when it changes nothing; with a
+    symbolic sequence length that is ~45 % of lowering a decoder, for 11 passes of 17 that never
+    apply to one (batch norm, convolutions, upsampling, ...). Whether a pass applies is decided on
+    the graph as the passes before it left it: they add ops (e.g. `_to_copy`) later ones rewrite."""
+    from executorch.backends.xnnpack._passes import XNNPACKPass, XNNPACKPassManager
+    from executorch.exir.pass_base import ExportPass
+    from executorch.exir.program._program import _transform
+
+    rewrites = _ops_rewritten_by()
+
+    class PassManager(XNNPACKPassManager):
+        def transform(self):
+            program = self.exported_program
+            for pass_ in self.passes:
+                if not _may_change(pass_, program.graph, rewrites):
+                    continue
+                assert issubclass(pass_, ExportPass), pass_  # what XNNPACKPassManager accepts
+                program = _transform(program, pass_(program) if issubclass(pass_, XNNPACKPass) else pass_())
+            return program
+
+    return PassManager
+
+
 def _partitioners() -> list:
+    from executorch.backends.xnnpack import xnnpack_preprocess
     from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
     from executorch.backends.xnnpack.xnnpack_preprocess import XnnpackBackend
 
     # Both are hooks ExecuTorch gives backends to override; these keep lowering within ~2x the weights.
     XnnpackBackend.copy_exported_program_for_preprocess = classmethod(_copy_sharing_weights)
     XnnpackBackend.preprocess_multimethod = classmethod(_preprocess_sharing_data)
+    # Not a hook: the name `preprocess` looks up when it runs its passes (output byte-identical).
+    if not getattr(xnnpack_preprocess.XNNPACKPassManager, "skips_idle_passes", False):
+        xnnpack_preprocess.XNNPACKPassManager = _pass_manager_skipping_idle_passes()
+        xnnpack_preprocess.XNNPACKPassManager.skips_idle_passes = True
     return [XnnpackPartitioner()]
 
 
