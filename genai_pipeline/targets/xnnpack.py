@@ -3,6 +3,7 @@ keyed by content, so the methods of one program share a single copy."""
 
 import copy
 import ctypes
+import functools
 import mmap
 import sys
 
@@ -97,6 +98,7 @@ def _may_change(pass_, graph, rewrites: dict[str, list[set[str]]]) -> bool:
     return any(ops <= present for ops in rewrites[pass_.__name__])
 
 
+@functools.cache
 def _pass_manager_skipping_idle_passes():
     """XNNPACK's preprocess pass manager, minus the passes with nothing to rewrite in a partition.
     Each pass re-traces the whole partition with fake tensors even when it changes nothing; with a
@@ -131,9 +133,7 @@ def _partitioners() -> list:
     XnnpackBackend.copy_exported_program_for_preprocess = classmethod(_copy_sharing_weights)
     XnnpackBackend.preprocess_multimethod = classmethod(_preprocess_sharing_data)
     # Not a hook: the name `preprocess` looks up when it runs its passes (output byte-identical).
-    if not getattr(xnnpack_preprocess.XNNPACKPassManager, "skips_idle_passes", False):
-        xnnpack_preprocess.XNNPACKPassManager = _pass_manager_skipping_idle_passes()
-        xnnpack_preprocess.XNNPACKPassManager.skips_idle_passes = True
+    xnnpack_preprocess.XNNPACKPassManager = _pass_manager_skipping_idle_passes()
     return [XnnpackPartitioner()]
 
 

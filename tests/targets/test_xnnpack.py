@@ -60,6 +60,62 @@ def test_partition_copied_for_preprocess_shares_its_weights(tiny_eager):
     assert all(default.state_dict[k] is not v for k, v in program.state_dict.items())
 
 
+def test_preprocess_skips_idle_passes_and_lowers_to_the_same_bytes(tiny_checkpoint, monkeypatch):
+    """Passes with nothing to rewrite in a partition are skipped; each delegate blob and each
+    weight it stores is byte for byte what ExecuTorch's full pass list makes."""
+    from executorch.backends.xnnpack import _passes, xnnpack_preprocess
+
+    from genai_pipeline.targets import xnnpack
+
+    ran = []
+    may_change = xnnpack._may_change
+    monkeypatch.setattr(xnnpack, "_may_change", lambda p, *a: ran.append((p.__name__, may_change(p, *a))) or ran[-1][1])
+    ours, _ = lower_tiny(tiny_checkpoint, Mode.DYNAMIC.value)
+    skipped = {name for name, ran_it in ran if not ran_it}
+    assert {"ConvertToUpsampleBilinear2d", "ConvertToSDPAPass", "DecomposeBatchNorm", "Conv1dUnsqueezePass", "ConvertToLinearPass"} <= skipped
+    assert {name for name, ran_it in ran if ran_it} >= {"DimOrderOpsRevertPass", "ChannelsLastTaggedReshapePass"}
+
+    monkeypatch.setattr(xnnpack, "_pass_manager_skipping_idle_passes", lambda: _passes.XNNPACKPassManager)
+    full, _ = lower_tiny(tiny_checkpoint, Mode.DYNAMIC.value)
+    assert xnnpack_preprocess.XNNPACKPassManager is _passes.XNNPACKPassManager  # lowered with ExecuTorch's own
+
+    def blobs(program):
+        out = []
+        for lowered in delegates(program):
+            store = lowered.named_data_store_output
+            out.append((lowered.processed_bytes, {k: bytes(store.buffers[e.buffer_index]) for k, e in store.pte_data.items()}))
+        return out
+
+    assert len(delegates(ours["forward"])) > 2
+    assert blobs(ours["forward"]) == blobs(full["forward"])
+
+
+def test_a_pass_runs_when_its_ops_are_there():
+    from executorch.backends.xnnpack._passes import (
+        ConstPropPass,
+        Conv1dUnsqueezePass,
+        FuseActivationPass,
+        PropagateCustomMetaPass,
+        RemoveRedundantCopyPass,
+    )
+    from executorch.exir.dialects._ops import ops as exir_ops
+
+    from genai_pipeline.targets.xnnpack import _may_change, _ops_rewritten_by
+
+    rewrites = _ops_rewritten_by()
+    graph = torch.fx.Graph()
+    x = graph.placeholder("x")
+    y = graph.call_function(exir_ops.edge.aten._to_copy.default, (x,))
+    graph.output(graph.call_function(exir_ops.edge.aten.relu.default, (y,)))
+    assert _may_change(RemoveRedundantCopyPass, graph, rewrites)
+    assert _may_change(FuseActivationPass, graph, rewrites)
+    assert _may_change(ConstPropPass, graph, rewrites)  # not in the table: always runs
+    assert not _may_change(Conv1dUnsqueezePass, graph, rewrites)
+    assert not _may_change(PropagateCustomMetaPass, graph, rewrites)
+    y.meta["custom"] = {"tag": 1}
+    assert _may_change(PropagateCustomMetaPass, graph, rewrites)
+
+
 def rss_file_mb() -> float:
     for line in open("/proc/self/status"):
         if line.startswith("RssFile:"):
