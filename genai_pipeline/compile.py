@@ -103,7 +103,26 @@ def _lower_all(prepared: PreparedModel, target: Target, out: Path) -> dict:
             # every weight in memory at once (~5 GB for a 1B model in fp32).
             atomic_write(programs[key], program.write_to_file)
             del program
+            _forget_lowered_graphs()
     return programs
+
+
+def _forget_lowered_graphs() -> None:
+    """Module-level state in torch and ExecuTorch keeps the last graphs of a lowering reachable, and
+    through their nodes' metadata the weights they were traced with (a SmolLM2-135M 8da4w export
+    held ~600 MB after its program was written): torch's export keeps the nodes of its last trace
+    for a leak check, torch memoizes ShapeEnv methods (keeping each ShapeEnv, whose fake
+    tensor cache holds the lowered modules), and ExecuTorch memoizes node comparisons without bound.
+    Clearing them costs nothing but the next lowering's cache misses."""
+    from executorch.exir.backend.utils import is_same_node
+    from torch.fx.experimental import proxy_tensor
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    proxy_tensor._FAKE_TENSOR_ID_TO_PROXY_MAP_FOR_EXPORT.clear()
+    for method in vars(ShapeEnv).values():
+        if hasattr(method, "cache_clear"):
+            method.cache_clear()
+    is_same_node.cache_clear()
 
 
 def compile_artifacts(prepared: PreparedModel, target: Target, out: Path) -> ArtifactSet:

@@ -38,11 +38,22 @@ def _page_out(tensors) -> None:
             _madvise(ctypes.c_void_p(first), ctypes.c_size_t(last - first), 21)  # 21: MADV_PAGEOUT
 
 
+def _forget_refused_nodes() -> None:
+    """XNNPACK's partitioner configs keep the last node they refused (for a debug message), and
+    with it that node's graph and the weights its metadata holds, for the life of the process.
+    Partitioning is over when preprocess starts."""
+    from executorch.backends.xnnpack.partition.config import gemm_configs, generic_node_configs, node_configs, xnnpack_config
+
+    for config in (gemm_configs, generic_node_configs, node_configs, xnnpack_config):
+        config.why.node = None
+
+
 def _preprocess_sharing_data(cls, programs, compile_specs):
     """ExecuTorch's default `preprocess_multimethod`, holding one bytes object per named weight:
     each method serializes its partitions on its own, so every weight the methods share would
     otherwise sit in memory once per method until the program is written. XNNPACK names weights
     by the SHA-256 of their bytes, so one name is one content."""
+    _forget_refused_nodes()
     results, by_name = {}, {}
     for method, partitions in programs.items():
         results[method] = []
