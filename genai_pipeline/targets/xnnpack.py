@@ -113,7 +113,7 @@ def _may_change(pass_, graph, rewrites: dict[str, list[set[str]]]) -> bool:
 def _pass_manager_skipping_idle_passes():
     """XNNPACK's preprocess pass manager, minus the passes with nothing to rewrite in a partition.
     Each pass re-traces the whole partition with fake tensors even when it changes nothing; with a
-    symbolic sequence length that is ~45 % of lowering a decoder, for 11 passes of 17 that never
+    symbolic sequence length the passes are ~45 % of lowering a decoder, and 11 of the 17 never
     apply to one (batch norm, convolutions, upsampling, ...). Whether a pass applies is decided on
     the graph as the passes before it left it: they add ops (e.g. `_to_copy`) later ones rewrite."""
     from executorch.backends.xnnpack._passes import XNNPACKPass, XNNPACKPassManager
