@@ -1,12 +1,15 @@
 """Lowering to XNNPACK: what the delegate keeps together, and what lowering holds in memory."""
 
+import gc
+
 import torch
 from tqdm import tqdm
 
-from conftest import TINY_MAX_SEQ, TINY_PREFILL
-from genai_pipeline.compile import lower
+from conftest import Q4, TINY_MAX_SEQ, TINY_PREFILL
+from genai_pipeline.compile import compile_artifacts, lower
 from genai_pipeline.names import Mode
 from genai_pipeline.prepare import PrepareOptions, prepare
+from genai_pipeline.quantize import quantize
 from genai_pipeline.registry import get_spec
 from genai_pipeline.targets import get_target
 
@@ -121,11 +124,6 @@ def test_nothing_keeps_the_weights_once_the_program_is_written(tiny_checkpoint, 
     them the weights their nodes' metadata holds (as tensors of their own over the same memory);
     compile lets go of them. (Two small weights stay reachable through a torch cache not yet
     found; without the clean-up every weight does.)"""
-    import gc
-
-    from conftest import Q4
-    from genai_pipeline.compile import compile_artifacts
-    from genai_pipeline.quantize import quantize
 
     def storages(tensors) -> set[int]:
         out = set()
