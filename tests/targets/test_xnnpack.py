@@ -2,14 +2,16 @@
 
 import gc
 
+import pytest
 import torch
 from tqdm import tqdm
 
 from conftest import Q4, TINY_MAX_SEQ, TINY_PREFILL
+from genai_pipeline import compile
 from genai_pipeline.compile import compile_artifacts, lower
 from genai_pipeline.names import Mode
 from genai_pipeline.prepare import PrepareOptions, prepare
-from genai_pipeline.quantize import quantize
+from genai_pipeline.quantize import QuantOptions, quantize
 from genai_pipeline.registry import get_spec
 from genai_pipeline.targets import get_target
 
@@ -63,34 +65,46 @@ def test_partition_copied_for_preprocess_shares_its_weights(tiny_eager):
     assert all(default.state_dict[k] is not v for k, v in program.state_dict.items())
 
 
-def test_preprocess_skips_idle_passes_and_lowers_to_the_same_bytes(tiny_checkpoint, monkeypatch):
-    """Passes with nothing to rewrite in a partition are skipped; each delegate blob and each
-    weight it stores is byte for byte what ExecuTorch's full pass list makes."""
+def lower_quantized_tiny(checkpoint) -> tuple[bytes, int]:
+    """The tiny model, dynamic mode, 8da4w, lowered as compile lowers it: (the program's bytes, how
+    many times lowering re-traced a graph to decompose it)."""
+    from torch.export import ExportedProgram
+
+    options = PrepareOptions(mode=Mode.DYNAMIC.value, max_seq_len=TINY_MAX_SEQ, prefill_len=TINY_PREFILL, checkpoint=checkpoint)
+    prepared = quantize(prepare(get_spec("smollm2-135m"), options), QuantOptions(recipe="8da4w", embedding=None), get_target("xnnpack"))
+    get_target("xnnpack").partitioners()  # builds (and decomposes) XNNPACK's pattern graphs, once per process
+    decompositions, run = [], ExportedProgram.run_decompositions
+    with pytest.MonkeyPatch.context() as patch, tqdm(disable=True) as progress:
+        patch.setattr(ExportedProgram, "run_decompositions", lambda *a, **k: decompositions.append(1) or run(*a, **k))
+        program = compile._to_executorch(next(iter(prepared.artifacts.values())), get_target("xnnpack"), progress, quantized=True)
+    compile._forget_lowered_graphs()
+    return program.buffer, len(decompositions)
+
+
+def test_lowering_makes_the_program_executorchs_own_lowering_makes(tiny_checkpoint, monkeypatch):
+    """compile decomposes each graph once (ExecuTorch: three times) and XNNPACK's preprocess skips
+    the passes with nothing to rewrite in a partition; the program is byte for byte ExecuTorch's."""
     from executorch.backends.xnnpack import _passes, xnnpack_preprocess
+    from executorch.exir import EdgeCompileConfig, to_edge_transform_and_lower
 
     from genai_pipeline.targets import xnnpack
 
     ran = []
     may_change = xnnpack._may_change
     monkeypatch.setattr(xnnpack, "_may_change", lambda p, *a: ran.append((p.__name__, may_change(p, *a))) or ran[-1][1])
-    ours, _ = lower_tiny(tiny_checkpoint, Mode.DYNAMIC.value)
+    ours, decompositions = lower_quantized_tiny(tiny_checkpoint)
+    assert decompositions == 1  # one graph: the forward method
     skipped = {name for name, ran_it in ran if not ran_it}
     assert {"ConvertToUpsampleBilinear2d", "ConvertToSDPAPass", "DecomposeBatchNorm", "Conv1dUnsqueezePass", "ConvertToLinearPass"} <= skipped
     assert {name for name, ran_it in ran if ran_it} >= {"DimOrderOpsRevertPass", "ChannelsLastTaggedReshapePass"}
 
     monkeypatch.setattr(xnnpack, "_pass_manager_skipping_idle_passes", lambda: _passes.XNNPACKPassManager)
-    full, _ = lower_tiny(tiny_checkpoint, Mode.DYNAMIC.value)
+    monkeypatch.setattr(compile, "to_edge_transform_and_lower", lambda programs, partitioners, constant_methods: to_edge_transform_and_lower(
+        programs, partitioner=partitioners, constant_methods=constant_methods, compile_config=EdgeCompileConfig(_check_ir_validity=False)))
+    theirs, decompositions = lower_quantized_tiny(tiny_checkpoint)
     assert xnnpack_preprocess.XNNPACKPassManager is _passes.XNNPACKPassManager  # lowered with ExecuTorch's own
-
-    def blobs(program):
-        out = []
-        for lowered in delegates(program):
-            store = lowered.named_data_store_output
-            out.append((lowered.processed_bytes, {k: bytes(store.buffers[e.buffer_index]) for k, e in store.pte_data.items()}))
-        return out
-
-    assert len(delegates(ours["forward"])) > 2
-    assert blobs(ours["forward"]) == blobs(full["forward"])
+    assert decompositions == 3
+    assert ours == theirs
 
 
 def test_a_pass_runs_when_its_ops_are_there():
