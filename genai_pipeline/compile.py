@@ -71,14 +71,15 @@ def to_edge_transform_and_lower(programs: dict, partitioners: list, constant_met
         table.pop(op, None)
     programs = {name: program.run_decompositions(table) for name, program in programs.items()}
     # The IR validity check re-traces every graph; skipping it is byte-identical and ~11 % faster.
-    config = exir.EdgeCompileConfig(_check_ir_validity=False, preserve_ops=sorted(keep, key=str))
+    config = exir.EdgeCompileConfig(_check_ir_validity=False)
     refused = any(
         node.op == "call_function" and node.target in ops and supports is not None and not supports(node)
         for program in programs.values() for ops, supports in wanted(program) for node in program.graph.nodes
     )
     if refused:  # from the decomposed graphs: re-tracing the exported ones again trips on their unbacked symbols
         return exir.to_edge_transform_and_lower(programs, partitioner=partitioners, constant_methods=constant_methods,
-                                                compile_config=exir.EdgeCompileConfig(_check_ir_validity=False))
+                                                compile_config=config)
+    config = dataclasses.replace(config, preserve_ops=sorted(keep, key=str))
     edge = EdgeProgramManager(
         {name: _generate_edge_program(config, program, preserve_ops=config.preserve_ops) for name, program in programs.items()},
         constant_methods,
