@@ -17,6 +17,7 @@ from genai_pipeline import __version__
 from genai_pipeline.bundle import MANIFEST, Artifact, ArtifactSet, PreparedModel, atomic_write, sha256
 from genai_pipeline.data.chat_template import read_chat_template
 from genai_pipeline.errors import ExportError
+from genai_pipeline.lowering import to_edge_transform_and_lower
 from genai_pipeline.runtime.tokenizer import TOKENIZER_FILES
 from genai_pipeline.targets import Target
 
@@ -38,59 +39,6 @@ def lower(artifact: Artifact, target: Target, progress: tqdm):
     progress.set_description(f"lower {artifact.key.value} to {target.name}")
     edge = to_edge_transform_and_lower(programs, target.partitioners(), dict(artifact.constant_methods))
     progress.update()
-    return edge
-
-
-def to_edge_transform_and_lower(programs: dict, partitioners: list, constant_methods: dict):
-    """ExecuTorch's `to_edge_transform_and_lower`, re-tracing each graph once where it re-traces
-    three times. It functionalizes a graph, decomposes it to core ATen but for the ops the
-    partitioners take whole (`linear`, torchao's quantize ops, ...), then decomposes once more
-    the nodes of those ops that a partitioner refuses. When no node is refused, one decomposition
-    that keeps those ops does it all, and the export is 1.3-1.5x faster (SmolLM2-135M 8da4w:
-    467 -> 304 s). The program is byte-identical for SmolLM2-135M and the test models; for
-    Llama-3.2-1B one delegate numbers its values differently (550 bytes), logits bit-identical.
-    When a node is refused, ExecuTorch's path takes over.
-    (Named as ExecuTorch's: its partitioners take a caller of any other name for the deprecated
-    `to_edge` + `to_backend` workflow and warn.)"""
-    from executorch import exir
-    from executorch.exir.program._program import (
-        EdgeProgramManager,
-        _generate_edge_program,
-        _remove_invalid_ops_for_not_decompose,
-        _sanity_check_graph_for_non_decomp_ops,
-    )
-    from executorch.exir.tracer import _default_decomposition_table
-
-    def wanted(program):  # [(ops a partitioner takes whole, which of their nodes it takes)], as ExecuTorch filters them
-        return [(set(_remove_invalid_ops_for_not_decompose(ops)), supports)
-                for ops, supports in (p.ops_to_not_decompose(program) for p in partitioners)]
-
-    keep = {op for program in programs.values() for ops, _ in wanted(program) for op in ops}
-    table = _default_decomposition_table()
-    for op in keep:
-        table.pop(op, None)
-    programs = {name: program.run_decompositions(table) for name, program in programs.items()}
-    # The IR validity check re-traces every graph; skipping it is byte-identical and ~11 % faster.
-    config = exir.EdgeCompileConfig(_check_ir_validity=False)
-    refused = any(
-        node.op == "call_function" and node.target in ops and supports is not None and not supports(node)
-        for program in programs.values() for ops, supports in wanted(program) for node in program.graph.nodes
-    )
-    if refused:  # from the decomposed graphs: re-tracing the exported ones again trips on their unbacked symbols
-        return exir.to_edge_transform_and_lower(programs, partitioner=partitioners, constant_methods=constant_methods,
-                                                compile_config=config)
-    config = dataclasses.replace(config, preserve_ops=sorted(keep, key=str))
-    edge = EdgeProgramManager(
-        {name: _generate_edge_program(config, program, preserve_ops=config.preserve_ops) for name, program in programs.items()},
-        constant_methods,
-        config,
-    )
-    for partitioner in partitioners:
-        edge = edge.to_backend(partitioner)
-    for method in edge.methods:  # as ExecuTorch: a node of an op kept whole is not left to the runtime
-        program = edge.exported_program(method)
-        for ops, supports in wanted(program):
-            _sanity_check_graph_for_non_decomp_ops(method, program, ops, supports, generate_error=True)
     return edge
 
 

@@ -77,33 +77,3 @@ def test_manifest_describes_the_program(export_tiny, tiny_checkpoint):
     from genai_pipeline.bundle import sha256
 
     assert m["files"]["text_decoder.pte"]["sha256"] == sha256(export_tiny("hybrid") / "text_decoder.pte")
-
-
-def test_nodes_a_partitioner_refuses_are_decomposed_as_executorch_does(monkeypatch):
-    """compile decomposes each graph once, keeping whole the ops a partitioner takes whole; where it
-    refuses one of their nodes, ExecuTorch's own lowering takes over and decomposes that node."""
-    from executorch import exir
-    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
-
-    from genai_pipeline.compile import to_edge_transform_and_lower as ours
-
-    class RefusingTheSecondLinear(XnnpackPartitioner):
-        def ops_to_not_decompose(self, program):
-            ops, supports = super().ops_to_not_decompose(program)
-            linears = [n for n in program.graph.nodes if "linear" in str(n.target)]
-            return ops, lambda node: node not in linears[-1:] and supports(node)
-
-    def programs():
-        torch.manual_seed(0)
-        mlp = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
-        return {"forward": torch.export.export(mlp, (torch.randn(2, 8),), strict=False)}
-
-    theirs, took_over = exir.to_edge_transform_and_lower, []
-    monkeypatch.setattr(exir, "to_edge_transform_and_lower", lambda *a, **k: took_over.append(1) or theirs(*a, **k))
-    edge = ours(programs(), [RefusingTheSecondLinear()], {})
-    assert took_over
-    left = [str(n.target) for n in edge.exported_program().graph.nodes if n.op == "call_function"]
-    assert not any("linear" in t for t in left)  # the refused linear was decomposed (and delegated as a matmul)
-    executorchs = theirs(programs(), partitioner=[RefusingTheSecondLinear()],
-                         compile_config=exir.EdgeCompileConfig(_check_ir_validity=False))
-    assert edge.to_executorch().buffer == executorchs.to_executorch().buffer

@@ -77,6 +77,7 @@ def _ops_rewritten_by() -> dict[str, list[set[str]]]:
     if the partition holds every op of one of its sets."""
     from executorch.backends.xnnpack._passes import DecomposeBatchNorm, FuseActivationPass
     from executorch.backends.xnnpack.partition.graphs import bilinear_2d, sdpa
+    from executorch.exir.passes.dim_order_ops_registry import MemoryFormatOpsMap
 
     def patterns(graphs) -> list[set[str]]:
         return [{_op_name(n.target) for n in g.graph.nodes if n.op == "call_function"} for g in graphs]
@@ -96,6 +97,7 @@ def _ops_rewritten_by() -> dict[str, list[set[str]]]:
         "Conv1dUnsqueezePass": each("aten.convolution.default"),
         "PReLUReshapePass": each("aten._prelu_kernel.default"),
         "RemoveRedundantCopyPass": each("aten._to_copy.default"),
+        "DimOrderOpsRevertPass": each(*map(_op_name, MemoryFormatOpsMap)),
     }
 
 

@@ -7,7 +7,7 @@ import torch
 from tqdm import tqdm
 
 from conftest import Q4, TINY_MAX_SEQ, TINY_PREFILL
-from genai_pipeline import compile
+from genai_pipeline import compile, lowering
 from genai_pipeline.compile import compile_artifacts, lower
 from genai_pipeline.names import Mode
 from genai_pipeline.prepare import PrepareOptions, prepare
@@ -82,21 +82,27 @@ def lower_quantized_tiny(checkpoint) -> tuple[bytes, int]:
 
 
 def test_lowering_makes_the_program_executorchs_own_lowering_makes(tiny_checkpoint, monkeypatch):
-    """compile decomposes each graph once (ExecuTorch: three times) and XNNPACK's preprocess skips
-    the passes with nothing to rewrite in a partition; the program is byte for byte ExecuTorch's."""
+    """compile decomposes each graph once (ExecuTorch: three times), and skips the aten-to-edge
+    passes with nothing to rewrite in the graph and XNNPACK's preprocess passes with nothing to
+    rewrite in a partition; the program is byte for byte ExecuTorch's."""
     from executorch.backends.xnnpack import _passes, xnnpack_preprocess
     from executorch.exir import EdgeCompileConfig, to_edge_transform_and_lower
 
     from genai_pipeline.targets import xnnpack
 
-    ran = []
-    may_change = xnnpack._may_change
+    ran, to_edge = [], []
+    may_change, may_rewrite = xnnpack._may_change, lowering._may_rewrite
     monkeypatch.setattr(xnnpack, "_may_change", lambda p, *a: ran.append((p.__name__, may_change(p, *a))) or ran[-1][1])
+    monkeypatch.setattr(lowering, "_may_rewrite", lambda p, g: to_edge.append((type(getattr(p, "__wrapped__", p)).__name__, may_rewrite(p, g))) or to_edge[-1][1])
     ours, decompositions = lower_quantized_tiny(tiny_checkpoint)
     assert decompositions == 1  # one graph: the forward method
+    skipped = {name for name, ran_it in to_edge if not ran_it}
+    assert skipped == {"NormalizeTransposePass", "ReplaceBrokenOpsWithFunctionalOpsPass", "SymToTensorPass", "RemoveMixedTypeOperators", "MemoryFormatOpsPass"}
+    assert {name for name, ran_it in to_edge if ran_it} >= {"ReplaceViewOpsWithViewCopyOpsPass", "ScalarToTensorPass", "OpReplacePass"}
     skipped = {name for name, ran_it in ran if not ran_it}
-    assert {"ConvertToUpsampleBilinear2d", "ConvertToSDPAPass", "DecomposeBatchNorm", "Conv1dUnsqueezePass", "ConvertToLinearPass"} <= skipped
-    assert {name for name, ran_it in ran if ran_it} >= {"DimOrderOpsRevertPass", "ChannelsLastTaggedReshapePass"}
+    assert {"ConvertToUpsampleBilinear2d", "ConvertToSDPAPass", "DecomposeBatchNorm", "Conv1dUnsqueezePass", "ConvertToLinearPass",
+            "DimOrderOpsRevertPass"} <= skipped  # no dim-order op: the aten-to-edge pass that makes them was skipped too
+    assert {name for name, ran_it in ran if ran_it} >= {"ChannelsLastTaggedReshapePass", "ConstPropPass"}
 
     monkeypatch.setattr(xnnpack, "_pass_manager_skipping_idle_passes", lambda: _passes.XNNPACKPassManager)
     monkeypatch.setattr(compile, "to_edge_transform_and_lower", lambda programs, partitioners, constant_methods: to_edge_transform_and_lower(
@@ -116,6 +122,7 @@ def test_a_pass_runs_when_its_ops_are_there():
         RemoveRedundantCopyPass,
     )
     from executorch.exir.dialects._ops import ops as exir_ops
+    from executorch.exir.passes.memory_format_ops_pass import DimOrderOpsRevertPass
 
     from genai_pipeline.targets.xnnpack import _may_change, _ops_rewritten_by
 
@@ -131,6 +138,9 @@ def test_a_pass_runs_when_its_ops_are_there():
     assert not _may_change(PropagateCustomMetaPass, graph, rewrites)
     y.meta["custom"] = {"tag": 1}
     assert _may_change(PropagateCustomMetaPass, graph, rewrites)
+    assert not _may_change(DimOrderOpsRevertPass, graph, rewrites)
+    y.target = exir_ops.edge.dim_order_ops._to_dim_order_copy.default
+    assert _may_change(DimOrderOpsRevertPass, graph, rewrites)
 
 
 def test_nothing_keeps_the_weights_once_the_program_is_written(tiny_checkpoint, tmp_path):
