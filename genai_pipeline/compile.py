@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import gc
 import json
 import logging
 import shutil
@@ -105,13 +106,20 @@ def _forget_lowered_graphs() -> None:
     through their nodes' metadata the weights they were traced with (a SmolLM2-135M 8da4w export
     held ~600 MB after its program was written): torch's export keeps the nodes of its last trace
     for a leak check, torch memoizes ShapeEnv methods (keeping each ShapeEnv, whose fake
-    tensor cache holds the lowered modules), and ExecuTorch memoizes node comparisons without bound.
+    tensor cache holds the lowered modules), fake tensors' dispatch caches key on the arguments of
+    the ops they ran, a delegate call's lowered module among them (the class-wide cache, and each
+    ShapeEnv's: a garbage collection does not free a ShapeEnv whose only referrers are the symbolic
+    sizes in its own cache's keys), and ExecuTorch memoizes node comparisons without bound.
     Clearing them costs nothing but the next lowering's cache misses."""
     from executorch.exir.backend.utils import is_same_node
+    from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.fx.experimental import proxy_tensor
     from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
     proxy_tensor._FAKE_TENSOR_ID_TO_PROXY_MAP_FOR_EXPORT.clear()
+    FakeTensorMode.cache_clear()
+    for shape_env in (o for o in gc.get_objects() if isinstance(o, ShapeEnv)):
+        shape_env.fake_tensor_cache.clear()
     for method in vars(ShapeEnv).values():
         if hasattr(method, "cache_clear"):
             method.cache_clear()

@@ -250,19 +250,23 @@ class RMSNorm(nn.Module):
         self.eps, self.unit_offset = eps, unit_offset
         self.weight = nn.Parameter(torch.zeros(dim) if unit_offset else torch.ones(dim))
         self.mean_weights: torch.Tensor | None = None  # see mean_by_matmul
+        self.eps_bias: torch.Tensor | None = None
 
     def mean_by_matmul(self) -> None:
         """Take the mean of squares as a product with a constant [1, dim] row of 1/dim: XNNPACK
         keeps a linear inside its delegate but runs no mean over the last dim of a 3-D tensor,
-        so the plain form ends the delegate twice per layer (a delegate call costs ~8 us)."""
+        so the plain form ends the delegate twice per layer (a delegate call costs ~8 us). The
+        linear's bias adds eps: no float literal is left for lowering to turn into a tensor
+        (a whole-graph re-trace)."""
         self.mean_weights = torch.full((1, self.weight.numel()), 1.0 / self.weight.numel())
+        self.eps_bias = torch.full((1,), self.eps)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.mean_weights is None:
-            mean_square = x.pow(2).mean(-1, keepdim=True)
+            mean_square = x.pow(2).mean(-1, keepdim=True) + self.eps
         else:
-            mean_square = F.linear(x * x, self.mean_weights)
-        x = x * torch.rsqrt(mean_square + self.eps)
+            mean_square = F.linear(x * x, self.mean_weights, self.eps_bias)
+        x = x * torch.rsqrt(mean_square)
         return x * (1.0 + self.weight) if self.unit_offset else x * self.weight
 
 

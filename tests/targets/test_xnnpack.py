@@ -97,8 +97,9 @@ def test_lowering_makes_the_program_executorchs_own_lowering_makes(tiny_checkpoi
     ours, decompositions = lower_quantized_tiny(tiny_checkpoint)
     assert decompositions == 1  # one graph: the forward method
     skipped = {name for name, ran_it in to_edge if not ran_it}
-    assert skipped == {"NormalizeTransposePass", "ReplaceBrokenOpsWithFunctionalOpsPass", "SymToTensorPass", "RemoveMixedTypeOperators", "MemoryFormatOpsPass"}
-    assert {name for name, ran_it in to_edge if ran_it} >= {"ReplaceViewOpsWithViewCopyOpsPass", "ScalarToTensorPass", "OpReplacePass"}
+    assert skipped == {"NormalizeTransposePass", "ReplaceBrokenOpsWithFunctionalOpsPass", "ScalarToTensorPass", "SymToTensorPass",
+                       "RemoveMixedTypeOperators", "MemoryFormatOpsPass"}
+    assert {name for name, ran_it in to_edge if ran_it} >= {"ReplaceViewOpsWithViewCopyOpsPass", "OpReplacePass"}
     skipped = {name for name, ran_it in ran if not ran_it}
     assert {"ConvertToUpsampleBilinear2d", "ConvertToSDPAPass", "DecomposeBatchNorm", "Conv1dUnsqueezePass", "ConvertToLinearPass",
             "DimOrderOpsRevertPass"} <= skipped  # no dim-order op: the aten-to-edge pass that makes them was skipped too
@@ -146,8 +147,7 @@ def test_a_pass_runs_when_its_ops_are_there():
 def test_nothing_keeps_the_weights_once_the_program_is_written(tiny_checkpoint, tmp_path):
     """torch and ExecuTorch keep the last lowered graphs reachable from module globals, and with
     them the weights their nodes' metadata holds (as tensors of their own over the same memory);
-    compile lets go of them. (Two small weights stay reachable through a torch cache not yet
-    found; without the clean-up every weight does.)"""
+    compile lets go of them (without the clean-up every weight stays reachable)."""
 
     def storages(tensors) -> set[int]:
         out = set()
@@ -164,7 +164,7 @@ def test_nothing_keeps_the_weights_once_the_program_is_written(tiny_checkpoint, 
     del prepared
     gc.collect()
     live = [o for o in gc.get_objects() if isinstance(o, torch.Tensor) and not isinstance(o, torch._subclasses.FakeTensor)]
-    assert len(storages(live) & weights) <= len(weights) // 4
+    assert not storages(live) & weights
 
 
 def rss_file_mb() -> float:
