@@ -65,8 +65,9 @@ def to_edge_transform_and_lower(programs: dict, partitioners: list, constant_met
 def _edge_program(config, program):
     """ExecuTorch's `_generate_edge_program` (aten to edge dialect), minus the passes with nothing
     to rewrite in the graph. Eight of its passes re-trace the whole graph with fake tensors, ~0.5 s
-    a layer each with a symbolic sequence length, and five of them find nothing to do in a decoder
-    (a decoder has no `aten.t`, no view op is left by then, no op mixes dtypes, ...)."""
+    a layer each with a symbolic sequence length, and six of them find nothing to do in a decoder
+    lowered to XNNPACK (it has no `aten.t`, no view op is left by then, no op mixes dtypes, RMSNorm's
+    eps is a linear's bias rather than a float literal, ...)."""
     from executorch.exir._program_utils import _get_updated_graph_signature
     from executorch.exir.passes import convert_constant_dim_order_pass, remove_unused_parameters_pass
     from executorch.exir.program._program import _get_aten_to_edge_passes, _transform, lift_constant_tensor_pass
@@ -105,49 +106,78 @@ def _aten_to_edge_passes(config) -> list:
     return passes if config._skip_dim_order else [*passes, MemoryFormatOpsPass()]
 
 
-# Binary ops whose tensor operands RemoveMixedTypeOperators casts to the result's dtype.
-_PROMOTING_OPS = ("aten.add.Tensor", "aten.mul.Tensor", "aten.sub.Tensor", "aten.div.Tensor", "aten.div.Tensor_mode", "aten.minimum.default")
+def _pass_name(pass_) -> str:
+    return type(getattr(pass_, "__wrapped__", pass_)).__name__  # ExecuTorch's pass managers wrap them
 
 
 def _may_rewrite(pass_, graph_module) -> bool:
     """False for an aten-to-edge pass that would find nothing to rewrite in the graph (what each
     rewrites is in its `call_operator`); True for any other pass."""
-    from executorch.exir.dialects.edge._ops import EdgeOpOverload
-    from executorch.exir.pass_base import map_args
-    from executorch.exir.passes.dim_order_ops_registry import DimOrderOpsMap
-
-    name = type(getattr(pass_, "__wrapped__", pass_)).__name__  # ExecuTorch's pass managers wrap them
-    if name not in ("NormalizeTransposePass", "ReplaceBrokenOpsWithFunctionalOpsPass", "ScalarToTensorPass",
-                    "SymToTensorPass", "RemoveMixedTypeOperators", "MemoryFormatOpsPass"):
+    has_work = _HAS_WORK.get(_pass_name(pass_))
+    if has_work is None:
         return True
     if any(isinstance(m, torch.fx.GraphModule) for m in graph_module.modules() if m is not graph_module):
         return True  # control flow: the pass also walks the branches' graphs
-    if name == "MemoryFormatOpsPass":  # runs on edge ops (not OpOverloads)
-        return any(isinstance(n.target, EdgeOpOverload) and n.target in DimOrderOpsMap for n in graph_module.graph.nodes)
-    ops = [n for n in graph_module.graph.nodes if n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload)]
-    if name == "NormalizeTransposePass":
-        return any(n.target == torch.ops.aten.t.default for n in ops)
-    if name == "ReplaceBrokenOpsWithFunctionalOpsPass":
-        return any(n.target.is_view for n in ops)
+    return has_work(graph_module.graph)
 
-    def tensor_arguments(node):  # the values passed where the op's schema has a Tensor
-        found = []
-        map_args(node.target, lambda value, arg: found.append(value) if isinstance(arg.type, torch.TensorType) else None,
-                 node.args, node.kwargs)
-        return found
 
-    def symbolic(value):
-        return isinstance(value, torch.fx.Node) and isinstance(value.meta.get("val"), (torch.SymInt, torch.SymFloat, torch.SymBool))
+def _operator_calls(graph) -> list:
+    return [n for n in graph.nodes if n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload)]
 
-    if name == "ScalarToTensorPass":
-        return any(isinstance(v, (float, int, bool)) for n in ops for v in tensor_arguments(n))
-    if name == "SymToTensorPass":
-        return any(symbolic(v) for n in ops for v in tensor_arguments(n))
-    # RemoveMixedTypeOperators: an operand of a promoting op whose dtype is not the result's
-    for n in ops:
+
+def _tensor_arguments(node) -> list:
+    """The values passed where the op's schema has a Tensor."""
+    from executorch.exir.pass_base import map_args
+
+    found = []
+    map_args(node.target, lambda value, arg: found.append(value) if isinstance(arg.type, torch.TensorType) else None,
+             node.args, node.kwargs)
+    return found
+
+
+def _calls_transpose(graph) -> bool:  # NormalizeTransposePass
+    return any(n.target == torch.ops.aten.t.default for n in _operator_calls(graph))
+
+
+def _calls_a_view(graph) -> bool:  # ReplaceBrokenOpsWithFunctionalOpsPass
+    return any(n.target.is_view for n in _operator_calls(graph))
+
+
+def _passes_a_literal_as_tensor(graph) -> bool:  # ScalarToTensorPass
+    return any(isinstance(v, (float, int, bool)) for n in _operator_calls(graph) for v in _tensor_arguments(n))
+
+
+def _passes_a_symbol_as_tensor(graph) -> bool:  # SymToTensorPass
+    return any(isinstance(v, torch.fx.Node) and isinstance(v.meta.get("val"), (torch.SymInt, torch.SymFloat, torch.SymBool))
+               for n in _operator_calls(graph) for v in _tensor_arguments(n))
+
+
+# Binary ops whose tensor operands RemoveMixedTypeOperators casts to the result's dtype.
+_PROMOTING_OPS = ("aten.add.Tensor", "aten.mul.Tensor", "aten.sub.Tensor", "aten.div.Tensor", "aten.div.Tensor_mode", "aten.minimum.default")
+
+
+def _mixes_dtypes(graph) -> bool:  # RemoveMixedTypeOperators: an operand whose dtype is not the result's
+    for n in _operator_calls(graph):
         if str(n.target) in _PROMOTING_OPS and len(n.args) > 1:
             result = n.meta["val"].dtype
-            for v in tensor_arguments(n):
+            for v in _tensor_arguments(n):
                 if not isinstance(v, torch.fx.Node) or getattr(v.meta["val"], "dtype", result) != result:
                     return True
     return False
+
+
+def _calls_a_memory_format_op(graph) -> bool:  # MemoryFormatOpsPass; it runs on edge ops, not OpOverloads
+    from executorch.exir.dialects.edge._ops import EdgeOpOverload
+    from executorch.exir.passes.dim_order_ops_registry import DimOrderOpsMap
+
+    return any(isinstance(n.target, EdgeOpOverload) and n.target in DimOrderOpsMap for n in graph.nodes)
+
+
+_HAS_WORK = {
+    "NormalizeTransposePass": _calls_transpose,
+    "ReplaceBrokenOpsWithFunctionalOpsPass": _calls_a_view,
+    "ScalarToTensorPass": _passes_a_literal_as_tensor,
+    "SymToTensorPass": _passes_a_symbol_as_tensor,
+    "RemoveMixedTypeOperators": _mixes_dtypes,
+    "MemoryFormatOpsPass": _calls_a_memory_format_op,
+}

@@ -45,7 +45,7 @@ def test_an_aten_to_edge_pass_is_skipped_only_where_it_has_nothing_to_rewrite():
     from executorch.exir.tracer import _default_decomposition_table
     from torch.fx.experimental.proxy_tensor import make_fx
 
-    from genai_pipeline.lowering import _aten_to_edge_passes, _edge_program, _may_rewrite
+    from genai_pipeline.lowering import _aten_to_edge_passes, _edge_program, _may_rewrite, _pass_name
 
     class MixedTypesScalarsAndCopies(torch.nn.Module):
         def forward(self, x, i):
@@ -60,7 +60,7 @@ def test_an_aten_to_edge_pass_is_skipped_only_where_it_has_nothing_to_rewrite():
     config = exir.EdgeCompileConfig(_check_ir_validity=False)
     graph_module, changed = program().graph_module, set()
     for pass_ in _aten_to_edge_passes(config):
-        name, said, before = type(getattr(pass_, "__wrapped__", pass_)).__name__, _may_rewrite(pass_, graph_module), graph_module.code
+        name, said, before = _pass_name(pass_), _may_rewrite(pass_, graph_module), graph_module.code
         graph_module = pass_(graph_module).graph_module
         if graph_module.code != before:
             assert said, f"{name} rewrote the graph, _may_rewrite said it would not"

@@ -93,7 +93,7 @@ def test_lowering_makes_the_program_executorchs_own_lowering_makes(tiny_checkpoi
     ran, to_edge = [], []
     may_change, may_rewrite = xnnpack._may_change, lowering._may_rewrite
     monkeypatch.setattr(xnnpack, "_may_change", lambda p, *a: ran.append((p.__name__, may_change(p, *a))) or ran[-1][1])
-    monkeypatch.setattr(lowering, "_may_rewrite", lambda p, g: to_edge.append((type(getattr(p, "__wrapped__", p)).__name__, may_rewrite(p, g))) or to_edge[-1][1])
+    monkeypatch.setattr(lowering, "_may_rewrite", lambda p, g: to_edge.append((lowering._pass_name(p), may_rewrite(p, g))) or to_edge[-1][1])
     ours, decompositions = lower_quantized_tiny(tiny_checkpoint)
     assert decompositions == 1  # one graph: the forward method
     skipped = {name for name, ran_it in to_edge if not ran_it}
