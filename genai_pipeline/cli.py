@@ -8,6 +8,7 @@ import json
 import logging
 import os
 import sys
+import traceback
 import warnings
 from dataclasses import fields
 from pathlib import Path
@@ -376,6 +377,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.func(args)
     except GenAIError as e:
+        if os.environ.get("GENAI_DEBUG") and e.__cause__ is not None:  # e.g. the lowering failure it wraps
+            traceback.print_exception(e.__cause__)
         print(f"error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -11,7 +11,9 @@ import time
 import pytest
 
 from conftest import TINY_MAX_SEQ, copy_export, save_hf_checkpoint
+from genai_pipeline import cli
 from genai_pipeline.cli import _one_openmp_thread_per_caller, main
+from genai_pipeline.errors import ExportError
 
 
 def genai(*args, timeout=600):
@@ -31,6 +33,25 @@ def fails_with_one_line(capsys, argv, *needles):
     for needle in needles:
         assert needle in last, last
     return last
+
+
+def test_genai_debug_shows_what_an_error_line_hides(capsys, monkeypatch):
+    """An error that wraps a failure deep inside torch stays one line; GENAI_DEBUG=1 adds the
+    wrapped failure's traceback above it."""
+
+    def lowering_fails(args):
+        try:
+            raise AttributeError("`rotate_half` is not a buffer")
+        except AttributeError as e:
+            raise ExportError("lowering text_decoder to xnnpack failed") from e
+
+    monkeypatch.setattr(cli, "cmd_models", lowering_fails)
+    fails_with_one_line(capsys, ["models"], "lowering text_decoder to xnnpack failed")
+    monkeypatch.setenv("GENAI_DEBUG", "1")
+    assert main(["models"]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" in err and "in lowering_fails" in err and "is not a buffer" in err
+    assert err.strip().splitlines()[-1] == "error: lowering text_decoder to xnnpack failed"
 
 
 def test_models_lists_the_registry(capsys):
