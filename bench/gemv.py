@@ -30,11 +30,11 @@ def build(recipe: str, group_size: int, dim: int, layers: int, path: Path) -> in
     from torch import nn
     from torchao.quantization import quantize_
 
-    from genai_pipeline.quantize import _linear_config
+    from genai_pipeline.quantize import linear_config
 
     torch.manual_seed(0)
     stack = nn.Sequential(*[nn.Linear(dim, dim, bias=False) for _ in range(layers)])
-    quantize_(stack, _linear_config(recipe, group_size))
+    quantize_(stack, linear_config(recipe, group_size))
     exported = torch.export.export(stack, (torch.randn(1, dim),))
     program = to_edge_transform_and_lower(exported, partitioner=[XnnpackPartitioner()]).to_executorch()
     path.write_bytes(program.buffer)

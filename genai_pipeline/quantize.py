@@ -116,7 +116,8 @@ def parse_override(text: str) -> tuple[str, str]:
     return pattern, recipe
 
 
-def _linear_config(recipe: str, group_size: int):
+def linear_config(recipe: str, group_size: int):
+    """torchao's config for a linear layer in `recipe` (8da4w, 8da8w); bench/gemv.py measures its kernels."""
     from torchao.quantization import Int8DynamicActivationIntxWeightConfig
     from torchao.quantization.granularity import PerAxis, PerGroup
 
@@ -156,7 +157,7 @@ def quantize_module(module: nn.Module, options: QuantOptions) -> dict[str, str]:
             too_narrow = sorted(n for n in chosen if module.get_submodule(n).in_features % options.group_size)
             if too_narrow:
                 raise InputError(f"{too_narrow[0]} has {module.get_submodule(too_narrow[0]).in_features} inputs, not a multiple of --group-size {options.group_size}")
-        quantize_(module, _linear_config(recipe, options.group_size), filter_fn=lambda m, fqn, chosen=chosen: fqn in chosen)
+        quantize_(module, linear_config(recipe, options.group_size), filter_fn=lambda m, fqn, chosen=chosen: fqn in chosen)
     plan.update(linears)
     return plan
 
