@@ -12,12 +12,9 @@ import argparse
 import json
 import os
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 RECIPES = {"8da4w-g32": ("8da4w", 32), "8da4w-g128": ("8da4w", 128), "8da8w": ("8da8w", 32)}
 
