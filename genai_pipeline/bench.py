@@ -21,6 +21,7 @@ import torch
 
 from genai_pipeline.errors import InputError
 from genai_pipeline.inspect import inspect_program
+from genai_pipeline.runtime.generate import greedy_token
 from genai_pipeline.runtime.session import DecoderSession
 
 EMBEDDING_BYTES_PER_VALUE = {None: 4.0, "8w": 1.0, "4w": 0.5}
@@ -89,10 +90,10 @@ def bench(folder: Path, options: BenchOptions) -> dict:
         t = time.perf_counter()
         logits = session.prefill(prompt)
         prefill.append(options.prompt_len / (time.perf_counter() - t))
-        token = int(logits.argmax())
+        token = greedy_token(logits)
         t = time.perf_counter()
         for _ in range(options.gen_len):
-            token = int(session.step(token).argmax())
+            token = greedy_token(session.step(token))
         decode.append(options.gen_len / (time.perf_counter() - t))
     decode_rate = statistics.median(decode[1:])
     # Taken before the bandwidth probe below, whose 512 MB of buffers are not the runtime's.
