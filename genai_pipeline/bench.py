@@ -24,8 +24,6 @@ from genai_pipeline.inspect import inspect_program
 from genai_pipeline.runtime.generate import greedy_token
 from genai_pipeline.runtime.session import DecoderSession
 
-EMBEDDING_BYTES_PER_VALUE = {None: 4.0, "8w": 1.0, "4w": 0.5}
-
 
 @dataclass(frozen=True)
 class BenchOptions:
@@ -62,12 +60,21 @@ def _timed(fn) -> float:
     return time.perf_counter() - start
 
 
+def embedding_table_bytes(manifest: dict) -> int:
+    """The token-embedding table's bytes in the program, values and scales; a step reads one row."""
+    config, quantization = manifest["config"], manifest.get("quantization") or {}
+    values = config["vocab_size"] * config["dim"]
+    if quantization.get("embedding") == "4w":  # two values a byte, an fp32 scale per group
+        return values // 2 + values // quantization["group_size"] * 4
+    if quantization.get("embedding") == "8w":  # a byte a value, an fp32 scale per row
+        return values + config["vocab_size"] * 4
+    return values * 4
+
+
 def weight_bytes_per_token(folder: Path, manifest: dict) -> int:
     report = inspect_program(Path(folder) / manifest["artifacts"]["text_decoder"]["file"])
     stored = report["named_data"]["bytes"] + report["constant_segment"]["bytes"]
-    config = manifest["config"]
-    embedding = (manifest.get("quantization") or {}).get("embedding")
-    return int(stored - config["vocab_size"] * config["dim"] * EMBEDDING_BYTES_PER_VALUE[embedding])
+    return stored - embedding_table_bytes(manifest)
 
 
 def bench(folder: Path, options: BenchOptions) -> dict:

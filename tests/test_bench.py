@@ -5,10 +5,11 @@ import json
 import numpy as np
 import pytest
 
-from conftest import TINY_MAX_SEQ
-from genai_pipeline.bench import BenchOptions, bench, memory_bandwidth_gbs
+from conftest import Q4, TINY_MAX_SEQ
+from genai_pipeline.bench import BenchOptions, bench, memory_bandwidth_gbs, weight_bytes_per_token
+from genai_pipeline.bundle import read_manifest
 from genai_pipeline.cli import main
-from genai_pipeline.inspect import inspect_program
+from genai_pipeline.inspect import _constant_sizes, _read_program, inspect_program
 
 
 def test_bench_reports_rates_memory_and_bandwidth_share(export_tiny, capsys):
@@ -19,11 +20,35 @@ def test_bench_reports_rates_memory_and_bandwidth_share(export_tiny, capsys):
     assert r["prefill_tokens_per_s"] > 0 and r["decode_tokens_per_s"] > 0 and r["load_s"] > 0 and r["peak_rss_mb"] > 0
     # Every stored weight but the fp32 token embedding, of which a step reads one row.
     stored = inspect_program(folder / "text_decoder.pte")
-    config = json.loads((folder / "manifest.json").read_text())["config"]
-    embedding = 4 * config["vocab_size"] * config["dim"]
+    embedding = embedding_lookup_bytes(folder / "text_decoder.pte")
     assert r["weight_bytes_per_token"] == stored["named_data"]["bytes"] + stored["constant_segment"]["bytes"] - embedding > 0
     rate = r["weight_bytes_per_token"] * r["decode_tokens_per_s"] / 1e9
     assert r["bandwidth_share"] == pytest.approx(rate / r["memory_bandwidth_gbs"], rel=0.05, abs=1e-4)
+
+
+def embedding_lookup_bytes(pte) -> int:
+    """Oracle: the bytes of the constant tensors the program's embedding lookup reads (its table
+    and, when quantized, its scales), found among the operator calls of the program itself."""
+    program, _ = _read_program(pte)
+    sizes = _constant_sizes(program)
+    found = set()
+    for plan in program.execution_plan:
+        for chain in plan.chains:
+            for call in (i.instr_args for i in chain.instructions):
+                if type(call).__name__ == "KernelCall" and "embedding" in plan.operators[call.op_index].name:
+                    tensors = (plan.values[a].val for a in call.args)
+                    found |= {t.data_buffer_idx for t in tensors if type(t).__name__ == "Tensor" and t.data_buffer_idx > 0}
+    assert found, "no embedding lookup among the program's operators"
+    return sum(sizes[b] for b in found)
+
+
+def test_weight_bytes_per_token_leave_out_a_quantized_embedding_table(export_reference):
+    folder = export_reference("kv", Q4)  # int8 token embedding with a scale per row
+    manifest = read_manifest(folder)
+    stored = inspect_program(folder / "text_decoder.pte")
+    table = embedding_lookup_bytes(folder / "text_decoder.pte")
+    assert table > manifest["config"]["vocab_size"] * manifest["config"]["dim"]  # the scales are in it
+    assert weight_bytes_per_token(folder, manifest) == stored["named_data"]["bytes"] + stored["constant_segment"]["bytes"] - table
 
 
 def test_bench_refuses_more_tokens_than_the_context(export_tiny):
