@@ -54,6 +54,7 @@ class PreparedModel:
     options: Any  # PrepareOptions; typed loosely to keep this module free of stage imports
     weights: str  # checkpoint folder, or "random"
     tokenizer_file: Path | None = None
+    special_tokens: Any = None  # checkpoints.special_tokens.SpecialTokens: ids and where each came from
     recipe: str = "fp32"  # set by the quantize stage
     quantization: Mapping[str, Any] = field(default_factory=dict)  # the QuantOptions applied, as data
 

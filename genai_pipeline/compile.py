@@ -162,6 +162,7 @@ def compile_artifacts(prepared: PreparedModel, target: Target, out: Path) -> Art
     options = prepared.options
     manifest = {
         "model": prepared.spec.name,
+        "entry": prepared.spec.entry,
         "family": prepared.spec.family,
         "weights": prepared.weights,
         "config": dataclasses.asdict(prepared.config),
@@ -174,6 +175,7 @@ def compile_artifacts(prepared: PreparedModel, target: Target, out: Path) -> Art
         "prefill_len": options.prefill_len,
         "bos_id": prepared.spec.bos_id,
         "eos_ids": list(prepared.spec.eos_ids),
+        "special_tokens": prepared.special_tokens.as_manifest() if prepared.special_tokens else None,
         "status": "qdq-only" if blocked else "complete",
         "artifacts": {
             key.value: {

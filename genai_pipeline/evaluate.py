@@ -45,7 +45,7 @@ class EvalOptions:
 
 def float_model(manifest: dict) -> Decoder:
     """The float model an export started from, rebuilt from its manifest."""
-    spec = get_spec(manifest["model"])
+    spec = get_spec(manifest.get("entry", manifest["model"]))
     if manifest["weights"] == "random":
         config = DecoderConfig.from_dict(manifest["config"])
         return random_decoder(config, manifest["max_seq_len"], manifest.get("seed", 0))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,10 +14,12 @@ from torch.export import Dim
 from genai_pipeline.bundle import Artifact, GraphBundle, PreparedModel
 from genai_pipeline.checkpoints import load_decoder
 from genai_pipeline.checkpoints.hf import random_decoder
+from genai_pipeline.checkpoints.special_tokens import read_special_tokens
+from genai_pipeline.data.chat_template import read_chat_template
 from genai_pipeline.errors import InputError
 from genai_pipeline.models.decoder import Decoder
 from genai_pipeline.names import ArtifactKey, GraphName, Mode
-from genai_pipeline.registry import ModelSpec
+from genai_pipeline.registry import ModelSpec, sized_as
 from genai_pipeline.runtime.tokenizer import find_tokenizer_file, tokenizer_kind
 
 log = logging.getLogger(__name__)
@@ -87,6 +90,8 @@ def prepare(spec: ModelSpec, options: PrepareOptions) -> PreparedModel:
         decoder = random_decoder(spec.config, options.max_seq_len, options.seed)
         weights = "random"
     config = decoder.config
+    if checkpoint is not None and checkpoint != spec.checkpoint:
+        spec = sized_as(spec, config)  # a checkpoint of other sizes is not exported under this entry's name
     if options.max_seq_len > config.max_position_embeddings:
         log.warning("--max-seq-len %d exceeds the model's trained context %d", options.max_seq_len, config.max_position_embeddings)
     tokenizer = find_tokenizer_file(Path(checkpoint)) if checkpoint is not None else None
@@ -95,6 +100,13 @@ def prepare(spec: ModelSpec, options: PrepareOptions) -> PreparedModel:
             "%s: %s is %s, but this entry's checkpoints carry %s; check that the tokenizer belongs to the model",
             spec.name, tokenizer, kind.value, spec.tokenizer_kind.value,
         )
+    folder = None if tokenizer is None else tokenizer.parent
+    template = read_chat_template(folder) if folder is not None else None
+    special = read_special_tokens(
+        folder, template.source if template else spec.chat_template, spec.bos_id, spec.eos_ids
+    )
+    # The checkpoint's own bos/eos, the entry filling only what it lacks, for every reader downstream.
+    spec = dataclasses.replace(spec, bos_id=special.bos_id, eos_ids=special.eos_ids)
     constants = {
         "get_max_seq_len": options.max_seq_len,
         "get_max_context_len": options.max_seq_len,
@@ -122,4 +134,5 @@ def prepare(spec: ModelSpec, options: PrepareOptions) -> PreparedModel:
         options=options,
         weights=weights,
         tokenizer_file=tokenizer,
+        special_tokens=special,
     )

@@ -106,7 +106,8 @@ def test_export_infers_the_entry_from_config(capsys, tmp_path, export_tiny):
     from genai_pipeline.registry import infer_spec
     from genai_pipeline.checkpoints.hf import read_config
 
-    assert infer_spec(read_config(folder)).name == "qwen3-0_6b"
+    spec = infer_spec(read_config(folder))  # sizes of no entry: the family under a name that says so
+    assert spec.name == "qwen3 (custom: 2 layers, dim 64)" and spec.entry == "qwen3-0_6b" and spec.config.head_dim == 16
     (folder / "config.json").write_text(json.dumps({**read_config(folder), "model_type": "mamba"}))
     fails_with_one_line(capsys, ["export", "--checkpoint", folder, "--out", tmp_path / "o"], "model_type 'mamba'", "qwen3")
 

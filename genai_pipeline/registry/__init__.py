@@ -5,6 +5,7 @@ Model knowledge lives in the entries, one module per family; nothing else branch
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import re
 from dataclasses import dataclass
@@ -43,8 +44,12 @@ class ModelSpec:
     tokenizer_kind: TokenizerKind = TokenizerKind.HF_JSON  # the tokenizer file its checkpoints carry
     # Jinja chat template for checkpoints that carry none (the export writes it as chat_template.jinja).
     chat_template: str | None = None
+    # The registry entry this spec is or derives from (a checkpoint of another size: see `sized_as`).
+    entry: str = ""
 
     def __post_init__(self):
+        if not self.entry:
+            object.__setattr__(self, "entry", self.name)
         if self.checkpoint_format not in CHECKPOINT_FORMATS:
             raise ValueError(f"{self.name}: checkpoint_format must be one of {', '.join(CHECKPOINT_FORMATS)}, got '{self.checkpoint_format}'")
 
@@ -91,19 +96,37 @@ def infer_spec(hf_config: dict) -> ModelSpec:
         close = difflib.get_close_matches(str(model_type), types, n=3, cutoff=0.5)
         closest = f"; closest: {', '.join(close)}" if close else ""
         raise UnknownModelError(f"no registry entry reads model_type '{model_type}'{closest}; supported: {', '.join(types)}")
-    return next((s for s in candidates if _same_size(s, hf_config)), candidates[0])
+    return _by_size(candidates, hf_config)
 
 
 def infer_llama2c_spec(model_args: dict) -> ModelSpec:
     """The llama2.c entry whose embedded config has the sizes of a checkpoint's `model_args`, else
-    the first llama2.c entry (any of them reads the checkpoint's own model_args)."""
-    candidates = [s for s in SPECS.values() if s.checkpoint_format == "llama2c"]
-    return next((s for s in candidates if _same_size(s, model_args)), candidates[0])
+    a custom spec of the llama2.c family."""
+    return _by_size([s for s in SPECS.values() if s.checkpoint_format == "llama2c"], model_args)
 
 
-def _same_size(spec: ModelSpec, checkpoint_config: dict) -> bool:
-    try:
-        c = spec.config_from_checkpoint(checkpoint_config)
-    except (KeyError, TypeError, ValueError):
-        return False
-    return (c.dim, c.n_layers, c.vocab_size) == (spec.config.dim, spec.config.n_layers, spec.config.vocab_size)
+def _by_size(candidates: list[ModelSpec], checkpoint_config: dict) -> ModelSpec:
+    """The candidate whose embedded config has the checkpoint's sizes; else the family, named as custom."""
+    config = None
+    for spec in candidates:
+        try:
+            config = spec.config_from_checkpoint(checkpoint_config)
+        except (KeyError, TypeError, ValueError):
+            continue
+        if _sizes(config) == _sizes(spec.config):
+            return spec
+    return candidates[0] if config is None else sized_as(candidates[0], config)
+
+
+def _sizes(config: DecoderConfig) -> tuple[int, int, int]:
+    return config.dim, config.n_layers, config.vocab_size
+
+
+def sized_as(spec: ModelSpec, config: DecoderConfig) -> ModelSpec:
+    """`spec` for a checkpoint with `config`: itself when the sizes match, else its family with the
+    checkpoint's config under a name that says so, never another entry's name."""
+    if _sizes(config) == _sizes(spec.config):
+        return spec
+    name = f"{spec.family} (custom: {config.n_layers} layers, dim {config.dim})"
+    return dataclasses.replace(spec, name=name, description=f"a {spec.family} checkpoint of sizes no entry lists",
+                               config=config, checkpoint=None, entry=spec.entry)

@@ -23,10 +23,8 @@ from genai_pipeline.data.chat_template import ChatTemplate, render_chat
 from genai_pipeline.data.samples import Message
 from genai_pipeline.errors import ChatTemplateError, ContextFullError, InputError
 from genai_pipeline.runtime.generate import generate
+from genai_pipeline.runtime.tokenizer import END_OF_TURN_TOKENS
 
-# Special tokens that end an assistant's turn in common templates; those that are one token of
-# the vocabulary stop a reply (Llama 3, ChatML, Gemma, Phi-3, GPT-2 style).
-END_OF_TURN_TOKENS = ("<|eot_id|>", "<|im_end|>", "<end_of_turn>", "<|end|>", "<|endoftext|>")
 
 
 class ChatSession(Protocol):

@@ -25,6 +25,10 @@ from genai_pipeline.errors import InputError
 # tokenizer.json is the complete description (special tokens, post-processor).
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model")
 
+# Special tokens that end an assistant's turn in common chat templates (Llama 3, ChatML, Gemma,
+# Phi-3, GPT-2 style); where the vocabulary holds one as a single token, it ends a reply.
+END_OF_TURN_TOKENS = ("<|eot_id|>", "<|im_end|>", "<end_of_turn>", "<|end|>", "<|endoftext|>", "<|eom_id|>")
+
 # Llama 3's pre-tokenizer split (Meta's llama3 tokenizer.py; cl100k's pattern without possessives).
 LLAMA3_SPLIT = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"

@@ -205,9 +205,10 @@ def test_registry_entries_read_their_model_args(tmp_path, name, params, hidden):
     assert inferred is spec and "model_args" in source and "model.pt" in source
 
 
-def test_other_sizes_fall_back_to_the_first_llama2c_entry(tmp_path):
+def test_other_sizes_are_the_family_under_a_custom_name(tmp_path):
     spec, _ = infer_checkpoint_spec(save_llama2c(tmp_path))
-    assert spec.name == "stories15m"
+    assert spec.name == "llama2c (custom: 2 layers, dim 64)" and spec.entry == "stories15m"
+    assert (spec.config.n_layers, spec.config.dim) == (2, 64)  # the checkpoint's own config, not the entry's
 
 
 def test_a_folder_of_neither_format(tmp_path):
@@ -235,10 +236,12 @@ def llama2c_export(tmp_path_factory):
 
 def test_export_infers_the_entry_and_carries_tokenizer_model(llama2c_export):
     _, out, stderr = llama2c_export
-    assert "model: stories15m (inferred from the model_args of" in stderr
+    assert "model: llama2c (custom: 2 layers, dim 64) (inferred from the model_args of" in stderr
     assert (out / "tokenizer.model").is_file() and not (out / "tokenizer.json").exists()
     manifest = json.loads((out / "manifest.json").read_text())
-    assert manifest["model"] == "stories15m" and manifest["bos_id"] == 1 and manifest["eos_ids"] == [2]
+    assert manifest["model"] == "llama2c (custom: 2 layers, dim 64)" and manifest["entry"] == "stories15m"
+    assert manifest["bos_id"] == 1 and manifest["eos_ids"] == [2]
+    assert manifest["special_tokens"]["sources"] == {"bos_id": ["registry entry"], "eos_ids": ["registry entry"]}
     assert manifest["config"]["dim"] == 64 and "tokenizer.model" in manifest["files"]
 
 
