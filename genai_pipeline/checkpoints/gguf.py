@@ -26,6 +26,7 @@ What llama.cpp's convert_hf_to_gguf.py changed, undone here, per architecture (`
 from __future__ import annotations
 
 import atexit
+import functools
 import json
 import logging
 import re
@@ -142,12 +143,20 @@ def gguf_file(path: Path) -> Path | None:
 
 
 def open_reader(file: Path):
-    """The memory-mapped reader of a GGUF; any failure of the reader becomes one CheckpointError."""
-    import gguf
-
+    """The memory-mapped reader of a GGUF; any failure of the reader becomes one CheckpointError.
+    Cached: an export reads one file up to three times (entry, metadata folder, weights), and
+    parsing a 150k-token vocabulary takes seconds."""
     file = Path(file)
     if not file.is_file():
         raise CheckpointError(f"GGUF file '{file}' does not exist")
+    stat = file.stat()
+    return _reader(str(file.resolve()), stat.st_mtime_ns, stat.st_size)
+
+
+@functools.lru_cache(maxsize=2)
+def _reader(file: str, mtime_ns: int, size: int):
+    import gguf
+
     try:
         return gguf.GGUFReader(file, "r")
     except Exception as e:  # the reader raises ValueError, struct.error, IndexError ... on a damaged file
@@ -188,7 +197,7 @@ def config_dict(reader, file: Path) -> dict:
             if len(set(value)) != 1:
                 raise CheckpointError(f"'{file}' has per-layer {name}.{key} {value}, which this pipeline does not support")
             value = value[0]
-        if value is not None:
+        if value is not None and not (ours == "sliding_window" and not value):  # 0: none (llama.cpp's Phi-4)
             config[ours] = value
     missing = [k for k in ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size") if k not in config]
     if missing:
@@ -196,7 +205,7 @@ def config_dict(reader, file: Path) -> dict:
     # The embedding's rows are the truth for the vocabulary size (some files pad the token list).
     config["vocab_size"] = int(tensors["token_embd.weight"].shape[-1])
     config["tie_word_embeddings"] = "output.weight" not in tensors
-    _rope_config(reader, name, config, file)
+    _rope_config(reader, name, config, tensors, file)
     if name == "gemma3":
         _gemma3_config(reader, config)
     for key, ours in TOKEN_ID_KEYS.items():
@@ -206,17 +215,45 @@ def config_dict(reader, file: Path) -> dict:
     return config
 
 
-def _rope_config(reader, name: str, config: dict, file: Path) -> None:
-    """Partial rotary (rope.dimension_count < head_dim: Phi) and RoPE scaling, as config.json spells them."""
+def _rope_config(reader, name: str, config: dict, tensors: dict, file: Path) -> None:
+    """Partial rotary (rope.dimension_count < head_dim: Phi) and RoPE scaling, as config.json
+    spells them. llama.cpp keeps Llama 3's and LongRoPE's per-frequency factors as tensors."""
     head_dim = int(config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"])
     rope_dim = _field(reader, f"{name}.rope.dimension_count")
     if rope_dim is not None and int(rope_dim) != head_dim:
         config["partial_rotary_factor"] = int(rope_dim) / head_dim
-    kind = _field(reader, f"{name}.rope.scaling.type")
-    if kind in (None, "none"):
-        return
-    # config_from_checkpoint names and refuses what our decoder does not implement (linear, yarn).
-    config["rope_scaling"] = {"rope_type": kind, "factor": _field(reader, f"{name}.rope.scaling.factor", 1.0)}
+    original = _field(reader, f"{name}.rope.scaling.original_context_length")
+    if "rope_factors_long.weight" in tensors:  # Phi-3 LongRoPE
+        config["rope_scaling"] = {
+            "rope_type": "longrope",
+            "long_factor": _dequantize(tensors["rope_factors_long.weight"], file).tolist(),
+            "short_factor": _dequantize(tensors["rope_factors_short.weight"], file).tolist(),
+            **({"attention_factor": attn} if (attn := _field(reader, f"{name}.rope.scaling.attn_factor")) else {}),
+        }
+        config["original_max_position_embeddings"] = int(original or config["max_position_embeddings"])
+    elif "rope_freqs.weight" in tensors:  # Llama 3.x
+        config["rope_scaling"] = _llama3_rope(_dequantize(tensors["rope_freqs.weight"], file), config, head_dim, file)
+    elif (kind := _field(reader, f"{name}.rope.scaling.type")) not in (None, "none"):
+        # config_from_checkpoint names and refuses what our decoder does not implement (linear, yarn)
+        config["rope_scaling"] = {"rope_type": kind, "factor": _field(reader, f"{name}.rope.scaling.factor", 1.0)}
+
+
+# Llama 3.1/3.2's RoPE scaling constants (all of Meta's releases); llama.cpp keeps only the
+# frequency divisors they produce (rope_freqs), so we take these and check they reproduce them.
+LLAMA3_ROPE = {"low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+
+
+def _llama3_rope(divisors: np.ndarray, config: dict, head_dim: int, file: Path) -> dict:
+    from genai_pipeline.models.decoder import RopeScaling
+
+    params = {"rope_type": "llama3", "factor": float(divisors.max()), **LLAMA3_ROPE}
+    theta = float(config.get("rope_theta", 10000.0))
+    inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
+    scaling = RopeScaling(**{k: v for k, v in params.items() if k != "rope_type"})
+    expected = (inv_freq / scaling.scale(inv_freq, 0)).numpy()
+    if expected.shape != divisors.shape or not np.allclose(expected, divisors, rtol=1e-3):
+        raise CheckpointError(f"'{file}' has RoPE frequency factors (rope_freqs) that are not Llama 3's scaling; this pipeline cannot read them")
+    return params
 
 
 def _gemma3_config(reader, config: dict) -> None:
@@ -264,8 +301,9 @@ def _dequantize(tensor, file: Path) -> np.ndarray:
     except Exception as e:  # a damaged tensor
         raise CheckpointError(f"cannot dequantize tensor '{tensor.name}' ({kind}) in '{file.name}': {e}") from None
     shape = tuple(int(n) for n in reversed(tensor.shape.tolist()))
-    # F32 comes back as a view of the memory-mapped file: copy it, so the model owns its weights.
-    return np.array(values, dtype=np.float32, copy=True).reshape(shape)
+    if np.may_share_memory(values, tensor.data):  # F32 comes back as a view of the memory-mapped file
+        values = values.copy()  # the model owns its weights; the file may close
+    return values.astype(np.float32, copy=False).reshape(shape)
 
 
 def _unpermute(name: str, rows: torch.Tensor, config: DecoderConfig) -> torch.Tensor:

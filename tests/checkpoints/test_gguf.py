@@ -6,6 +6,7 @@ transformers' own GGUF loader and tokenizer, and ExecuTorch's C++ tokenizer."""
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -39,11 +40,43 @@ HF_TO_GGUF = {
 }
 
 
-def gguf_name(hf_name: str) -> str:
-    if hf_name in HF_TO_GGUF:
-        return HF_TO_GGUF[hf_name]
+# What differs per architecture in llama.cpp's tensor names.
+ARCH_NAMES = {
+    "gemma3": {
+        "post_attention_layernorm.weight": "post_attention_norm.weight",
+        "pre_feedforward_layernorm.weight": "ffn_norm.weight",
+        "post_feedforward_layernorm.weight": "post_ffw_norm.weight",
+    },
+    "phi3": {"self_attn.qkv_proj.weight": "attn_qkv.weight", "mlp.gate_up_proj.weight": "ffn_up.weight"},
+}
+
+
+def gguf_name(hf_name: str, arch: str) -> str:
+    names = {**HF_TO_GGUF, **ARCH_NAMES.get(arch, {})}
+    if hf_name in names:
+        return names[hf_name]
     _, _, layer, rest = hf_name.split(".", 3)
-    return f"blk.{layer}.{HF_TO_GGUF[rest]}"
+    return f"blk.{layer}.{names[rest]}"
+
+
+def llama3_rope_freqs(c) -> np.ndarray:
+    """The frequency divisors llama.cpp's converter writes as rope_freqs for Llama 3 scaling."""
+    p = c.rope_parameters
+    head_dim = c.hidden_size // c.num_attention_heads
+    freqs = 1.0 / p["rope_theta"] ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
+    low_wavelen = p["original_max_position_embeddings"] / p["low_freq_factor"]
+    high_wavelen = p["original_max_position_embeddings"] / p["high_freq_factor"]
+    out = []
+    for freq in freqs:
+        wavelen = 2 * np.pi / freq
+        if wavelen < high_wavelen:
+            out.append(1.0)
+        elif wavelen > low_wavelen:
+            out.append(p["factor"])
+        else:
+            smooth = (p["original_max_position_embeddings"] / wavelen - p["low_freq_factor"]) / (p["high_freq_factor"] - p["low_freq_factor"])
+            out.append(1 / ((1 - smooth) / p["factor"] + smooth))
+    return np.array(out, dtype=np.float32)
 
 
 def llama_cpp_permute(w: np.ndarray, n_head: int) -> np.ndarray:
@@ -91,13 +124,27 @@ def write_gguf(path: Path, arch: str, model, types: list[Q], tokenizer_json: Pat
     writer.add_head_count(c.num_attention_heads)
     writer.add_head_count_kv(c.num_key_value_heads)
     writer.add_layer_norm_rms_eps(c.rms_norm_eps)
-    writer.add_rope_freq_base(c.rope_parameters["rope_theta"] if getattr(c, "rope_parameters", None) else c.rope_theta)
+    if arch != "gemma3":
+        writer.add_rope_freq_base(c.rope_parameters["rope_theta"])
     head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
-    if arch == "llama":
-        writer.add_rope_dimension_count(head_dim)
+    if arch in ("llama", "phi3"):
+        writer.add_rope_dimension_count(int(head_dim * c.rope_parameters.get("partial_rotary_factor", 1.0)))
     else:
         writer.add_key_length(head_dim)
         writer.add_value_length(head_dim)
+    if arch == "gemma3":
+        writer.add_sliding_window(c.sliding_window)
+        writer.add_rope_freq_base(c.rope_parameters["full_attention"]["rope_theta"])
+    if arch == "phi3":
+        writer.add_rope_scaling_orig_ctx_len(c.original_max_position_embeddings)
+        writer.add_sliding_window(c.sliding_window or 0)
+        if c.rope_parameters.get("rope_type") == "longrope":
+            writer.add_tensor("rope_factors_long.weight", np.array(c.rope_parameters["long_factor"], dtype=np.float32))
+            writer.add_tensor("rope_factors_short.weight", np.array(c.rope_parameters["short_factor"], dtype=np.float32))
+            scale = c.max_position_embeddings / c.original_max_position_embeddings
+            writer.add_rope_scaling_attn_factors(math.sqrt(1 + math.log(scale) / math.log(c.original_max_position_embeddings)))
+    if arch == "llama" and c.rope_parameters.get("rope_type") == "llama3":
+        writer.add_tensor("rope_freqs.weight", llama3_rope_freqs(c))
     write_tokenizer(writer, tokenizer_json)
     state = model.state_dict()
     n = 0
@@ -111,11 +158,15 @@ def write_gguf(path: Path, arch: str, model, types: list[Q], tokenizer_json: Pat
                 values = llama_cpp_permute(values, heads)
             kind = types[n % len(types)] if values.ndim == 2 else Q.F32
             n += values.ndim == 2
+            if arch == "gemma3" and name.endswith("norm.weight"):
+                values = values + 1  # llama.cpp's converter: its RMSNorm scales by weight, Gemma's by 1 + weight
             stored, dequantized = quantized(values, kind)
-            writer.add_tensor(gguf_name(name), stored, raw_dtype=kind if kind not in (Q.F32, Q.F16) else None)
+            writer.add_tensor(gguf_name(name, arch), stored, raw_dtype=kind if kind not in (Q.F32, Q.F16) else None)
             if arch == "llama" and name.endswith(("q_proj.weight", "k_proj.weight")):
                 heads = c.num_attention_heads if "q_proj" in name else c.num_key_value_heads
                 dequantized = ours.interleaved_to_halves(torch.from_numpy(dequantized), heads).numpy()
+            if arch == "gemma3" and name.endswith("norm.weight"):
+                dequantized = dequantized - 1
             tensor.copy_(torch.from_numpy(dequantized).reshape(tensor.shape))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
@@ -132,9 +183,33 @@ def tokenizer_json(tmp_path_factory) -> Path:
 def tiny(tmp_path: Path, tokenizer_json: Path, model_type: str, arch: str, types: list[Q], **config):
     import transformers
 
-    save_hf_checkpoint(tmp_path / "hf", model_type=model_type, **config)
-    model = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf", dtype=torch.float32).eval()
+    if model_type in ("llama", "qwen2", "qwen3"):
+        save_hf_checkpoint(tmp_path / "hf", model_type=model_type, **config)
+        model = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf", dtype=torch.float32).eval()
+    else:
+        model = random_model(model_type, **config)
     return write_gguf(tmp_path / f"tiny-{arch}.gguf", arch, model, types, tokenizer_json), model
+
+
+def random_model(model_type: str, **config):
+    """Gemma 3 / Phi-3 at the size of conftest's tiny models, random weights (norms around one)."""
+    import transformers
+
+    classes = {
+        "gemma3_text": (transformers.Gemma3TextConfig, transformers.Gemma3ForCausalLM),
+        "phi3": (transformers.Phi3Config, transformers.Phi3ForCausalLM),
+    }
+    config_cls, model_cls = classes[model_type]
+    defaults = dict(
+        vocab_size=TINY_VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        intermediate_size=128, max_position_embeddings=256, bos_token_id=0, eos_token_id=0, pad_token_id=0,
+    )
+    torch.manual_seed(0)
+    model = model_cls(config_cls(**{**defaults, **config})).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.normal_(0, 0.08) if "norm" not in name else p.normal_(0.0 if model_type == "gemma3_text" else 1.0, 0.1)
+    return model
 
 
 def assert_same_logits(file: Path, reference) -> None:
@@ -172,6 +247,38 @@ def test_qwen2_biases(tmp_path, tokenizer_json):
 def test_qwen3_qk_norms(tmp_path, tokenizer_json):
     file, model = tiny(tmp_path, tokenizer_json, "qwen3", "qwen3", [Q.Q5_0, Q.Q8_0, Q.F32], head_dim=32)
     assert infer_checkpoint_spec(file)[0].family == "qwen3"
+    assert_same_logits(file, model)
+
+
+def test_llama3_rope_scaling_from_rope_freqs(tmp_path, tokenizer_json):
+    rope = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 8192, "rope_theta": 500000.0}
+    file, model = tiny(tmp_path, tokenizer_json, "llama", "llama", [Q.F32], rope_parameters=rope, max_position_embeddings=16384)
+    assert ours.read_config(file)["rope_scaling"]["factor"] == 8.0
+    assert_same_logits(file, model)
+
+
+def test_gemma3_norm_offset_and_sliding_window(tmp_path, tokenizer_json):
+    # both layers slide (5 of every 6 do), over a window shorter than the prompt
+    file, model = tiny(
+        tmp_path, tokenizer_json, "gemma3_text", "gemma3", [Q.Q8_0, Q.F16], head_dim=16, sliding_window=4,
+        query_pre_attn_scalar=16, tie_word_embeddings=True,
+    )
+    config = ours.read_config(file)
+    assert (config["model_type"], config["sliding_window"], config["sliding_window_pattern"]) == ("gemma3_text", 4, 6)
+    assert_same_logits(file, model)
+
+
+def test_phi3_fused_qkv_gate_up_and_longrope(tmp_path, tokenizer_json):
+    rope = {"rope_type": "longrope", "rope_theta": 10000.0, "partial_rotary_factor": 0.5,
+            "short_factor": [1.0, 1.5, 2.0, 3.0], "long_factor": [2.0, 3.0, 5.0, 8.0]}
+    file, model = tiny(
+        tmp_path, tokenizer_json, "phi3", "phi3", [Q.Q5_0, Q.Q4_1], rope_parameters=rope,
+        # short factors: our program picks them when its cache fits the original context, as
+        # transformers does while the sequence does
+        original_max_position_embeddings=128, tie_word_embeddings=False,
+    )
+    assert ours.read_config(file)["partial_rotary_factor"] == 0.5
     assert_same_logits(file, model)
 
 
@@ -318,7 +425,10 @@ def test_smollm2_greedy_tokens_match_transformers(smollm2):
             pos += 1
     del decoder
     reference = transformers.AutoModelForCausalLM.from_pretrained(smollm2.parent, gguf_file=smollm2.name, dtype=torch.float32)
-    expected = reference.generate(torch.tensor([prompt]), max_new_tokens=16, do_sample=False)[0, len(prompt):].tolist()
+    expected = []
+    with torch.no_grad():  # greedy without generate(), which would stop at <|im_end|>
+        for _ in range(16):
+            expected.append(int(reference(torch.tensor([prompt + expected])).logits[0, -1].argmax()))
     assert ids == expected
 
 
@@ -355,7 +465,7 @@ spec, _ = infer_checkpoint_spec(path)
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 decoder = load_decoder(spec, path, 64)
 after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-weights = sum(t.numel() * 4 for t in decoder.parameters())
+weights = sum(t.numel() * 4 for t in {p.data_ptr(): p for p in decoder.parameters()}.values())  # a tied head shares storage
 print(after * 1024 - before * 1024, weights)
 """
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=REPO, timeout=300)
