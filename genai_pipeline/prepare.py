@@ -12,7 +12,7 @@ from torch import nn
 from torch.export import Dim
 
 from genai_pipeline.bundle import Artifact, GraphBundle, PreparedModel
-from genai_pipeline.checkpoints import load_decoder
+from genai_pipeline.checkpoints import load_decoder, metadata_folder
 from genai_pipeline.checkpoints.hf import random_decoder
 from genai_pipeline.checkpoints.special_tokens import read_special_tokens
 from genai_pipeline.data.chat_template import read_chat_template
@@ -94,7 +94,7 @@ def prepare(spec: ModelSpec, options: PrepareOptions) -> PreparedModel:
         spec = sized_as(spec, config)  # a checkpoint of other sizes is not exported under this entry's name
     if options.max_seq_len > config.max_position_embeddings:
         log.warning("--max-seq-len %d exceeds the model's trained context %d", options.max_seq_len, config.max_position_embeddings)
-    tokenizer = find_tokenizer_file(Path(checkpoint)) if checkpoint is not None else None
+    tokenizer = find_tokenizer_file(metadata_folder(Path(checkpoint))) if checkpoint is not None else None
     if tokenizer is not None and (kind := tokenizer_kind(tokenizer)) is not spec.tokenizer_kind:
         log.warning(
             "%s: %s is %s, but this entry's checkpoints carry %s; check that the tokenizer belongs to the model",

@@ -1,12 +1,13 @@
 """Checkpoint folders, by the format a registry entry names (`ModelSpec.checkpoint_format`):
-Hugging Face (config.json + *.safetensors, `hf.py`) and llama2.c (*.pt + tokenizer.model, `llama2c.py`)."""
+Hugging Face (config.json + *.safetensors, `hf.py`) and llama2.c (*.pt + tokenizer.model, `llama2c.py`);
+and llama.cpp GGUF files (`gguf.py`), read whatever the entry's format, since a GGUF holds any family."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Callable
 
-from genai_pipeline.checkpoints import hf, llama2c
+from genai_pipeline.checkpoints import gguf, hf, llama2c
 from genai_pipeline.errors import CheckpointError
 from genai_pipeline.models.decoder import Decoder
 from genai_pipeline.registry import ModelSpec, infer_llama2c_spec, infer_spec
@@ -18,14 +19,25 @@ LOADERS: dict[str, Callable[[ModelSpec, Path, int], Decoder]] = {
 
 
 def load_decoder(spec: ModelSpec, folder: Path, max_seq_len: int) -> Decoder:
-    """The entry's decoder with the weights of a local checkpoint folder in the entry's format."""
+    """The entry's decoder with the weights of a local checkpoint: a GGUF (file, or folder holding
+    one), else a folder in the entry's format."""
+    if gguf.gguf_file(Path(folder)) is not None:
+        return gguf.load_decoder(spec, Path(folder), max_seq_len)
     return LOADERS[spec.checkpoint_format](spec, Path(folder), max_seq_len)
 
 
+def metadata_folder(checkpoint: Path) -> Path:
+    """Where a checkpoint's tokenizer, tokenizer_config.json and generation_config.json are: the
+    folder itself, or for a GGUF a temporary folder of those files converted from its metadata."""
+    return gguf.checkpoint_folder(checkpoint) if gguf.gguf_file(Path(checkpoint)) is not None else Path(checkpoint)
+
+
 def infer_checkpoint_spec(folder: Path) -> tuple[ModelSpec, str]:
-    """The registry entry for a checkpoint folder given without a model name, and what it was
-    read from: config.json's model_type and sizes, or a llama2.c .pt's model_args sizes."""
+    """The registry entry for a checkpoint given without a model name, and what it was read from:
+    a GGUF's metadata, config.json's model_type and sizes, or a llama2.c .pt's model_args sizes."""
     folder = Path(folder)
+    if (file := gguf.gguf_file(folder)) is not None:
+        return infer_spec(gguf.read_config(file)), f"the metadata of {file}"
     if not folder.is_dir() or (folder / "config.json").is_file():
         return infer_spec(hf.read_config(folder)), f"{folder / 'config.json'}"
     if any(folder.glob("*.pt")):

@@ -1,0 +1,435 @@
+"""llama.cpp GGUF files: `--checkpoint FILE.gguf`, or a folder holding exactly one .gguf.
+
+A GGUF holds what a Hugging Face folder spreads over several files: hyperparameters and the
+vocabulary as metadata, and the weights, often quantized (Q4_0, Q8_0, K-quants ...). We read it
+with the `gguf` package's memory-mapped reader and hand the rest of the pipeline what a Hugging
+Face folder would have given it:
+- `config_dict`: the metadata as a config.json dict (`model_type`, `hidden_size`, ...), so the
+  registry's `infer_spec` and each family's `config_from_checkpoint` read it unchanged;
+- `checkpoint_folder`: config.json, tokenizer.json, tokenizer_config.json and
+  generation_config.json written into a temporary folder (no weights), so special tokens, the
+  tokenizer copy and the chat template are read from a normal folder downstream;
+- `load_decoder`: each tensor dequantized to float32 one at a time and assigned into a
+  meta-device decoder (one copy of the weights, as `hf.py` does).
+
+What llama.cpp's convert_hf_to_gguf.py changed, undone here, per architecture (`ARCHS`):
+- llama: the rows of q and k (weights and biases) are permuted per head from Hugging Face's
+  rotate-half RoPE order to the interleaved order of llama.cpp's RoPE; undone with the inverse
+  permutation. qwen2, qwen3, gemma3 and phi3 use llama.cpp's NEOX (rotate-half) RoPE and are
+  stored unpermuted.
+- gemma3: every `*norm.weight` is stored with 1 added (Gemma's RMSNorm scales by 1 + weight and
+  llama.cpp's by weight); our decoder applies 1 + weight itself, so 1 is subtracted.
+- phi3: q/k/v are one `attn_qkv` tensor and gate/up one `ffn_up` tensor, as in Hugging Face's
+  Phi-3; split along the output dim as `hf.py` splits them.
+"""
+
+from __future__ import annotations
+
+import atexit
+import functools
+import json
+import logging
+import re
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from genai_pipeline.checkpoints.hf import assign_weights, empty_decoder
+from genai_pipeline.checkpoints.llama2c import interleaved_to_halves
+from genai_pipeline.errors import CheckpointError
+from genai_pipeline.models.decoder import Decoder, DecoderConfig
+from genai_pipeline.registry import ModelSpec
+
+log = logging.getLogger(__name__)
+
+# GGUF tensor names -> ours (one or several for a fused tensor), first match wins. Gemma's norms
+# line up with ours by name: attn_norm before attention, post_attention_norm after it, ffn_norm
+# before the MLP, post_ffw_norm after it.
+TENSOR_MAP: tuple[tuple[str, tuple[str, ...]], ...] = (
+    (r"token_embd\.weight", ("tok_embeddings.weight",)),
+    (r"output_norm\.weight", ("norm.weight",)),
+    (r"output\.weight", ("output.weight",)),
+    (r"blk\.(\d+)\.attn_norm\.weight", (r"layers.\1.attention_norm.weight",)),
+    (r"blk\.(\d+)\.attn_q\.(weight|bias)", (r"layers.\1.attention.wq.\2",)),
+    (r"blk\.(\d+)\.attn_k\.(weight|bias)", (r"layers.\1.attention.wk.\2",)),
+    (r"blk\.(\d+)\.attn_v\.(weight|bias)", (r"layers.\1.attention.wv.\2",)),
+    (r"blk\.(\d+)\.attn_qkv\.weight", (r"layers.\1.attention.wq.weight", r"layers.\1.attention.wk.weight", r"layers.\1.attention.wv.weight")),
+    (r"blk\.(\d+)\.attn_output\.weight", (r"layers.\1.attention.wo.weight",)),
+    (r"blk\.(\d+)\.attn_q_norm\.weight", (r"layers.\1.attention.q_norm.weight",)),
+    (r"blk\.(\d+)\.attn_k_norm\.weight", (r"layers.\1.attention.k_norm.weight",)),
+    (r"blk\.(\d+)\.post_attention_norm\.weight", (r"layers.\1.attention_post_norm.weight",)),
+    (r"blk\.(\d+)\.ffn_norm\.weight", (r"layers.\1.ffn_norm.weight",)),
+    (r"blk\.(\d+)\.post_ffw_norm\.weight", (r"layers.\1.ffn_post_norm.weight",)),
+    (r"blk\.(\d+)\.ffn_gate\.weight", (r"layers.\1.feed_forward.w1.weight",)),
+    (r"blk\.(\d+)\.ffn_down\.weight", (r"layers.\1.feed_forward.w2.weight",)),
+    (r"blk\.(\d+)\.ffn_up\.weight", (r"layers.\1.feed_forward.w3.weight",)),
+)
+# Phi-3's ffn_up is gate and up fused ([gate; up], as Hugging Face's gate_up_proj).
+PHI3_TENSOR_MAP = ((r"blk\.(\d+)\.ffn_up\.weight", (r"layers.\1.feed_forward.w1.weight", r"layers.\1.feed_forward.w3.weight")),)
+# Tensors llama.cpp derives from the config (RoPE frequency factors); our decoder computes its own.
+DERIVED_TENSORS = re.compile(r"rope_freqs\.weight|rope_factors_(long|short)\.weight")
+
+# Types we dequantize (through `gguf.quants.dequantize`, which implements each of them).
+SUPPORTED_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
+
+
+@dataclass(frozen=True)
+class Arch:
+    """What an architecture's GGUF needs: its config.json `model_type`, whether llama.cpp permuted
+    q/k rows, what it added to the norm weights, its own tensor names (first), config defaults."""
+
+    model_type: str
+    permuted_qk: bool = False
+    norm_shift: float = 0.0
+    tensor_map: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    defaults: tuple[tuple[str, object], ...] = ()
+
+    def map_tensor(self, name: str) -> tuple[str, ...]:
+        for pattern, replacements in self.tensor_map + TENSOR_MAP:
+            if re.fullmatch(pattern, name):
+                return tuple(re.sub(pattern, r, name) for r in replacements)
+        return ()
+
+
+ARCHS: dict[str, Arch] = {
+    "llama": Arch("llama", permuted_qk=True),
+    "qwen2": Arch("qwen2"),
+    "qwen3": Arch("qwen3"),
+    # Gemma 3: llama.cpp fixes what the GGUF leaves out: GeGLU, 5 of 6 layers sliding with a RoPE
+    # base of 10000, query_pre_attn_scalar = head_dim (but 27B), tied embeddings.
+    "gemma3": Arch(
+        "gemma3_text", norm_shift=1.0,
+        defaults=(("hidden_activation", "gelu_pytorch_tanh"), ("tie_word_embeddings", True)),
+    ),
+    "phi3": Arch("phi3", tensor_map=PHI3_TENSOR_MAP),
+}
+
+# GGUF `{arch}.` metadata keys -> config.json keys, every architecture.
+CONFIG_KEYS = {
+    "embedding_length": "hidden_size",
+    "block_count": "num_hidden_layers",
+    "feed_forward_length": "intermediate_size",
+    "attention.head_count": "num_attention_heads",
+    "attention.head_count_kv": "num_key_value_heads",
+    "attention.key_length": "head_dim",
+    "attention.layer_norm_rms_epsilon": "rms_norm_eps",
+    "rope.freq_base": "rope_theta",
+    "context_length": "max_position_embeddings",
+    "attention.sliding_window": "sliding_window",
+}
+# tokenizer.ggml.* ids -> generation/config keys
+TOKEN_ID_KEYS = {"bos_token_id": "bos_token_id", "eos_token_id": "eos_token_id", "padding_token_id": "pad_token_id"}
+
+
+# -- reading -------------------------------------------------------------------------------------
+
+
+def gguf_file(path: Path) -> Path | None:
+    """The GGUF a --checkpoint names: a .gguf file, or the only .gguf of a folder without
+    config.json (a Hugging Face folder stays one); None if it names no GGUF."""
+    path = Path(path)
+    if path.suffix.lower() == ".gguf" and not path.is_dir():
+        return path
+    if not path.is_dir() or (path / "config.json").is_file():
+        return None
+    files = sorted(path.glob("*.gguf"))
+    if len(files) > 1:
+        raise CheckpointError(f"'{path}' holds several .gguf files ({', '.join(f.name for f in files)}); pass --checkpoint the one to export")
+    return files[0] if files else None
+
+
+def open_reader(file: Path):
+    """The memory-mapped reader of a GGUF; any failure of the reader becomes one CheckpointError.
+    Cached: an export reads one file up to three times (entry, metadata folder, weights), and
+    parsing a 150k-token vocabulary takes seconds."""
+    file = Path(file)
+    if not file.is_file():
+        raise CheckpointError(f"GGUF file '{file}' does not exist")
+    stat = file.stat()
+    return _reader(str(file.resolve()), stat.st_mtime_ns, stat.st_size)
+
+
+@functools.lru_cache(maxsize=2)
+def _reader(file: str, mtime_ns: int, size: int):
+    import gguf
+
+    try:
+        return gguf.GGUFReader(file, "r")
+    except Exception as e:  # the reader raises ValueError, struct.error, IndexError ... on a damaged file
+        reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise CheckpointError(f"cannot read '{file}': {reason}; the file is truncated or not a GGUF") from None
+
+
+def _field(reader, key: str, default=None):
+    field = reader.fields.get(key)
+    if field is None:
+        return default
+    try:
+        value = field.contents()
+    except Exception as e:  # a damaged field
+        raise CheckpointError(f"GGUF metadata '{key}' cannot be read ({e})") from None
+    return value
+
+
+def architecture(reader, file: Path) -> tuple[str, Arch]:
+    name = _field(reader, "general.architecture")
+    if name not in ARCHS:
+        raise CheckpointError(
+            f"'{file}' is a GGUF of architecture '{name}', which this pipeline does not read; supported: {', '.join(ARCHS)}"
+        )
+    return name, ARCHS[name]
+
+
+def config_dict(reader, file: Path) -> dict:
+    """The GGUF's metadata as the config.json Hugging Face would have written for the model."""
+    name, arch = architecture(reader, file)
+    tensors = {t.name: t for t in reader.tensors}
+    if "token_embd.weight" not in tensors:
+        raise CheckpointError(f"'{file}' has no token_embd.weight tensor")
+    config: dict = {"model_type": arch.model_type, **dict(arch.defaults)}
+    for key, ours in CONFIG_KEYS.items():
+        value = _field(reader, f"{name}.{key}")
+        if isinstance(value, list):  # per-layer values (some files): ours are uniform
+            if len(set(value)) != 1:
+                raise CheckpointError(f"'{file}' has per-layer {name}.{key} {value}, which this pipeline does not support")
+            value = value[0]
+        if value is not None and not (ours == "sliding_window" and not value):  # 0: none (llama.cpp's Phi-4)
+            config[ours] = value
+    missing = [k for k in ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size") if k not in config]
+    if missing:
+        raise CheckpointError(f"'{file}' lacks metadata for {', '.join(missing)} of its {name} architecture")
+    # The embedding's rows are the truth for the vocabulary size (some files pad the token list).
+    config["vocab_size"] = int(tensors["token_embd.weight"].shape[-1])
+    config["tie_word_embeddings"] = "output.weight" not in tensors
+    _rope_config(reader, name, config, tensors, file)
+    if name == "gemma3":
+        _gemma3_config(reader, config)
+    for key, ours in TOKEN_ID_KEYS.items():
+        value = _field(reader, f"tokenizer.ggml.{key}")
+        if value is not None:
+            config[ours] = int(value)
+    return config
+
+
+def _rope_config(reader, name: str, config: dict, tensors: dict, file: Path) -> None:
+    """Partial rotary (rope.dimension_count < head_dim: Phi) and RoPE scaling, as config.json
+    spells them. llama.cpp keeps Llama 3's and LongRoPE's per-frequency factors as tensors."""
+    head_dim = int(config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"])
+    rope_dim = _field(reader, f"{name}.rope.dimension_count")
+    if rope_dim is not None and int(rope_dim) != head_dim:
+        config["partial_rotary_factor"] = int(rope_dim) / head_dim
+    original = _field(reader, f"{name}.rope.scaling.original_context_length")
+    if "rope_factors_long.weight" in tensors:  # Phi-3 LongRoPE
+        config["rope_scaling"] = {
+            "rope_type": "longrope",
+            "long_factor": _dequantize(tensors["rope_factors_long.weight"], file).tolist(),
+            "short_factor": _dequantize(tensors["rope_factors_short.weight"], file).tolist(),
+            **({"attention_factor": attn} if (attn := _field(reader, f"{name}.rope.scaling.attn_factor")) else {}),
+        }
+        config["original_max_position_embeddings"] = int(original or config["max_position_embeddings"])
+    elif "rope_freqs.weight" in tensors:  # Llama 3.x
+        config["rope_scaling"] = _llama3_rope(_dequantize(tensors["rope_freqs.weight"], file), config, head_dim, file)
+    elif (kind := _field(reader, f"{name}.rope.scaling.type")) not in (None, "none"):
+        # config_from_checkpoint names and refuses what our decoder does not implement (linear, yarn)
+        config["rope_scaling"] = {"rope_type": kind, "factor": _field(reader, f"{name}.rope.scaling.factor", 1.0)}
+
+
+# Llama 3.1/3.2's RoPE scaling constants (all of Meta's releases); llama.cpp keeps only the
+# frequency divisors they produce (rope_freqs), so we take these and check they reproduce them.
+LLAMA3_ROPE = {"low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+
+
+def _llama3_rope(divisors: np.ndarray, config: dict, head_dim: int, file: Path) -> dict:
+    from genai_pipeline.models.decoder import RopeScaling
+
+    params = {"rope_type": "llama3", "factor": float(divisors.max()), **LLAMA3_ROPE}
+    theta = float(config.get("rope_theta", 10000.0))
+    inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
+    scaling = RopeScaling(**{k: v for k, v in params.items() if k != "rope_type"})
+    expected = (inv_freq / scaling.scale(inv_freq, 0)).numpy()
+    if expected.shape != divisors.shape or not np.allclose(expected, divisors, rtol=1e-3):
+        raise CheckpointError(f"'{file}' has RoPE frequency factors (rope_freqs) that are not Llama 3's scaling; this pipeline cannot read them")
+    return params
+
+
+def _gemma3_config(reader, config: dict) -> None:
+    pattern = _field(reader, "gemma3.attention.sliding_window_pattern", 6)
+    if isinstance(pattern, list):  # one flag per layer (newer files): True = sliding
+        config["layer_types"] = ["sliding_attention" if flag else "full_attention" for flag in pattern]
+    else:
+        config["sliding_window_pattern"] = int(pattern)
+    config["rope_local_base_freq"] = float(_field(reader, "gemma3.rope.freq_base_swa", 10000.0))
+    head_dim = int(config.get("head_dim") or 256)
+    # llama.cpp scales attention by 1/sqrt(head_dim), but by 1/sqrt(hidden / heads) for the 62-layer 27B
+    config["query_pre_attn_scalar"] = (
+        config["hidden_size"] // config["num_attention_heads"] if config["num_hidden_layers"] == 62 else head_dim
+    )
+
+
+def read_config(path: Path) -> dict:
+    """config.json-equivalent dict of a .gguf file (or folder holding one)."""
+    file = _require_gguf(path)
+    return config_dict(open_reader(file), file)
+
+
+def _require_gguf(path: Path) -> Path:
+    file = gguf_file(path)
+    if file is None:
+        raise CheckpointError(f"'{path}' is not a .gguf file nor a folder holding one")
+    return file
+
+
+# -- tensors -------------------------------------------------------------------------------------
+
+
+def _dequantize(tensor, file: Path) -> np.ndarray:
+    """float32 [rows, cols] (numpy order: GGUF lists shapes innermost first) of one tensor."""
+    import gguf
+
+    kind = tensor.tensor_type.name
+    if kind not in SUPPORTED_TYPES:
+        raise CheckpointError(
+            f"tensor '{tensor.name}' in '{file.name}' is {kind}, which this pipeline does not dequantize; "
+            f"supported: {', '.join(SUPPORTED_TYPES)}"
+        )
+    try:
+        values = gguf.quants.dequantize(tensor.data, tensor.tensor_type)
+    except Exception as e:  # a damaged tensor
+        raise CheckpointError(f"cannot dequantize tensor '{tensor.name}' ({kind}) in '{file.name}': {e}") from None
+    shape = tuple(int(n) for n in reversed(tensor.shape.tolist()))
+    if np.may_share_memory(values, tensor.data):  # F32 comes back as a view of the memory-mapped file
+        values = values.copy()  # the model owns its weights; the file may close
+    return values.astype(np.float32, copy=False).reshape(shape)
+
+
+def _unpermute(name: str, rows: torch.Tensor, config: DecoderConfig) -> torch.Tensor:
+    """llama.cpp's q/k row order (interleaved RoPE pairs per head) back to rotate-half order; the
+    same permutation as llama2.c's, for weights [rows, cols] and biases [rows] alike."""
+    heads = config.n_heads if ".wq." in name else config.n_kv_heads
+    flat = rows.reshape(rows.shape[0], -1)
+    return interleaved_to_halves(flat, heads).reshape(rows.shape)
+
+
+def _our_tensors(arch: Arch, tensor_name: str, values: torch.Tensor, config: DecoderConfig, expected: dict, file: Path) -> dict[str, torch.Tensor]:
+    """A GGUF tensor (dequantized) as ours: split if fused, norms unshifted, q/k rows unpermuted."""
+    names = arch.map_tensor(tensor_name)
+    if names == ("output.weight",) and "output.weight" not in expected:
+        return {}  # a tied head stored anyway: the embedding is the head
+    if not names or any(n not in expected for n in names):
+        raise CheckpointError(f"unexpected tensor '{tensor_name}' in '{file.name}' for a {arch.model_type} model with its metadata")
+    shapes = [expected[n] for n in names]
+    want = (sum(s[0] for s in shapes), *shapes[0][1:])
+    if tuple(values.shape) != want:
+        raise CheckpointError(f"tensor '{tensor_name}' in '{file.name}' has shape {tuple(values.shape)}, but its metadata imply {want}")
+    if arch.norm_shift and tensor_name.endswith("norm.weight"):
+        values = values - arch.norm_shift
+    pieces = values.split([s[0] for s in shapes], dim=0) if len(names) > 1 else (values,)
+    out = {}
+    for name, piece in zip(names, pieces):
+        if arch.permuted_qk and (".wq." in name or ".wk." in name):
+            piece = _unpermute(name, piece, config)
+        out[name] = piece.contiguous() if len(names) == 1 else piece.clone()  # a part owns its storage
+    return out
+
+
+def _decoder_config(spec: ModelSpec, reader, file: Path) -> DecoderConfig:
+    config = config_dict(reader, file)
+    try:
+        return spec.config_from_checkpoint(config)
+    except (KeyError, TypeError, ValueError) as e:
+        raise CheckpointError(f"the metadata of '{file}' do not describe a {spec.family} model: {e!r}") from None
+
+
+def load_decoder(spec: ModelSpec, path: Path, max_seq_len: int) -> Decoder:
+    """Build the decoder on the meta device and assign every tensor, dequantized one at a time."""
+    file = _require_gguf(path)
+    reader = open_reader(file)
+    _, arch = architecture(reader, file)
+    config = _decoder_config(spec, reader, file)
+    model, expected = empty_decoder(config, max_seq_len)
+    state: dict[str, torch.Tensor] = {}
+    for tensor in reader.tensors:
+        if DERIVED_TENSORS.fullmatch(tensor.name):
+            continue
+        values = torch.from_numpy(_dequantize(tensor, file))
+        state.update(_our_tensors(arch, tensor.name, values, config, expected, file))
+    return assign_weights(model, state, expected, file)
+
+
+def read_q4_0(path: Path) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """Every Q4_0 tensor of a GGUF, unpacked without loss: our tensor name -> (int8 values in
+    [-8, 7], shape [out, in], in our row order; float32 scales, shape [out, in // 32]), so that
+    values * scales (repeated over each block of 32) equals the dequantized weight.
+
+    A Q4_0 block of 32 weights is an fp16 scale d and 16 bytes of nibbles: weight = d * (nibble - 8),
+    low nibbles are elements 0..15 of the block, high nibbles 16..31. Fused tensors are split and
+    llama's q/k rows unpermuted like the weights, which moves the scales' rows along with them."""
+    import gguf
+
+    file = _require_gguf(path)
+    reader = open_reader(file)
+    _, arch = architecture(reader, file)
+    config = _decoder_config_from(reader, file)
+    _, expected = empty_decoder(config, 1)
+    expected["output.weight"] = (config.vocab_size, config.dim)
+    out: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+    for tensor in reader.tensors:
+        if tensor.tensor_type != gguf.GGMLQuantizationType.Q4_0:
+            continue
+        blocks = np.asarray(tensor.data, dtype=np.uint8)
+        rows = blocks.shape[0]
+        blocks = blocks.reshape(rows, -1, 18)
+        scales = blocks[..., :2].copy().view(np.float16).astype(np.float32).reshape(rows, -1)
+        nibbles = blocks[..., 2:]
+        values = np.concatenate([nibbles & 0x0F, nibbles >> 4], axis=-1).astype(np.int8) - 8
+        q = torch.from_numpy(values.reshape(rows, -1))
+        s = torch.from_numpy(scales)
+        names_q = _our_tensors(arch, tensor.name, q, config, expected, file)
+        names_s = _split_like(arch, tensor.name, s, config, expected, names_q)
+        out.update({name: (names_q[name], names_s[name]) for name in names_q})
+    return out
+
+
+def _split_like(arch: Arch, tensor_name: str, scales: torch.Tensor, config: DecoderConfig, expected: dict, names: dict) -> dict[str, torch.Tensor]:
+    """The scales of a tensor, split and row-permuted as its values were (shapes: in // 32 columns)."""
+    group_expected = {n: (expected[n][0], scales.shape[1]) for n in names}
+    return _our_tensors(arch, tensor_name, scales, config, group_expected, Path(tensor_name)) if names else {}
+
+
+def _decoder_config_from(reader, file: Path) -> DecoderConfig:
+    """A DecoderConfig from the metadata alone (no registry entry): the entry infer_spec picks."""
+    from genai_pipeline.registry import infer_spec
+
+    return _decoder_config(infer_spec(config_dict(reader, file)), reader, file)
+
+
+# -- the Hugging Face files a GGUF stands for ----------------------------------------------------
+
+_FOLDERS: dict[tuple[str, float], Path] = {}
+
+
+def checkpoint_folder(path: Path) -> Path:
+    """A folder (temporary, owned by this process, removed at exit) holding the Hugging Face
+    metadata files of a GGUF: config.json, tokenizer.json, tokenizer_config.json,
+    generation_config.json. No weights. Written once per file per process."""
+    from genai_pipeline.checkpoints.gguf_vocab import tokenizer_files
+
+    file = _require_gguf(path)
+    key = (str(file.resolve()), file.stat().st_mtime if file.is_file() else 0.0)
+    if key in _FOLDERS and _FOLDERS[key].is_dir():
+        return _FOLDERS[key]
+    reader = open_reader(file)
+    config = config_dict(reader, file)
+    tokenizer, tokenizer_config, generation_config = tokenizer_files(reader, file)
+    folder = Path(tempfile.mkdtemp(prefix=f"genai-gguf-{file.stem[:40]}-"))
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    (folder / "config.json").write_text(json.dumps(config, indent=2))
+    (folder / "tokenizer.json").write_text(tokenizer, encoding="utf-8")
+    (folder / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=2, ensure_ascii=False), encoding="utf-8")
+    (folder / "generation_config.json").write_text(json.dumps(generation_config, indent=2))
+    _FOLDERS[key] = folder
+    return folder
