@@ -94,16 +94,17 @@ def prepare(spec: ModelSpec, options: PrepareOptions) -> PreparedModel:
         spec = sized_as(spec, config)  # a checkpoint of other sizes is not exported under this entry's name
     if options.max_seq_len > config.max_position_embeddings:
         log.warning("--max-seq-len %d exceeds the model's trained context %d", options.max_seq_len, config.max_position_embeddings)
-    tokenizer = find_tokenizer_file(metadata_folder(Path(checkpoint))) if checkpoint is not None else None
+    metadata = metadata_folder(Path(checkpoint)) if checkpoint is not None else None
+    tokenizer = find_tokenizer_file(metadata) if metadata is not None else None
     if tokenizer is not None and (kind := tokenizer_kind(tokenizer)) is not spec.tokenizer_kind:
         log.warning(
             "%s: %s is %s, but this entry's checkpoints carry %s; check that the tokenizer belongs to the model",
             spec.name, tokenizer, kind.value, spec.tokenizer_kind.value,
         )
-    folder = None if tokenizer is None else tokenizer.parent
-    template = read_chat_template(folder) if folder is not None else None
+    template = read_chat_template(metadata) if metadata is not None else None
     special = read_special_tokens(
-        folder, template.source if template else spec.chat_template, spec.bos_id, spec.eos_ids
+        metadata, template.source if template else spec.chat_template, spec.bos_id, spec.eos_ids,
+        origin="" if metadata == Path(checkpoint) else f"{Path(checkpoint).name} metadata as ",
     )
     # The checkpoint's own bos/eos, the entry filling only what it lacks, for every reader downstream.
     spec = dataclasses.replace(spec, bos_id=special.bos_id, eos_ids=special.eos_ids)

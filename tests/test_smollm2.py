@@ -31,6 +31,7 @@ def cli(*argv) -> tuple[int, str, str]:
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(sys, "stdout", out)
         mp.setattr(sys, "stderr", err)
+        mp.setattr(sys, "stdin", io.StringIO(""))  # --chat: no message after --prompt's
         code = main([str(a) for a in argv])
     return code, out.getvalue(), err.getvalue()
 
