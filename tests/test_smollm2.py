@@ -59,6 +59,11 @@ def test_identity_and_special_tokens_come_from_the_file(smollm2_fp32):
     constants = manifest["artifacts"]["text_decoder"]["constant_methods"]
     assert constants["get_eos_ids"] == manifest["eos_ids"] and constants["get_bos_id"] == 1
     assert manifest["special_tokens"]["end_of_turn_ids"] == [IM_END]
+    from executorch.runtime import Runtime  # what ExecuTorch's own runners read
+
+    program = Runtime.get().load_program(smollm2_fp32 / "text_decoder.pte")
+    assert list(program.load_method("get_eos_ids").execute([])) == manifest["eos_ids"]
+    assert list(program.load_method("get_bos_id").execute([])) == [1]
 
 
 def test_greedy_tokens_equal_transformers(smollm2_fp32, transformers_model):
