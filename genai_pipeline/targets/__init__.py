@@ -2,10 +2,28 @@
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from typing import Callable
 
 from genai_pipeline.errors import InputError
+
+
+@dataclass(frozen=True)
+class GroupedLowering:
+    """For a backend whose one payload can hold several graphs (QNN context binaries): the methods
+    of each group are handed to the backend together, in one `preprocess_multimethod` call, so
+    they share one payload (and, in it, one copy of the weights); each group is partitioned with
+    one compile-spec list, since the backend compiles a group with its first method's specs."""
+
+    groups: tuple[tuple[str, ...], ...]  # methods lowered together
+    compile_specs: dict  # method -> its list of ExecuTorch CompileSpec
+    partitioner: Callable[[list], object]  # a CompileSpec list -> the backend's partitioner
+    # Around partitioning and preprocessing, given {method: specs} (QNN: its QnnManager).
+    context: Callable[[dict], contextlib.AbstractContextManager] = lambda specs: contextlib.nullcontext()
+    export_transform: Callable = lambda program: program  # on each exported graph, before the edge dialect
+    edge_passes: Callable = lambda program, specs: []  # on each edge graph, before partitioning
+    check: Callable = lambda edge, specs: None  # validates the lowered programs (an EdgeProgramManager)
 
 
 @dataclass(frozen=True)
@@ -22,6 +40,11 @@ class Target:
     # Rewrites an eager graph module in place into the form this backend lowers best, right
     # before it is exported for lowering (calibrated QDQ graphs pass through unchanged).
     adapt_for_lowering: Callable[[object], None] = lambda module: None
+    # For a backend that lowers several methods into one payload (lowering.lower_grouped): the
+    # program's method names -> how they are grouped, partitioned and checked.
+    grouped: Callable[[tuple[str, ...]], GroupedLowering] | None = None
+    # The program's method names -> the backend's compile spec decoded for the manifest, or None.
+    compile_spec: Callable[[tuple[str, ...]], dict | None] = lambda methods: None
 
 
 def get_target(name: str) -> Target:
