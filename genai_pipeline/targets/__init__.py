@@ -47,6 +47,9 @@ class Target:
     compile_spec: Callable[[tuple[str, ...]], dict | None] = lambda methods: None
 
 
+_TARGET_NAMES = ("xnnpack", "portable", "qnn")
+
+
 def get_target(name: str) -> Target:
     from genai_pipeline.targets import portable, qnn, xnnpack
 
@@ -60,7 +63,9 @@ def check_recipe(target: Target, quant) -> None:
     """Refuse a quantization (a quantize.QuantOptions) the backend cannot run."""
     for recipe in (quant.recipe, *(r for _, r in quant.overrides)):
         if recipe not in target.recipes:
-            raise InputError(f"target '{target.name}' does not support recipe '{recipe}'; it supports: {', '.join(target.recipes)}")
+            owners = [t for t in _TARGET_NAMES if t != target.name and recipe in get_target(t).recipes]
+            hint = f" ('{recipe}' is a recipe of --target {' or '.join(owners)})" if owners else ""
+            raise InputError(f"target '{target.name}' does not support recipe '{recipe}'{hint}; it supports: {', '.join(target.recipes)}")
     if quant.embedding and quant.embedding not in target.embedding_recipes:
         supported = ", ".join(target.embedding_recipes) or "none"
         raise InputError(f"target '{target.name}' does not support --embedding {quant.embedding}; it supports: {supported}")

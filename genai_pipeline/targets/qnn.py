@@ -72,13 +72,13 @@ def _option_parsers() -> dict:
     has its own flag), each with a parser of its value."""
     s = _schema()
 
-    def enum(cls):
-        values = {_snake(m.name, "kHtp"): m for m in cls}
-        return lambda v: values.get(v.lower()) if v.lower() in values else _bad(v, values)
+    def choice(values: dict):
+        return lambda v: values[v.lower()] if v.lower() in values else _bad(v, values)
 
-    def boolean(v):
-        return {"true": True, "1": True, "on": True, "false": False, "0": False, "off": False}.get(v.lower()) if v.lower() in (
-            "true", "1", "on", "false", "0", "off") else _bad(v, ("true", "false"))
+    def enum(cls):
+        return choice({_snake(m.name, "kHtp"): m for m in cls})
+
+    boolean = choice({"true": True, "false": False, "on": True, "off": False, "1": True, "0": False})
 
     def size(v):
         return int(v) if v.isdigit() else _bad(v, ("a number of bytes",))
