@@ -163,7 +163,17 @@ def format_report(r: dict) -> str:
     c, n = r["constant_segment"], r["named_data"]
     lines.append(f"constant segment: {c['buffers']} tensors, {c['bytes'] / mb:.2f} MB, shared by all methods: {c['shared_bytes'] / mb:.2f} MB")
     lines.append(f"named data: {n['entries']} entries, {n['bytes'] / mb:.2f} MB, shared by all methods: {n['shared_bytes'] / mb:.2f} MB")
-    for i, p in enumerate(r.get("delegate_payloads", [])):
+    payloads = r.get("delegate_payloads", [])
+    plain = defaultdict(list)  # payloads of one method and no spec to decode, summed by backend (XNNPACK: dozens)
+    for p in payloads:
+        if len(p["methods"]) == 1 and "qnn" not in p:
+            plain[p["backend"]].append(p["bytes"])
+    if plain:
+        lines.append("delegate payloads of one method each: " + ", ".join(
+            f"{b} {len(sizes)}x, {sum(sizes) / mb:.2f} MB" for b, sizes in plain.items()))
+    for i, p in enumerate(payloads):
+        if len(p["methods"]) == 1 and "qnn" not in p:
+            continue
         shared = f"shared by {', '.join(p['methods'])}" if len(p["methods"]) > 1 else f"used by {p['methods'][0]}"
         line = f"delegate payload {i}: {p['backend']}, {p['bytes'] / 1024:.1f} KB, {shared}"
         q = p.get("qnn")
