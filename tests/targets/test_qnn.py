@@ -228,3 +228,66 @@ def test_with_an_sdk_the_partitioner_is_qnns_on_the_same_path(tmp_path, monkeypa
     assert partitioner.delegation_spec.compile_specs[0].value == grouped.compile_specs["decode"][0].value
     monkeypatch.setenv("QNN_SDK_ROOT", "")
     assert "needs the Qualcomm QNN SDK" in qnn.TARGET.lowering_blocked()
+
+
+# ---- bad input on the command line: one line, exit 2, before any work --------------------------
+
+@pytest.mark.parametrize("args, message", [
+    (["--target", "qnn", "--recipe", "16a8w", "--soc", "SM9999"], "error: unknown SoC 'SM9999'; known SoCs: QCM6490, "),
+    (["--target", "qnn", "--recipe", "16a8w", "--soc", "sm8450"],
+     "error: SoC SM8450 has HTP V69, and prefill and decode sharing weights in one context binary needs V73 or newer"),
+    (["--target", "qnn", "--recipe", "16a8w", "--qnn-option", "decode:precision=fp16"],
+     "error: methods prefill and decode share one context binary but their QNN options differ in precision"),
+    (["--target", "xnnpack", "--recipe", "16a8w"],
+     "error: target 'xnnpack' does not support recipe '16a8w' ('16a8w' is a recipe of --target qnn); it supports: fp32,"),
+    (["--target", "xnnpack", "--recipe", "8da4w", "--soc", "SM8750"], "error: --soc applies to --target qnn only"),
+])
+def test_bad_qnn_command_lines_stop_before_any_work(tmp_path, capsys, args, message):
+    from genai_pipeline.cli import main
+
+    out = tmp_path / "out"
+    assert main(["export", *args, "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(message), err
+    assert not out.exists()  # nothing was prepared, quantized or written
+
+
+def test_v69_hybrid_alternatives_pass_the_checks(capsys):
+    from genai_pipeline.cli import build_parser, _qnn_configured
+    from genai_pipeline.targets import get_target
+
+    for extra in (["--mode", "kv"], ["--no-weight-sharing"], ["--qnn-x86-emulator"]):
+        args = build_parser().parse_args(["export", "--target", "qnn", "--soc", "SM8450", *extra, "--out", "x"])
+        target = _qnn_configured(get_target("qnn"), args)
+        methods = ("decode",) if "kv" in extra else HYBRID
+        assert target.compile_spec(methods)["soc"] == "SM8450"
+
+
+# ---- 4. manifest, inspect and run of a QNN export ----------------------------------------------
+
+def test_qnn_export_manifest_inspect_and_run(tmp_path, capsys):
+    from genai_pipeline.bundle import PreparedModel
+    from genai_pipeline.cli import main
+    from genai_pipeline.compile import compile_artifacts
+    from genai_pipeline.prepare import PrepareOptions
+    from genai_pipeline.registry import get_spec
+
+    spec = get_spec("smollm2-135m")
+    prepared = PreparedModel(spec=spec, config=spec.config, artifacts={ArtifactKey.TEXT_DECODER: _artifact()},
+                             options=PrepareOptions(mode="hybrid", max_seq_len=16, prefill_len=8), weights="random")
+    out = tmp_path / "qnn"
+    compile_artifacts(prepared, standin_target(qnn.QnnOptions(soc="sm8750")), out)
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["target"] == "qnn" and manifest["status"] == "complete"
+    cs = manifest["compile_spec"]
+    assert (cs["soc"], cs["htp_arch"], cs["weight_sharing"], cs["shared_buffer"]) == ("SM8750", "V79", True, True)
+    assert cs["context_binaries"] == [["prefill", "decode"]] and cs["backend"] == "htp" and cs["vtcm_mb"] == 8
+
+    assert main(["inspect", str(out / "text_decoder.pte")]) == 0
+    text = capsys.readouterr().out
+    assert "delegate payload 0: StandInQnnBackend" in text and "shared by decode, prefill" in text
+    assert "QNN SM8750 (HTP V79, 8 MB VTCM), quantized, weight sharing on" in text
+
+    assert main(["run", str(out), "--prompt", "hello"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "QNN runtime libraries (libQnnHtp.so) are not on this host's library path" in err[0]
