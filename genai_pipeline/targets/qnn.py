@@ -242,13 +242,31 @@ def check_specs(specs: dict, p: QnnPlan) -> None:
                                   f"specs ({describe(first)} vs {describe(_spec_bytes(specs[other]))}); QNN would silently use {group[0]}'s")
 
 
-def check_lowered(edge, p: QnnPlan) -> None:
-    """After lowering: each method's delegates carry the asked specs (decoded), the methods of a
-    group have as many delegates as each other, and a group's i-th delegates share one payload."""
+def _lowered(edge, p: QnnPlan) -> dict[str, list]:
     from executorch.exir.lowered_backend_module import get_lowered_submodules
 
-    delegates = {m: [lowered for _, lowered, _ in get_lowered_submodules(edge.exported_program(m).graph_module)]
-                 for m in p.methods if m in edge.methods}
+    return {m: [lowered for _, lowered, _ in get_lowered_submodules(edge.exported_program(m).graph_module)]
+            for m in p.methods if m in edge.methods}
+
+
+def size_spill_fill(edge, p: QnnPlan) -> int | None:
+    """With use_multi_contexts and no max_sf_buf_size given, ExecuTorch's `update_spill_fill_size`
+    reads every compiled context binary (through the SDK's libraries, so only with an SDK) and
+    writes the largest spill-fill size into every delegate's spec: one buffer serves them all."""
+    wanted = any(o.get("use_multi_contexts") and not o.get("max_sf_buf_size") for o in p.htp_options.values())
+    if not wanted or sdk_root() is None:
+        return None
+    from executorch.backends.qualcomm.utils import utils
+
+    return utils.update_spill_fill_size([d for ds in _lowered(edge, p).values() for d in ds])
+
+
+def check_lowered(edge, p: QnnPlan) -> None:
+    """After lowering (and spill-fill sizing): each method's delegates carry the asked specs
+    (decoded), the methods of a group have as many delegates as each other, and a group's i-th
+    delegates share one payload."""
+    size_spill_fill(edge, p)
+    delegates = _lowered(edge, p)
     check_specs({f"{m} delegate {i}": d.compile_specs for m, ds in delegates.items() for i, d in enumerate(ds)},
                 dataclasses.replace(p, groups=()))
     for group in p.groups:

@@ -291,3 +291,25 @@ def test_qnn_export_manifest_inspect_and_run(tmp_path, capsys):
     assert main(["run", str(out), "--prompt", "hello"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "QNN runtime libraries (libQnnHtp.so) are not on this host's library path" in err[0]
+
+
+def test_with_an_sdk_multi_contexts_get_one_spill_fill_size_for_every_delegate(tmp_path, monkeypatch):
+    """ExecuTorch's update_spill_fill_size reads the compiled context binaries through the SDK,
+    so here it is recorded, not run: it gets every delegate of both methods, once."""
+    from executorch.backends.qualcomm.utils import utils
+
+    lib = tmp_path / "sdk" / "lib" / "x86_64-linux-clang"
+    lib.mkdir(parents=True)
+    (lib / "libQnnHtp.so").write_bytes(b"")
+    monkeypatch.setenv("QNN_SDK_ROOT", str(tmp_path / "sdk"))
+    seen = []
+    monkeypatch.setattr(utils, "update_spill_fill_size", lambda modules: seen.append(modules) or 4096)
+    target = standin_target(qnn.QnnOptions(options=("use_multi_contexts=true",)))
+    with tqdm(disable=True) as progress:
+        _to_executorch(_artifact(), target, progress, quantized=False)
+    assert len(seen) == 1 and len(seen[0]) == 2  # prefill's and decode's delegate, in one call
+    assert all(m.backend_id == "StandInQnnBackend" for m in seen[0])
+    given = qnn.plan(qnn.QnnOptions(options=("use_multi_contexts=true", "max_sf_buf_size=65536")), HYBRID)
+    assert qnn.size_spill_fill(None, given) is None and len(seen) == 1  # a size the user gave is kept
+    monkeypatch.setenv("QNN_SDK_ROOT", "")
+    assert qnn.size_spill_fill(None, qnn.plan(qnn.QnnOptions(options=("use_multi_contexts=true",)), HYBRID)) is None
