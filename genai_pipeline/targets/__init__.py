@@ -47,13 +47,14 @@ class Target:
     compile_spec: Callable[[tuple[str, ...]], dict | None] = lambda methods: None
 
 
-_TARGET_NAMES = ("xnnpack", "portable", "qnn")
+def _targets() -> dict[str, Target]:
+    from genai_pipeline.targets import portable, qnn, xnnpack
+
+    return {t.name: t for t in (xnnpack.TARGET, portable.TARGET, qnn.TARGET)}
 
 
 def get_target(name: str) -> Target:
-    from genai_pipeline.targets import portable, qnn, xnnpack
-
-    targets = {t.name: t for t in (xnnpack.TARGET, portable.TARGET, qnn.TARGET)}
+    targets = _targets()
     if name not in targets:
         raise InputError(f"unknown target '{name}'; known targets: {', '.join(targets)}")
     return targets[name]
@@ -63,7 +64,7 @@ def check_recipe(target: Target, quant) -> None:
     """Refuse a quantization (a quantize.QuantOptions) the backend cannot run."""
     for recipe in (quant.recipe, *(r for _, r in quant.overrides)):
         if recipe not in target.recipes:
-            owners = [t for t in _TARGET_NAMES if t != target.name and recipe in get_target(t).recipes]
+            owners = [t.name for t in _targets().values() if t.name != target.name and recipe in t.recipes]
             hint = f" ('{recipe}' is a recipe of --target {' or '.join(owners)})" if owners else ""
             raise InputError(f"target '{target.name}' does not support recipe '{recipe}'{hint}; it supports: {', '.join(target.recipes)}")
     if quant.embedding and quant.embedding not in target.embedding_recipes:
