@@ -313,3 +313,17 @@ def test_with_an_sdk_multi_contexts_get_one_spill_fill_size_for_every_delegate(t
     assert qnn.size_spill_fill(None, given) is None and len(seen) == 1  # a size the user gave is kept
     monkeypatch.setenv("QNN_SDK_ROOT", "")
     assert qnn.size_spill_fill(None, qnn.plan(qnn.QnnOptions(options=("use_multi_contexts=true",)), HYBRID)) is None
+
+
+def test_with_an_sdk_root_lowering_reaches_qnns_own_backend(tmp_path, monkeypatch):
+    """No refusal in our code once QNN_SDK_ROOT holds libQnnHtp.so: the real path runs up to
+    QNN's QnnManager, which here finds no loadable library and fails with one line."""
+    lib = tmp_path / "sdk" / "lib" / "x86_64-linux-clang"
+    lib.mkdir(parents=True)
+    (lib / "libQnnHtp.so").write_bytes(b"")  # found by our check, not loadable
+    monkeypatch.setenv("QNN_SDK_ROOT", str(tmp_path / "sdk"))
+    target = qnn.configure(qnn.QnnOptions(), HYBRID)
+    assert target.lowering_blocked() is None
+    with pytest.raises(RuntimeError, match="Failed to initialize QNN backend"):
+        with tqdm(disable=True) as progress:
+            _to_executorch(_artifact(), target, progress, quantized=False)
