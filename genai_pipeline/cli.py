@@ -70,7 +70,7 @@ def cmd_export(args) -> int:
         log.info("model: %s (inferred from %s)", spec.name, source)
     else:
         spec = get_spec(args.model or DEFAULT_MODEL)
-    target = get_target(args.target)
+    target = _qnn_configured(get_target(args.target), args)  # QNN options checked before any work
     quant = QuantOptions(
         recipe=args.recipe,
         group_size=args.group_size,
@@ -106,6 +106,23 @@ def cmd_export(args) -> int:
     for name, f in result.manifest["files"].items():
         log.info("  %s  %.2f MB", name, f["bytes"] / (1 << 20))
     return 0
+
+
+def _qnn_configured(target, args):
+    """The target with the QNN options applied; a QNN option given for another target is refused."""
+    from genai_pipeline.errors import InputError
+    from genai_pipeline.names import Mode
+    from genai_pipeline.targets import qnn
+
+    given = [flag for flag, on in (("--soc", args.soc != _default(qnn.QnnOptions, "soc")), ("--qnn-option", args.qnn_option),
+                                   ("--no-weight-sharing", args.no_weight_sharing), ("--qnn-x86-emulator", args.qnn_x86_emulator)) if on]
+    if target.name != qnn.TARGET.name:
+        if given:
+            raise InputError(f"{given[0]} applies to --target qnn only (the target is {target.name})")
+        return target
+    options = qnn.QnnOptions(soc=args.soc, weight_sharing=not args.no_weight_sharing, x86_emulator=args.qnn_x86_emulator,
+                             options=tuple(args.qnn_option))
+    return qnn.configure(options, [g.value for g in Mode(args.mode).graphs])
 
 
 def _report_tokens(prepared, quant) -> tuple[list[int], str]:
@@ -283,6 +300,7 @@ def build_parser() -> argparse.ArgumentParser:
     from genai_pipeline.quantize import QuantOptions
     from genai_pipeline.registry import DEFAULT_MODEL
     from genai_pipeline.runtime.generate import SamplingOptions
+    from genai_pipeline.targets.qnn import QnnOptions
 
     parser = argparse.ArgumentParser(prog="genai", description="LLM checkpoints to verified ExecuTorch programs.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -294,7 +312,15 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("export", help="prepare, compile and write .pte programs + manifest")
     p.add_argument("model", nargs="?", help=f"registry name (default: inferred from --checkpoint, else {DEFAULT_MODEL})")
     p.add_argument("--checkpoint", help="local Hugging Face folder (config.json + *.safetensors) or llama2.c folder (*.pt + tokenizer.model)")
-    p.add_argument("--target", default="xnnpack", help="xnnpack (default), portable, or qnn (quantize only here)")
+    p.add_argument("--target", default="xnnpack", help="xnnpack (default), portable, or qnn (lowering needs the QNN SDK)")
+    p.add_argument("--soc", default=_default(QnnOptions, "soc"),
+                   help="qnn: the Snapdragon SoC, e.g. SM8650 (default), SM8750, SM8550; its HTP arch and VTCM come from ExecuTorch's table")
+    p.add_argument("--no-weight-sharing", action="store_true",
+                   help="qnn: one context binary per method instead of one shared by prefill and decode (HTP older than V73)")
+    p.add_argument("--qnn-x86-emulator", action="store_true", help="qnn: for the HTP emulator on x86 (no weight sharing, no shared buffers)")
+    p.add_argument("--qnn-option", action="append", default=[], metavar="[METHOD:]KEY=VALUE",
+                   help="qnn: an HTP option of the compile spec (repeatable), e.g. precision=fp16, performance_mode=burst, "
+                        "use_multi_contexts=true, max_sf_buf_size=BYTES (spill-fill); METHOD: only with --no-weight-sharing")
     p.add_argument("--recipe", default=_default(QuantOptions, "recipe"),
                    help="xnnpack: fp32 (default), 8da4w, 8da8w, 8a8w; qnn: 16a8w, 16a4w, 16a4w_block, 8a8w")
     p.add_argument("--group-size", type=int, default=_default(QuantOptions, "group_size"), help="int4 group size")

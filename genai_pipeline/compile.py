@@ -18,7 +18,7 @@ from genai_pipeline import __version__
 from genai_pipeline.bundle import MANIFEST, Artifact, ArtifactSet, PreparedModel, atomic_write, sha256
 from genai_pipeline.data.chat_template import read_chat_template
 from genai_pipeline.errors import ExportError
-from genai_pipeline.lowering import to_edge_transform_and_lower
+from genai_pipeline.lowering import lower_grouped, to_edge_transform_and_lower
 from genai_pipeline.runtime.tokenizer import TOKENIZER_FILES
 from genai_pipeline.targets import Target
 
@@ -38,7 +38,10 @@ def lower(artifact: Artifact, target: Target, progress: tqdm):
         )
         progress.update()
     progress.set_description(f"lower {artifact.key.value} to {target.name}")
-    edge = to_edge_transform_and_lower(programs, target.partitioners(), dict(artifact.constant_methods))
+    if target.grouped is not None:  # several methods in one payload (QNN context binaries)
+        edge = lower_grouped(programs, target.grouped(tuple(programs)), dict(artifact.constant_methods))
+    else:
+        edge = to_edge_transform_and_lower(programs, target.partitioners(), dict(artifact.constant_methods))
     progress.update()
     return edge
 
@@ -65,6 +68,16 @@ def _to_executorch(artifact: Artifact, target: Target, progress: tqdm, quantized
     )
     progress.update()
     return program
+
+
+def _compile_spec(prepared: PreparedModel, target: Target) -> dict:
+    """{"compile_spec": the backend's spec, decoded} when it has one (QNN: SoC, HTP arch, ...),
+    also for a QDQ-only export; per artifact when there are several."""
+    specs = {key.value: target.compile_spec(tuple(g.value for g in a.graphs)) for key, a in prepared.artifacts.items()}
+    specs = {key: spec for key, spec in specs.items() if spec is not None}
+    if not specs:
+        return {}
+    return {"compile_spec": next(iter(specs.values())) if len(specs) == 1 else specs}
 
 
 def _versions() -> dict[str, str]:
@@ -170,6 +183,7 @@ def compile_artifacts(prepared: PreparedModel, target: Target, out: Path) -> Art
         "quantization": dict(prepared.quantization),
         "seed": options.seed,
         "target": target.name,
+        **_compile_spec(prepared, target),
         "mode": options.mode.value,
         "max_seq_len": options.max_seq_len,
         "prefill_len": options.prefill_len,

@@ -70,6 +70,7 @@ def inspect_program(path: Path) -> dict:
     const_users = defaultdict(set)  # constant-segment buffer index -> methods using it
     named_users = defaultdict(set)  # named-data key -> methods whose delegates reference it
     placements = defaultdict(dict)  # mutable buffer name -> {method: (arena, offset)}
+    payloads = {}  # (inline?, index) -> the delegate payload and the methods referencing it
     for plan in program.execution_plan:
         if not plan.inputs and all(_scalar(plan.values[i]) is not None for i in plan.outputs):
             out = [_scalar(plan.values[i]) for i in plan.outputs]
@@ -80,6 +81,12 @@ def inspect_program(path: Path) -> dict:
             inline = d.processed.location == DataLocation.INLINE
             blob = program.backend_delegate_data[d.processed.index].data if inline else segment(d.processed.index)
             delegates.append({"backend": d.id, "bytes": len(blob)})
+            payload = payloads.setdefault((inline, d.processed.index), {"backend": d.id, "bytes": len(blob), "methods": []})
+            if plan.name not in payload["methods"]:
+                payload["methods"].append(plan.name)
+            qnn_spec = next((bytes(c.value) for c in d.compile_specs if c.key == "qnn_compile_spec"), None)
+            if qnn_spec is not None and "qnn" not in payload:
+                payload["qnn"] = _qnn_spec(qnn_spec)
             for key in named_sizes:
                 if key.encode() in blob:
                     named_users[key].add(plan.name)
@@ -130,7 +137,19 @@ def inspect_program(path: Path) -> dict:
             "shared_bytes": sum(named_sizes[k] for k, u in named_users.items() if shared(u)),
         },
         "mutable_buffers": mutable,
+        # Each delegate payload once, with the methods that reference it (a QNN context binary
+        # holding several graphs is referenced by each of them) and a QNN compile spec decoded.
+        "delegate_payloads": list(payloads.values()),
     }
+
+
+def _qnn_spec(spec: bytes) -> dict:
+    from genai_pipeline.targets import qnn
+
+    try:
+        return qnn.describe(spec)
+    except Exception as e:  # a spec of another ExecuTorch version's schema
+        return {"error": f"cannot decode ({type(e).__name__})"}
 
 
 def format_report(r: dict) -> str:
@@ -144,6 +163,26 @@ def format_report(r: dict) -> str:
     c, n = r["constant_segment"], r["named_data"]
     lines.append(f"constant segment: {c['buffers']} tensors, {c['bytes'] / mb:.2f} MB, shared by all methods: {c['shared_bytes'] / mb:.2f} MB")
     lines.append(f"named data: {n['entries']} entries, {n['bytes'] / mb:.2f} MB, shared by all methods: {n['shared_bytes'] / mb:.2f} MB")
+    payloads = r.get("delegate_payloads", [])
+    plain = defaultdict(list)  # payloads of one method and no spec to decode, summed by backend (XNNPACK: dozens)
+    for p in payloads:
+        if len(p["methods"]) == 1 and "qnn" not in p:
+            plain[p["backend"]].append(p["bytes"])
+    if plain:
+        lines.append("delegate payloads of one method each: " + ", ".join(
+            f"{b} {len(sizes)}x, {sum(sizes) / mb:.2f} MB" for b, sizes in plain.items()))
+    for i, p in enumerate(payloads):
+        if len(p["methods"]) == 1 and "qnn" not in p:
+            continue
+        shared = f"shared by {', '.join(p['methods'])}" if len(p["methods"]) > 1 else f"used by {p['methods'][0]}"
+        line = f"delegate payload {i}: {p['backend']}, {p['bytes'] / 1024:.1f} KB, {shared}"
+        q = p.get("qnn")
+        if q and "error" not in q:
+            line += (f"; QNN {q['soc']} (HTP {q['htp_arch']}, {q['vtcm_mb']} MB VTCM), {q.get('precision', '?')}, "
+                     f"weight sharing {'on' if q.get('weight_sharing') else 'off'}")
+        elif q:
+            line += f"; QNN spec {q['error']}"
+        lines.append(line)
     if r["mutable_buffers"]:
         shared = sum(b["shared"] for b in r["mutable_buffers"].values())
         lines.append(f"mutable buffers: {len(r['mutable_buffers'])}, at one shared place in every method: {shared}")

@@ -181,3 +181,34 @@ _HAS_WORK = {
     "RemoveMixedTypeOperators": _mixes_dtypes,
     "MemoryFormatOpsPass": _calls_a_memory_format_op,
 }
+
+
+def lower_grouped(programs: dict, grouped, constant_methods: dict):
+    """Lowering for a backend whose one payload holds several graphs (a targets.GroupedLowering:
+    QNN context binaries), by ExecuTorch's own steps as `to_edge_transform_and_lower_to_qnn`
+    takes them (the backend's passes on each exported graph, the edge dialect keeping the ops
+    its partitioner takes whole, its edge passes, then partitioning), except that each group of
+    methods is partitioned in ONE `to_backend` call: the backend's `preprocess_multimethod`
+    receives every method of the group together and returns one payload for all of them, and
+    the emitter stores identical payloads once (keyed by sha256), so the group's methods
+    reference one. Methods of different groups get payloads of their own. Then the target
+    checks what was produced (compile specs, partition counts, shared payloads)."""
+    from executorch import exir
+    from executorch.exir.program._program import _gen_edge_manager_for_partitioners, lift_constant_tensor_pass
+
+    specs = grouped.compile_specs
+    with grouped.context({method: specs[method] for group in grouped.groups for method in group}):
+        partitioners = {group: grouped.partitioner(specs[group[0]]) for group in grouped.groups}
+        by_method = {method: [p] for group, p in partitioners.items() for method in group}
+        programs = {name: grouped.export_transform(p) if name in by_method else p for name, p in programs.items()}
+        passes = {method: grouped.edge_passes(programs[method], specs[method]) for method in by_method}
+        config = exir.EdgeCompileConfig(_check_ir_validity=False)
+        edge = _gen_edge_manager_for_partitioners(by_method, programs, config, constant_methods)
+        if any(passes.values()):
+            edge = edge.transform({method: p for method, p in passes.items() if p})
+            for method in edge.methods:
+                lift_constant_tensor_pass(edge.exported_program(method))
+        for group, partitioner in partitioners.items():
+            edge = edge.to_backend({method: partitioner for method in group})
+    grouped.check(edge, specs)
+    return edge

@@ -150,6 +150,8 @@ def test_qnn_export_stops_after_quantization_with_one_clear_line(tmp_path, tiny_
     assert last.startswith("error: lowering to QNN needs the Qualcomm QNN SDK")
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["status"] == "qdq-only" and (out / "text_decoder.qdq.pt2").is_file()
+    spec = manifest["compile_spec"]  # decoded from the compile specs lowering would use
+    assert (spec["soc"], spec["htp_arch"], spec["weight_sharing"], spec["context_binaries"]) == ("SM8650", "V75", True, [["prefill", "decode"]])
     assert not (out / "text_decoder.pte").exists()
     report = (out / "quant_report.html").read_text()
     sqnr = re.findall(r"<td>layers\.(\d)</td><td class=num>([\d.]+)</td>", report)

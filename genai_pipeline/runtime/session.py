@@ -26,6 +26,11 @@ class DecoderSession:
                 f"'{folder}' holds only a QDQ model: lowering to {self.manifest.get('target')} was not possible "
                 "where it was exported; `genai eval` evaluates it"
             )
+        if self.manifest.get("target") == "qnn":  # else the runtime fails deep in QnnExecuTorchBackend::init
+            from genai_pipeline.targets.qnn import runtime_missing
+
+            if (why := runtime_missing()) is not None:
+                raise ProgramError(f"'{folder}': {why}")
         try:
             entry = self.manifest["artifacts"][ArtifactKey.TEXT_DECODER.value]
             self.mode = Mode(self.manifest["mode"])

@@ -2,10 +2,28 @@
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from typing import Callable
 
 from genai_pipeline.errors import InputError
+
+
+@dataclass(frozen=True)
+class GroupedLowering:
+    """For a backend whose one payload can hold several graphs (QNN context binaries): the methods
+    of each group are handed to the backend together, in one `preprocess_multimethod` call, so
+    they share one payload (and, in it, one copy of the weights); each group is partitioned with
+    one compile-spec list, since the backend compiles a group with its first method's specs."""
+
+    groups: tuple[tuple[str, ...], ...]  # methods lowered together
+    compile_specs: dict  # method -> its list of ExecuTorch CompileSpec
+    partitioner: Callable[[list], object]  # a CompileSpec list -> the backend's partitioner
+    # Around partitioning and preprocessing, given {method: specs} (QNN: its QnnManager).
+    context: Callable[[dict], contextlib.AbstractContextManager] = lambda specs: contextlib.nullcontext()
+    export_transform: Callable = lambda program: program  # on each exported graph, before the edge dialect
+    edge_passes: Callable = lambda program, specs: []  # on each edge graph, before partitioning
+    check: Callable = lambda edge, specs: None  # validates the lowered programs (an EdgeProgramManager)
 
 
 @dataclass(frozen=True)
@@ -22,12 +40,21 @@ class Target:
     # Rewrites an eager graph module in place into the form this backend lowers best, right
     # before it is exported for lowering (calibrated QDQ graphs pass through unchanged).
     adapt_for_lowering: Callable[[object], None] = lambda module: None
+    # For a backend that lowers several methods into one payload (lowering.lower_grouped): the
+    # program's method names -> how they are grouped, partitioned and checked.
+    grouped: Callable[[tuple[str, ...]], GroupedLowering] | None = None
+    # The program's method names -> the backend's compile spec decoded for the manifest, or None.
+    compile_spec: Callable[[tuple[str, ...]], dict | None] = lambda methods: None
+
+
+def _targets() -> dict[str, Target]:
+    from genai_pipeline.targets import portable, qnn, xnnpack
+
+    return {t.name: t for t in (xnnpack.TARGET, portable.TARGET, qnn.TARGET)}
 
 
 def get_target(name: str) -> Target:
-    from genai_pipeline.targets import portable, qnn, xnnpack
-
-    targets = {t.name: t for t in (xnnpack.TARGET, portable.TARGET, qnn.TARGET)}
+    targets = _targets()
     if name not in targets:
         raise InputError(f"unknown target '{name}'; known targets: {', '.join(targets)}")
     return targets[name]
@@ -37,7 +64,9 @@ def check_recipe(target: Target, quant) -> None:
     """Refuse a quantization (a quantize.QuantOptions) the backend cannot run."""
     for recipe in (quant.recipe, *(r for _, r in quant.overrides)):
         if recipe not in target.recipes:
-            raise InputError(f"target '{target.name}' does not support recipe '{recipe}'; it supports: {', '.join(target.recipes)}")
+            owners = [t.name for t in _targets().values() if t.name != target.name and recipe in t.recipes]
+            hint = f" ('{recipe}' is a recipe of --target {' or '.join(owners)})" if owners else ""
+            raise InputError(f"target '{target.name}' does not support recipe '{recipe}'{hint}; it supports: {', '.join(target.recipes)}")
     if quant.embedding and quant.embedding not in target.embedding_recipes:
         supported = ", ".join(target.embedding_recipes) or "none"
         raise InputError(f"target '{target.name}' does not support --embedding {quant.embedding}; it supports: {supported}")

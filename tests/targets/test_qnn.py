@@ -1,0 +1,329 @@
+"""The QNN path on a host without the QNN SDK: compile specs, their validation, and the
+multi-graph layout through our own lowering code with a stand-in backend (qnn_standin.py)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+import torch
+from qnn_standin import StandInQnnBackend, parse, standin_target
+from tqdm import tqdm
+
+from genai_pipeline.bundle import Artifact, GraphBundle
+from genai_pipeline.compile import _to_executorch
+from genai_pipeline.errors import ExportError, InputError
+from genai_pipeline.inspect import inspect_program
+from genai_pipeline.names import ArtifactKey, GraphName
+from genai_pipeline.targets import qnn
+
+HYBRID = ("prefill", "decode")
+
+
+# ---- 1. compile specs -------------------------------------------------------------------------
+
+def test_specs_name_the_soc_its_arch_and_share_weights_in_hybrid_mode():
+    from executorch.backends.qualcomm.serialization.qc_schema import HtpArch, QcomChipset
+
+    p = qnn.plan(qnn.QnnOptions(soc="sm8650"), HYBRID)  # case-insensitive
+    specs = qnn.compile_specs(p)
+    assert set(specs) == set(HYBRID) and p.groups == (HYBRID,)
+    assert [s.key for s in specs["prefill"]] == ["qnn_compile_spec"]
+    o = qnn.decode(specs["prefill"][0].value)
+    assert o.soc_info.soc_model == QcomChipset.SM8650 and o.soc_info.htp_info.htp_arch == HtpArch.V75
+    assert o.soc_info.htp_info.vtcm_size_in_mb == 8
+    assert o.backend_options.htp_options.use_weight_sharing and o.shared_buffer
+    assert specs["prefill"][0].value == specs["decode"][0].value
+    from executorch.backends.qualcomm.serialization.qc_schema_serialize import option_to_flatbuffer
+
+    assert option_to_flatbuffer(o) == specs["prefill"][0].value  # decodes and re-encodes to the same bytes
+
+
+def test_single_graph_emulator_and_no_weight_sharing_plans():
+    kv = qnn.plan(qnn.QnnOptions(soc="SM8450"), ("decode",))  # one graph: V69 is fine, nothing to share
+    assert not kv.weight_sharing and not kv.shared_buffer and kv.groups == (("decode",),)
+    emu = qnn.plan(qnn.QnnOptions(soc="SM8650", x86_emulator=True), HYBRID)
+    assert not emu.weight_sharing and not emu.shared_buffer and emu.groups == (("prefill",), ("decode",))
+    two = qnn.plan(qnn.QnnOptions(soc="SM8450", weight_sharing=False), HYBRID)  # the V69 alternative
+    assert not two.weight_sharing and two.shared_buffer and two.groups == (("prefill",), ("decode",))
+    assert not qnn.describe(qnn.compile_specs(two)["decode"][0].value)["weight_sharing"]
+
+
+def test_qnn_options_pass_through_to_the_htp_options():
+    p = qnn.plan(qnn.QnnOptions(options=("precision=fp16", "max_sf_buf_size=1048576", "use_multi_contexts=true",
+                                         "performance_mode=high_performance")), HYBRID)
+    d = qnn.describe(qnn.compile_specs(p)["decode"][0].value)
+    assert d["precision"] == "fp16" and d["spill_fill_bytes"] == 1 << 20 and d["multi_contexts"]
+    assert d["performance_mode"] == "high_performance" and d["htp_arch"] == "V75" and d["soc"] == "SM8650"
+    # without weight sharing, methods have a context binary each and may differ
+    p = qnn.plan(qnn.QnnOptions(weight_sharing=False, options=("decode:precision=fp16",)), HYBRID)
+    summary = qnn.summary(p)
+    assert summary["precision"] == "quantized" and summary["per_method"] == {"decode": {"precision": "fp16"}}
+    assert summary["context_binaries"] == [["prefill"], ["decode"]]
+
+
+@pytest.mark.parametrize("options, methods, message", [
+    (qnn.QnnOptions(soc="SM9999"), HYBRID, "unknown SoC 'SM9999'; known SoCs: QCM6490, QCS9100, SA8255"),
+    (qnn.QnnOptions(soc="sm8450"), HYBRID, "SoC SM8450 has HTP V69, and prefill and decode sharing weights in one "
+                                           "context binary needs V73 or newer"),
+    (qnn.QnnOptions(soc="SM8350"), HYBRID, "--mode kv, or with --no-weight-sharing"),
+    (qnn.QnnOptions(options=("decode:precision=fp16",)), HYBRID,
+     "methods prefill and decode share one context binary but their QNN options differ in precision"),
+    (qnn.QnnOptions(options=("precision=int4",)), HYBRID, "--qnn-option precision: bad value 'int4' (one of: quantized, fp16)"),
+    (qnn.QnnOptions(options=("optimization_level=3",)), HYBRID, "has no such field"),
+    (qnn.QnnOptions(options=("vtcm=4",)), HYBRID, "unknown key 'vtcm'"),
+    (qnn.QnnOptions(options=("forward:precision=fp16",)), HYBRID, "no method 'forward'"),
+])
+def test_bad_qnn_input_is_one_clear_line(options, methods, message):
+    with pytest.raises(InputError) as e:
+        qnn.plan(options, methods)
+    assert message in str(e.value) and "\n" not in str(e.value)
+
+
+# ---- 2. validation of what was built ------------------------------------------------------------
+
+def test_specs_are_compared_as_enums_with_what_was_asked():
+    p = qnn.plan(qnn.QnnOptions(soc="SM8650"), HYBRID)
+    specs = qnn.compile_specs(p)
+    qnn.check_specs(specs, p)  # the decoded SoC is an enum: comparing it with "SM8650" would always fail
+    other = qnn.compile_specs(qnn.plan(qnn.QnnOptions(soc="SM8750"), HYBRID))
+    with pytest.raises(ExportError, match="names SoC SM8750, but SM8650 was asked"):
+        qnn.check_specs({"prefill": other["prefill"], "decode": specs["decode"]}, p)
+    fp16 = qnn.compile_specs(qnn.plan(qnn.QnnOptions(options=("precision=fp16",)), HYBRID))
+    with pytest.raises(ExportError, match="share one QNN context binary but carry different compile specs"):
+        qnn.check_specs({"prefill": specs["prefill"], "decode": fp16["decode"]}, p)
+
+
+# ---- 3. one multi-graph payload, through our own lowering ---------------------------------------
+
+class _Core(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.proj = torch.nn.Linear(64, 96)  # 24 KiB of weights, shared by both methods
+
+
+class _Method(torch.nn.Module):
+    def __init__(self, core):
+        super().__init__()
+        self.core = core
+
+    def forward(self, x):
+        return torch.relu(self.core.proj(x))
+
+
+def _artifact() -> Artifact:
+    core = _Core()
+    graphs = {
+        GraphName.PREFILL: GraphBundle(GraphName.PREFILL, _Method(core), (torch.randn(1, 8, 64),)),
+        GraphName.DECODE: GraphBundle(GraphName.DECODE, _Method(core), (torch.randn(1, 1, 64),)),
+    }
+    return Artifact(key=ArtifactKey.TEXT_DECODER, module=core, graphs=graphs, constant_methods={"get_max_seq_len": 16})
+
+
+def _program_parts(path):
+    from executorch.exir._serialize._program import _flatbuffer_to_program, _get_extended_header
+
+    data = path.read_bytes()
+    header = _get_extended_header(data)
+    program = _flatbuffer_to_program(data[: header.program_size])
+
+    def segment(i):
+        s = program.segments[i]
+        return data[header.segment_base_offset + s.offset: header.segment_base_offset + s.offset + s.size]
+
+    return program, segment
+
+
+@pytest.fixture(scope="module")
+def standin_pte(tmp_path_factory):
+    StandInQnnBackend.calls.clear()
+    artifact = _artifact()
+    with tqdm(disable=True) as progress:
+        program = _to_executorch(artifact, standin_target(), progress, quantized=False)
+    path = tmp_path_factory.mktemp("standin") / "text_decoder.pte"
+    path.write_bytes(program.buffer)
+    return path, artifact, list(StandInQnnBackend.calls)
+
+
+def test_prefill_and_decode_share_one_payload_in_the_program(standin_pte):
+    path, artifact, calls = standin_pte
+    assert calls == [{"prefill": 1, "decode": 1}]  # ONE preprocess_multimethod call, equal partition counts
+    program, segment = _program_parts(path)
+    plans = {plan.name: plan for plan in program.execution_plan}
+    assert {"prefill", "decode", "get_max_seq_len"} <= set(plans)
+    refs = {name: [(d.id, d.processed.location, d.processed.index) for d in plans[name].delegates] for name in HYBRID}
+    assert len(refs["prefill"]) == 1 and refs["prefill"] == refs["decode"]  # both methods reference one payload
+    assert refs["prefill"][0][0] == "StandInQnnBackend"
+    payload = segment(refs["prefill"][0][2])
+    assert [s.size for s in program.segments if s.size] == [len(payload)]  # the only data in the file: stored once
+    header, blob = parse(payload)
+    assert set(header["methods"]) == set(HYBRID)  # every method's graph, by method name
+    weight = artifact.module.proj.weight.detach().numpy().tobytes()
+    assert payload.count(weight) == 1 and len(blob) == weight.__len__() + 96 * 4  # weight and bias, once
+    assert path.read_bytes().count(weight) == 1  # ... and nowhere else in the file
+    for name in HYBRID:  # the compile spec is readable on each delegate, and is the QNN spec asked for
+        specs = {s.key: bytes(s.value) for s in plans[name].delegates[0].compile_specs}
+        d = qnn.describe(specs["qnn_compile_spec"])
+        assert (d["soc"], d["htp_arch"], d["weight_sharing"]) == ("SM8650", "V75", True)
+    assert bytes.fromhex(header["compile_spec"]) == specs["qnn_compile_spec"]
+
+
+def test_inspect_shows_the_shared_payload_and_the_decoded_spec(standin_pte):
+    from genai_pipeline.inspect import format_report
+
+    path, _, _ = standin_pte
+    report = inspect_program(path)
+    (payload,) = report["delegate_payloads"]
+    assert payload["backend"] == "StandInQnnBackend" and sorted(payload["methods"]) == ["decode", "prefill"]
+    assert payload["bytes"] > 64 * 96 * 4
+    assert (payload["qnn"]["soc"], payload["qnn"]["htp_arch"], payload["qnn"]["weight_sharing"]) == ("SM8650", "V75", True)
+    text = format_report(report)
+    assert "shared by decode, prefill" in text and "QNN SM8650 (HTP V75" in text and "weight sharing on" in text
+
+
+def test_without_weight_sharing_each_method_has_its_own_payload(tmp_path):
+    StandInQnnBackend.calls.clear()
+    with tqdm(disable=True) as progress:
+        program = _to_executorch(_artifact(), standin_target(qnn.QnnOptions(soc="SM8450", weight_sharing=False)),
+                                 progress, quantized=False)
+    path = tmp_path / "two.pte"
+    path.write_bytes(program.buffer)
+    assert StandInQnnBackend.calls == [{"prefill": 1}, {"decode": 1}]
+    payloads = inspect_program(path)["delegate_payloads"]
+    assert sorted(p["methods"] for p in payloads) == [["decode"], ["prefill"]]
+    assert all(p["qnn"]["soc"] == "SM8450" and not p["qnn"]["weight_sharing"] for p in payloads)
+
+
+def test_after_lowering_methods_meant_for_one_context_binary_but_split_are_caught():
+    """A lowering that gave decode other specs, in a payload of its own, where one shared
+    context binary was planned, is an error, not a surprise on the device."""
+    target = standin_target()
+    fp16 = qnn.compile_specs(qnn.plan(qnn.QnnOptions(options=("precision=fp16",)), HYBRID))["decode"]
+    real = target.grouped
+
+    def grouped(methods):
+        g = real(methods)
+        return dataclasses.replace(g, groups=(("prefill",), ("decode",)), compile_specs={**g.compile_specs, "decode": fp16})
+
+    with pytest.raises(ExportError, match="prefill and decode did not get one shared context binary"):
+        with tqdm(disable=True) as progress:
+            _to_executorch(_artifact(), dataclasses.replace(target, grouped=grouped), progress, quantized=False)
+
+
+def test_with_an_sdk_the_partitioner_is_qnns_on_the_same_path(tmp_path, monkeypatch):
+    lib = tmp_path / "sdk" / "lib" / "x86_64-linux-clang"
+    lib.mkdir(parents=True)
+    (lib / "libQnnHtp.so").write_bytes(b"")
+    monkeypatch.setenv("QNN_SDK_ROOT", str(tmp_path / "sdk"))
+    target = qnn.configure(qnn.QnnOptions())
+    assert target.lowering_blocked() is None  # no refusal in code once an SDK is there
+    grouped = target.grouped(HYBRID)
+    partitioner = grouped.partitioner(grouped.compile_specs["prefill"])
+    from executorch.backends.qualcomm.partition.qnn_partitioner import QnnPartitioner
+
+    assert isinstance(partitioner, QnnPartitioner)
+    assert partitioner.delegation_spec.backend_id == "QnnBackend"
+    assert partitioner.delegation_spec.compile_specs[0].value == grouped.compile_specs["decode"][0].value
+    monkeypatch.setenv("QNN_SDK_ROOT", "")
+    assert "needs the Qualcomm QNN SDK" in qnn.TARGET.lowering_blocked()
+
+
+# ---- bad input on the command line: one line, exit 2, before any work --------------------------
+
+@pytest.mark.parametrize("args, message", [
+    (["--target", "qnn", "--recipe", "16a8w", "--soc", "SM9999"], "error: unknown SoC 'SM9999'; known SoCs: QCM6490, "),
+    (["--target", "qnn", "--recipe", "16a8w", "--soc", "sm8450"],
+     "error: SoC SM8450 has HTP V69, and prefill and decode sharing weights in one context binary needs V73 or newer"),
+    (["--target", "qnn", "--recipe", "16a8w", "--qnn-option", "decode:precision=fp16"],
+     "error: methods prefill and decode share one context binary but their QNN options differ in precision"),
+    (["--target", "xnnpack", "--recipe", "16a8w"],
+     "error: target 'xnnpack' does not support recipe '16a8w' ('16a8w' is a recipe of --target qnn); it supports: fp32,"),
+    (["--target", "xnnpack", "--recipe", "8da4w", "--soc", "SM8750"], "error: --soc applies to --target qnn only"),
+])
+def test_bad_qnn_command_lines_stop_before_any_work(tmp_path, capsys, args, message):
+    from genai_pipeline.cli import main
+
+    out = tmp_path / "out"
+    assert main(["export", *args, "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(message), err
+    assert not out.exists()  # nothing was prepared, quantized or written
+
+
+def test_v69_hybrid_alternatives_pass_the_checks(capsys):
+    from genai_pipeline.cli import build_parser, _qnn_configured
+    from genai_pipeline.targets import get_target
+
+    for extra in (["--mode", "kv"], ["--no-weight-sharing"], ["--qnn-x86-emulator"]):
+        args = build_parser().parse_args(["export", "--target", "qnn", "--soc", "SM8450", *extra, "--out", "x"])
+        target = _qnn_configured(get_target("qnn"), args)
+        methods = ("decode",) if "kv" in extra else HYBRID
+        assert target.compile_spec(methods)["soc"] == "SM8450"
+
+
+# ---- 4. manifest, inspect and run of a QNN export ----------------------------------------------
+
+def test_qnn_export_manifest_inspect_and_run(tmp_path, capsys):
+    from genai_pipeline.bundle import PreparedModel
+    from genai_pipeline.cli import main
+    from genai_pipeline.compile import compile_artifacts
+    from genai_pipeline.prepare import PrepareOptions
+    from genai_pipeline.registry import get_spec
+
+    spec = get_spec("smollm2-135m")
+    prepared = PreparedModel(spec=spec, config=spec.config, artifacts={ArtifactKey.TEXT_DECODER: _artifact()},
+                             options=PrepareOptions(mode="hybrid", max_seq_len=16, prefill_len=8), weights="random")
+    out = tmp_path / "qnn"
+    compile_artifacts(prepared, standin_target(qnn.QnnOptions(soc="sm8750")), out)
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["target"] == "qnn" and manifest["status"] == "complete"
+    cs = manifest["compile_spec"]
+    assert (cs["soc"], cs["htp_arch"], cs["weight_sharing"], cs["shared_buffer"]) == ("SM8750", "V79", True, True)
+    assert cs["context_binaries"] == [["prefill", "decode"]] and cs["backend"] == "htp" and cs["vtcm_mb"] == 8
+
+    assert main(["inspect", str(out / "text_decoder.pte")]) == 0
+    text = capsys.readouterr().out
+    assert "delegate payload 0: StandInQnnBackend" in text and "shared by decode, prefill" in text
+    assert "QNN SM8750 (HTP V79, 8 MB VTCM), quantized, weight sharing on" in text
+
+    assert main(["run", str(out), "--prompt", "hello"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "QNN runtime libraries (libQnnHtp.so) are not on this host's library path" in err[0]
+
+
+def test_with_an_sdk_multi_contexts_get_one_spill_fill_size_for_every_delegate(tmp_path, monkeypatch):
+    """ExecuTorch's update_spill_fill_size reads the compiled context binaries through the SDK,
+    so here it is recorded, not run: it gets every delegate of both methods, once."""
+    from executorch.backends.qualcomm.utils import utils
+
+    lib = tmp_path / "sdk" / "lib" / "x86_64-linux-clang"
+    lib.mkdir(parents=True)
+    (lib / "libQnnHtp.so").write_bytes(b"")
+    monkeypatch.setenv("QNN_SDK_ROOT", str(tmp_path / "sdk"))
+    seen = []
+    monkeypatch.setattr(utils, "update_spill_fill_size", lambda modules: seen.append(modules) or 4096)
+    target = standin_target(qnn.QnnOptions(options=("use_multi_contexts=true",)))
+    with tqdm(disable=True) as progress:
+        _to_executorch(_artifact(), target, progress, quantized=False)
+    assert len(seen) == 1 and len(seen[0]) == 2  # prefill's and decode's delegate, in one call
+    assert all(m.backend_id == "StandInQnnBackend" for m in seen[0])
+    given = qnn.plan(qnn.QnnOptions(options=("use_multi_contexts=true", "max_sf_buf_size=65536")), HYBRID)
+    assert qnn.size_spill_fill(None, given) is None and len(seen) == 1  # a size the user gave is kept
+    monkeypatch.setenv("QNN_SDK_ROOT", "")
+    assert qnn.size_spill_fill(None, qnn.plan(qnn.QnnOptions(options=("use_multi_contexts=true",)), HYBRID)) is None
+
+
+def test_with_an_sdk_root_lowering_reaches_qnns_own_backend(tmp_path, monkeypatch):
+    """No refusal in our code once QNN_SDK_ROOT holds libQnnHtp.so: the real path runs up to
+    QNN's QnnManager, which here finds no loadable library and fails with one line."""
+    lib = tmp_path / "sdk" / "lib" / "x86_64-linux-clang"
+    lib.mkdir(parents=True)
+    (lib / "libQnnHtp.so").write_bytes(b"")  # found by our check, not loadable
+    monkeypatch.setenv("QNN_SDK_ROOT", str(tmp_path / "sdk"))
+    target = qnn.configure(qnn.QnnOptions(), HYBRID)
+    assert target.lowering_blocked() is None
+    with pytest.raises(RuntimeError, match="Failed to initialize QNN backend"):
+        with tqdm(disable=True) as progress:
+            _to_executorch(_artifact(), target, progress, quantized=False)
