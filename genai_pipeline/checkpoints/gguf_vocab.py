@@ -28,7 +28,7 @@ from genai_pipeline.errors import CheckpointError
 
 log = logging.getLogger(__name__)
 
-CONTROL, USER_DEFINED = 3, 4
+UNKNOWN, CONTROL, USER_DEFINED = 2, 3, 4  # tokenizer.ggml.token_type values (llama.cpp's)
 GPT2_SPLIT = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
 LLAMA3_SPLIT = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
@@ -85,8 +85,9 @@ def _field(reader, key: str, default=None):
 def _added_tokens(tokens: list[str], types: list[int], alphabet: set[str] | None) -> list[dict]:
     added = []
     for i, (token, kind) in enumerate(zip(tokens, types)):
-        if kind not in (CONTROL, USER_DEFINED):
+        if kind not in (UNKNOWN, CONTROL, USER_DEFINED):
             continue
+        kind = CONTROL if kind == UNKNOWN else kind  # <unk> is special, as in Hugging Face's files
         if kind == CONTROL and alphabet is not None and not set(token) <= alphabet:
             continue  # a byte-level vocabulary cannot hold it as a token: a mislabel llama.cpp tolerates
         added.append({
