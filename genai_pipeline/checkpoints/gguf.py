@@ -386,18 +386,12 @@ def read_q4_0(path: Path) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
         scales = blocks[..., :2].copy().view(np.float16).astype(np.float32).reshape(rows, -1)
         nibbles = blocks[..., 2:]
         values = np.concatenate([nibbles & 0x0F, nibbles >> 4], axis=-1).astype(np.int8) - 8
-        q = torch.from_numpy(values.reshape(rows, -1))
-        s = torch.from_numpy(scales)
-        names_q = _our_tensors(arch, tensor.name, q, config, expected, file)
-        names_s = _split_like(arch, tensor.name, s, config, expected, names_q)
-        out.update({name: (names_q[name], names_s[name]) for name in names_q})
+        ours = _our_tensors(arch, tensor.name, torch.from_numpy(values.reshape(rows, -1)), config, expected, file)
+        # the scales' rows are split and permuted as the values' rows are
+        per_block = {name: (expected[name][0], scales.shape[1]) for name in ours}
+        ours_scales = _our_tensors(arch, tensor.name, torch.from_numpy(scales), config, per_block, file)
+        out.update({name: (ours[name], ours_scales[name]) for name in ours})
     return out
-
-
-def _split_like(arch: Arch, tensor_name: str, scales: torch.Tensor, config: DecoderConfig, expected: dict, names: dict) -> dict[str, torch.Tensor]:
-    """The scales of a tensor, split and row-permuted as its values were (shapes: in // 32 columns)."""
-    group_expected = {n: (expected[n][0], scales.shape[1]) for n in names}
-    return _our_tensors(arch, tensor_name, scales, config, group_expected, Path(tensor_name)) if names else {}
 
 
 def _decoder_config_from(reader, file: Path) -> DecoderConfig:

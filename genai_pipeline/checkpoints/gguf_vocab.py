@@ -58,6 +58,9 @@ PRE_TOKENIZERS: dict[str, tuple[list[dict], bool]] = {
     **{pre: ([_split(QWEN2_SPLIT), _byte_level(False)], False) for pre in ("qwen2", "deepseek-r1-qwen")},
 }
 
+# No normalizer, not even Qwen's NFC: llama.cpp applies none, and ExecuTorch 1.5.1's C++ NFC
+# normalizer encodes "naïve" differently from `tokenizers` (tested).
+
 
 def _bytes_to_unicode() -> dict[int, str]:
     """GPT-2's printable spelling of every byte (the alphabet of byte-level vocabularies)."""
@@ -157,11 +160,19 @@ def _sentencepiece_merges(vocab: dict[str, int], scores: list[float]) -> list[li
     return [[left, right] for *_, left, right in merges]
 
 
+# Gemma's files store a token of several spaces as real spaces, which SentencePiece spells with
+# U+2581, and their scores do not follow the merge order, their token order does (as transformers'
+# GGUF tokenizer converter found).
+TOKEN_ORDER_MERGES = ("gemma", "gemma2", "gemma3")
+
+
 def _sentencepiece_tokenizer(reader, tokens: list[str], types: list[int]) -> dict:
+    scores = [float(s) for s in _field(reader, "tokenizer.ggml.scores", [0.0] * len(tokens))]
+    if _field(reader, "general.architecture") in TOKEN_ORDER_MERGES:
+        scores = [-float(i) for i in range(len(tokens))]
     vocab: dict[str, int] = {}
     for i, token in enumerate(tokens):
         vocab.setdefault(token, i)
-    scores = [float(s) for s in _field(reader, "tokenizer.ggml.scores", [0.0] * len(tokens))]
     merges = [m.split(" ", 1) for m in _field(reader, "tokenizer.ggml.merges", [])] or _sentencepiece_merges(vocab, scores)
     prefix = bool(_field(reader, "tokenizer.ggml.add_space_prefix", True))
     unk = _field(reader, "tokenizer.ggml.unknown_token_id")
@@ -200,6 +211,8 @@ def tokenizer_files(reader, file: Path) -> tuple[str, dict, dict]:
     if not tokens:
         raise CheckpointError(f"'{file}' has no vocabulary (tokenizer.ggml.tokens)")
     types = [int(t) for t in _field(reader, "tokenizer.ggml.token_type", [1] * len(tokens))]
+    if kind == "llama" and _field(reader, "general.architecture") in TOKEN_ORDER_MERGES:
+        tokens = ["\u2581" * len(t) if " " in t and not t.strip() else t for t in tokens]
     ids = {name: _field(reader, f"tokenizer.ggml.{name}_token_id") for name in ("bos", "eos", "padding", "unknown", "eot", "eom")}
     ids = {name: int(i) if i is not None and 0 <= int(i) < len(tokens) else None for name, i in ids.items()}
     # llama.cpp adds BOS to a SentencePiece vocabulary unless the file says otherwise

@@ -95,14 +95,14 @@ def quantized(values: np.ndarray, kind: Q) -> tuple[np.ndarray, np.ndarray]:
     return stored, gguf.quants.dequantize(stored, kind).reshape(values.shape)
 
 
-def write_tokenizer(writer: gguf.GGUFWriter, tokenizer_json: Path) -> None:
+def write_tokenizer(writer: gguf.GGUFWriter, tokenizer_json: Path, pre: str = "gpt2") -> None:
     """A trained byte-level BPE tokenizer.json as llama.cpp's converter stores it (gpt2 kind)."""
     data = json.loads(tokenizer_json.read_text())
     vocab = data["model"]["vocab"]
     tokens = [t for t, _ in sorted(vocab.items(), key=lambda kv: kv[1])]
     special = {t["content"] for t in data["added_tokens"]}
     writer.add_tokenizer_model("gpt2")
-    writer.add_tokenizer_pre("gpt2")
+    writer.add_tokenizer_pre(pre)
     writer.add_token_list(tokens)
     writer.add_token_types([3 if t in special else 1 for t in tokens])
     writer.add_token_merges([" ".join(m) if isinstance(m, list) else m for m in data["model"]["merges"]])
@@ -351,6 +351,31 @@ def test_sentencepiece_vocabulary(tmp_path):
         assert runtime.encode(text) == [1, *expected], text  # add_bos_token defaults on for SentencePiece
         assert cpp.encode(text, 0, 0) == expected, text
         assert runtime.decode(expected) == sp.decode(expected), text
+
+
+@pytest.mark.parametrize("pre", ["gpt2", "smollm", "qwen2", "llama-bpe", "unknown-pre"])
+def test_byte_level_pre_tokenizers_read_alike_by_executorch(tmp_path, tokenizer_json, pre):
+    """Each split llama.cpp names (tokenizer.ggml.pre) in a form ExecuTorch's C++ tokenizer reads as
+    `tokenizers` does."""
+    from pytorch_tokenizers import CppHFTokenizer
+
+    from genai_pipeline.runtime.tokenizer import Tokenizer
+
+    writer = gguf.GGUFWriter(str(tmp_path / "t.gguf"), "llama")
+    for add, value in [("embedding_length", 32), ("block_count", 1), ("feed_forward_length", 64), ("head_count", 2)]:
+        getattr(writer, f"add_{add}")(value)
+    write_tokenizer(writer, tokenizer_json, pre)
+    writer.add_tensor("token_embd.weight", np.zeros((TINY_VOCAB, 32), dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    folder = metadata_folder(tmp_path / "t.gguf")
+    runtime = Tokenizer.from_folder(folder)
+    cpp = CppHFTokenizer()
+    cpp.load(str(folder / "tokenizer.json"))
+    for text in ["The list object's value", "x = 12345 + 6789;\n\n  indented", "<|endoftext|>After", "naïve ✓ 日本"]:
+        assert cpp.encode(text, 0, 0) == runtime.encode(text, add_special_tokens=False), text
 
 
 # -- K-quants: gguf.quants cannot write them, so blocks are built by hand and decoded by ggml's formulas
