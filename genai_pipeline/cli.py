@@ -293,7 +293,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("export", help="prepare, compile and write .pte programs + manifest")
     p.add_argument("model", nargs="?", help=f"registry name (default: inferred from --checkpoint, else {DEFAULT_MODEL})")
-    p.add_argument("--checkpoint", help="local Hugging Face folder (config.json + *.safetensors) or llama2.c folder (*.pt + tokenizer.model)")
+    p.add_argument("--checkpoint", help="local Hugging Face folder (config.json + *.safetensors), llama2.c folder (*.pt + tokenizer.model), "
+                   "or llama.cpp GGUF file (or a folder holding one)")
     p.add_argument("--target", default="xnnpack", help="xnnpack (default), portable, or qnn (quantize only here)")
     p.add_argument("--recipe", default=_default(QuantOptions, "recipe"),
                    help="xnnpack: fp32 (default), 8da4w, 8da8w, 8a8w; qnn: 16a8w, 16a4w, 16a4w_block, 8a8w")
