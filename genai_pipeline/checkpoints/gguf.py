@@ -100,11 +100,8 @@ ARCHS: dict[str, Arch] = {
     "qwen2": Arch("qwen2"),
     "qwen3": Arch("qwen3"),
     # Gemma 3: llama.cpp fixes what the GGUF leaves out: GeGLU, 5 of 6 layers sliding with a RoPE
-    # base of 10000, query_pre_attn_scalar = head_dim (but 27B), tied embeddings.
-    "gemma3": Arch(
-        "gemma3_text", norm_shift=1.0,
-        defaults=(("hidden_activation", "gelu_pytorch_tanh"), ("tie_word_embeddings", True)),
-    ),
+    # base of 10000, query_pre_attn_scalar = head_dim (but 27B); see _gemma3_config.
+    "gemma3": Arch("gemma3_text", norm_shift=1.0, defaults=(("hidden_activation", "gelu_pytorch_tanh"),)),
     "phi3": Arch("phi3", tensor_map=PHI3_TENSOR_MAP),
 }
 
@@ -340,6 +337,8 @@ def _decoder_config(spec: ModelSpec, reader, file: Path) -> DecoderConfig:
     config = config_dict(reader, file)
     try:
         return spec.config_from_checkpoint(config)
+    except CheckpointError as e:  # names what config.json (here: the metadata) asks for
+        raise CheckpointError(f"the metadata of '{file}': {e}") from None
     except (KeyError, TypeError, ValueError) as e:
         raise CheckpointError(f"the metadata of '{file}' do not describe a {spec.family} model: {e!r}") from None
 

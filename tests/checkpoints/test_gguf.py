@@ -520,6 +520,9 @@ def test_cli_exports_and_runs_a_tiny_gguf(tmp_path, tokenizer_json, capsys):
     argv = ["export", "--checkpoint", str(file), "--mode", "kv", "--max-seq-len", str(TINY_MAX_SEQ), "--out", str(out)]
     assert main(argv) == 0
     assert (out / "tokenizer.json").is_file() and (out / "text_decoder.pte").is_file()
+    # the converted metadata files travel with the program: the chat template, the end-of-turn ids
+    assert json.loads((out / "tokenizer_config.json").read_text())["chat_template"].startswith("{% for m in messages %}")
+    assert json.loads((out / "generation_config.json").read_text())["eos_token_id"] == 0
     capsys.readouterr()
     assert main(["run", str(out), "--prompt", "The list object", "--max-new-tokens", "4", "--json"]) == 0
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
