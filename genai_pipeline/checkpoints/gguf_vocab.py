@@ -24,6 +24,7 @@ import json
 import logging
 from pathlib import Path
 
+from genai_pipeline.checkpoints.gguf import metadata as _field
 from genai_pipeline.errors import CheckpointError
 
 log = logging.getLogger(__name__)
@@ -73,16 +74,6 @@ def _bytes_to_unicode() -> dict[int, str]:
             chars[b] = chr(256 + extra)
             extra += 1
     return chars
-
-
-def _field(reader, key: str, default=None):
-    field = reader.fields.get(key)
-    if field is None:
-        return default
-    try:
-        return field.contents()
-    except Exception as e:
-        raise CheckpointError(f"GGUF metadata '{key}' cannot be read ({e})") from None
 
 
 def _added_tokens(tokens: list[str], types: list[int], alphabet: set[str] | None) -> list[dict]:
