@@ -29,7 +29,6 @@ from __future__ import annotations
 import atexit
 import functools
 import json
-import logging
 import re
 import shutil
 import tempfile
@@ -44,8 +43,6 @@ from genai_pipeline.checkpoints.llama2c import interleaved_to_halves
 from genai_pipeline.errors import CheckpointError
 from genai_pipeline.models.decoder import Decoder, DecoderConfig
 from genai_pipeline.registry import ModelSpec
-
-log = logging.getLogger(__name__)
 
 # GGUF tensor names -> ours (one or several for a fused tensor), first match wins. Gemma's norms
 # line up with ours by name: attn_norm before attention, post_attention_norm after it, ffn_norm
