@@ -311,7 +311,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("export", help="prepare, compile and write .pte programs + manifest")
     p.add_argument("model", nargs="?", help=f"registry name (default: inferred from --checkpoint, else {DEFAULT_MODEL})")
-    p.add_argument("--checkpoint", help="local Hugging Face folder (config.json + *.safetensors) or llama2.c folder (*.pt + tokenizer.model)")
+    p.add_argument("--checkpoint", help="local Hugging Face folder (config.json + *.safetensors), llama2.c folder (*.pt + tokenizer.model), "
+                   "or llama.cpp GGUF file (or a folder holding one)")
     p.add_argument("--target", default="xnnpack", help="xnnpack (default), portable, or qnn (lowering needs the QNN SDK)")
     p.add_argument("--soc", default=_default(QnnOptions, "soc"),
                    help="qnn: the Snapdragon SoC, e.g. SM8650 (default), SM8750, SM8550; its HTP arch and VTCM come from ExecuTorch's table")

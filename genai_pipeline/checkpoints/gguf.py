@@ -8,7 +8,8 @@ Face folder would have given it:
   registry's `infer_spec` and each family's `config_from_checkpoint` read it unchanged;
 - `checkpoint_folder`: config.json, tokenizer.json, tokenizer_config.json and
   generation_config.json written into a temporary folder (no weights), so special tokens, the
-  tokenizer copy and the chat template are read from a normal folder downstream;
+  tokenizer copy and the chat template are read from a normal folder downstream (the vocabulary's
+  conversion: `gguf_vocab.py`);
 - `load_decoder`: each tensor dequantized to float32 one at a time and assigned into a
   meta-device decoder (one copy of the weights, as `hf.py` does).
 
@@ -28,7 +29,6 @@ from __future__ import annotations
 import atexit
 import functools
 import json
-import logging
 import re
 import shutil
 import tempfile
@@ -43,8 +43,6 @@ from genai_pipeline.checkpoints.llama2c import interleaved_to_halves
 from genai_pipeline.errors import CheckpointError
 from genai_pipeline.models.decoder import Decoder, DecoderConfig
 from genai_pipeline.registry import ModelSpec
-
-log = logging.getLogger(__name__)
 
 # GGUF tensor names -> ours (one or several for a fused tensor), first match wins. Gemma's norms
 # line up with ours by name: attn_norm before attention, post_attention_norm after it, ffn_norm
@@ -100,11 +98,8 @@ ARCHS: dict[str, Arch] = {
     "qwen2": Arch("qwen2"),
     "qwen3": Arch("qwen3"),
     # Gemma 3: llama.cpp fixes what the GGUF leaves out: GeGLU, 5 of 6 layers sliding with a RoPE
-    # base of 10000, query_pre_attn_scalar = head_dim (but 27B), tied embeddings.
-    "gemma3": Arch(
-        "gemma3_text", norm_shift=1.0,
-        defaults=(("hidden_activation", "gelu_pytorch_tanh"), ("tie_word_embeddings", True)),
-    ),
+    # base of 10000, query_pre_attn_scalar = head_dim (but 27B); see _gemma3_config.
+    "gemma3": Arch("gemma3_text", norm_shift=1.0, defaults=(("hidden_activation", "gelu_pytorch_tanh"),)),
     "phi3": Arch("phi3", tensor_map=PHI3_TENSOR_MAP),
 }
 
@@ -164,7 +159,8 @@ def _reader(file: str, mtime_ns: int, size: int):
         raise CheckpointError(f"cannot read '{file}': {reason}; the file is truncated or not a GGUF") from None
 
 
-def _field(reader, key: str, default=None):
+def metadata(reader, key: str, default=None):
+    """One metadata value (a string, number or list), or `default` when the file has none."""
     field = reader.fields.get(key)
     if field is None:
         return default
@@ -176,7 +172,7 @@ def _field(reader, key: str, default=None):
 
 
 def architecture(reader, file: Path) -> tuple[str, Arch]:
-    name = _field(reader, "general.architecture")
+    name = metadata(reader, "general.architecture")
     if name not in ARCHS:
         raise CheckpointError(
             f"'{file}' is a GGUF of architecture '{name}', which this pipeline does not read; supported: {', '.join(ARCHS)}"
@@ -192,7 +188,7 @@ def config_dict(reader, file: Path) -> dict:
         raise CheckpointError(f"'{file}' has no token_embd.weight tensor")
     config: dict = {"model_type": arch.model_type, **dict(arch.defaults)}
     for key, ours in CONFIG_KEYS.items():
-        value = _field(reader, f"{name}.{key}")
+        value = metadata(reader, f"{name}.{key}")
         if isinstance(value, list):  # per-layer values (some files): ours are uniform
             if len(set(value)) != 1:
                 raise CheckpointError(f"'{file}' has per-layer {name}.{key} {value}, which this pipeline does not support")
@@ -209,7 +205,7 @@ def config_dict(reader, file: Path) -> dict:
     if name == "gemma3":
         _gemma3_config(reader, config)
     for key, ours in TOKEN_ID_KEYS.items():
-        value = _field(reader, f"tokenizer.ggml.{key}")
+        value = metadata(reader, f"tokenizer.ggml.{key}")
         if value is not None:
             config[ours] = int(value)
     return config
@@ -219,23 +215,23 @@ def _rope_config(reader, name: str, config: dict, tensors: dict, file: Path) -> 
     """Partial rotary (rope.dimension_count < head_dim: Phi) and RoPE scaling, as config.json
     spells them. llama.cpp keeps Llama 3's and LongRoPE's per-frequency factors as tensors."""
     head_dim = int(config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"])
-    rope_dim = _field(reader, f"{name}.rope.dimension_count")
+    rope_dim = metadata(reader, f"{name}.rope.dimension_count")
     if rope_dim is not None and int(rope_dim) != head_dim:
         config["partial_rotary_factor"] = int(rope_dim) / head_dim
-    original = _field(reader, f"{name}.rope.scaling.original_context_length")
+    original = metadata(reader, f"{name}.rope.scaling.original_context_length")
     if "rope_factors_long.weight" in tensors:  # Phi-3 LongRoPE
         config["rope_scaling"] = {
             "rope_type": "longrope",
             "long_factor": _dequantize(tensors["rope_factors_long.weight"], file).tolist(),
             "short_factor": _dequantize(tensors["rope_factors_short.weight"], file).tolist(),
-            **({"attention_factor": attn} if (attn := _field(reader, f"{name}.rope.scaling.attn_factor")) else {}),
+            **({"attention_factor": attn} if (attn := metadata(reader, f"{name}.rope.scaling.attn_factor")) else {}),
         }
         config["original_max_position_embeddings"] = int(original or config["max_position_embeddings"])
     elif "rope_freqs.weight" in tensors:  # Llama 3.x
         config["rope_scaling"] = _llama3_rope(_dequantize(tensors["rope_freqs.weight"], file), config, head_dim, file)
-    elif (kind := _field(reader, f"{name}.rope.scaling.type")) not in (None, "none"):
+    elif (kind := metadata(reader, f"{name}.rope.scaling.type")) not in (None, "none"):
         # config_from_checkpoint names and refuses what our decoder does not implement (linear, yarn)
-        config["rope_scaling"] = {"rope_type": kind, "factor": _field(reader, f"{name}.rope.scaling.factor", 1.0)}
+        config["rope_scaling"] = {"rope_type": kind, "factor": metadata(reader, f"{name}.rope.scaling.factor", 1.0)}
 
 
 # Llama 3.1/3.2's RoPE scaling constants (all of Meta's releases); llama.cpp keeps only the
@@ -257,12 +253,12 @@ def _llama3_rope(divisors: np.ndarray, config: dict, head_dim: int, file: Path) 
 
 
 def _gemma3_config(reader, config: dict) -> None:
-    pattern = _field(reader, "gemma3.attention.sliding_window_pattern", 6)
+    pattern = metadata(reader, "gemma3.attention.sliding_window_pattern", 6)
     if isinstance(pattern, list):  # one flag per layer (newer files): True = sliding
         config["layer_types"] = ["sliding_attention" if flag else "full_attention" for flag in pattern]
     else:
         config["sliding_window_pattern"] = int(pattern)
-    config["rope_local_base_freq"] = float(_field(reader, "gemma3.rope.freq_base_swa", 10000.0))
+    config["rope_local_base_freq"] = float(metadata(reader, "gemma3.rope.freq_base_swa", 10000.0))
     head_dim = int(config.get("head_dim") or 256)
     # llama.cpp scales attention by 1/sqrt(head_dim), but by 1/sqrt(hidden / heads) for the 62-layer 27B
     config["query_pre_attn_scalar"] = (
@@ -340,6 +336,8 @@ def _decoder_config(spec: ModelSpec, reader, file: Path) -> DecoderConfig:
     config = config_dict(reader, file)
     try:
         return spec.config_from_checkpoint(config)
+    except CheckpointError as e:  # names what config.json (here: the metadata) asks for
+        raise CheckpointError(f"the metadata of '{file}': {e}") from None
     except (KeyError, TypeError, ValueError) as e:
         raise CheckpointError(f"the metadata of '{file}' do not describe a {spec.family} model: {e!r}") from None
 
@@ -386,18 +384,12 @@ def read_q4_0(path: Path) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
         scales = blocks[..., :2].copy().view(np.float16).astype(np.float32).reshape(rows, -1)
         nibbles = blocks[..., 2:]
         values = np.concatenate([nibbles & 0x0F, nibbles >> 4], axis=-1).astype(np.int8) - 8
-        q = torch.from_numpy(values.reshape(rows, -1))
-        s = torch.from_numpy(scales)
-        names_q = _our_tensors(arch, tensor.name, q, config, expected, file)
-        names_s = _split_like(arch, tensor.name, s, config, expected, names_q)
-        out.update({name: (names_q[name], names_s[name]) for name in names_q})
+        ours = _our_tensors(arch, tensor.name, torch.from_numpy(values.reshape(rows, -1)), config, expected, file)
+        # the scales' rows are split and permuted as the values' rows are
+        per_block = {name: (expected[name][0], scales.shape[1]) for name in ours}
+        ours_scales = _our_tensors(arch, tensor.name, torch.from_numpy(scales), config, per_block, file)
+        out.update({name: (ours[name], ours_scales[name]) for name in ours})
     return out
-
-
-def _split_like(arch: Arch, tensor_name: str, scales: torch.Tensor, config: DecoderConfig, expected: dict, names: dict) -> dict[str, torch.Tensor]:
-    """The scales of a tensor, split and row-permuted as its values were (shapes: in // 32 columns)."""
-    group_expected = {n: (expected[n][0], scales.shape[1]) for n in names}
-    return _our_tensors(arch, tensor_name, scales, config, group_expected, Path(tensor_name)) if names else {}
 
 
 def _decoder_config_from(reader, file: Path) -> DecoderConfig:

@@ -24,11 +24,12 @@ import json
 import logging
 from pathlib import Path
 
+from genai_pipeline.checkpoints.gguf import metadata as _field
 from genai_pipeline.errors import CheckpointError
 
 log = logging.getLogger(__name__)
 
-CONTROL, USER_DEFINED = 3, 4
+UNKNOWN, CONTROL, USER_DEFINED = 2, 3, 4  # tokenizer.ggml.token_type values (llama.cpp's)
 GPT2_SPLIT = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
 LLAMA3_SPLIT = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
@@ -58,6 +59,9 @@ PRE_TOKENIZERS: dict[str, tuple[list[dict], bool]] = {
     **{pre: ([_split(QWEN2_SPLIT), _byte_level(False)], False) for pre in ("qwen2", "deepseek-r1-qwen")},
 }
 
+# No normalizer, not even Qwen's NFC: llama.cpp applies none, and ExecuTorch 1.5.1's C++ NFC
+# normalizer encodes "naïve" differently from `tokenizers` (tested).
+
 
 def _bytes_to_unicode() -> dict[int, str]:
     """GPT-2's printable spelling of every byte (the alphabet of byte-level vocabularies)."""
@@ -72,21 +76,12 @@ def _bytes_to_unicode() -> dict[int, str]:
     return chars
 
 
-def _field(reader, key: str, default=None):
-    field = reader.fields.get(key)
-    if field is None:
-        return default
-    try:
-        return field.contents()
-    except Exception as e:
-        raise CheckpointError(f"GGUF metadata '{key}' cannot be read ({e})") from None
-
-
 def _added_tokens(tokens: list[str], types: list[int], alphabet: set[str] | None) -> list[dict]:
     added = []
     for i, (token, kind) in enumerate(zip(tokens, types)):
-        if kind not in (CONTROL, USER_DEFINED):
+        if kind not in (UNKNOWN, CONTROL, USER_DEFINED):
             continue
+        kind = CONTROL if kind == UNKNOWN else kind  # <unk> is special, as in Hugging Face's files
         if kind == CONTROL and alphabet is not None and not set(token) <= alphabet:
             continue  # a byte-level vocabulary cannot hold it as a token: a mislabel llama.cpp tolerates
         added.append({
@@ -156,11 +151,19 @@ def _sentencepiece_merges(vocab: dict[str, int], scores: list[float]) -> list[li
     return [[left, right] for *_, left, right in merges]
 
 
+# Gemma's files store a token of several spaces as real spaces, which SentencePiece spells with
+# U+2581, and their scores do not follow the merge order, their token order does (as transformers'
+# GGUF tokenizer converter found).
+TOKEN_ORDER_MERGES = ("gemma", "gemma2", "gemma3")
+
+
 def _sentencepiece_tokenizer(reader, tokens: list[str], types: list[int]) -> dict:
+    scores = [float(s) for s in _field(reader, "tokenizer.ggml.scores", [0.0] * len(tokens))]
+    if _field(reader, "general.architecture") in TOKEN_ORDER_MERGES:
+        scores = [-float(i) for i in range(len(tokens))]
     vocab: dict[str, int] = {}
     for i, token in enumerate(tokens):
         vocab.setdefault(token, i)
-    scores = [float(s) for s in _field(reader, "tokenizer.ggml.scores", [0.0] * len(tokens))]
     merges = [m.split(" ", 1) for m in _field(reader, "tokenizer.ggml.merges", [])] or _sentencepiece_merges(vocab, scores)
     prefix = bool(_field(reader, "tokenizer.ggml.add_space_prefix", True))
     unk = _field(reader, "tokenizer.ggml.unknown_token_id")
@@ -199,6 +202,8 @@ def tokenizer_files(reader, file: Path) -> tuple[str, dict, dict]:
     if not tokens:
         raise CheckpointError(f"'{file}' has no vocabulary (tokenizer.ggml.tokens)")
     types = [int(t) for t in _field(reader, "tokenizer.ggml.token_type", [1] * len(tokens))]
+    if kind == "llama" and _field(reader, "general.architecture") in TOKEN_ORDER_MERGES:
+        tokens = ["\u2581" * len(t) if " " in t and not t.strip() else t for t in tokens]
     ids = {name: _field(reader, f"tokenizer.ggml.{name}_token_id") for name in ("bos", "eos", "padding", "unknown", "eot", "eom")}
     ids = {name: int(i) if i is not None and 0 <= int(i) < len(tokens) else None for name, i in ids.items()}
     # llama.cpp adds BOS to a SentencePiece vocabulary unless the file says otherwise
