@@ -13,7 +13,7 @@ import torch
 from genai_pipeline.bundle import read_manifest
 from genai_pipeline.errors import InputError, ProgramError
 from genai_pipeline.names import ArtifactKey, GraphName, Mode
-from genai_pipeline.runtime.program import load_program
+from genai_pipeline.runtime.program import load_program, native_logs_hidden
 
 
 class DecoderSession:
@@ -36,7 +36,8 @@ class DecoderSession:
             raise ProgramError(f"'{folder}/manifest.json' lacks {e}; re-export the model") from None
         path = folder / entry["file"]
         self.program = load_program(path, expected["bytes"], expected["sha256"] if verify else None)
-        self._methods = {name: self.program.load_method(name.value) for name in self.mode.graphs}
+        with native_logs_hidden():
+            self._methods = {name: self.program.load_method(name.value) for name in self.mode.graphs}
         self.pos = 0
 
     def reset(self) -> None:
@@ -49,7 +50,8 @@ class DecoderSession:
         # Every graph returns the logits after its last token, [1, vocab] (programs exported
         # before 0.2 return every row of a prefill chunk: the last row is the same thing). They
         # live in the runtime's planned memory and the next call overwrites them.
-        out = self._methods[graph].execute(inputs)[0]
+        with native_logs_hidden():
+            out = self._methods[graph].execute(inputs)[0]
         return out.reshape(-1, out.shape[-1])[-1].clone()
 
     def _check_room(self, n: int) -> None:
@@ -117,7 +119,8 @@ class EagerSession:
     def score(self, tokens: list[int]) -> torch.Tensor:
         if self.pos + len(tokens) > self.max_seq_len:
             raise InputError(f"{self.pos + len(tokens)} tokens do not fit the context of {self.max_seq_len}")
-        logits = self.model(torch.tensor([tokens]), torch.tensor([self.pos]))[0]
+        with native_logs_hidden():  # a QDQ model runs ExecuTorch's custom ops, which log from C++
+            logits = self.model(torch.tensor([tokens]), torch.tensor([self.pos]))[0]
         self.pos += len(tokens)
         return logits
 
