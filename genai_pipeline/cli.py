@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 import argparse
+import ast
 import gc
 import json
 import logging
 import os
+import shutil
 import sys
 import traceback
 import warnings
-from dataclasses import fields
 from pathlib import Path
 
-from genai_pipeline.errors import GenAIError
+from genai_pipeline import names
+from genai_pipeline.errors import ExportError, GenAIError
+from genai_pipeline.names import Mode
 
 log = logging.getLogger("genai_pipeline")
 
@@ -57,6 +60,31 @@ def cmd_models(args) -> int:
 
 
 def cmd_export(args) -> int:
+    from genai_pipeline.bundle import make_staging_folder, publish, read_manifest, remove_stale_staging
+
+    out = Path(args.out)
+    remove_stale_staging(out)
+    # Built beside --out and swapped in when complete: a failed or interrupted export leaves the
+    # previous one as it was, and nothing of the previous one lands in the new one.
+    staging = make_staging_folder(out)  # also the check that --out can be written, before any work
+    try:
+        blocked = _export(args, out, staging)
+        publish(staging, out)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)  # whatever stopped the export, its staging folder goes
+    if blocked is not None:
+        raise blocked
+    manifest = read_manifest(out)
+    log.info("wrote %s in %.1f s", out, manifest["export_seconds"])
+    for name, f in manifest["files"].items():
+        log.info("  %s  %.2f MB", name, f["bytes"] / (1 << 20))
+    return 0
+
+
+def _export(args, out: Path, staging: Path) -> ExportError | None:
+    """The export, written into `staging`; the ExportError of a target that cannot lower on this
+    host (a complete QDQ-only export, to be published before the error is told)."""
+    from genai_pipeline.bundle import MANIFEST
     from genai_pipeline.compile import compile_artifacts
     from genai_pipeline.prepare import PrepareOptions, prepare
     from genai_pipeline.checkpoints import infer_checkpoint_spec
@@ -88,28 +116,33 @@ def cmd_export(args) -> int:
         seed=args.seed,
     )
     log.info("prepare %s (%s mode, max_seq_len %d)", spec.name, options.mode.value, options.max_seq_len)
-    prepared = quantize(prepare(spec, options), quant, target, cache=Path(args.out))
+    # A calibrated QDQ model of the previous export in --out is reused when its key matches;
+    # compile writes it into the staging folder with the rest.
+    prepared = quantize(prepare(spec, options), quant, target, cache=out)
     log.info("compile for %s (%s)", target.name, prepared.recipe)
-    out = Path(args.out)
     report_tokens = None if quant.is_float else _report_tokens(prepared, quant)
+    blocked = None
     try:
-        result = compile_artifacts(prepared, target, out)
-    finally:  # also after a QDQ-only export (no vendor SDK): its manifest is complete for eval
-        # The report rebuilds the float and QDQ models from the manifest; the prepared model and
-        # its lowered graphs go first, or both sets are held at once (the export's peak RSS).
-        del prepared
-        gc.collect()
-        if report_tokens and (out / "manifest.json").is_file():
-            from genai_pipeline.report import write_quant_report
+        compile_artifacts(prepared, target, staging)
+    except ExportError as e:
+        if not (staging / MANIFEST).is_file():
+            raise
+        blocked = e
+    # The report rebuilds the float and QDQ models from the manifest; the prepared model and its
+    # lowered graphs go first, or both sets are held at once (the export's peak RSS).
+    del prepared
+    gc.collect()
+    if report_tokens:
+        from genai_pipeline.report import write_quant_report
 
-            log.info("wrote %s", write_quant_report(out, *report_tokens))
-    for name, f in result.manifest["files"].items():
-        log.info("  %s  %.2f MB", name, f["bytes"] / (1 << 20))
-    return 0
+        write_quant_report(staging, *report_tokens)  # before the swap: part of the folder and its manifest
+    return blocked
 
 
 def _report_tokens(prepared, quant) -> tuple[list[int], str]:
-    """The quantization report's input: tokens of the calibration data, and where they came from."""
+    """The quantization report's input: tokens of the calibration data (random tokens without
+    --calib), and a description of them. A dynamic recipe does not calibrate: the report says the
+    tokens only measure its noise, and random tokens then carry no accuracy warning."""
     from genai_pipeline.data import calibration_tokens
     from genai_pipeline.quantize import with_default_data
     from genai_pipeline.runtime.tokenizer import Tokenizer
@@ -118,7 +151,10 @@ def _report_tokens(prepared, quant) -> tuple[list[int], str]:
     data = with_default_data(quant.calibration)
     samples = calibration_tokens(data, tokenizer, vocab_size=prepared.config.vocab_size, seed=prepared.options.seed)
     tokens = [t for sample in samples for t in sample][: min(256, prepared.options.max_seq_len)]
-    return tokens, ", ".join(map(str, data.datasets))
+    source = ", ".join(map(str, data.datasets))
+    if quant.is_static:
+        return tokens, f"the calibration data ({source})"
+    return tokens, f"{source} data (only measured on: {quant.recipe} computes its activation scales at run time, nothing was calibrated)"
 
 
 def cmd_run(args) -> int:

@@ -8,18 +8,15 @@ import json
 import logging
 import shutil
 import time
-from importlib.metadata import version
 from pathlib import Path
 
 import torch
 from tqdm import tqdm
 
-from genai_pipeline import __version__
-from genai_pipeline.bundle import MANIFEST, Artifact, ArtifactSet, PreparedModel, atomic_write, sha256
+from genai_pipeline.bundle import MANIFEST, Artifact, ArtifactSet, PreparedModel, atomic_write, sha256, tool_versions, weights_fingerprint
 from genai_pipeline.data.chat_template import read_chat_template
 from genai_pipeline.errors import ExportError
 from genai_pipeline.lowering import to_edge_transform_and_lower
-from genai_pipeline.runtime.tokenizer import TOKENIZER_FILES
 from genai_pipeline.targets import Target
 
 log = logging.getLogger(__name__)
@@ -65,15 +62,6 @@ def _to_executorch(artifact: Artifact, target: Target, progress: tqdm, quantized
     )
     progress.update()
     return program
-
-
-def _versions() -> dict[str, str]:
-    return {
-        "genai_pipeline": __version__,
-        "torch": torch.__version__,
-        "executorch": version("executorch"),
-        "torchao": version("torchao"),
-    }
 
 
 def _copy(src: Path, dest: Path) -> None:
@@ -128,14 +116,16 @@ def _forget_lowered_graphs() -> None:
 
 def compile_artifacts(prepared: PreparedModel, target: Target, out: Path) -> ArtifactSet:
     """Writes `<artifact>.pte` (+ `<artifact>.qdq.pt2` when calibrated), the tokenizer, and the
-    manifest last. Where the target cannot lower on this host (no vendor SDK), the QDQ models and
-    a manifest with status `qdq-only` are written, then ExportError says why."""
+    manifest last, into `out`: a new or empty folder (`genai export` passes its staging folder, see
+    bundle.publish), since the manifest lists every file there. Where the target cannot lower on
+    this host (no vendor SDK), the QDQ models and a manifest with status `qdq-only` are written,
+    then ExportError says why."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / MANIFEST).unlink(missing_ok=True)  # until the new manifest lands, the folder reads as incomplete
+    if any(p for p in out.iterdir() if not p.name.startswith(".")):
+        raise ExportError(f"{out} is not empty: an export is written into a new folder (genai export builds one, then swaps it in)")
     started = time.perf_counter()
     for key, artifact in prepared.artifacts.items():
-        (out / f"{key.value}.pte").unlink(missing_ok=True)  # an earlier export's program must not pass for this one
         if artifact.qdq is not None:  # the calibrated model, for `genai eval`
             tmp = out / f".{key.value}.qdq.pt2.partial"
             torch.export.save(artifact.qdq, tmp)
@@ -143,8 +133,6 @@ def compile_artifacts(prepared: PreparedModel, target: Target, out: Path) -> Art
             atomic_write(out / f".{key.value}.qdq.key", artifact.qdq_key or "")  # lets a re-run reuse it
     blocked = target.lowering_blocked()
     programs = {} if blocked else _lower_all(prepared, target, out)
-    for name in (*TOKENIZER_FILES, *RUNTIME_FILES):  # the runtime reads what is there: an earlier export's must not linger
-        (out / name).unlink(missing_ok=True)
     if prepared.tokenizer_file is not None:  # tokenizer.json or tokenizer.model, under its own name
         _copy(prepared.tokenizer_file, out / prepared.tokenizer_file.name)
         # What a chat runtime needs beside it: special tokens and the chat template.
@@ -164,6 +152,9 @@ def compile_artifacts(prepared: PreparedModel, target: Target, out: Path) -> Art
         "model": prepared.spec.name,
         "family": prepared.spec.family,
         "weights": prepared.weights,
+        # What `genai eval` and the quantization report rebuild the float model from, and how
+        # they know the weights are still the ones exported.
+        "checkpoint": None if prepared.weights == "random" else weights_fingerprint(Path(prepared.weights)),
         "config": dataclasses.asdict(prepared.config),
         "recipe": prepared.recipe,
         "quantization": dict(prepared.quantization),
@@ -186,7 +177,7 @@ def compile_artifacts(prepared: PreparedModel, target: Target, out: Path) -> Art
         },
         "files": files,
         "export_seconds": round(time.perf_counter() - started, 2),
-        "versions": _versions(),
+        "versions": tool_versions(),
     }
     atomic_write(out / MANIFEST, json.dumps(manifest, indent=2) + "\n")
     if blocked:

@@ -17,13 +17,15 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from genai_pipeline.bundle import read_manifest
+from genai_pipeline.bundle import check_weights, read_manifest
 from genai_pipeline.checkpoints import load_decoder
 from genai_pipeline.checkpoints.hf import random_decoder
 from genai_pipeline.errors import InputError
 from genai_pipeline.models.decoder import Decoder, DecoderConfig
+from genai_pipeline.names import Mode
 from genai_pipeline.quantize import quant_options_from, quantize_module
 from genai_pipeline.registry import get_spec
+from genai_pipeline.runtime.program import native_logs_hidden
 from genai_pipeline.runtime.session import DecoderSession, EagerSession
 from genai_pipeline.runtime.tokenizer import Tokenizer
 
@@ -49,7 +51,9 @@ def float_model(manifest: dict) -> Decoder:
     if manifest["weights"] == "random":
         config = DecoderConfig.from_dict(manifest["config"])
         return random_decoder(config, manifest["max_seq_len"], manifest.get("seed", 0))
-    return load_decoder(spec, Path(manifest["weights"]), manifest["max_seq_len"])
+    # The absolute path: `weights` is the --checkpoint as typed, relative to where export ran.
+    checkpoint = (manifest.get("checkpoint") or {}).get("path", manifest["weights"])
+    return load_decoder(spec, Path(checkpoint), manifest["max_seq_len"])
 
 
 def sqnr_db(reference: torch.Tensor, approx: torch.Tensor) -> float:
@@ -67,7 +71,7 @@ def block_outputs(model, tokens: list[int]) -> dict[str, torch.Tensor]:
 
     A QDQ model from `.qdq.pt2` is a flat graph: its block outputs are the residual adds that
     end each block, recognisable by the `layers.<i>` module path torch.export records."""
-    with torch.no_grad():
+    with torch.no_grad(), native_logs_hidden():
         return _capture_blocks(model, tokens)
 
 
@@ -123,6 +127,7 @@ def quantized_model(folder: Path, manifest: dict, reference: Decoder, in_place: 
 
 def evaluate(folder: Path, options: EvalOptions, progress: bool = True) -> dict:
     manifest = read_manifest(folder)
+    check_weights(manifest)  # the float model must be the one the program was made from
     max_seq_len = int(manifest["max_seq_len"])
     tokenizer = Tokenizer.from_folder(Path(folder), bos_id=manifest.get("bos_id"))
     tokens = tokenizer.encode(Path(options.text).read_text(encoding="utf-8", errors="replace"))[: options.max_tokens]

@@ -34,7 +34,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from genai_pipeline.bundle import Artifact, PreparedModel
+from genai_pipeline.bundle import Artifact, PreparedModel, tool_versions
 from genai_pipeline.data import CalibrationOptions, DatasetSpec, calibration_steps, iterate_with_progress, read_chat_template
 from genai_pipeline.errors import InputError
 
@@ -163,7 +163,7 @@ def quantize_module(module: nn.Module, options: QuantOptions) -> dict[str, str]:
 
 
 def with_default_data(calibration: CalibrationOptions) -> CalibrationOptions:
-    """No --calib given: random tokens (the data layer warns that accuracy will suffer)."""
+    """No --calib given: random tokens (calibrating on them warns that accuracy will suffer)."""
     return calibration if calibration.datasets else dataclasses.replace(calibration, datasets=("random",))
 
 
@@ -178,8 +178,12 @@ def _calibrate(prepared: PreparedModel, artifact: Artifact, options: QuantOption
     observed = prepare_pt2e(exported.module(), quantizer(exported.graph_module))
     checkpoint = prepared.tokenizer_file.parent if prepared.tokenizer_file else None
     tokenizer = Tokenizer.from_folder(checkpoint, bos_id=prepared.spec.bos_id) if checkpoint else None
+    data = with_default_data(options.calibration)
+    if any(d.kind == "random" for d in data.datasets):  # here, where activation ranges are really set from them
+        log.warning("calibrating %s on RANDOM tokens: the quantized model's accuracy will suffer; "
+                    "pass real data with --calib text:FILE (or messages, hf-chat, lm-eval)", artifact.key.value)
     steps = calibration_steps(
-        with_default_data(options.calibration),
+        data,
         tokenizer,
         chunk_len=prepared.options.prefill_len,
         max_seq_len=prepared.options.max_seq_len,
@@ -211,7 +215,7 @@ def qdq_key(prepared: PreparedModel, options: QuantOptions, target_name: str) ->
     inputs = {
         "model": prepared.spec.name, "weights": prepared.weights, "config": dataclasses.asdict(prepared.config),
         "max_seq_len": o.max_seq_len, "prefill_len": o.prefill_len, "seed": o.seed, "target": target_name,
-        "quant": dataclasses.asdict(options), "versions": [torch.__version__],
+        "quant": dataclasses.asdict(options), "versions": tool_versions(),
     }
     h.update(json.dumps(inputs, sort_keys=True, default=str).encode())
     sources = [Path(prepared.weights)] if prepared.weights != "random" else []
