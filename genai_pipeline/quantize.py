@@ -171,6 +171,7 @@ def _calibrate(prepared: PreparedModel, artifact: Artifact, options: QuantOption
     """PT2E on the quantize graph: observe activations over the calibration data, then convert."""
     from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
 
+    from genai_pipeline.runtime.program import native_logs_hidden
     from genai_pipeline.runtime.tokenizer import Tokenizer
 
     graph = artifact.quantize_graph
@@ -194,9 +195,44 @@ def _calibrate(prepared: PreparedModel, artifact: Artifact, options: QuantOption
     with torch.no_grad():
         for step in iterate_with_progress(steps, f"calibrating {artifact.key.value}"):
             # A new sample restarts at position 0: causal attention never reads the stale rows.
-            observed(step.tokens[:, : step.n_real], step.input_pos)
+            with native_logs_hidden():  # ExecuTorch's custom ops log from C++ in eager mode too
+                observed(step.tokens[:, : step.n_real], step.input_pos)
     qdq = convert_pt2e(observed)
     return torch.export.export(qdq, graph.example_inputs, dynamic_shapes=graph.dynamic_shapes, strict=False)
+
+
+def _next_token_only(qdq) -> nn.Module:
+    """The calibrated QDQ model as a deploy graph: the next token's logits only, [1, vocab], as
+    every deploy graph returns them (prepare's DecoderGraph(last_only=True)). The quantize graph
+    computes every position's logits so that calibration sees every position; here the rows are
+    dropped where the float decoder drops them, at the final norm's input: the norm and the LM head
+    work row by row, so the last row's values are unchanged and the LM head runs on one row, not
+    a whole prefill chunk. The graph is the same for every deploy graph: one set of encodings."""
+    module = qdq.module()
+    graph = module.graph
+
+    def in_final_norm(node) -> bool:  # the decoder's top-level `norm` (DecoderGraph.decoder.norm), not a layer's
+        stack = node.meta.get("nn_module_stack") or {}
+        return any(re.fullmatch(r"(?:\w+\.)?norm", path) for path, _ in stack.values())
+
+    order = {n: i for i, n in enumerate(graph.nodes)}
+    norm_nodes = [n for n in graph.nodes if in_final_norm(n)]
+    # The hidden states entering the norm: [1, T, dim] inputs computed before its first node (the
+    # quantize/dequantize pairs between its own ops belong to no module, so they come after).
+    inputs = {
+        a for n in norm_nodes for a in n.all_input_nodes
+        if order[a] < order[norm_nodes[0]] and getattr(a.meta.get("val"), "ndim", 0) == 3
+    } if norm_nodes else set()
+    if not inputs:
+        raise RuntimeError("the QDQ model has no final norm to take the last row at")
+    for hidden in inputs:
+        with graph.inserting_after(hidden):
+            last = graph.call_function(torch.ops.aten.select.int, (hidden, 1, -1))
+        for n in norm_nodes:
+            n.replace_input_with(hidden, last)
+    graph.lint()
+    module.recompile()
+    return module
 
 
 def _fingerprint(path: Path, h) -> None:
@@ -249,7 +285,7 @@ def quantize(prepared: PreparedModel, options: QuantOptions, target, cache: Path
                 qdq = _calibrate(prepared, artifact, options, lambda gm: target.static_quantizer(options, gm))
                 log.info("quantized %s statically (%s), calibrated on %s", key.value, options.recipe,
                          ", ".join(map(str, with_default_data(options.calibration).datasets)))
-            deploy = qdq.module()
+            deploy = _next_token_only(qdq)
             graphs = {name: dataclasses.replace(g, module=deploy) for name, g in artifact.graphs.items()}
             artifact = dataclasses.replace(artifact, graphs=graphs, qdq=qdq, qdq_key=stamp)
         else:
