@@ -282,6 +282,10 @@ def cmd_eval(args) -> int:
     print(f"perplexity  float {shown['float']}   qdq {shown['qdq']}   program {shown['program']}")
     print(f"{result['compared']} vs float: top-1 agreement {100 * result['top1_agreement']:.2f} %, "
           f"KL divergence {result['kl_divergence']:.5f}")
+    if "prefill" in result:
+        pre = result["prefill"]
+        print(f"prefill vs float at {pre['positions']} chunk ends: top-1 agreement {100 * pre['top1_agreement']:.2f} %, "
+              f"KL divergence {pre['kl_divergence']:.5f}")
     for layer, db in result.get("layer_sqnr_db", {}).items():
         print(f"  SQNR {layer:<10} {db:6.2f} dB")
     return 0

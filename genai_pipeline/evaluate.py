@@ -4,6 +4,13 @@ Perplexity of the float model, of the quantized eager model ("qdq") and of the p
 top-1 agreement and KL divergence of the program's next-token distributions against float
 (as llama.cpp's --kl-divergence reports them); per-layer SQNR of the quantized eager model's
 block outputs against float.
+
+Every position is scored with `decode` steps (a hybrid program's `prefill` returns the logits
+after a chunk's last token only). A hybrid program's `prefill` is scored too, separately: each
+window is fed again in whole chunks of the prefill length, and the logits prefill returns at each
+chunk's end are compared with float's at that position (top-1 agreement and KL, reported as
+`prefill`). These are the logits `genai run` samples a reply's first token from; a partial last
+chunk is left out (its logits would be its padding's).
 """
 
 from __future__ import annotations
@@ -147,6 +154,8 @@ def evaluate(folder: Path, options: EvalOptions, progress: bool = True) -> dict:
 
     nll = {name: 0.0 for name in models}
     agree, kl, count = 0, 0.0, 0
+    score_prefill = "program" in models and models["program"].mode is Mode.HYBRID
+    prefill = {"positions": 0, "agree": 0, "kl": 0.0}
     windows = [tokens[i : i + window] for i in range(0, len(tokens) - 1, window)]
     for chunk in tqdm(windows, desc="eval", unit="window", disable=not progress, leave=False):
         if len(chunk) < 2:
@@ -161,6 +170,8 @@ def evaluate(folder: Path, options: EvalOptions, progress: bool = True) -> dict:
         agree += (p.argmax(-1) == q.argmax(-1)).sum().item()
         kl += (p.exp() * (p - q)).sum().item()
         count += len(targets)
+        if score_prefill:
+            _score_prefill(models["program"], chunk, logprobs["float"], prefill)
 
     result = {
         "tokens": count,
@@ -171,7 +182,28 @@ def evaluate(folder: Path, options: EvalOptions, progress: bool = True) -> dict:
         "top1_agreement": agree / count,
         "kl_divergence": kl / count,
     }
+    if score_prefill and prefill["positions"]:
+        result["prefill"] = {
+            "positions": prefill["positions"],
+            "top1_agreement": prefill["agree"] / prefill["positions"],
+            "kl_divergence": prefill["kl"] / prefill["positions"],
+        }
     if qdq is not None:
         sample = windows[0]
         result["layer_sqnr_db"] = layer_sqnr(block_outputs(reference, sample), block_outputs(qdq, sample))
     return result
+
+
+def _score_prefill(session: DecoderSession, window: list[int], float_logprobs: torch.Tensor, totals: dict) -> None:
+    """Add to `totals` the top-1 agreement and KL against float of the logits `prefill` returns at
+    the end of each whole chunk of `window` that has a next token to predict."""
+    session.reset()
+    logits = session.prefill_chunks(window)
+    ends = [(k + 1) * session.prefill_len - 1 for k in range(len(logits))]
+    for row, end in zip(logits, ends):
+        if end >= len(float_logprobs):  # the window's last token: nothing follows it to score
+            continue
+        p, q = float_logprobs[end], torch.log_softmax(row.float(), dim=-1)
+        totals["positions"] += 1
+        totals["agree"] += int(p.argmax() == q.argmax())
+        totals["kl"] += (p.exp() * (p - q)).sum().item()

@@ -94,6 +94,21 @@ class DecoderSession:
         self._check_room(len(tokens))
         return torch.stack([self.step(token) for token in tokens])
 
+    def prefill_chunks(self, tokens: list[int]) -> torch.Tensor:
+        """Feed the whole chunks of `tokens` at the cursor through `prefill` (a hybrid program; a
+        partial last chunk is left out: its logits would be the padding's); returns what prefill
+        returns, the logits after each chunk's last token, [chunks, vocab]. For `genai eval`."""
+        if self.mode is not Mode.HYBRID:
+            raise InputError(f"a {self.mode.value} program has no prefill method")
+        n = self.prefill_len
+        chunks = [tokens[i : i + n] for i in range(0, len(tokens) - n + 1, n)]
+        self._check_room(n * len(chunks))
+        logits = []
+        for chunk in chunks:
+            logits.append(self._run(GraphName.PREFILL, chunk))
+            self.pos += n
+        return torch.stack(logits) if logits else torch.empty(0)
+
     def step(self, token: int) -> torch.Tensor:
         """Feed one token at the cursor; returns the next-token logits, [vocab]."""
         self._check_room(1)
