@@ -31,10 +31,6 @@ def _quiet_libraries() -> None:
     logging.getLogger().setLevel(logging.ERROR)
 
 
-def _default(cls, name: str):
-    return next(f.default for f in fields(cls) if f.name == name)
-
-
 def cmd_models(args) -> int:
     from genai_pipeline.registry import DEFAULT_MODEL, SPECS
 
@@ -314,84 +310,112 @@ def cmd_inspect(args) -> int:
     return 0
 
 
+class _HelpWithDefaults(argparse.ArgumentDefaultsHelpFormatter):
+    """Every option's help ends with its default, unless there is none to show (None, an empty
+    list, a required option): the help text says what leaving it out means."""
+
+    def _get_help_string(self, action):
+        if action.default is None or action.default == [] or action.required:
+            return action.help
+        return super()._get_help_string(action)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    from genai_pipeline.bench import BenchOptions
-    from genai_pipeline.data import CalibrationOptions
-    from genai_pipeline.evaluate import EvalOptions
-    from genai_pipeline.names import Mode
-    from genai_pipeline.prepare import PrepareOptions
-    from genai_pipeline.quantize import QuantOptions
-    from genai_pipeline.registry import DEFAULT_MODEL
-    from genai_pipeline.runtime.generate import SamplingOptions
+    # Defaults are read from the stage modules' option dataclasses without importing them (they
+    # import torch: seconds, for a `--help`); see _default.
+    quant, calib, prepare = "quantize:QuantOptions", "data/options:CalibrationOptions", "prepare:PrepareOptions"
+    sampling, bench, evaluate = "runtime/generate:SamplingOptions", "bench:BenchOptions", "evaluate:EvalOptions"
+
+    def subcommand(name: str, help: str) -> argparse.ArgumentParser:
+        return sub.add_parser(name, help=help, description=help, formatter_class=_HelpWithDefaults)
 
     parser = argparse.ArgumentParser(prog="genai", description="LLM checkpoints to verified ExecuTorch programs.")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    p = sub.add_parser("models", help="list the registry")
-    p.add_argument("--json", action="store_true")
+    p = subcommand("models", "list the registry")
+    p.add_argument("--json", action="store_true", help="print the list as JSON")
     p.set_defaults(func=cmd_models)
 
-    p = sub.add_parser("export", help="prepare, compile and write .pte programs + manifest")
-    p.add_argument("model", nargs="?", help=f"registry name (default: inferred from --checkpoint, else {DEFAULT_MODEL})")
+    p = subcommand("export", "prepare, compile and write .pte programs + manifest")
+    p.add_argument("model", nargs="?", help="registry name (`genai models`); default: inferred from --checkpoint, "
+                                            f"else {_default('registry/__init__', 'DEFAULT_MODEL')}")
     p.add_argument("--checkpoint", help="local Hugging Face folder (config.json + *.safetensors) or llama2.c folder (*.pt + tokenizer.model)")
-    p.add_argument("--target", default="xnnpack", help="xnnpack (default), portable, or qnn (quantize only here)")
-    p.add_argument("--recipe", default=_default(QuantOptions, "recipe"),
-                   help="xnnpack: fp32 (default), 8da4w, 8da8w, 8a8w; qnn: 16a8w, 16a4w, 16a4w_block, 8a8w")
-    p.add_argument("--group-size", type=int, default=_default(QuantOptions, "group_size"), help="int4 group size")
-    p.add_argument("--embedding", default=_default(QuantOptions, "embedding"), help="token embedding: auto (8da4w: 4w, 8da8w: 8w, else fp32), fp32, 8w or 4w")
+    p.add_argument("--target", default="xnnpack", help="xnnpack, portable, or qnn (quantize only here)")
+    p.add_argument("--recipe", default=_default(quant, "recipe"),
+                   help="xnnpack: fp32, 8da4w, 8da8w, 8a8w; qnn: 16a8w, 16a4w, 16a4w_block, 8a8w")
+    p.add_argument("--group-size", type=int, default=_default(quant, "group_size"), help="int4 group size")
+    p.add_argument("--embedding", default=_default(quant, "embedding"), help="token embedding: auto (8da4w: 4w, 8da8w: 8w, else fp32), fp32, 8w or 4w")
     p.add_argument("--quant-override", action="append", default=[], metavar="REGEX=RECIPE",
                    help="recipe for linear layers whose name matches REGEX (first match wins), e.g. output=8da8w")
-    p.add_argument("--block-size", type=int, default=_default(QuantOptions, "block_size"), help="16a4w_block block size")
+    p.add_argument("--block-size", type=int, default=_default(quant, "block_size"), help="16a4w_block block size")
     p.add_argument("--calib", action="append", default=[], metavar="NAME:ARG",
                    help="calibration data for static recipes (repeatable): random, text:FILE, messages:FILE.json, "
-                        "hf-chat:DIR, lm-eval:FILE")
-    p.add_argument("--calib-limit", type=int, default=_default(CalibrationOptions, "limit"), help="samples in all")
-    p.add_argument("--calib-seq-len", type=int, default=_default(CalibrationOptions, "seq_len"), help="tokens per sample")
-    p.add_argument("--mode", default=_default(PrepareOptions, "mode").value, choices=[m.value for m in Mode])
-    p.add_argument("--max-seq-len", type=int, default=_default(PrepareOptions, "max_seq_len"))
-    p.add_argument("--prefill-len", type=int, default=_default(PrepareOptions, "prefill_len"))
-    p.add_argument("--seed", type=int, default=_default(PrepareOptions, "seed"), help="seed for random weights")
-    p.add_argument("--out", required=True, help="output folder")
+                        "hf-chat:DIR, lm-eval:FILE; none given: random")
+    p.add_argument("--calib-limit", type=int, default=_default(calib, "limit"), help="samples in all (None: every sample; random: 8)")
+    p.add_argument("--calib-seq-len", type=int, default=_default(calib, "seq_len"), help="tokens per sample")
+    p.add_argument("--mode", default=_default(prepare, "mode").value, choices=[m.value for m in Mode],
+                   help="hybrid: prefill + decode methods; kv: decode only; dynamic: one forward of any length")
+    p.add_argument("--max-seq-len", type=int, default=_default(prepare, "max_seq_len"), help="KV cache length: prompt + generated tokens")
+    p.add_argument("--prefill-len", type=int, default=_default(prepare, "prefill_len"), help="tokens per prefill call (hybrid mode)")
+    p.add_argument("--seed", type=int, default=_default(prepare, "seed"), help="seed for random weights")
+    p.add_argument("--out", required=True, help="output folder: built beside it, then swapped in when complete")
     p.set_defaults(func=cmd_export)
 
-    p = sub.add_parser("run", help="generate text with an exported folder")
+    p = subcommand("run", "generate text with an exported folder")
     p.add_argument("folder", help="a folder written by `genai export`")
     p.add_argument("--prompt", help="the text to continue; with --chat, the first user message")
     p.add_argument("--chat", action="store_true",
                    help="a conversation through the folder's chat template: user messages from stdin, "
                         "/reset clears it, /exit or end of input quits")
     p.add_argument("--system", help="with --chat: the system message")
-    p.add_argument("--max-new-tokens", type=int, default=128)
-    p.add_argument("--temperature", type=float, default=_default(SamplingOptions, "temperature"))
-    p.add_argument("--top-k", type=int, default=_default(SamplingOptions, "top_k"))
-    p.add_argument("--top-p", type=float, default=_default(SamplingOptions, "top_p"))
-    p.add_argument("--seed", type=int, default=_default(SamplingOptions, "seed"))
+    p.add_argument("--max-new-tokens", type=int, default=128, help="tokens to generate at most")
+    p.add_argument("--temperature", type=float, default=_default(sampling, "temperature"), help="0: greedy")
+    p.add_argument("--top-k", type=int, default=_default(sampling, "top_k"), help="sample among the K likeliest tokens; 0: off")
+    p.add_argument("--top-p", type=float, default=_default(sampling, "top_p"), help="sample within probability mass P; 1: off")
+    p.add_argument("--seed", type=int, default=_default(sampling, "seed"), help="sampling seed")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of streaming text")
     p.add_argument("--no-verify", action="store_true", help="skip the sha256 check of the program against its manifest")
     p.set_defaults(func=cmd_run)
 
-    p = sub.add_parser("eval", help="perplexity, top-1 agreement and KL of a program against its float model")
+    p = subcommand("eval", "perplexity, top-1 agreement and KL of a program against its float model")
     p.add_argument("folder", help="a folder written by `genai export`")
     p.add_argument("--text", required=True, help="UTF-8 text to score")
-    p.add_argument("--max-tokens", type=int, default=_default(EvalOptions, "max_tokens"))
-    p.add_argument("--window", type=int, default=_default(EvalOptions, "window"), help="0: the program's context")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--max-tokens", type=int, default=_default(evaluate, "max_tokens"), help="tokens of the text to score")
+    p.add_argument("--window", type=int, default=_default(evaluate, "window"), help="tokens per window (the cache starts empty in each); 0: the program's context")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=cmd_eval)
 
-    p = sub.add_parser("bench", help="load time, prefill and decode speed, peak RSS, bandwidth share")
+    p = subcommand("bench", "load time, prefill and decode speed, peak RSS, bandwidth share")
     p.add_argument("folder", help="a folder written by `genai export`")
-    p.add_argument("--prompt-len", type=int, default=_default(BenchOptions, "prompt_len"))
-    p.add_argument("--gen-len", type=int, default=_default(BenchOptions, "gen_len"))
-    p.add_argument("--repeats", type=int, default=_default(BenchOptions, "repeats"))
-    p.add_argument("--threads", type=int, default=_default(BenchOptions, "threads"), help="0: one per core")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--prompt-len", type=int, default=_default(bench, "prompt_len"), help="prompt tokens to prefill")
+    p.add_argument("--gen-len", type=int, default=_default(bench, "gen_len"), help="tokens to decode")
+    p.add_argument("--repeats", type=int, default=_default(bench, "repeats"), help="runs; the median is reported")
+    p.add_argument("--threads", type=int, default=_default(bench, "threads"), help="runtime threads; 0: one per core")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=cmd_bench)
 
-    p = sub.add_parser("inspect", help="methods, delegates, shared data and metadata of a .pte")
-    p.add_argument("file")
-    p.add_argument("--json", action="store_true")
+    p = subcommand("inspect", "methods, delegates, shared data and metadata of a .pte")
+    p.add_argument("file", help="a .pte program")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=cmd_inspect)
     return parser
+
+
+def _default(where: str, name: str):
+    """The default of field `name` of the dataclass `where` ("module/path:Class"), or a module
+    constant (`where` without ":Class"), as written in the source, read without importing the
+    module: the stage modules import torch, which takes seconds, and `genai --help` must answer at
+    once. The defaults stay written once, in the dataclasses; a test checks this reads them right."""
+    module, _, cls = where.partition(":")
+    tree = ast.parse(Path(__file__).parent.joinpath(module + ".py").read_text())
+    body = next(n.body for n in tree.body if isinstance(n, ast.ClassDef) and n.name == cls) if cls else tree.body
+    for node in body:
+        target = node.target if isinstance(node, ast.AnnAssign) else (node.targets[0] if isinstance(node, ast.Assign) else None)
+        if isinstance(target, ast.Name) and target.id == name:
+            if isinstance(node.value, ast.Attribute) and isinstance(node.value.value, ast.Name):  # an enum member, e.g. Mode.HYBRID
+                return getattr(getattr(names, node.value.value.id), node.value.attr)
+            return ast.literal_eval(node.value)
+    raise LookupError(f"{where} has no {name}")
 
 
 def _one_openmp_thread_per_caller(argv: list[str]) -> None:
