@@ -106,12 +106,19 @@ def _forget_lowered_graphs() -> None:
 
     proxy_tensor._FAKE_TENSOR_ID_TO_PROXY_MAP_FOR_EXPORT.clear()
     FakeTensorMode.cache_clear()
-    for shape_env in (o for o in gc.get_objects() if isinstance(o, ShapeEnv)):
+    for shape_env in (o for o in gc.get_objects() if _is_a(o, ShapeEnv)):
         shape_env.fake_tensor_cache.clear()
     for method in vars(ShapeEnv).values():
         if hasattr(method, "cache_clear"):
             method.cache_clear()
     is_same_node.cache_clear()
+
+
+def _is_a(obj, cls) -> bool:
+    try:
+        return isinstance(obj, cls)
+    except ReferenceError:  # a weakref.proxy whose object has gone (gc.get_objects() lists them): not one
+        return False
 
 
 def compile_artifacts(prepared: PreparedModel, target: Target, out: Path) -> ArtifactSet:

@@ -60,7 +60,7 @@ def test_an_export_replaces_the_previous_one_whole(tmp_path, tiny_checkpoint, ex
     result = subprocess.run(
         [sys.executable, "-m", "genai_pipeline.cli", "export", "--checkpoint", str(tiny_checkpoint), "--mode", "kv",
          "--max-seq-len", "32", "--recipe", "8da8w", "--out", str(out)],
-        capture_output=True, text=True, timeout=600,
+        capture_output=True, text=True, timeout=600, preexec_fn=lambda: os.umask(0o022),
     )
     assert result.returncode == 0, result.stderr
     assert "RANDOM" not in result.stderr
@@ -71,11 +71,25 @@ def test_an_export_replaces_the_previous_one_whole(tmp_path, tiny_checkpoint, ex
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # no staging or set-aside folder left
     report = (out / "quant_report.html").read_text()
     assert "nothing was calibrated" in report and "from an earlier export" not in report
-    umask = os.umask(0)
-    os.umask(umask)
-    assert all(stat.S_IMODE(p.stat().st_mode) == 0o666 & ~umask for p in out.iterdir())
+    assert {p.name: oct(stat.S_IMODE(p.stat().st_mode)) for p in out.iterdir() if not p.name.startswith(".")} == {
+        name: "0o644" for name in names
+    }
+    assert stat.S_IMODE(out.stat().st_mode) == 0o755
     assert manifest["checkpoint"]["path"] == str(tiny_checkpoint.resolve())
     assert set(manifest["checkpoint"]["files"]) == {"model.safetensors"}
+
+
+def test_a_failed_export_leaves_the_previous_one_intact(capsys, tmp_path, export_tiny):
+    from conftest import save_hf_checkpoint
+
+    out = copy_export(export_tiny("kv"), tmp_path / "out")
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    checkpoint = save_hf_checkpoint(tmp_path / "ckpt")
+    (checkpoint / "model.safetensors").write_bytes(b"\x00" * 64)
+    assert main(["export", "--checkpoint", str(checkpoint), "--out", str(out)]) == 2
+    assert "model.safetensors" in capsys.readouterr().err.strip().splitlines()[-1]
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt", "out"]  # its staging folder is gone
 
 
 def test_eval_and_report_refuse_weights_changed_since_the_export(capsys, tmp_path, tiny_checkpoint, export_tiny):
