@@ -16,7 +16,6 @@ from pathlib import Path
 
 from genai_pipeline import names
 from genai_pipeline.errors import ExportError, GenAIError
-from genai_pipeline.names import Mode
 
 log = logging.getLogger("genai_pipeline")
 
@@ -351,9 +350,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--calib", action="append", default=[], metavar="NAME:ARG",
                    help="calibration data for static recipes (repeatable): random, text:FILE, messages:FILE.json, "
                         "hf-chat:DIR, lm-eval:FILE; none given: random")
-    p.add_argument("--calib-limit", type=int, default=_default(calib, "limit"), help="samples in all (None: every sample; random: 8)")
+    p.add_argument("--calib-limit", type=int, default=_default(calib, "limit"), help="samples in all; default: every sample (random: 8)")
     p.add_argument("--calib-seq-len", type=int, default=_default(calib, "seq_len"), help="tokens per sample")
-    p.add_argument("--mode", default=_default(prepare, "mode").value, choices=[m.value for m in Mode],
+    p.add_argument("--mode", default=_default(prepare, "mode").value, choices=[m.value for m in names.Mode],
                    help="hybrid: prefill + decode methods; kv: decode only; dynamic: one forward of any length")
     p.add_argument("--max-seq-len", type=int, default=_default(prepare, "max_seq_len"), help="KV cache length: prompt + generated tokens")
     p.add_argument("--prefill-len", type=int, default=_default(prepare, "prefill_len"), help="tokens per prefill call (hybrid mode)")
@@ -389,7 +388,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("folder", help="a folder written by `genai export`")
     p.add_argument("--prompt-len", type=int, default=_default(bench, "prompt_len"), help="prompt tokens to prefill")
     p.add_argument("--gen-len", type=int, default=_default(bench, "gen_len"), help="tokens to decode")
-    p.add_argument("--repeats", type=int, default=_default(bench, "repeats"), help="runs; the median is reported")
+    p.add_argument("--repeats", type=int, default=_default(bench, "repeats"), help="timed runs after a warm-up; medians are reported")
     p.add_argument("--threads", type=int, default=_default(bench, "threads"), help="runtime threads; 0: one per core")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=cmd_bench)

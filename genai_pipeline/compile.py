@@ -189,5 +189,6 @@ def compile_artifacts(prepared: PreparedModel, target: Target, out: Path) -> Art
     atomic_write(out / MANIFEST, json.dumps(manifest, indent=2) + "\n")
     if blocked:
         raise ExportError(f"{blocked} in {out}")
-    log.info("wrote %s (%s) in %.1f s", out, ", ".join(p.name for p in programs.values()), manifest["export_seconds"])
+    # debug: `genai export` says where the folder ends up, not its staging folder
+    log.debug("wrote %s (%s) in %.1f s", out, ", ".join(p.name for p in programs.values()), manifest["export_seconds"])
     return ArtifactSet(folder=out, programs=programs, manifest=manifest)

@@ -178,7 +178,7 @@ def _export_stopped_while_lowering(out, tiny_checkpoint, sig):
     return child.wait(), seen.decode(errors="replace"), child.pid
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGKILL])
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGKILL], ids=["SIGINT", "SIGKILL"])
 def test_an_interrupted_export_leaves_the_previous_one_intact(tmp_path, tiny_checkpoint, export_tiny, sig):
     from genai_pipeline.bundle import remove_stale_staging
 

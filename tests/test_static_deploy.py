@@ -2,6 +2,8 @@
 position, the program's methods return [1, vocab] and run the QDQ model they were lowered from."""
 
 import json
+import os
+import stat
 
 import torch
 
@@ -39,3 +41,6 @@ def test_hybrid_8a8w_program_returns_the_next_token_only_and_matches_its_qdq_mod
     manifest = json.loads((out / "manifest.json").read_text())
     assert {"quant_report.html", "text_decoder.qdq.pt2", "text_decoder.pte"} <= set(manifest["files"])
     assert (out / ".text_decoder.qdq.key").is_file()
+    umask = os.umask(0)
+    os.umask(umask)
+    assert {stat.S_IMODE(f.stat().st_mode) for f in out.iterdir()} == {0o666 & ~umask}  # the QDQ model too
