@@ -5,19 +5,24 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import tempfile
 from dataclasses import dataclass, field
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any, BinaryIO, Callable, Mapping
 
+import torch
 from torch import nn
 
-from genai_pipeline.errors import ProgramError
+from genai_pipeline import __version__
+from genai_pipeline.errors import InputError, ProgramError
 from genai_pipeline.models.decoder import DecoderConfig
 from genai_pipeline.names import ArtifactKey, GraphName
 from genai_pipeline.registry import ModelSpec
 
 MANIFEST = "manifest.json"
+WEIGHT_FILES = ("*.safetensors", "*.pt", "*.gguf")  # what a checkpoint's fingerprint covers
 
 
 @dataclass(frozen=True)
@@ -73,6 +78,9 @@ def atomic_write(path: Path, data: bytes | str | Callable[[BinaryIO], None]) -> 
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".partial")
     try:
+        # mkstemp makes the file 0600; an export folder is shared or pushed to a device as it is,
+        # so its files get what any other new file gets under the user's umask (0644 under 022).
+        os.fchmod(fd, 0o666 & ~_umask())
         with os.fdopen(fd, "wb") as f:
             if callable(data):
                 data(f)
@@ -84,6 +92,116 @@ def atomic_write(path: Path, data: bytes | str | Callable[[BinaryIO], None]) -> 
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def _umask() -> int:
+    mask = os.umask(0)  # the only way to read it is to set it
+    os.umask(mask)
+    return mask
+
+
+def tool_versions() -> dict[str, str]:
+    """The versions an export depends on: in its manifest, and in the key of a reusable QDQ model."""
+    return {
+        "genai_pipeline": __version__,
+        "torch": torch.__version__,
+        "executorch": version("executorch"),
+        "torchao": version("torchao"),
+    }
+
+
+def make_staging_folder(out: Path) -> Path:
+    """The folder an export into `out` is built in, created: beside `out` (the same file system, so
+    publishing is a rename), hidden, named by this process so that concurrent exports do not meet.
+    Creating it is the check that `out` can be written, made before any work starts."""
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise InputError(f"--out '{out}' is a file; pass a folder (created, or replaced once the new export is complete)")
+    staging = out.parent / f".{out.name}.staging-{os.getpid()}"
+    try:
+        staging.mkdir(parents=True)
+    except OSError as e:
+        raise InputError(f"--out '{out}' cannot be written: {e.strerror} (the export is built beside it, in {staging})") from None
+    return staging
+
+
+def remove_stale_staging(out: Path) -> None:
+    """Staging and set-aside folders of exports into `out` whose process has gone (killed with no
+    chance to clean up). A previous export set aside by a process killed between publish's two
+    renames goes back to `out`."""
+    for folder in sorted(out.parent.glob(f".{out.name}.*-*")):
+        kind, _, pid = folder.name.rpartition("-")
+        if kind not in (f".{out.name}.staging", f".{out.name}.old") or not pid.isdigit() or _alive(int(pid)):
+            continue
+        if kind.endswith(".old") and not out.exists():
+            folder.rename(out)
+        else:
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process
+        return True
+    return True
+
+
+def publish(staging: Path, out: Path) -> None:
+    """Replace `out` by the complete folder `staging`: the old export is renamed aside, the new one
+    renamed in, then the old one removed. Nothing of the old export survives into the new one, and
+    until the second rename `out` is the old export, whole."""
+    old = out.parent / f".{out.name}.old-{os.getpid()}"
+    if out.exists():
+        out.rename(old)
+    staging.rename(out)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def add_to_manifest(folder: Path, name: str) -> None:
+    """List a file written into a finished export folder (the quantization report) in its manifest."""
+    manifest = read_manifest(folder)
+    path = Path(folder) / name
+    manifest["files"][name] = {"bytes": path.stat().st_size, "sha256": sha256(path)}
+    manifest["files"] = dict(sorted(manifest["files"].items()))
+    atomic_write(Path(folder) / MANIFEST, json.dumps(manifest, indent=2) + "\n")
+
+
+def weights_fingerprint(checkpoint: Path) -> dict:
+    """The checkpoint's absolute path and, for each weight file, its size, modification time and
+    sha256. Size and mtime let `check_weights` pass unchanged files at the cost of a stat; the
+    sha256 (seconds per GB, once per export) settles a file whose mtime moved (a copy, a `touch`)
+    and names the weights wherever the folder goes."""
+    checkpoint = Path(checkpoint).resolve()
+    files = [checkpoint] if checkpoint.is_file() else sorted(p for g in WEIGHT_FILES for p in checkpoint.glob(g))
+    return {
+        "path": str(checkpoint),
+        "files": {
+            f.name: {"bytes": f.stat().st_size, "mtime_ns": f.stat().st_mtime_ns, "sha256": sha256(f)} for f in files
+        },
+    }
+
+
+def check_weights(manifest: dict) -> None:
+    """Refuse weights that changed since the export: a float model rebuilt from them would not be
+    the one the program was made from. Manifests without a fingerprint (random weights, older
+    exports) pass."""
+    recorded = manifest.get("checkpoint")
+    if not recorded:
+        return
+    folder = Path(recorded["path"])
+    now = {p.name: p for p in ([folder] if folder.is_file() else [p for g in WEIGHT_FILES for p in folder.glob(g)])}
+    for name, want in recorded["files"].items():
+        path = now.pop(name, None)
+        if path is None:
+            raise InputError(f"the checkpoint's weight file {folder / name} is gone since the export; re-export")
+        stat = path.stat()
+        if stat.st_size != want["bytes"] or (stat.st_mtime_ns != want["mtime_ns"] and sha256(path) != want["sha256"]):
+            raise InputError(f"the checkpoint's weight file {path} changed since the export; re-export")
+    if now:
+        raise InputError(f"the checkpoint has a weight file the export did not read, {next(iter(now.values()))}; re-export")
 
 
 def sha256(path: Path) -> str:

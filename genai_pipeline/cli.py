@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 import argparse
+import ast
 import gc
 import json
 import logging
 import os
+import shutil
 import sys
 import traceback
 import warnings
-from dataclasses import fields
 from pathlib import Path
 
-from genai_pipeline.errors import GenAIError
+from genai_pipeline import names
+from genai_pipeline.errors import ExportError, GenAIError
 
 log = logging.getLogger("genai_pipeline")
 
@@ -26,10 +28,6 @@ def _quiet_libraries() -> None:
     for name in ("torchao", "torch.utils._pytree", "root", "executorch"):
         logging.getLogger(name).setLevel(logging.ERROR)
     logging.getLogger().setLevel(logging.ERROR)
-
-
-def _default(cls, name: str):
-    return next(f.default for f in fields(cls) if f.name == name)
 
 
 def cmd_models(args) -> int:
@@ -57,6 +55,31 @@ def cmd_models(args) -> int:
 
 
 def cmd_export(args) -> int:
+    from genai_pipeline.bundle import make_staging_folder, publish, read_manifest, remove_stale_staging
+
+    out = Path(args.out)
+    remove_stale_staging(out)
+    # Built beside --out and swapped in when complete: a failed or interrupted export leaves the
+    # previous one as it was, and nothing of the previous one lands in the new one.
+    staging = make_staging_folder(out)  # also the check that --out can be written, before any work
+    try:
+        blocked = _export(args, out, staging)
+        publish(staging, out)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)  # whatever stopped the export, its staging folder goes
+    if blocked is not None:
+        raise blocked
+    manifest = read_manifest(out)
+    log.info("wrote %s in %.1f s", out, manifest["export_seconds"])
+    for name, f in manifest["files"].items():
+        log.info("  %s  %.2f MB", name, f["bytes"] / (1 << 20))
+    return 0
+
+
+def _export(args, out: Path, staging: Path) -> ExportError | None:
+    """The export, written into `staging`; the ExportError of a target that cannot lower on this
+    host (a complete QDQ-only export, to be published before the error is told)."""
+    from genai_pipeline.bundle import MANIFEST
     from genai_pipeline.compile import compile_artifacts
     from genai_pipeline.prepare import PrepareOptions, prepare
     from genai_pipeline.checkpoints import infer_checkpoint_spec
@@ -88,24 +111,27 @@ def cmd_export(args) -> int:
         seed=args.seed,
     )
     log.info("prepare %s (%s mode, max_seq_len %d)", spec.name, options.mode.value, options.max_seq_len)
-    prepared = quantize(prepare(spec, options), quant, target, cache=Path(args.out))
+    # A calibrated QDQ model of the previous export in --out is reused when its key matches;
+    # compile writes it into the staging folder with the rest.
+    prepared = quantize(prepare(spec, options), quant, target, cache=out)
     log.info("compile for %s (%s)", target.name, prepared.recipe)
-    out = Path(args.out)
     report_tokens = None if quant.is_float else _report_tokens(prepared, quant)
+    blocked = None
     try:
-        result = compile_artifacts(prepared, target, out)
-    finally:  # also after a QDQ-only export (no vendor SDK): its manifest is complete for eval
-        # The report rebuilds the float and QDQ models from the manifest; the prepared model and
-        # its lowered graphs go first, or both sets are held at once (the export's peak RSS).
-        del prepared
-        gc.collect()
-        if report_tokens and (out / "manifest.json").is_file():
-            from genai_pipeline.report import write_quant_report
+        compile_artifacts(prepared, target, staging)
+    except ExportError as e:
+        if not (staging / MANIFEST).is_file():
+            raise
+        blocked = e
+    # The report rebuilds the float and QDQ models from the manifest; the prepared model and its
+    # lowered graphs go first, or both sets are held at once (the export's peak RSS).
+    del prepared
+    gc.collect()
+    if report_tokens:
+        from genai_pipeline.report import write_quant_report
 
-            log.info("wrote %s", write_quant_report(out, *report_tokens))
-    for name, f in result.manifest["files"].items():
-        log.info("  %s  %.2f MB", name, f["bytes"] / (1 << 20))
-    return 0
+        write_quant_report(staging, *report_tokens)  # before the swap: part of the folder and its manifest
+    return blocked
 
 
 def _qnn_configured(target, args):
@@ -114,7 +140,7 @@ def _qnn_configured(target, args):
     from genai_pipeline.names import Mode
     from genai_pipeline.targets import qnn
 
-    given = [flag for flag, on in (("--soc", args.soc != _default(qnn.QnnOptions, "soc")), ("--qnn-option", args.qnn_option),
+    given = [flag for flag, on in (("--soc", args.soc != _default("targets/qnn:QnnOptions", "soc")), ("--qnn-option", args.qnn_option),
                                    ("--no-weight-sharing", args.no_weight_sharing), ("--qnn-x86-emulator", args.qnn_x86_emulator)) if on]
     if target.name != qnn.TARGET.name:
         if given:
@@ -126,7 +152,9 @@ def _qnn_configured(target, args):
 
 
 def _report_tokens(prepared, quant) -> tuple[list[int], str]:
-    """The quantization report's input: tokens of the calibration data, and where they came from."""
+    """The quantization report's input: tokens of the calibration data (random tokens without
+    --calib), and a description of them. A dynamic recipe does not calibrate: the report says the
+    tokens only measure its noise, and random tokens then carry no accuracy warning."""
     from genai_pipeline.data import calibration_tokens
     from genai_pipeline.quantize import with_default_data
     from genai_pipeline.runtime.tokenizer import Tokenizer
@@ -135,7 +163,10 @@ def _report_tokens(prepared, quant) -> tuple[list[int], str]:
     data = with_default_data(quant.calibration)
     samples = calibration_tokens(data, tokenizer, vocab_size=prepared.config.vocab_size, seed=prepared.options.seed)
     tokens = [t for sample in samples for t in sample][: min(256, prepared.options.max_seq_len)]
-    return tokens, ", ".join(map(str, data.datasets))
+    source = ", ".join(map(str, data.datasets))
+    if quant.is_static:
+        return tokens, f"the calibration data ({source})"
+    return tokens, f"{source} data (only measured on: {quant.recipe} computes its activation scales at run time, nothing was calibrated)"
 
 
 def cmd_run(args) -> int:
@@ -263,6 +294,10 @@ def cmd_eval(args) -> int:
     print(f"perplexity  float {shown['float']}   qdq {shown['qdq']}   program {shown['program']}")
     print(f"{result['compared']} vs float: top-1 agreement {100 * result['top1_agreement']:.2f} %, "
           f"KL divergence {result['kl_divergence']:.5f}")
+    if "prefill" in result:
+        pre = result["prefill"]
+        print(f"prefill vs float at {pre['positions']} chunk ends: top-1 agreement {100 * pre['top1_agreement']:.2f} %, "
+              f"KL divergence {pre['kl_divergence']:.5f}")
     for layer, db in result.get("layer_sqnr_db", {}).items():
         print(f"  SQNR {layer:<10} {db:6.2f} dB")
     return 0
@@ -291,94 +326,121 @@ def cmd_inspect(args) -> int:
     return 0
 
 
+class _HelpWithDefaults(argparse.ArgumentDefaultsHelpFormatter):
+    """Every option's help ends with its default, unless there is none to show (None, an empty
+    list, a required option): the help text says what leaving it out means."""
+
+    def _get_help_string(self, action):
+        if action.default is None or action.default == [] or action.required:
+            return action.help
+        return super()._get_help_string(action)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    from genai_pipeline.bench import BenchOptions
-    from genai_pipeline.data import CalibrationOptions
-    from genai_pipeline.evaluate import EvalOptions
-    from genai_pipeline.names import Mode
-    from genai_pipeline.prepare import PrepareOptions
-    from genai_pipeline.quantize import QuantOptions
-    from genai_pipeline.registry import DEFAULT_MODEL
-    from genai_pipeline.runtime.generate import SamplingOptions
-    from genai_pipeline.targets.qnn import QnnOptions
+    # Defaults are read from the stage modules' option dataclasses without importing them (they
+    # import torch: seconds, for a `--help`); see _default.
+    quant, calib, prepare = "quantize:QuantOptions", "data/options:CalibrationOptions", "prepare:PrepareOptions"
+    sampling, bench, evaluate = "runtime/generate:SamplingOptions", "bench:BenchOptions", "evaluate:EvalOptions"
+
+    def subcommand(name: str, help: str) -> argparse.ArgumentParser:
+        return sub.add_parser(name, help=help, description=help, formatter_class=_HelpWithDefaults)
 
     parser = argparse.ArgumentParser(prog="genai", description="LLM checkpoints to verified ExecuTorch programs.")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    p = sub.add_parser("models", help="list the registry")
-    p.add_argument("--json", action="store_true")
+    p = subcommand("models", "list the registry")
+    p.add_argument("--json", action="store_true", help="print the list as JSON")
     p.set_defaults(func=cmd_models)
 
-    p = sub.add_parser("export", help="prepare, compile and write .pte programs + manifest")
-    p.add_argument("model", nargs="?", help=f"registry name (default: inferred from --checkpoint, else {DEFAULT_MODEL})")
+    p = subcommand("export", "prepare, compile and write .pte programs + manifest")
+    p.add_argument("model", nargs="?", help="registry name (`genai models`); default: inferred from --checkpoint, "
+                                            f"else {_default('registry/__init__', 'DEFAULT_MODEL')}")
     p.add_argument("--checkpoint", help="local Hugging Face folder (config.json + *.safetensors), llama2.c folder (*.pt + tokenizer.model), "
                    "or llama.cpp GGUF file (or a folder holding one)")
-    p.add_argument("--target", default="xnnpack", help="xnnpack (default), portable, or qnn (lowering needs the QNN SDK)")
-    p.add_argument("--soc", default=_default(QnnOptions, "soc"),
-                   help="qnn: the Snapdragon SoC, e.g. SM8650 (default), SM8750, SM8550; its HTP arch and VTCM come from ExecuTorch's table")
+    p.add_argument("--target", default="xnnpack", help="xnnpack, portable, or qnn (lowering needs the QNN SDK)")
+    p.add_argument("--soc", default=_default("targets/qnn:QnnOptions", "soc"),
+                   help="qnn: the Snapdragon SoC, e.g. SM8650, SM8750, SM8550; its HTP arch and VTCM come from ExecuTorch's table")
     p.add_argument("--no-weight-sharing", action="store_true",
                    help="qnn: one context binary per method instead of one shared by prefill and decode (HTP older than V73)")
     p.add_argument("--qnn-x86-emulator", action="store_true", help="qnn: for the HTP emulator on x86 (no weight sharing, no shared buffers)")
     p.add_argument("--qnn-option", action="append", default=[], metavar="[METHOD:]KEY=VALUE",
                    help="qnn: an HTP option of the compile spec (repeatable), e.g. precision=fp16, performance_mode=burst, "
                         "use_multi_contexts=true, max_sf_buf_size=BYTES (spill-fill); METHOD: only with --no-weight-sharing")
-    p.add_argument("--recipe", default=_default(QuantOptions, "recipe"),
-                   help="xnnpack: fp32 (default), 8da4w, 8da8w, 8a8w; qnn: 16a8w, 16a4w, 16a4w_block, 8a8w")
-    p.add_argument("--group-size", type=int, default=_default(QuantOptions, "group_size"), help="int4 group size")
-    p.add_argument("--embedding", default=_default(QuantOptions, "embedding"), help="token embedding: auto (8da4w: 4w, 8da8w: 8w, else fp32), fp32, 8w or 4w")
+    p.add_argument("--recipe", default=_default(quant, "recipe"),
+                   help="xnnpack: fp32, 8da4w, 8da8w, 8a8w; qnn: 16a8w, 16a4w, 16a4w_block, 8a8w")
+    p.add_argument("--group-size", type=int, default=_default(quant, "group_size"), help="int4 group size")
+    p.add_argument("--embedding", default=_default(quant, "embedding"), help="token embedding: auto (8da4w: 4w, 8da8w: 8w, else fp32), fp32, 8w or 4w")
     p.add_argument("--quant-override", action="append", default=[], metavar="REGEX=RECIPE",
                    help="recipe for linear layers whose name matches REGEX (first match wins), e.g. output=8da8w")
-    p.add_argument("--block-size", type=int, default=_default(QuantOptions, "block_size"), help="16a4w_block block size")
+    p.add_argument("--block-size", type=int, default=_default(quant, "block_size"), help="16a4w_block block size")
     p.add_argument("--calib", action="append", default=[], metavar="NAME:ARG",
                    help="calibration data for static recipes (repeatable): random, text:FILE, messages:FILE.json, "
-                        "hf-chat:DIR, lm-eval:FILE")
-    p.add_argument("--calib-limit", type=int, default=_default(CalibrationOptions, "limit"), help="samples in all")
-    p.add_argument("--calib-seq-len", type=int, default=_default(CalibrationOptions, "seq_len"), help="tokens per sample")
-    p.add_argument("--mode", default=_default(PrepareOptions, "mode").value, choices=[m.value for m in Mode])
-    p.add_argument("--max-seq-len", type=int, default=_default(PrepareOptions, "max_seq_len"))
-    p.add_argument("--prefill-len", type=int, default=_default(PrepareOptions, "prefill_len"))
-    p.add_argument("--seed", type=int, default=_default(PrepareOptions, "seed"), help="seed for random weights")
-    p.add_argument("--out", required=True, help="output folder")
+                        "hf-chat:DIR, lm-eval:FILE; none given: random")
+    p.add_argument("--calib-limit", type=int, default=_default(calib, "limit"), help="samples in all; default: every sample (random: 8)")
+    p.add_argument("--calib-seq-len", type=int, default=_default(calib, "seq_len"), help="tokens per sample")
+    p.add_argument("--mode", default=_default(prepare, "mode").value, choices=[m.value for m in names.Mode],
+                   help="hybrid: prefill + decode methods; kv: decode only; dynamic: one forward of any length")
+    p.add_argument("--max-seq-len", type=int, default=_default(prepare, "max_seq_len"), help="KV cache length: prompt + generated tokens")
+    p.add_argument("--prefill-len", type=int, default=_default(prepare, "prefill_len"), help="tokens per prefill call (hybrid mode)")
+    p.add_argument("--seed", type=int, default=_default(prepare, "seed"), help="seed for random weights")
+    p.add_argument("--out", required=True, help="output folder: built beside it, then swapped in when complete")
     p.set_defaults(func=cmd_export)
 
-    p = sub.add_parser("run", help="generate text with an exported folder")
+    p = subcommand("run", "generate text with an exported folder")
     p.add_argument("folder", help="a folder written by `genai export`")
     p.add_argument("--prompt", help="the text to continue; with --chat, the first user message")
     p.add_argument("--chat", action="store_true",
                    help="a conversation through the folder's chat template: user messages from stdin, "
                         "/reset clears it, /exit or end of input quits")
     p.add_argument("--system", help="with --chat: the system message")
-    p.add_argument("--max-new-tokens", type=int, default=128)
-    p.add_argument("--temperature", type=float, default=_default(SamplingOptions, "temperature"))
-    p.add_argument("--top-k", type=int, default=_default(SamplingOptions, "top_k"))
-    p.add_argument("--top-p", type=float, default=_default(SamplingOptions, "top_p"))
-    p.add_argument("--seed", type=int, default=_default(SamplingOptions, "seed"))
+    p.add_argument("--max-new-tokens", type=int, default=128, help="tokens to generate at most")
+    p.add_argument("--temperature", type=float, default=_default(sampling, "temperature"), help="0: greedy")
+    p.add_argument("--top-k", type=int, default=_default(sampling, "top_k"), help="sample among the K likeliest tokens; 0: off")
+    p.add_argument("--top-p", type=float, default=_default(sampling, "top_p"), help="sample within probability mass P; 1: off")
+    p.add_argument("--seed", type=int, default=_default(sampling, "seed"), help="sampling seed")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of streaming text")
     p.add_argument("--no-verify", action="store_true", help="skip the sha256 check of the program against its manifest")
     p.set_defaults(func=cmd_run)
 
-    p = sub.add_parser("eval", help="perplexity, top-1 agreement and KL of a program against its float model")
+    p = subcommand("eval", "perplexity, top-1 agreement and KL of a program against its float model")
     p.add_argument("folder", help="a folder written by `genai export`")
     p.add_argument("--text", required=True, help="UTF-8 text to score")
-    p.add_argument("--max-tokens", type=int, default=_default(EvalOptions, "max_tokens"))
-    p.add_argument("--window", type=int, default=_default(EvalOptions, "window"), help="0: the program's context")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--max-tokens", type=int, default=_default(evaluate, "max_tokens"), help="tokens of the text to score")
+    p.add_argument("--window", type=int, default=_default(evaluate, "window"), help="tokens per window (the cache starts empty in each); 0: the program's context")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=cmd_eval)
 
-    p = sub.add_parser("bench", help="load time, prefill and decode speed, peak RSS, bandwidth share")
+    p = subcommand("bench", "load time, prefill and decode speed, peak RSS, bandwidth share")
     p.add_argument("folder", help="a folder written by `genai export`")
-    p.add_argument("--prompt-len", type=int, default=_default(BenchOptions, "prompt_len"))
-    p.add_argument("--gen-len", type=int, default=_default(BenchOptions, "gen_len"))
-    p.add_argument("--repeats", type=int, default=_default(BenchOptions, "repeats"))
-    p.add_argument("--threads", type=int, default=_default(BenchOptions, "threads"), help="0: one per core")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--prompt-len", type=int, default=_default(bench, "prompt_len"), help="prompt tokens to prefill")
+    p.add_argument("--gen-len", type=int, default=_default(bench, "gen_len"), help="tokens to decode")
+    p.add_argument("--repeats", type=int, default=_default(bench, "repeats"), help="timed runs after a warm-up; medians are reported")
+    p.add_argument("--threads", type=int, default=_default(bench, "threads"), help="runtime threads; 0: one per core")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=cmd_bench)
 
-    p = sub.add_parser("inspect", help="methods, delegates, shared data and metadata of a .pte")
-    p.add_argument("file")
-    p.add_argument("--json", action="store_true")
+    p = subcommand("inspect", "methods, delegates, shared data and metadata of a .pte")
+    p.add_argument("file", help="a .pte program")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=cmd_inspect)
     return parser
+
+
+def _default(where: str, name: str):
+    """The default of field `name` of the dataclass `where` ("module/path:Class"), or a module
+    constant (`where` without ":Class"), as written in the source, read without importing the
+    module: the stage modules import torch, which takes seconds, and `genai --help` must answer at
+    once. The defaults stay written once, in the dataclasses; a test checks this reads them right."""
+    module, _, cls = where.partition(":")
+    tree = ast.parse(Path(__file__).parent.joinpath(module + ".py").read_text())
+    body = next(n.body for n in tree.body if isinstance(n, ast.ClassDef) and n.name == cls) if cls else tree.body
+    for node in body:
+        target = node.target if isinstance(node, ast.AnnAssign) else (node.targets[0] if isinstance(node, ast.Assign) else None)
+        if isinstance(target, ast.Name) and target.id == name:
+            if isinstance(node.value, ast.Attribute) and isinstance(node.value.value, ast.Name):  # an enum member, e.g. Mode.HYBRID
+                return getattr(getattr(names, node.value.value.id), node.value.attr)
+            return ast.literal_eval(node.value)
+    raise LookupError(f"{where} has no {name}")
 
 
 def _one_openmp_thread_per_caller(argv: list[str]) -> None:

@@ -8,18 +8,15 @@ import json
 import logging
 import shutil
 import time
-from importlib.metadata import version
 from pathlib import Path
 
 import torch
 from tqdm import tqdm
 
-from genai_pipeline import __version__
-from genai_pipeline.bundle import MANIFEST, Artifact, ArtifactSet, PreparedModel, atomic_write, sha256
+from genai_pipeline.bundle import MANIFEST, Artifact, ArtifactSet, PreparedModel, atomic_write, sha256, tool_versions, weights_fingerprint
 from genai_pipeline.data.chat_template import read_chat_template
 from genai_pipeline.errors import ExportError
 from genai_pipeline.lowering import lower_grouped, to_edge_transform_and_lower
-from genai_pipeline.runtime.tokenizer import TOKENIZER_FILES
 from genai_pipeline.targets import Target
 
 log = logging.getLogger(__name__)
@@ -80,15 +77,6 @@ def _compile_spec(prepared: PreparedModel, target: Target) -> dict:
     return {"compile_spec": next(iter(specs.values())) if len(specs) == 1 else specs}
 
 
-def _versions() -> dict[str, str]:
-    return {
-        "genai_pipeline": __version__,
-        "torch": torch.__version__,
-        "executorch": version("executorch"),
-        "torchao": version("torchao"),
-    }
-
-
 def _copy(src: Path, dest: Path) -> None:
     tmp = dest.with_name(f".{dest.name}.partial")
     shutil.copyfile(src, tmp)
@@ -131,7 +119,7 @@ def _forget_lowered_graphs() -> None:
 
     proxy_tensor._FAKE_TENSOR_ID_TO_PROXY_MAP_FOR_EXPORT.clear()
     FakeTensorMode.cache_clear()
-    for shape_env in (o for o in gc.get_objects() if isinstance(o, ShapeEnv)):
+    for shape_env in (o for o in gc.get_objects() if _is_a(o, ShapeEnv)):
         shape_env.fake_tensor_cache.clear()
     for method in vars(ShapeEnv).values():
         if hasattr(method, "cache_clear"):
@@ -139,16 +127,25 @@ def _forget_lowered_graphs() -> None:
     is_same_node.cache_clear()
 
 
+def _is_a(obj, cls) -> bool:
+    try:
+        return isinstance(obj, cls)
+    except ReferenceError:  # a weakref.proxy whose object has gone (gc.get_objects() lists them): not one
+        return False
+
+
 def compile_artifacts(prepared: PreparedModel, target: Target, out: Path) -> ArtifactSet:
     """Writes `<artifact>.pte` (+ `<artifact>.qdq.pt2` when calibrated), the tokenizer, and the
-    manifest last. Where the target cannot lower on this host (no vendor SDK), the QDQ models and
-    a manifest with status `qdq-only` are written, then ExportError says why."""
+    manifest last, into `out`: a new or empty folder (`genai export` passes its staging folder, see
+    bundle.publish), since the manifest lists every file there. Where the target cannot lower on
+    this host (no vendor SDK), the QDQ models and a manifest with status `qdq-only` are written,
+    then ExportError says why."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / MANIFEST).unlink(missing_ok=True)  # until the new manifest lands, the folder reads as incomplete
+    if any(p for p in out.iterdir() if not p.name.startswith(".")):
+        raise ExportError(f"{out} is not empty: an export is written into a new folder (genai export builds one, then swaps it in)")
     started = time.perf_counter()
     for key, artifact in prepared.artifacts.items():
-        (out / f"{key.value}.pte").unlink(missing_ok=True)  # an earlier export's program must not pass for this one
         if artifact.qdq is not None:  # the calibrated model, for `genai eval`
             tmp = out / f".{key.value}.qdq.pt2.partial"
             torch.export.save(artifact.qdq, tmp)
@@ -156,8 +153,6 @@ def compile_artifacts(prepared: PreparedModel, target: Target, out: Path) -> Art
             atomic_write(out / f".{key.value}.qdq.key", artifact.qdq_key or "")  # lets a re-run reuse it
     blocked = target.lowering_blocked()
     programs = {} if blocked else _lower_all(prepared, target, out)
-    for name in (*TOKENIZER_FILES, *RUNTIME_FILES):  # the runtime reads what is there: an earlier export's must not linger
-        (out / name).unlink(missing_ok=True)
     if prepared.tokenizer_file is not None:  # tokenizer.json or tokenizer.model, under its own name
         _copy(prepared.tokenizer_file, out / prepared.tokenizer_file.name)
         # What a chat runtime needs beside it: special tokens and the chat template.
@@ -178,6 +173,9 @@ def compile_artifacts(prepared: PreparedModel, target: Target, out: Path) -> Art
         "entry": prepared.spec.entry,
         "family": prepared.spec.family,
         "weights": prepared.weights,
+        # What `genai eval` and the quantization report rebuild the float model from, and how
+        # they know the weights are still the ones exported.
+        "checkpoint": None if prepared.weights == "random" else weights_fingerprint(Path(prepared.weights)),
         "config": dataclasses.asdict(prepared.config),
         "recipe": prepared.recipe,
         "quantization": dict(prepared.quantization),
@@ -202,10 +200,11 @@ def compile_artifacts(prepared: PreparedModel, target: Target, out: Path) -> Art
         },
         "files": files,
         "export_seconds": round(time.perf_counter() - started, 2),
-        "versions": _versions(),
+        "versions": tool_versions(),
     }
     atomic_write(out / MANIFEST, json.dumps(manifest, indent=2) + "\n")
     if blocked:
         raise ExportError(f"{blocked} in {out}")
-    log.info("wrote %s (%s) in %.1f s", out, ", ".join(p.name for p in programs.values()), manifest["export_seconds"])
+    # debug: `genai export` says where the folder ends up, not its staging folder
+    log.debug("wrote %s (%s) in %.1f s", out, ", ".join(p.name for p in programs.values()), manifest["export_seconds"])
     return ArtifactSet(folder=out, programs=programs, manifest=manifest)

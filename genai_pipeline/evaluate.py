@@ -4,6 +4,13 @@ Perplexity of the float model, of the quantized eager model ("qdq") and of the p
 top-1 agreement and KL divergence of the program's next-token distributions against float
 (as llama.cpp's --kl-divergence reports them); per-layer SQNR of the quantized eager model's
 block outputs against float.
+
+Every position is scored with `decode` steps (a hybrid program's `prefill` returns the logits
+after a chunk's last token only). A hybrid program's `prefill` is scored too, separately: each
+window is fed again in whole chunks of the prefill length, and the logits prefill returns at each
+chunk's end are compared with float's at that position (top-1 agreement and KL, reported as
+`prefill`). These are the logits `genai run` samples a reply's first token from; a partial last
+chunk is left out (its logits would be its padding's).
 """
 
 from __future__ import annotations
@@ -17,13 +24,15 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from genai_pipeline.bundle import read_manifest
+from genai_pipeline.bundle import check_weights, read_manifest
 from genai_pipeline.checkpoints import load_decoder
 from genai_pipeline.checkpoints.hf import random_decoder
 from genai_pipeline.errors import InputError
 from genai_pipeline.models.decoder import Decoder, DecoderConfig
+from genai_pipeline.names import Mode
 from genai_pipeline.quantize import quant_options_from, quantize_module
 from genai_pipeline.registry import get_spec
+from genai_pipeline.runtime.program import native_logs_hidden
 from genai_pipeline.runtime.session import DecoderSession, EagerSession
 from genai_pipeline.runtime.tokenizer import Tokenizer
 
@@ -49,7 +58,9 @@ def float_model(manifest: dict) -> Decoder:
     if manifest["weights"] == "random":
         config = DecoderConfig.from_dict(manifest["config"])
         return random_decoder(config, manifest["max_seq_len"], manifest.get("seed", 0))
-    return load_decoder(spec, Path(manifest["weights"]), manifest["max_seq_len"])
+    # The absolute path: `weights` is the --checkpoint as typed, relative to where export ran.
+    checkpoint = (manifest.get("checkpoint") or {}).get("path", manifest["weights"])
+    return load_decoder(spec, Path(checkpoint), manifest["max_seq_len"])
 
 
 def sqnr_db(reference: torch.Tensor, approx: torch.Tensor) -> float:
@@ -67,7 +78,7 @@ def block_outputs(model, tokens: list[int]) -> dict[str, torch.Tensor]:
 
     A QDQ model from `.qdq.pt2` is a flat graph: its block outputs are the residual adds that
     end each block, recognisable by the `layers.<i>` module path torch.export records."""
-    with torch.no_grad():
+    with torch.no_grad(), native_logs_hidden():
         return _capture_blocks(model, tokens)
 
 
@@ -123,6 +134,7 @@ def quantized_model(folder: Path, manifest: dict, reference: Decoder, in_place: 
 
 def evaluate(folder: Path, options: EvalOptions, progress: bool = True) -> dict:
     manifest = read_manifest(folder)
+    check_weights(manifest)  # the float model must be the one the program was made from
     max_seq_len = int(manifest["max_seq_len"])
     tokenizer = Tokenizer.from_folder(Path(folder), bos_id=manifest.get("bos_id"))
     tokens = tokenizer.encode(Path(options.text).read_text(encoding="utf-8", errors="replace"))[: options.max_tokens]
@@ -142,6 +154,8 @@ def evaluate(folder: Path, options: EvalOptions, progress: bool = True) -> dict:
 
     nll = {name: 0.0 for name in models}
     agree, kl, count = 0, 0.0, 0
+    score_prefill = "program" in models and models["program"].mode is Mode.HYBRID
+    prefill = {"positions": 0, "agree": 0, "kl": 0.0}
     windows = [tokens[i : i + window] for i in range(0, len(tokens) - 1, window)]
     for chunk in tqdm(windows, desc="eval", unit="window", disable=not progress, leave=False):
         if len(chunk) < 2:
@@ -156,6 +170,8 @@ def evaluate(folder: Path, options: EvalOptions, progress: bool = True) -> dict:
         agree += (p.argmax(-1) == q.argmax(-1)).sum().item()
         kl += (p.exp() * (p - q)).sum().item()
         count += len(targets)
+        if score_prefill:
+            _score_prefill(models["program"], chunk, logprobs["float"], prefill)
 
     result = {
         "tokens": count,
@@ -166,7 +182,28 @@ def evaluate(folder: Path, options: EvalOptions, progress: bool = True) -> dict:
         "top1_agreement": agree / count,
         "kl_divergence": kl / count,
     }
+    if score_prefill and prefill["positions"]:
+        result["prefill"] = {
+            "positions": prefill["positions"],
+            "top1_agreement": prefill["agree"] / prefill["positions"],
+            "kl_divergence": prefill["kl"] / prefill["positions"],
+        }
     if qdq is not None:
         sample = windows[0]
         result["layer_sqnr_db"] = layer_sqnr(block_outputs(reference, sample), block_outputs(qdq, sample))
     return result
+
+
+def _score_prefill(session: DecoderSession, window: list[int], float_logprobs: torch.Tensor, totals: dict) -> None:
+    """Add to `totals` the top-1 agreement and KL against float of the logits `prefill` returns at
+    the end of each whole chunk of `window` that has a next token to predict."""
+    session.reset()
+    logits = session.prefill_chunks(window)
+    ends = [(k + 1) * session.prefill_len - 1 for k in range(len(logits))]
+    for row, end in zip(logits, ends):
+        if end >= len(float_logprobs):  # the window's last token: nothing follows it to score
+            continue
+        p, q = float_logprobs[end], torch.log_softmax(row.float(), dim=-1)
+        totals["positions"] += 1
+        totals["agree"] += int(p.argmax() == q.argmax())
+        totals["kl"] += (p.exp() * (p - q)).sum().item()

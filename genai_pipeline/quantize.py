@@ -34,7 +34,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from genai_pipeline.bundle import Artifact, PreparedModel
+from genai_pipeline.bundle import Artifact, PreparedModel, tool_versions
 from genai_pipeline.data import CalibrationOptions, DatasetSpec, calibration_steps, iterate_with_progress, read_chat_template
 from genai_pipeline.errors import InputError
 
@@ -163,7 +163,7 @@ def quantize_module(module: nn.Module, options: QuantOptions) -> dict[str, str]:
 
 
 def with_default_data(calibration: CalibrationOptions) -> CalibrationOptions:
-    """No --calib given: random tokens (the data layer warns that accuracy will suffer)."""
+    """No --calib given: random tokens (calibrating on them warns that accuracy will suffer)."""
     return calibration if calibration.datasets else dataclasses.replace(calibration, datasets=("random",))
 
 
@@ -171,6 +171,7 @@ def _calibrate(prepared: PreparedModel, artifact: Artifact, options: QuantOption
     """PT2E on the quantize graph: observe activations over the calibration data, then convert."""
     from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
 
+    from genai_pipeline.runtime.program import native_logs_hidden
     from genai_pipeline.runtime.tokenizer import Tokenizer
 
     graph = artifact.quantize_graph
@@ -178,8 +179,12 @@ def _calibrate(prepared: PreparedModel, artifact: Artifact, options: QuantOption
     observed = prepare_pt2e(exported.module(), quantizer(exported.graph_module))
     checkpoint = prepared.tokenizer_file.parent if prepared.tokenizer_file else None
     tokenizer = Tokenizer.from_folder(checkpoint, bos_id=prepared.spec.bos_id) if checkpoint else None
+    data = with_default_data(options.calibration)
+    if any(d.kind == "random" for d in data.datasets):  # here, where activation ranges are really set from them
+        log.warning("calibrating %s on RANDOM tokens: the quantized model's accuracy will suffer; "
+                    "pass real data with --calib text:FILE (or messages, hf-chat, lm-eval)", artifact.key.value)
     steps = calibration_steps(
-        with_default_data(options.calibration),
+        data,
         tokenizer,
         chunk_len=prepared.options.prefill_len,
         max_seq_len=prepared.options.max_seq_len,
@@ -190,9 +195,44 @@ def _calibrate(prepared: PreparedModel, artifact: Artifact, options: QuantOption
     with torch.no_grad():
         for step in iterate_with_progress(steps, f"calibrating {artifact.key.value}"):
             # A new sample restarts at position 0: causal attention never reads the stale rows.
-            observed(step.tokens[:, : step.n_real], step.input_pos)
+            with native_logs_hidden():  # ExecuTorch's custom ops log from C++ in eager mode too
+                observed(step.tokens[:, : step.n_real], step.input_pos)
     qdq = convert_pt2e(observed)
     return torch.export.export(qdq, graph.example_inputs, dynamic_shapes=graph.dynamic_shapes, strict=False)
+
+
+def _next_token_only(qdq) -> nn.Module:
+    """The calibrated QDQ model as a deploy graph: the next token's logits only, [1, vocab], as
+    every deploy graph returns them (prepare's DecoderGraph(last_only=True)). The quantize graph
+    computes every position's logits so that calibration sees every position; here the rows are
+    dropped where the float decoder drops them, at the final norm's input: the norm and the LM head
+    work row by row, so the last row's values are unchanged and the LM head runs on one row, not
+    a whole prefill chunk. The graph is the same for every deploy graph: one set of encodings."""
+    module = qdq.module()
+    graph = module.graph
+
+    def in_final_norm(node) -> bool:  # the decoder's top-level `norm` (DecoderGraph.decoder.norm), not a layer's
+        stack = node.meta.get("nn_module_stack") or {}
+        return any(re.fullmatch(r"(?:\w+\.)?norm", path) for path, _ in stack.values())
+
+    order = {n: i for i, n in enumerate(graph.nodes)}
+    norm_nodes = [n for n in graph.nodes if in_final_norm(n)]
+    # The hidden states entering the norm: [1, T, dim] inputs computed before its first node (the
+    # quantize/dequantize pairs between its own ops belong to no module, so they come after).
+    inputs = {
+        a for n in norm_nodes for a in n.all_input_nodes
+        if order[a] < order[norm_nodes[0]] and getattr(a.meta.get("val"), "ndim", 0) == 3
+    } if norm_nodes else set()
+    if not inputs:
+        raise RuntimeError("the QDQ model has no final norm to take the last row at")
+    for hidden in inputs:
+        with graph.inserting_after(hidden):
+            last = graph.call_function(torch.ops.aten.select.int, (hidden, 1, -1))
+        for n in norm_nodes:
+            n.replace_input_with(hidden, last)
+    graph.lint()
+    module.recompile()
+    return module
 
 
 def _fingerprint(path: Path, h) -> None:
@@ -211,7 +251,7 @@ def qdq_key(prepared: PreparedModel, options: QuantOptions, target_name: str) ->
     inputs = {
         "model": prepared.spec.name, "weights": prepared.weights, "config": dataclasses.asdict(prepared.config),
         "max_seq_len": o.max_seq_len, "prefill_len": o.prefill_len, "seed": o.seed, "target": target_name,
-        "quant": dataclasses.asdict(options), "versions": [torch.__version__],
+        "quant": dataclasses.asdict(options), "versions": tool_versions(),
     }
     h.update(json.dumps(inputs, sort_keys=True, default=str).encode())
     sources = [Path(prepared.weights)] if prepared.weights != "random" else []
@@ -245,7 +285,7 @@ def quantize(prepared: PreparedModel, options: QuantOptions, target, cache: Path
                 qdq = _calibrate(prepared, artifact, options, lambda gm: target.static_quantizer(options, gm))
                 log.info("quantized %s statically (%s), calibrated on %s", key.value, options.recipe,
                          ", ".join(map(str, with_default_data(options.calibration).datasets)))
-            deploy = qdq.module()
+            deploy = _next_token_only(qdq)
             graphs = {name: dataclasses.replace(g, module=deploy) for name, g in artifact.graphs.items()}
             artifact = dataclasses.replace(artifact, graphs=graphs, qdq=qdq, qdq_key=stamp)
         else:

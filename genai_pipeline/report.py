@@ -6,7 +6,7 @@ from __future__ import annotations
 import html
 from pathlib import Path
 
-from genai_pipeline.bundle import atomic_write, read_manifest
+from genai_pipeline.bundle import add_to_manifest, atomic_write, check_weights, read_manifest
 from genai_pipeline.evaluate import block_outputs, float_model, layer_sqnr, quantized_model
 
 REPORT = "quant_report.html"
@@ -15,7 +15,10 @@ WARN_DB = 20.0
 
 
 def write_quant_report(folder: Path, tokens: list[int], source: str) -> Path:
+    """quant_report.html in the export folder `folder` (before it is published), listed in its
+    manifest. `source` says what the tokens are."""
     manifest = read_manifest(folder)
+    check_weights(manifest)
     model = float_model(manifest)
     want = block_outputs(model, tokens)
     # The float model turns into the QDQ one in place: one copy of the weights in memory, not two
@@ -23,6 +26,7 @@ def write_quant_report(folder: Path, tokens: list[int], source: str) -> Path:
     sqnr = layer_sqnr(want, block_outputs(quantized_model(folder, manifest, model, in_place=True), tokens))
     path = Path(folder) / REPORT
     atomic_write(path, render(manifest, sqnr, f"{len(tokens)} tokens of {source}"))
+    add_to_manifest(folder, REPORT)
     return path
 
 

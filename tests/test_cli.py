@@ -160,8 +160,8 @@ def test_inspect_bad_files(capsys, tmp_path, export_tiny, damage):
     fails_with_one_line(capsys, ["inspect", pte], str(pte))
 
 
-def test_interrupted_export_leaves_nothing_that_looks_complete(tmp_path, tiny_checkpoint, export_tiny):
-    out = copy_export(export_tiny("kv"), tmp_path / "out")  # a complete earlier export in the same folder
+def _export_stopped_while_lowering(out, tiny_checkpoint, sig):
+    """`genai export` into `out` in a child process, sent `sig` once lowering has started."""
     child = subprocess.Popen(
         [sys.executable, "-m", "genai_pipeline.cli", "export", "--checkpoint", tiny_checkpoint, "--mode", "hybrid",
          "--max-seq-len", "64", "--out", out],
@@ -174,13 +174,30 @@ def test_interrupted_export_leaves_nothing_that_looks_complete(tmp_path, tiny_ch
             break
         seen += chunk
     assert b"lower text_decoder" in seen, seen.decode(errors="replace")
-    child.send_signal(signal.SIGKILL)
-    child.wait()
-    assert not (out / "manifest.json").exists()  # the folder reads as incomplete
-    assert not (out / "text_decoder.pte").exists()  # the earlier program is gone, and no half-written one took its place
-    assert not list(out.glob(".*partial"))
-    result = genai("run", out, "--prompt", "x")
-    assert result.returncode == 2 and "not a complete export" in result.stderr
+    child.send_signal(sig)
+    seen += child.stderr.read()
+    return child.wait(), seen.decode(errors="replace"), child.pid
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGKILL], ids=["SIGINT", "SIGKILL"])
+def test_an_interrupted_export_leaves_the_previous_one_intact(tmp_path, tiny_checkpoint, export_tiny, sig):
+    from genai_pipeline.bundle import remove_stale_staging
+
+    out = copy_export(export_tiny("kv"), tmp_path / "out")  # a complete earlier export in the same folder
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    rc, err, pid = _export_stopped_while_lowering(out, tiny_checkpoint, sig)
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    staging = tmp_path / f".out.staging-{pid}"
+    if sig == signal.SIGINT:  # KeyboardInterrupt: one line, and the staging folder is removed
+        assert rc == 130 and err.strip().splitlines()[-1] == "error: interrupted", err
+        assert not staging.exists()
+    else:  # killed outright: its staging folder stays until the next export into the same --out
+        assert staging.is_dir()
+        remove_stale_staging(out)
+        assert not staging.exists() and out.is_dir()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+    result = genai("run", out, "--prompt", "x", "--max-new-tokens", "2")
+    assert result.returncode == 0, result.stderr
 
 
 def test_inspect_json_describes_a_hybrid_program(export_tiny):

@@ -17,11 +17,16 @@ def test_float_program_scores_like_its_eager_model(capsys, export_tiny):
     assert ppl["qdq"] is None and result["tokens"] == 300 - 8  # 8 windows of 40 and one of 20, each loses its first token
     assert abs(ppl["program"] / ppl["float"] - 1) < 1e-3
     assert result["top1_agreement"] > 0.99 and result["kl_divergence"] < 1e-4
+    # prefill, scored at the end of each whole chunk of 8 with a next token to predict: 4 in each of the 7
+    # windows of 40 (the 5th chunk ends on the window's last token), 2 in the last window of 20
+    assert result["prefill"]["positions"] == 7 * 4 + 2
+    assert result["prefill"]["top1_agreement"] == 1.0 and result["prefill"]["kl_divergence"] < 1e-4
 
 
 def test_kv_mode_scores_the_same_tokens_as_hybrid(capsys, export_tiny):
     hybrid = _eval(capsys, export_tiny("hybrid"), "--max-tokens", "120")
     kv = _eval(capsys, export_tiny("kv"), "--max-tokens", "120")
+    assert "prefill" in hybrid and "prefill" not in kv  # a kv program has no prefill method
     assert abs(hybrid["perplexity"]["program"] / kv["perplexity"]["program"] - 1) < 1e-3
 
 

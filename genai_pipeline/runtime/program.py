@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 from genai_pipeline.bundle import sha256
@@ -36,10 +39,33 @@ def load_program(path: Path, expected_bytes: int | None = None, expected_sha256:
     from executorch.runtime import Runtime
 
     try:
-        program = Runtime.get().load_program(Path(path))
-        # Touch every method's metadata: a damaged flatbuffer fails here, not mid-generation.
-        for name in program.method_names:
-            program.metadata(name)
+        with native_logs_hidden():
+            program = Runtime.get().load_program(Path(path))
+            # Touch every method's metadata: a damaged flatbuffer fails here, not mid-generation.
+            for name in program.method_names:
+                program.metadata(name)
     except (RuntimeError, ValueError) as e:
         raise ProgramError(f"'{path}' cannot be loaded by the ExecuTorch runtime ({e}); it is corrupt or truncated, re-export it") from None
     return program
+
+
+@contextmanager
+def native_logs_hidden():
+    """ExecuTorch's C++ runtime logs to file descriptor 2 (`cpuinfo_utils` probing the CPU when a
+    method loads, `No temp allocator provided`, ...): lines a user cannot act on, which Python's
+    logging never sees. The 1.5.1 wheel has no log-level setting, so fd 2 points at /dev/null while
+    the runtime works, unless GENAI_DEBUG is set. Wrap only runtime calls: nothing of ours is
+    printed meanwhile (Python's own messages go through sys.stderr, flushed first)."""
+    if os.environ.get("GENAI_DEBUG"):
+        yield
+        return
+    sys.stderr.flush()
+    saved = os.dup(2)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 2)
+    os.close(devnull)
+    try:
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)

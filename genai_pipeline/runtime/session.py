@@ -13,7 +13,7 @@ import torch
 from genai_pipeline.bundle import read_manifest
 from genai_pipeline.errors import InputError, ProgramError
 from genai_pipeline.names import ArtifactKey, GraphName, Mode
-from genai_pipeline.runtime.program import load_program
+from genai_pipeline.runtime.program import load_program, native_logs_hidden
 
 
 class DecoderSession:
@@ -41,7 +41,8 @@ class DecoderSession:
             raise ProgramError(f"'{folder}/manifest.json' lacks {e}; re-export the model") from None
         path = folder / entry["file"]
         self.program = load_program(path, expected["bytes"], expected["sha256"] if verify else None)
-        self._methods = {name: self.program.load_method(name.value) for name in self.mode.graphs}
+        with native_logs_hidden():
+            self._methods = {name: self.program.load_method(name.value) for name in self.mode.graphs}
         self.pos = 0
 
     def reset(self) -> None:
@@ -54,7 +55,8 @@ class DecoderSession:
         # Every graph returns the logits after its last token, [1, vocab] (programs exported
         # before 0.2 return every row of a prefill chunk: the last row is the same thing). They
         # live in the runtime's planned memory and the next call overwrites them.
-        out = self._methods[graph].execute(inputs)[0]
+        with native_logs_hidden():
+            out = self._methods[graph].execute(inputs)[0]
         return out.reshape(-1, out.shape[-1])[-1].clone()
 
     def _check_room(self, n: int) -> None:
@@ -97,6 +99,21 @@ class DecoderSession:
         self._check_room(len(tokens))
         return torch.stack([self.step(token) for token in tokens])
 
+    def prefill_chunks(self, tokens: list[int]) -> torch.Tensor:
+        """Feed the whole chunks of `tokens` at the cursor through `prefill` (a hybrid program; a
+        partial last chunk is left out: its logits would be the padding's); returns what prefill
+        returns, the logits after each chunk's last token, [chunks, vocab]. For `genai eval`."""
+        if self.mode is not Mode.HYBRID:
+            raise InputError(f"a {self.mode.value} program has no prefill method")
+        n = self.prefill_len
+        chunks = [tokens[i : i + n] for i in range(0, len(tokens) - n + 1, n)]
+        self._check_room(n * len(chunks))
+        logits = []
+        for chunk in chunks:
+            logits.append(self._run(GraphName.PREFILL, chunk))
+            self.pos += n
+        return torch.stack(logits) if logits else torch.empty(0)
+
     def step(self, token: int) -> torch.Tensor:
         """Feed one token at the cursor; returns the next-token logits, [vocab]."""
         self._check_room(1)
@@ -122,7 +139,8 @@ class EagerSession:
     def score(self, tokens: list[int]) -> torch.Tensor:
         if self.pos + len(tokens) > self.max_seq_len:
             raise InputError(f"{self.pos + len(tokens)} tokens do not fit the context of {self.max_seq_len}")
-        logits = self.model(torch.tensor([tokens]), torch.tensor([self.pos]))[0]
+        with native_logs_hidden():  # a QDQ model runs ExecuTorch's custom ops, which log from C++
+            logits = self.model(torch.tensor([tokens]), torch.tensor([self.pos]))[0]
         self.pos += len(tokens)
         return logits
 

@@ -1,0 +1,130 @@
+"""The export folder contract: built aside and swapped in whole, files under the user's umask,
+--out checked before any work, the checkpoint fingerprinted, the report part of the folder."""
+
+import json
+import os
+import shutil
+import stat
+import subprocess
+import sys
+
+import pytest
+
+from conftest import copy_export
+from genai_pipeline import cli
+from genai_pipeline.bundle import atomic_write, check_weights, read_manifest, weights_fingerprint
+from genai_pipeline.cli import main
+from genai_pipeline.errors import InputError
+
+
+@pytest.mark.parametrize("umask, mode", [(0o022, 0o644), (0o077, 0o600)])
+def test_files_are_written_under_the_users_umask(tmp_path, umask, mode):
+    old = os.umask(umask)
+    try:
+        atomic_write(tmp_path / "a.json", "{}")
+        atomic_write(tmp_path / "b.bin", lambda f: f.write(b"x"))
+    finally:
+        os.umask(old)
+    assert [stat.S_IMODE(p.stat().st_mode) for p in (tmp_path / "a.json", tmp_path / "b.bin")] == [mode, mode]
+
+
+def _unwritable_parent(tmp_path):
+    if os.geteuid() != 0:
+        parent = tmp_path / "ro"
+        parent.mkdir(mode=0o555)
+        return parent / "out"
+    if not os.path.isdir("/sys"):
+        pytest.skip("root writes anywhere but /sys")
+    return "/sys/genai-out"  # root may write everywhere but here
+
+
+@pytest.mark.parametrize("case", ["file", "under a file", "unwritable parent"])
+def test_an_out_that_cannot_be_written_is_refused_before_any_work(capsys, monkeypatch, tmp_path, case):
+    (tmp_path / "file").write_text("not a folder")
+    out = {"file": tmp_path / "file", "under a file": tmp_path / "file" / "out",
+           "unwritable parent": _unwritable_parent(tmp_path)}[case]
+    monkeypatch.setattr(cli, "_export", lambda *a: pytest.fail("the export started"))
+    assert main(["export", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and err.startswith(f"error: --out '{out}'"), err
+    assert (tmp_path / "file").read_text() == "not a folder"
+
+
+def test_an_export_replaces_the_previous_one_whole(tmp_path, tiny_checkpoint, export_tiny):
+    """A dynamic-recipe export into a folder holding a float export plus leftovers: nothing of
+    the old folder survives, the manifest lists exactly what is there, the report included, and
+    no calibration warning is given (nothing was calibrated)."""
+    out = copy_export(export_tiny("kv"), tmp_path / "out")
+    for stray in ("quant_report.html", "text_decoder.qdq.pt2", "notes.txt"):
+        (out / stray).write_text("from an earlier export")
+    result = subprocess.run(
+        [sys.executable, "-m", "genai_pipeline.cli", "export", "--checkpoint", str(tiny_checkpoint), "--mode", "kv",
+         "--max-seq-len", "32", "--recipe", "8da8w", "--out", str(out)],
+        capture_output=True, text=True, timeout=600, preexec_fn=lambda: os.umask(0o022),
+    )
+    assert result.returncode == 0, result.stderr
+    assert "RANDOM" not in result.stderr
+    manifest = read_manifest(out)
+    names = sorted(p.name for p in out.iterdir() if not p.name.startswith("."))
+    assert names == sorted([*manifest["files"], "manifest.json"])
+    assert "notes.txt" not in names and "text_decoder.qdq.pt2" not in names and "quant_report.html" in names
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # no staging or set-aside folder left
+    report = (out / "quant_report.html").read_text()
+    assert "nothing was calibrated" in report and "from an earlier export" not in report
+    assert {p.name: oct(stat.S_IMODE(p.stat().st_mode)) for p in out.iterdir() if not p.name.startswith(".")} == {
+        name: "0o644" for name in names
+    }
+    assert stat.S_IMODE(out.stat().st_mode) == 0o755
+    assert manifest["checkpoint"]["path"] == str(tiny_checkpoint.resolve())
+    assert set(manifest["checkpoint"]["files"]) == {"model.safetensors"}
+
+
+def test_a_failed_export_leaves_the_previous_one_intact(capsys, tmp_path, export_tiny):
+    from conftest import save_hf_checkpoint
+
+    out = copy_export(export_tiny("kv"), tmp_path / "out")
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    checkpoint = save_hf_checkpoint(tmp_path / "ckpt")
+    (checkpoint / "model.safetensors").write_bytes(b"\x00" * 64)
+    assert main(["export", "--checkpoint", str(checkpoint), "--out", str(out)]) == 2
+    assert "model.safetensors" in capsys.readouterr().err.strip().splitlines()[-1]
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt", "out"]  # its staging folder is gone
+
+
+def test_eval_and_report_refuse_weights_changed_since_the_export(capsys, tmp_path, tiny_checkpoint, export_tiny):
+    from genai_pipeline.report import write_quant_report
+
+    checkpoint = shutil.copytree(tiny_checkpoint, tmp_path / "ckpt")
+    folder = copy_export(export_tiny("kv"), tmp_path / "export")
+    manifest = read_manifest(folder)
+    manifest["checkpoint"]["path"] = str(checkpoint)  # the same bytes with new modification times
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    check_weights(manifest)  # a copy or a `touch` is not a change: the sha256 settles it
+    weights = checkpoint / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-8:] = bytes(8)  # same size, other values
+    weights.write_bytes(bytes(data))
+    text = tmp_path / "text.txt"
+    text.write_text("The list object has methods. " * 4)
+    assert main(["eval", str(folder), "--text", str(text)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0] == f"error: the checkpoint's weight file {weights} changed since the export; re-export"
+    with pytest.raises(InputError, match="changed since the export"):
+        write_quant_report(folder, [1, 2, 3], "test tokens")
+    assert weights_fingerprint(checkpoint)["files"]["model.safetensors"]["sha256"] != manifest["checkpoint"]["files"]["model.safetensors"]["sha256"]
+
+
+def test_the_qdq_reuse_key_includes_the_tool_versions(monkeypatch, tiny_checkpoint):
+    from genai_pipeline import quantize
+    from genai_pipeline.bundle import tool_versions
+    from genai_pipeline.prepare import PrepareOptions, prepare
+    from genai_pipeline.registry import get_spec
+
+    prepared = prepare(get_spec("smollm2-135m"), PrepareOptions(max_seq_len=32, prefill_len=8, checkpoint=tiny_checkpoint))
+    options = quantize.QuantOptions(recipe="8a8w")
+    key = quantize.qdq_key(prepared, options, "xnnpack")
+    assert quantize.qdq_key(prepared, options, "xnnpack") == key
+    for tool in ("genai_pipeline", "torch", "executorch", "torchao"):
+        monkeypatch.setattr(quantize, "tool_versions", lambda tool=tool: {**tool_versions(), tool: "0.0.1"})
+        assert quantize.qdq_key(prepared, options, "xnnpack") != key, tool
