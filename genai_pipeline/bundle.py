@@ -162,10 +162,15 @@ def publish(staging: Path, out: Path) -> None:
 
 def add_to_manifest(folder: Path, name: str) -> None:
     """List a file written into a finished export folder (the quantization report) in its manifest."""
-    manifest = read_manifest(folder)
     path = Path(folder) / name
-    manifest["files"][name] = {"bytes": path.stat().st_size, "sha256": sha256(path)}
-    manifest["files"] = dict(sorted(manifest["files"].items()))
+    files = {**read_manifest(folder)["files"], name: {"bytes": path.stat().st_size, "sha256": sha256(path)}}
+    record_in_manifest(folder, "files", dict(sorted(files.items())))
+
+
+def record_in_manifest(folder: Path, key: str, value) -> None:
+    """Set one entry of a finished export folder's manifest (e.g. the program's verification)."""
+    manifest = read_manifest(folder)
+    manifest[key] = value
     atomic_write(Path(folder) / MANIFEST, json.dumps(manifest, indent=2) + "\n")
 
 

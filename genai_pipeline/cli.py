@@ -125,13 +125,36 @@ def _export(args, out: Path, staging: Path) -> ExportError | None:
         blocked = e
     # The report rebuilds the float and QDQ models from the manifest; the prepared model and its
     # lowered graphs go first, or both sets are held at once (the export's peak RSS).
+    recipe, has_tokenizer = prepared.recipe, prepared.tokenizer_file is not None
     del prepared
     gc.collect()
+    verification = None
+    if not quant.is_float and has_tokenizer:
+        verification = _verify(staging, recipe, quant)
+    elif not quant.is_float:
+        log.warning("not verified against the float model: the checkpoint has no tokenizer to encode text with")
     if report_tokens:
         from genai_pipeline.report import write_quant_report
 
-        write_quant_report(staging, *report_tokens)  # before the swap: part of the folder and its manifest
+        # before the swap: part of the folder and its manifest
+        write_quant_report(staging, *report_tokens, verification=verification)
     return blocked
+
+
+def _verify(staging: Path, recipe: str, quant):
+    """The finished program scored against its float model: one line, recorded in the manifest,
+    a warning past the thresholds (genai_pipeline/verify.py)."""
+    from genai_pipeline.bundle import record_in_manifest
+    from genai_pipeline.verify import verify_export
+
+    log.info("verifying the program against its float model")
+    texts = [d.path for d in quant.calibration.datasets if d.kind == "text"]
+    verification = verify_export(staging, recipe, texts)
+    record_in_manifest(staging, "verification", verification.as_manifest())
+    log.info("%s", verification.line())
+    if verification.warning:
+        log.warning("WARNING: %s", verification.warning)
+    return verification
 
 
 def _qnn_configured(target, args):

@@ -14,9 +14,10 @@ REPORT = "quant_report.html"
 WARN_DB = 20.0
 
 
-def write_quant_report(folder: Path, tokens: list[int], source: str) -> Path:
+def write_quant_report(folder: Path, tokens: list[int], source: str, verification=None) -> Path:
     """quant_report.html in the export folder `folder` (before it is published), listed in its
-    manifest. `source` says what the tokens are."""
+    manifest. `source` says what the tokens are; `verification` (verify.Verification): the
+    program's own figures against float, shown above the per-layer chart."""
     manifest = read_manifest(folder)
     check_weights(manifest)
     model = float_model(manifest)
@@ -25,12 +26,12 @@ def write_quant_report(folder: Path, tokens: list[int], source: str) -> Path:
     # (a 1B model's are 5 GB in fp32).
     sqnr = layer_sqnr(want, block_outputs(quantized_model(folder, manifest, model, in_place=True), tokens))
     path = Path(folder) / REPORT
-    atomic_write(path, render(manifest, sqnr, f"{len(tokens)} tokens of {source}"))
+    atomic_write(path, render(manifest, sqnr, f"{len(tokens)} tokens of {source}", verification))
     add_to_manifest(folder, REPORT)
     return path
 
 
-def render(manifest: dict, sqnr: dict[str, float], data: str) -> str:
+def render(manifest: dict, sqnr: dict[str, float], data: str, verification=None) -> str:
     worst = min(sqnr, key=sqnr.get) if sqnr else None
     top = max([v for v in sqnr.values() if v != float("inf")] + [1.0])
     rows = []
@@ -50,11 +51,19 @@ body{{font-family:sans-serif;max-width:52em;margin:2em auto}} td{{padding:2px 8p
 .num{{text-align:right;font-variant-numeric:tabular-nums}} .bar{{height:1em}} td:last-child{{width:60%}}
 </style>
 <h1>{html.escape(title)}</h1>
+{_verification_html(verification)}
 <p>Signal-to-quantization-noise ratio of each block's output, quantized model vs float, over
 {html.escape(data)}. Higher is better; below {WARN_DB:.0f} dB is red.
-Worst layer: <b>{html.escape(worst or "n/a")}</b>. For perplexity, top-1 agreement and KL run
-<code>genai eval</code>.</p>
+Worst layer: <b>{html.escape(worst or "n/a")}</b>. For perplexity, top-1 agreement and KL on
+your own text run <code>genai eval</code>.</p>
 <table><tr><th>layer<th>SQNR dB<th></tr>
 {chr(10).join(rows)}
 </table>
 """
+
+
+def _verification_html(verification) -> str:
+    if verification is None:
+        return "<p>The program was not verified against its float model (no tokenizer).</p>"
+    warning = f"<p style='color:#c0392b'><b>Warning:</b> {html.escape(verification.warning)}</p>" if verification.warning else ""
+    return f"<p><b>The program, {html.escape(verification.line())}.</b></p>{warning}"
