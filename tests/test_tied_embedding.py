@@ -74,3 +74,25 @@ def test_8da8w_head_reads_the_int8_table_and_scales_of_the_lookup(tmp_path, embe
     assert report["weights"]["stored_twice_bytes"] == 0
     prefill_logits_match_eager(prepared, pte, rtol=2e-2)
 
+
+def test_8da4w_head_reads_the_int4_values_of_the_lookup(tmp_path):
+    # The same int4 values and groups, packed in opposite nibble orders: the lookup's table has its
+    # column pairs swapped so that its bytes are the head's. The scales stay twice (fp32 for the
+    # lookup, bf16 for XNNPACK).
+    spec = get_spec("reference")
+    prepared, pte = export(spec, QuantOptions(recipe="8da4w", embedding="4w"), tmp_path)
+    report = inspect_json(pte)
+    assert report["weights"]["named_data_in_constant_segment_bytes"] == spec.config.vocab_size * spec.config.dim // 2
+    assert report["weights"]["stored_twice_bytes"] == 0
+    prefill_logits_match_eager(prepared, pte, rtol=5e-2)
+
+
+def test_an_untied_int4_lookup_is_left_alone(tiny_checkpoint):
+    from genai_pipeline.checkpoints.hf import load_decoder
+    from genai_pipeline.quantize import quantize_module
+    from genai_pipeline.targets.xnnpack import _adapt_for_lowering
+
+    decoder = load_decoder(get_spec("smollm2-135m"), tiny_checkpoint, 32)
+    quantize_module(decoder, QuantOptions(recipe="8da4w", embedding="4w"))
+    _adapt_for_lowering(decoder)
+    assert isinstance(decoder.tok_embeddings, torch.nn.Embedding)
