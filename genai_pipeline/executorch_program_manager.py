@@ -22,7 +22,9 @@ changes):
   `_program_to_flatbuffer` of `executorch.exir._serialize._program` with the final `segments`,
   `constant_segment` and `named_data`;
 - the runtime loads a named data entry as its segment's (offset, size) range, with no check that
-  segments do not overlap.
+  segments do not overlap;
+- a constant starts at a multiple of the constant tensor alignment (16) from the segments' base,
+  itself a multiple of the segment alignment (128): enough for XNNPACK's named data (16).
 """
 
 from __future__ import annotations
@@ -33,15 +35,19 @@ import logging
 log = logging.getLogger(__name__)
 
 
-def _shared_constants(manager) -> dict[str, int]:
+def _shared_constants(manager, config) -> dict[str, int]:
     """{named data key: constant buffer index} for the delegates' named data whose bytes are also a
-    constant of the program."""
+    constant of the program, and whose alignment every constant has."""
+    from executorch.exir.tensor import ALIGNMENT
+
     named = manager._named_data
     program = manager._emitter_output.program
+    constant_alignment = config.constant_tensor_alignment or ALIGNMENT  # a constant's offset in the file is a multiple of it
     by_size = {}
     for key, entry in (named.pte_data.items() if named is not None else ()):
         data = named.buffers[entry.buffer_index]
-        if isinstance(data, bytes):  # not a FileBackedData: those stay on disk until written
+        # Not a FileBackedData: those stay on disk until written.
+        if isinstance(data, bytes) and constant_alignment % entry.alignment == 0:
             by_size.setdefault(len(data), []).append((key, data))
     shared = {}
     for index, buffer in enumerate(program.constant_buffer):
@@ -84,7 +90,7 @@ def store_shared_bytes_once(manager, config) -> int:
 
     from executorch.exir._serialize._serialize import serialize_for_executorch
 
-    shared = _shared_constants(manager)
+    shared = _shared_constants(manager, config)
     if not shared:
         return 0
     named = manager._named_data
