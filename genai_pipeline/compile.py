@@ -16,6 +16,7 @@ from tqdm import tqdm
 from genai_pipeline.bundle import MANIFEST, Artifact, ArtifactSet, PreparedModel, atomic_write, sha256, tool_versions, weights_fingerprint
 from genai_pipeline.data.chat_template import read_chat_template
 from genai_pipeline.errors import ExportError
+from genai_pipeline.executorch_program_manager import store_shared_bytes_once
 from genai_pipeline.lowering import lower_grouped, to_edge_transform_and_lower
 from genai_pipeline.targets import Target
 
@@ -53,16 +54,17 @@ def _to_executorch(artifact: Artifact, target: Target, progress: tqdm, quantized
 
     edge = lower(artifact, target, progress)
     progress.set_description(f"emit {artifact.key.value}.pte")
-    program = edge.to_executorch(
-        ExecutorchBackendConfig(
-            # Same-named mutable buffers (the KV cache) get one place shared by all methods:
-            # decode reads what prefill wrote.
-            memory_planning_pass=MemoryPlanningPass(share_mutable_buffers=True),
-            emit_mutable_buffer_names=True,
-            # Fuses torchao's quantized-embedding pattern into ExecuTorch's quantized kernels.
-            do_quant_fusion_and_const_prop=quantized,
-        )
+    config = ExecutorchBackendConfig(
+        # Same-named mutable buffers (the KV cache) get one place shared by all methods:
+        # decode reads what prefill wrote.
+        memory_planning_pass=MemoryPlanningPass(share_mutable_buffers=True),
+        emit_mutable_buffer_names=True,
+        # Fuses torchao's quantized-embedding pattern into ExecuTorch's quantized kernels.
+        do_quant_fusion_and_const_prop=quantized,
     )
+    program = edge.to_executorch(config)
+    # A tied embedding: the delegated LM head reads the table the lookup reads.
+    store_shared_bytes_once(program, config)
     progress.update()
     return program
 

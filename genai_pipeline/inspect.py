@@ -39,10 +39,10 @@ def _read_program(path: Path):
     if end > path.stat().st_size:
         raise ValueError(f"segments end at byte {end}, past the end of the file")
 
-    def segment(index: int) -> bytes:
+    def segment(index: int, offset: int = 0, size: int | None = None) -> bytes:  # the whole segment, or a range of it
         with open(path, "rb") as f:
-            f.seek(base + program.segments[index].offset)
-            return f.read(program.segments[index].size)
+            f.seek(base + program.segments[index].offset + offset)
+            return f.read(program.segments[index].size if size is None else size)
 
     return program, segment
 
@@ -54,6 +54,30 @@ def _constant_sizes(program) -> dict[int, int]:
     offsets = list(program.constant_segment.offsets)
     ends = offsets[1:] + [program.segments[program.constant_segment.segment_index].size]
     return {i: end - start for i, (start, end) in enumerate(zip(offsets, ends))}
+
+
+def _weights(program, segment, const_users: dict, const_sizes: dict, named_sizes: dict) -> dict:
+    """Bytes of weights the file stores (constant segment and named data, each range of the file
+    once), named data that is a range of the constant segment (a tied embedding's table, which the
+    delegated LM head reads too), and bytes stored twice: named data with the same bytes as a
+    constant tensor in a range of its own."""
+    index = program.constant_segment.segment_index
+    offsets = program.constant_segment.offsets
+    start = program.segments[index].offset if offsets else 0
+    ranges = [(offsets[i], const_sizes[i]) for i in const_users]  # in the constant segment
+    inside, twice = 0, 0
+    for entry in program.named_data or []:
+        s = program.segments[entry.segment_index]
+        if any(start + o <= s.offset and s.offset + s.size <= start + o + n for o, n in ranges):
+            inside += s.size
+            continue
+        # Candidates by size (a constant's size includes its padding), then by content.
+        same_size = [o for o, n in ranges if s.size <= n < s.size + 64]
+        if same_size:
+            data = segment(entry.segment_index)
+            twice += s.size if any(segment(index, o, s.size) == data for o in same_size) else 0
+    stored = sum(const_sizes[i] for i in const_users) + sum(named_sizes.values()) - inside
+    return {"bytes": stored, "named_data_in_constant_segment_bytes": inside, "stored_twice_bytes": twice}
 
 
 def inspect_program(path: Path) -> dict:
@@ -136,6 +160,7 @@ def inspect_program(path: Path) -> dict:
             "bytes": sum(named_sizes.values()),
             "shared_bytes": sum(named_sizes[k] for k, u in named_users.items() if shared(u)),
         },
+        "weights": _weights(program, segment, const_users, const_sizes, named_sizes),
         "mutable_buffers": mutable,
         # Each delegate payload once, with the methods that reference it (a QNN context binary
         # holding several graphs is referenced by each of them) and a QNN compile spec decoded.
@@ -163,6 +188,9 @@ def format_report(r: dict) -> str:
     c, n = r["constant_segment"], r["named_data"]
     lines.append(f"constant segment: {c['buffers']} tensors, {c['bytes'] / mb:.2f} MB, shared by all methods: {c['shared_bytes'] / mb:.2f} MB")
     lines.append(f"named data: {n['entries']} entries, {n['bytes'] / mb:.2f} MB, shared by all methods: {n['shared_bytes'] / mb:.2f} MB")
+    w = r["weights"]
+    lines.append(f"weights: {w['bytes'] / mb:.2f} MB; stored twice (a constant and named data with the same bytes): {w['stored_twice_bytes'] / mb:.2f} MB; "
+                 f"named data read from the constant segment: {w['named_data_in_constant_segment_bytes'] / mb:.2f} MB")
     payloads = r.get("delegate_payloads", [])
     plain = defaultdict(list)  # payloads of one method and no spec to decode, summed by backend (XNNPACK: dozens)
     for p in payloads:

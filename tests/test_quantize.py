@@ -94,7 +94,8 @@ def _inspect(folder):
 def test_quantized_hybrid_program_stores_the_weights_once_and_is_small(export_reference):
     hybrid, kv, fp32 = (_inspect(export_reference(m, q)) for m, q in (("hybrid", Q4), ("kv", Q4), ("hybrid", QuantOptions())))
     assert hybrid["file_bytes"] <= 1.02 * kv["file_bytes"], (hybrid["file_bytes"], kv["file_bytes"])
-    assert hybrid["file_bytes"] <= 0.2 * fp32["file_bytes"], (hybrid["file_bytes"], fp32["file_bytes"])
+    # fp32 stores its tied table once; here the int4 head and the int8 lookup are two tables.
+    assert hybrid["file_bytes"] <= 0.22 * fp32["file_bytes"], (hybrid["file_bytes"], fp32["file_bytes"])
     manifest = json.loads((export_reference("hybrid", Q4) / "manifest.json").read_text())
     assert manifest["recipe"] == "8da4w-g32+emb8w" and manifest["quantization"]["embedding"] == "8w"
 

@@ -7,6 +7,9 @@ import functools
 import mmap
 import sys
 
+import torch
+from torch import nn
+
 from genai_pipeline.targets import Target
 
 _madvise = ctypes.CDLL(None, use_errno=True).madvise if sys.platform == "linux" else None
@@ -164,12 +167,57 @@ def _static_quantizer(options, graph_module):
     return quantizer.set_module_name("decoder.output", dynamic)
 
 
+class _PairSwappedEmbedding(nn.Module):
+    """A lookup in the table with each pair of columns (2k, 2k+1) swapped, swapped back.
+
+    A tied int4 table is packed two values a byte by both of its users, in opposite orders:
+    ExecuTorch's `embedding_4bit` puts column 2k in the high nibble, XNNPACK's LM head in the low
+    one. Swapping the lookup's columns makes its packed bytes those of the head, so the program
+    stores them once (genai_pipeline/executorch_program_manager.py); swapping back costs a
+    permutation of `dim` values a token. The pairs stay inside their quantization groups, so the
+    scales are unchanged."""
+
+    def __init__(self, embedding: nn.Embedding):
+        super().__init__()
+        w = embedding.weight
+        swapped = torch.arange(w.shape[1]).view(-1, 2).flip(-1).flatten()
+        table = type(w)(w.qdata[:, swapped].contiguous(), w.scale, w.zero_point, w.target_dtype, w.block_size, w.dtype, w.activation_quantization)
+        self.embedding = nn.Embedding(*w.shape, _weight=table, _freeze=True)
+        # One gather outside the delegates (a view + flip would add a delegate call for the view).
+        self.register_buffer("swapped", swapped, persistent=False)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.embedding(tokens).index_select(-1, self.swapped)
+
+
+def _int4_table_of(weight):
+    """(qdata, scale, zero_point, block_size) of a torchao int4 tensor, else None."""
+    if type(weight).__name__ != "IntxUnpackedToInt8Tensor" or weight.target_dtype != torch.int4:
+        return None
+    return weight.qdata, weight.scale, weight.zero_point, tuple(weight.block_size)
+
+
+def _swap_tied_int4_lookup(decoder) -> None:
+    """When the lookup and the LM head hold the same int4 values, scales and groups (a tied
+    embedding, `8da4w` with `--embedding 4w`), the lookup reads the table with its column pairs
+    swapped: see _PairSwappedEmbedding."""
+    lookup, head = decoder.tok_embeddings, decoder.output
+    if not decoder.config.tie_embeddings or not isinstance(lookup, nn.Embedding):
+        return  # untied, or swapped already (prefill and decode share one decoder)
+    a, b = _int4_table_of(lookup.weight), _int4_table_of(head.weight)
+    if a is None or b is None or a[3] != b[3] or a[3][1] % 2 or not all(torch.equal(x, y) for x, y in zip(a[:3], b[:3])):
+        return
+    decoder.tok_embeddings = _PairSwappedEmbedding(lookup)
+
+
 def _adapt_for_lowering(module) -> None:
-    from genai_pipeline.models.decoder import RMSNorm
+    from genai_pipeline.models.decoder import Decoder, RMSNorm
 
     for norm in module.modules():
         if isinstance(norm, RMSNorm):
             norm.mean_by_matmul()
+    for decoder in [m for m in module.modules() if isinstance(m, Decoder)]:
+        _swap_tied_int4_lookup(decoder)
 
 
 TARGET = Target(

@@ -1,0 +1,44 @@
+"""Decode steps of two programs interleaved in one process (A, B, B, A, ...): median step times.
+On a shared, loaded machine side-by-side runs of `genai bench` vary 2x; steps interleaved this
+finely see the same load.
+
+    .venv/bin/python bench/ab_decode.py A/text_decoder.pte B/text_decoder.pte [--steps 4000]
+"""
+
+import argparse
+import os
+import statistics
+import time
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")  # as genai bench (README)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("programs", nargs=2)
+    parser.add_argument("--steps", type=int, default=4000)
+    args = parser.parse_args()
+
+    import torch
+
+    import executorch.extension.llm.custom_ops.custom_ops  # noqa: F401  kernels the programs call
+    import executorch.kernels.quantized  # noqa: F401
+    from executorch.runtime import Runtime
+
+    methods = [Runtime.get().load_program(p).load_method("decode") for p in args.programs]
+    times = [[], []]
+    token = torch.tensor([[7]])
+    for step in range(args.steps):
+        position = torch.tensor([step % 256])
+        for i in ((0, 1) if step % 2 else (1, 0)):
+            start = time.perf_counter()
+            methods[i].execute([token, position])
+            times[i].append(time.perf_counter() - start)
+    for program, t in zip(args.programs, times):
+        t = t[args.steps // 20:]  # warm-up
+        q = statistics.quantiles(t, n=4)
+        print(f"{program}: median {statistics.median(t) * 1e6:.1f} us (p25 {q[0] * 1e6:.1f}, p75 {q[2] * 1e6:.1f})")
+
+
+if __name__ == "__main__":
+    main()
