@@ -104,7 +104,7 @@ def prepare(spec: ModelSpec, options: PrepareOptions) -> PreparedModel:
     template = read_chat_template(metadata) if metadata is not None else None
     special = read_special_tokens(
         metadata, template.source if template else spec.chat_template, spec.bos_id, spec.eos_ids,
-        origin="" if metadata == Path(checkpoint) else f"{Path(checkpoint).name} metadata as ",
+        origin="" if metadata is None or metadata == Path(checkpoint) else f"{Path(checkpoint).name} metadata as ",
     )
     # The checkpoint's own bos/eos, the entry filling only what it lacks, for every reader downstream.
     spec = dataclasses.replace(spec, bos_id=special.bos_id, eos_ids=special.eos_ids)
