@@ -1,0 +1,203 @@
+"""The one export-friendly vision encoder: every supported image tower is this file plus a VisionConfig.
+
+Read top to bottom: config, input normalisation, patch embedding, encoder layer, connector, encoder.
+
+A `VisionEncoder` takes raw RGB, uint8 `[1, 3, S, S]`, and returns the image's embeddings in the
+text decoder's space, `[1, N, text_dim]`: rescaling and mean/std normalisation happen inside the
+graph, so a device feeds decoded pixels as they are. Resizing and tiling stay in the runtime
+(`runtime/image.py`): the program's input size is fixed.
+
+Families (switches on the config, not on names):
+- SigLIP as Idefics3 / SmolVLM use it: conv patch embedding, learned positions, pre-norm layers
+  with GeLU (tanh) MLPs, a final LayerNorm; the connector pixel-shuffles `scale_factor`² neighbouring
+  patches into one token and projects it with a bias-free linear (`connector="linear"`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from genai_pipeline.models.decoder import gelu_tanh
+
+ACTIVATIONS = {"gelu_tanh": gelu_tanh, "gelu": F.gelu}
+CONNECTORS = ("linear",)
+
+
+@dataclass(frozen=True)
+class VisionConfig:
+    image_size: int  # S: the encoder's square input, pixels
+    patch_size: int
+    dim: int
+    n_layers: int
+    n_heads: int
+    hidden_dim: int
+    text_dim: int  # width of the text decoder's embeddings
+    norm_eps: float = 1e-6
+    activation: str = "gelu_tanh"
+    scale_factor: int = 1  # pixel shuffle: scale_factor x scale_factor patches become one token
+    connector: str = "linear"
+    # Normalisation of [0, 1] pixels, per channel: (x - mean) / std.
+    image_mean: tuple[float, float, float] = (0.5, 0.5, 0.5)
+    image_std: tuple[float, float, float] = (0.5, 0.5, 0.5)
+    rescale_factor: float = 1 / 255
+
+    def __post_init__(self):
+        for name in ("image_size", "patch_size", "dim", "n_layers", "n_heads", "hidden_dim", "text_dim", "scale_factor"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"VisionConfig.{name} must be positive, got {getattr(self, name)}")
+        if self.dim % self.n_heads:
+            raise ValueError(f"VisionConfig.dim ({self.dim}) must be a multiple of n_heads ({self.n_heads})")
+        if self.patches_per_side % self.scale_factor:
+            raise ValueError(f"{self.patches_per_side} patches per side do not divide into scale_factor {self.scale_factor}")
+        if self.activation not in ACTIVATIONS:
+            raise ValueError(f"VisionConfig.activation must be one of {', '.join(ACTIVATIONS)}, got '{self.activation}'")
+        if self.connector not in CONNECTORS:
+            raise ValueError(f"VisionConfig.connector must be one of {', '.join(CONNECTORS)}, got '{self.connector}'")
+        for name in ("image_mean", "image_std"):
+            value = tuple(float(v) for v in getattr(self, name))
+            if len(value) != 3:
+                raise ValueError(f"VisionConfig.{name} needs 3 values (RGB), got {value}")
+            object.__setattr__(self, name, value)
+
+    @property
+    def patches_per_side(self) -> int:
+        return self.image_size // self.patch_size  # a conv of stride p drops a remainder (384 / 14 -> 27)
+
+    @property
+    def tokens_per_image(self) -> int:
+        return (self.patches_per_side // self.scale_factor) ** 2
+
+    @property
+    def num_params(self) -> int:
+        d, p = self.dim, self.patch_size
+        embed = 3 * p * p * d + d + self.patches_per_side**2 * d
+        layer = 4 * (d * d + d) + 2 * d * self.hidden_dim + self.hidden_dim + d + 4 * d
+        connector = d * self.scale_factor**2 * self.text_dim
+        return embed + self.n_layers * layer + 2 * d + connector
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "VisionConfig":
+        return cls(**data)
+
+
+class Normalize(nn.Module):
+    """uint8 RGB -> ((x * rescale) - mean) / std, as the Hugging Face processors do in float."""
+
+    def __init__(self, config: VisionConfig):
+        super().__init__()
+        self.rescale = config.rescale_factor
+        self.register_buffer("mean", torch.tensor(config.image_mean).view(1, 3, 1, 1), persistent=False)
+        self.register_buffer("std", torch.tensor(config.image_std).view(1, 3, 1, 1), persistent=False)
+
+    def forward(self, pixels: torch.Tensor) -> torch.Tensor:
+        return (pixels.to(torch.float32) * self.rescale - self.mean) / self.std
+
+
+def position_ids(n: int) -> torch.Tensor:
+    """[1, n*n]: Idefics3's bucketed position of each patch of a full n x n grid."""
+    boundaries = torch.arange(1 / n, 1.0, 1 / n)
+    coords = torch.clamp(torch.arange(n, dtype=torch.float32) * (1.0 / n), max=1.0 - 1e-6)
+    buckets = torch.bucketize(coords, boundaries, right=True)
+    return (buckets[:, None] * n + buckets[None, :]).reshape(1, -1)
+
+
+class PatchEmbedding(nn.Module):
+    """Conv patches plus learned positions. Idefics3 buckets fractional patch coordinates into the
+    position table to allow other sizes; for the full square input that is the identity, computed
+    here once with the same ops so float rounding cannot make them differ."""
+
+    def __init__(self, config: VisionConfig):
+        super().__init__()
+        n = config.patches_per_side
+        self.patch_embedding = nn.Conv2d(3, config.dim, kernel_size=config.patch_size, stride=config.patch_size)
+        self.position_embedding = nn.Embedding(n * n, config.dim)
+        self.register_buffer("position_ids", position_ids(n), persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        patches = self.patch_embedding(x).flatten(2).transpose(1, 2)  # [1, n*n, dim]
+        return patches + self.position_embedding(self.position_ids)
+
+
+class Attention(nn.Module):
+    def __init__(self, config: VisionConfig):
+        super().__init__()
+        self.n_heads, self.head_dim = config.n_heads, config.dim // config.n_heads
+        self.q_proj = nn.Linear(config.dim, config.dim)
+        self.k_proj = nn.Linear(config.dim, config.dim)
+        self.v_proj = nn.Linear(config.dim, config.dim)
+        self.out_proj = nn.Linear(config.dim, config.dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, s, _ = x.shape
+
+        def heads(t: torch.Tensor) -> torch.Tensor:
+            return t.view(b, s, self.n_heads, self.head_dim).transpose(1, 2)
+
+        y = F.scaled_dot_product_attention(heads(self.q_proj(x)), heads(self.k_proj(x)), heads(self.v_proj(x)))
+        return self.out_proj(y.transpose(1, 2).reshape(b, s, -1))
+
+
+class EncoderLayer(nn.Module):
+    def __init__(self, config: VisionConfig):
+        super().__init__()
+        self.layer_norm1 = nn.LayerNorm(config.dim, eps=config.norm_eps)
+        self.self_attn = Attention(config)
+        self.layer_norm2 = nn.LayerNorm(config.dim, eps=config.norm_eps)
+        self.fc1 = nn.Linear(config.dim, config.hidden_dim)
+        self.fc2 = nn.Linear(config.hidden_dim, config.dim)
+        self.act = ACTIVATIONS[config.activation]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.self_attn(self.layer_norm1(x))
+        return x + self.fc2(self.act(self.fc1(self.layer_norm2(x))))
+
+
+def pixel_shuffle(x: torch.Tensor, scale: int) -> torch.Tensor:
+    """[1, n*n, d] -> [1, n*n / scale², d * scale²], as Idefics3's connector orders the features."""
+    b, seq, d = x.shape
+    n = int(seq**0.5)
+    x = x.reshape(b, n, n // scale, d * scale).permute(0, 2, 1, 3)
+    x = x.reshape(b, n // scale, n // scale, d * scale * scale).permute(0, 2, 1, 3)
+    return x.reshape(b, seq // (scale * scale), d * scale * scale)
+
+
+class VisionEncoder(nn.Module):
+    """uint8 [1, 3, S, S] -> image embeddings [1, tokens_per_image, text_dim]."""
+
+    def __init__(self, config: VisionConfig):
+        super().__init__()
+        self.config = config
+        self.normalize = Normalize(config)
+        self.embeddings = PatchEmbedding(config)
+        self.layers = nn.ModuleList(EncoderLayer(config) for _ in range(config.n_layers))
+        self.post_layernorm = nn.LayerNorm(config.dim, eps=config.norm_eps)
+        self.projection = nn.Linear(config.dim * config.scale_factor**2, config.text_dim, bias=False)
+
+    def features(self, pixels: torch.Tensor) -> torch.Tensor:
+        """The encoder's last hidden state for normalised float pixels, [1, n*n, dim]."""
+        h = self.embeddings(pixels)
+        for layer in self.layers:
+            h = layer(h)
+        return self.post_layernorm(h)
+
+    def forward(self, pixels: torch.Tensor) -> torch.Tensor:
+        h = self.features(self.normalize(pixels))
+        return self.projection(pixel_shuffle(h, self.config.scale_factor))
+
+    def reset_buffers(self) -> None:
+        """(Re)create the constant buffers, e.g. after building on the meta device."""
+        self.normalize = Normalize(self.config)
+        self.embeddings.position_ids = position_ids(self.config.patches_per_side)
+
+
+class VisionLanguageModel(nn.Module):
+    """The text decoder and the image tower side by side: the one module every method of a
+    multimodal program wraps, so the methods name (and share) the same tensors."""
+
+    def __init__(self, decoder: nn.Module, vision: VisionEncoder):
+        super().__init__()
+        self.decoder, self.vision = decoder, vision
