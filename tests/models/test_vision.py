@@ -1,0 +1,170 @@
+"""The multimodal path, SmolVLM / Idefics3 family, end to end on a tiny random checkpoint saved by
+transformers: our loader, eager parity with transformers (vision features, logits, greedy tokens),
+one three-method program (parity, weight sharing), `genai run --image`, ExecuTorch's own
+MultimodalRunner, preprocessing against transformers' processor, and bad input."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from genai_pipeline.checkpoints.multimodal import load_multimodal, vision_config
+from genai_pipeline.registry import get_spec, infer_spec
+from genai_pipeline.runtime.image import ImageProcessing, expand_prompt, image_frames
+
+SPECIALS = ["<|endoftext|>", "<|im_start|>", "<end_of_utterance>", "<fake_token_around_image>", "<image>", "<global-img>"]
+SPECIALS += [f"<row_{r}_col_{c}>" for r in range(1, 7) for c in range(1, 7)]
+VOCAB = 384
+IMAGE = 32  # px: the encoder's input; patch 8 -> 4 x 4 patches, shuffled by 2 -> 4 tokens per image
+MAX_SEQ = 96
+PROMPT = "Describe the picture:"
+NEW_TOKENS = 12
+
+
+def _tokenizer(path: Path) -> None:
+    """Byte-level BPE with the family's special tokens as contiguous ids 0..41 (as ExecuTorch's runner needs)."""
+    import pydoc_data.topics
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=VOCAB, special_tokens=SPECIALS, initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(["\n".join(sorted(pydoc_data.topics.topics.values()))[:100_000]], trainer)
+    tok.post_processor = processors.TemplateProcessing(single="<|im_start|> $A", special_tokens=[("<|im_start|>", 1)])
+    tok.save(str(path))
+
+
+@pytest.fixture(scope="session")
+def checkpoint(tmp_path_factory) -> Path:
+    import transformers
+
+    folder = tmp_path_factory.mktemp("smolvlm")
+    _tokenizer(folder / "tokenizer.json")
+    config = transformers.Idefics3Config(
+        vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+                           image_size=IMAGE, patch_size=8),
+        text_config=dict(model_type="llama", vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=2, intermediate_size=128, max_position_embeddings=256, tie_word_embeddings=True,
+                         bos_token_id=1, eos_token_id=2),
+        scale_factor=2, image_token_id=SPECIALS.index("<image>"), tie_word_embeddings=True,
+    )
+    torch.manual_seed(0)
+    model = transformers.Idefics3ForConditionalGeneration(config).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.normal_(0, 0.08) if "norm" not in name else p.normal_(1.0, 0.1)
+    model.save_pretrained(folder, safe_serialization=True)
+    # The processor's files, as SmolVLM's (splitting on, LANCZOS, mean = std = 0.5), at this size: an image of
+    # IMAGE px is one frame that needs no resizing (Pillow, which resizes, may be missing).
+    (folder / "preprocessor_config.json").write_text(json.dumps({
+        "image_processor_type": "Idefics3ImageProcessor", "do_convert_rgb": True, "do_resize": True,
+        "size": {"longest_edge": IMAGE}, "max_image_size": {"longest_edge": IMAGE}, "do_image_splitting": True,
+        "resample": 1, "do_rescale": True, "rescale_factor": 1 / 255, "do_normalize": True,
+        "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5], "do_pad": True,
+    }))
+    (folder / "processor_config.json").write_text(json.dumps({"image_seq_len": 4, "processor_class": "Idefics3Processor"}))
+    return folder
+
+
+@pytest.fixture(scope="session")
+def reference(checkpoint):
+    import transformers
+
+    return transformers.Idefics3ForConditionalGeneration.from_pretrained(checkpoint, dtype=torch.float32).eval()
+
+
+@pytest.fixture(scope="session")
+def ours(checkpoint):
+    spec = infer_spec(json.loads((checkpoint / "config.json").read_text()))
+    processing = spec.vision.preprocessing.with_checkpoint(checkpoint)
+    return load_multimodal(spec, checkpoint, MAX_SEQ, vision_config(spec, checkpoint, processing)), processing
+
+
+def photo(h: int, w: int, seed: int = 0) -> np.ndarray:
+    """A natural-looking RGB uint8 image: gradients, a disc, a bar, noise."""
+    rng = np.random.default_rng(seed)
+    y, x = np.mgrid[0:h, 0:w].astype(np.float32)
+    img = np.stack([255 * x / max(w - 1, 1), 255 * y / max(h - 1, 1), 128 + 100 * np.sin((x + y) / 7)], axis=-1)
+    disc = (x - w * 0.6) ** 2 + (y - h * 0.4) ** 2 < (min(h, w) * 0.25) ** 2
+    img[disc] = (230, 40, 60)
+    img[int(h * 0.7) : int(h * 0.8), :] = (20, 20, 160)
+    img += rng.normal(0, 12, img.shape)
+    return np.clip(img, 0, 255).astype(np.uint8)
+
+
+def write_ppm(path: Path, image: np.ndarray) -> Path:
+    h, w, _ = image.shape
+    path.write_bytes(b"P6\n%d %d\n255\n" % (w, h) + image.tobytes())
+    return path
+
+
+def _prompt_ids(checkpoint: Path, processing: ImageProcessing, images: list[np.ndarray], text: str = PROMPT) -> list[int]:
+    from tokenizers import Tokenizer
+
+    expanded = expand_prompt(text, [image_frames(i, processing) for i in images], processing)
+    return Tokenizer.from_file(str(checkpoint / "tokenizer.json")).encode(expanded).ids
+
+
+def _pixel_values(frames: list[np.ndarray]) -> torch.Tensor:
+    """What the processor feeds the model for frames needing no resize: rescaled, normalised."""
+    x = torch.from_numpy(np.stack(frames)).float() / 255
+    return ((x - 0.5) / 0.5).unsqueeze(0)
+
+
+# ---------------------------------------------------------------- registry and loader
+
+
+def test_registry_entries_and_inference(checkpoint):
+    for name, tokens in (("smolvlm-256m", 64), ("smolvlm-500m", 64), ("smolvlm2-2_2b", 81)):
+        spec = get_spec(name)
+        assert spec.vision.config.tokens_per_image == spec.vision.preprocessing.tokens_per_image == tokens
+    spec = infer_spec(json.loads((checkpoint / "config.json").read_text()))
+    assert spec.family == "smolvlm" and "custom" in spec.name  # tiny sizes: the family, named as custom
+
+
+def test_processing_read_from_checkpoint(ours):
+    _, processing = ours
+    assert (processing.tile_size, processing.longest_edge, processing.tokens_per_image) == (IMAGE, IMAGE, 4)
+
+
+# ---------------------------------------------------------------- eager parity
+
+
+def test_vision_features_match_transformers(ours, reference):
+    model, _ = ours
+    frame = photo(IMAGE, IMAGE).transpose(2, 0, 1).copy()
+    with torch.no_grad():
+        expected = reference.model.get_image_features(_pixel_values([frame])).pooler_output[0]
+        got = model.vision(torch.from_numpy(frame).unsqueeze(0))[0]
+    assert got.shape == expected.shape == (4, 64)
+    assert (got - expected).abs().max() <= 1e-4
+
+
+def _eager_logits(model, ids: list[int], frames: list[np.ndarray], image_token_id: int) -> torch.Tensor:
+    with torch.no_grad():
+        h = model.decoder.embed(torch.tensor([ids]))
+        slots = [i for i, t in enumerate(ids) if t == image_token_id]
+        features = torch.cat([model.vision(torch.from_numpy(f).unsqueeze(0))[0] for f in frames])
+        h[0, slots] = features
+        return model.decoder.forward_embeddings(h, torch.tensor([0]))[0, -1]
+
+
+def test_eager_logits_and_greedy_tokens_match_transformers(ours, reference, checkpoint):
+    model, processing = ours
+    image = photo(IMAGE, IMAGE)
+    ids = _prompt_ids(checkpoint, processing, [image])
+    frames = list(image_frames(image, processing).pixels)
+    image_token_id = SPECIALS.index("<image>")
+    assert ids.count(image_token_id) == 4
+    with torch.no_grad():
+        expected = reference(input_ids=torch.tensor([ids]), pixel_values=_pixel_values(frames)).logits[0, -1]
+    got = _eager_logits(model, ids, frames, image_token_id)
+    assert expected.abs().max() > 0.5
+    assert (got - expected).abs().max() <= 1e-4
