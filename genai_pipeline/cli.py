@@ -124,6 +124,8 @@ def _report_tokens(prepared, quant) -> tuple[list[int], str]:
 def cmd_run(args) -> int:
     from genai_pipeline.errors import InputError
     from genai_pipeline.runtime.generate import Sampler, SamplingOptions, generate
+    from genai_pipeline.bundle import read_manifest
+    from genai_pipeline.runtime.multimodal import MultimodalSession, is_multimodal
     from genai_pipeline.runtime.session import DecoderSession
     from genai_pipeline.runtime.tokenizer import TextStream, Tokenizer
 
@@ -134,11 +136,22 @@ def cmd_run(args) -> int:
     if not args.chat and args.system is not None:
         raise InputError("--system needs --chat")
     sampling = SamplingOptions(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
-    session = DecoderSession(Path(args.folder), verify=not args.no_verify)
+    images = [Path(p) for p in args.image]
+    if is_multimodal(read_manifest(Path(args.folder))):
+        if args.chat:
+            raise InputError("--chat does not take images yet; use --prompt with --image")
+        session = MultimodalSession(Path(args.folder), verify=not args.no_verify)
+    elif images:
+        raise InputError(f"'{args.folder}' holds a text-only model: it cannot take --image")
+    else:
+        session = DecoderSession(Path(args.folder), verify=not args.no_verify)
     tokenizer = Tokenizer.from_folder(Path(args.folder), bos_id=session.manifest.get("bos_id"))
     if args.chat:
         return _chat(args, session, tokenizer, Sampler(sampling))
-    prompt = tokenizer.encode(args.prompt)
+    if isinstance(session, MultimodalSession):
+        prompt = session.encode_prompt(tokenizer, args.prompt, images, args.max_tiles)
+    else:
+        prompt = tokenizer.encode(args.prompt)
     if len(prompt) >= session.max_seq_len:
         raise InputError(
             f"the prompt is {len(prompt)} tokens but the program's context is {session.max_seq_len}; "
@@ -164,6 +177,8 @@ def cmd_run(args) -> int:
             "stop_reason": result.stop_reason,
             "prefill_tokens_per_s": round(result.prefill_tokens_per_s, 2),
             "decode_tokens_per_s": round(result.decode_tokens_per_s, 2),
+            **({"image_tokens": prompt.count(session.image_token_id), "vision_encoder_ms": round(session.vision_seconds * 1e3, 2)}
+               if isinstance(session, MultimodalSession) else {}),
         }))
     else:
         print(stream.flush(), flush=True)
@@ -321,6 +336,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a conversation through the folder's chat template: user messages from stdin, "
                         "/reset clears it, /exit or end of input quits")
     p.add_argument("--system", help="with --chat: the system message")
+    p.add_argument("--image", action="append", default=[], metavar="PATH",
+                   help="an image for a vision-language model (repeatable): each <image> in the prompt takes the next; none: images first")
+    p.add_argument("--max-tiles", type=int, default=0, help="cap on the tiles an image is split into (0: the processor's own limit)")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--temperature", type=float, default=_default(SamplingOptions, "temperature"))
     p.add_argument("--top-k", type=int, default=_default(SamplingOptions, "top_k"))
