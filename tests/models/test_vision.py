@@ -286,3 +286,141 @@ def test_genai_run_matches_transformers_and_executorch_multimodal_runner(program
     assert stats[0].num_prompt_tokens == len(ids)  # 4 image embeddings advanced the position as 4 tokens
     tok = Tokenizer.from_file(str(program / "tokenizer.json"))
     assert pieces == [tok.decode([t], skip_special_tokens=False) for t in ours["tokens"]]
+
+
+# ---------------------------------------------------------------- bad input: one line each
+
+
+def _error(capsys, *argv: str) -> str:
+    from genai_pipeline.cli import main
+
+    assert main(["run", *argv]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) >= 1 and err[-1].startswith("error: ")
+    return err[-1]
+
+
+def test_missing_corrupt_and_unsupported_images(program, tmp_path, capsys):
+    assert "does not exist" in _error(capsys, str(program), "--image", str(tmp_path / "nope.png"), "--prompt", "x")
+    truncated = tmp_path / "cut.ppm"
+    truncated.write_bytes(b"P6\n32 32\n255\n" + bytes(100))
+    assert "truncated" in _error(capsys, str(program), "--image", str(truncated), "--prompt", "x")
+    text = tmp_path / "notes.png"
+    text.write_text("not an image")
+    message = _error(capsys, str(program), "--image", str(text), "--prompt", "x")
+    assert "notes.png" in message and ("not an image" in message or "Pillow" in message)
+
+
+def test_images_and_placeholders_must_pair(program, image_file, capsys):
+    message = _error(capsys, str(program), "--image", str(image_file), "--prompt", "<image> and <image>?")
+    assert "2 <image> placeholder(s) but 1 image(s)" in message
+    message = _error(capsys, str(program), "--image", str(image_file), "--image", str(image_file), "--prompt", "just <image>")
+    assert "1 <image> placeholder(s) but 2 image(s)" in message
+
+
+def test_image_given_to_a_text_only_model(tmp_path, image_file, capsys):
+    (tmp_path / "manifest.json").write_text(json.dumps({"mode": "dynamic", "artifacts": {"text_decoder": {}}}))
+    assert "text-only model" in _error(capsys, str(tmp_path), "--image", str(image_file), "--prompt", "x")
+
+
+def test_image_tokens_that_do_not_fit_the_context(program, image_file, capsys):
+    message = _error(capsys, str(program), *["--image", str(image_file)] * 20, "--prompt", "x")
+    assert "80 of them for 20 image(s)" in message and f"context is {MAX_SEQ}" in message
+
+
+def test_grayscale_netpbm_is_converted(program, tmp_path):
+    """A PGM (one channel) reads as RGB with equal channels; Pillow converts the other modes."""
+    from genai_pipeline.runtime.image import read_image
+
+    gray = photo(IMAGE, IMAGE)[..., 0]
+    path = tmp_path / "gray.pgm"
+    path.write_bytes(b"P5\n# a comment\n%d %d\n255\n" % (IMAGE, IMAGE) + gray.tobytes())
+    rgb = read_image(path)
+    assert rgb.shape == (IMAGE, IMAGE, 3) and (rgb == gray[..., None]).all()
+
+
+# ---------------------------------------------------------------- preprocessing vs transformers
+
+
+def test_prompt_expansion_matches_transformers():
+    from transformers.models.smolvlm.processing_smolvlm import get_image_prompt_string
+
+    from genai_pipeline.runtime.image import Frames, image_prompt
+
+    p = ImageProcessing(tile_size=IMAGE, longest_edge=4 * IMAGE, tokens_per_image=4)
+    for rows, cols in ((0, 0), (1, 2), (3, 2)):
+        frames = Frames(pixels=(), rows=rows, cols=cols)
+        assert image_prompt(frames, p) == get_image_prompt_string(
+            rows, cols, 4, "<fake_token_around_image>", "<image>", "<global-img>")
+    one = Frames(pixels=(), rows=0, cols=0)
+    assert expand_prompt("Hi", [one], p) == image_prompt(one, p) + "Hi"  # no placeholder: images first
+    assert expand_prompt("a <image> b", [one], p) == f"a {image_prompt(one, p)} b"
+
+
+PHOTOS = [(37, 53, "RGB"), (96, 40, "RGB"), (64, 64, "L"), (50, 81, "RGBA"), (70, 30, "CMYK"), (45, 45, "I;16"), (33, 20, "P")]
+
+
+@pytest.mark.parametrize("h,w,mode", PHOTOS)
+def test_frames_equal_transformers_processor_pixel_for_pixel(h, w, mode):
+    """Odd sizes, portrait and landscape, grayscale, alpha, CMYK, 16-bit and palette images through
+    transformers' Idefics3 processor (PIL backend) and ours: the same frames, tiles and prompt."""
+    Image = pytest.importorskip("PIL.Image", reason="Pillow is not installed: transformers' processor needs it")
+    from transformers.models.idefics3.image_processing_pil_idefics3 import Idefics3ImageProcessorPil
+
+    from genai_pipeline.runtime.image import to_rgb
+
+    rgb = Image.fromarray(photo(h, w, seed=h))
+    image = {"RGB": rgb, "L": rgb.convert("L"), "CMYK": rgb.convert("CMYK"), "P": rgb.convert("P"),
+             "I;16": Image.fromarray((photo(h, w)[..., 0].astype(np.uint16) * 200)),
+             "RGBA": Image.fromarray(np.dstack([photo(h, w), np.linspace(0, 255, h * w).reshape(h, w).astype(np.uint8)]))}[mode]
+    processing = ImageProcessing(tile_size=IMAGE, longest_edge=2 * IMAGE, tokens_per_image=4)
+    hf = Idefics3ImageProcessorPil(size={"longest_edge": 2 * IMAGE}, max_image_size={"longest_edge": IMAGE},
+                                   do_image_splitting=True, do_pad=False)
+    out = hf.preprocess([[image]], return_row_col_info=True)
+    ours = image_frames(to_rgb(image), processing)
+    expected = np.asarray(out["pixel_values"][0])
+    got = np.stack([((f / 255.0).astype(np.float32) - 0.5) / 0.5 for f in ours.pixels])
+    assert (ours.rows, ours.cols) == (out["rows"][0][0], out["cols"][0][0])
+    assert got.shape == expected.shape and np.abs(got - expected).max() <= 1e-6
+
+
+def test_max_tiles_caps_the_split():
+    pytest.importorskip("PIL.Image", reason="Pillow is not installed: resizing needs it")
+    p = ImageProcessing(tile_size=IMAGE, longest_edge=4 * IMAGE, tokens_per_image=4)
+    image = photo(3 * IMAGE, 4 * IMAGE)
+    assert (image_frames(image, p).rows, image_frames(image, p).cols) == (3, 4)
+    capped = image_frames(image, ImageProcessing(**{**p.__dict__, "max_tiles": 4}))
+    assert capped.rows * capped.cols <= 4 and len(capped.pixels) == capped.rows * capped.cols + 1
+
+
+def test_program_with_split_images_matches_transformers_fed_by_its_processor(program, reference, tmp_path):
+    """Two images of odd sizes, each split into tiles plus its global image, placed by `<image>`:
+    our preprocessing and program against transformers' own processor and model."""
+    Image = pytest.importorskip("PIL.Image", reason="Pillow is not installed: transformers' processor needs it")
+    import transformers
+
+    from genai_pipeline.runtime.multimodal import MultimodalSession
+    from genai_pipeline.runtime.tokenizer import Tokenizer
+
+    images = [photo(45, 70, seed=1), photo(64, 30, seed=2)]
+    paths = [tmp_path / "wide.png", tmp_path / "tall.jpg"]
+    for image, path in zip(images, paths):
+        Image.fromarray(image).save(path, quality=90)
+    prompt = "Compare <image> with <image>:"
+    processing = MultimodalSession(program).processing
+    processor = transformers.Idefics3Processor(
+        image_processor=transformers.models.idefics3.image_processing_pil_idefics3.Idefics3ImageProcessorPil(
+            size={"longest_edge": 2 * IMAGE}, max_image_size={"longest_edge": IMAGE}, do_image_splitting=True),
+        tokenizer=transformers.PreTrainedTokenizerFast(tokenizer_file=str(program / "tokenizer.json")),
+        image_seq_len=4,
+    )
+    inputs = processor(text=prompt, images=[Image.open(p) for p in paths], return_tensors="pt")
+    with torch.no_grad():
+        expected = reference(**inputs).logits[0, -1]
+
+    # the checkpoint's processor files say one tile of IMAGE px; this test splits at 2 * IMAGE px
+    session = MultimodalSession(program)
+    session.processing = ImageProcessing(**{**processing.__dict__, "longest_edge": 2 * IMAGE})
+    ids = session.encode_prompt(Tokenizer.from_folder(program), prompt, paths)
+    assert ids == inputs["input_ids"][0].tolist() and len(session.frames) > 2
+    assert (session.prefill(ids) - expected).abs().max() <= 1e-3
