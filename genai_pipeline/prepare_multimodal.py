@@ -104,6 +104,8 @@ def check_sampleable(ids: dict[str, int | None], runner_vocab: int | None, logit
 def prepare_multimodal(spec: ModelSpec, options) -> PreparedModel:
     """`options`: prepare.PrepareOptions. The text decoder runs with a dynamic length (the
     runner's convention), whatever --mode says."""
+    if options.mode is not Mode.DYNAMIC:
+        log.info("the text decoder of a vision-language model has one dynamic-length method (ExecuTorch's runner convention)")
     options = dataclasses.replace(options, mode=Mode.DYNAMIC)
     checkpoint = Path(options.checkpoint) if options.checkpoint else None
     processing = spec.vision.preprocessing.with_checkpoint(checkpoint)
@@ -127,6 +129,7 @@ def prepare_multimodal(spec: ModelSpec, options) -> PreparedModel:
     special = read_special_tokens(checkpoint if tokenizer else None, template.source if template else spec.chat_template,
                                   spec.bos_id, spec.eos_ids)
     image_token_id = int(_read_config_value(checkpoint, "image_token_id", spec.vision.image_token_id))
+    _check_image_token(tokenizer, processing.image_token, image_token_id)
     spec = dataclasses.replace(spec, bos_id=special.bos_id, eos_ids=special.eos_ids)
     runner_vocab = runner_vocab_size(tokenizer)
     check_sampleable({**{f"eos[{i}]": e for i, e in enumerate(spec.eos_ids)}, "bos": spec.bos_id}, runner_vocab, config.vocab_size)
@@ -160,6 +163,18 @@ def prepare_multimodal(spec: ModelSpec, options) -> PreparedModel:
     }
     return PreparedModel(spec=spec, config=config, artifacts={artifact.key: artifact}, options=options, weights=weights,
                          tokenizer_file=tokenizer, special_tokens=special, manifest_extra=manifest)
+
+
+def _check_image_token(tokenizer: Path | None, token: str, image_token_id: int) -> None:
+    """The tokenizer must spell `<image>` as the id whose positions take the image's embeddings."""
+    if tokenizer is None or tokenizer.suffix != ".json":
+        return
+    from tokenizers import Tokenizer
+
+    found = Tokenizer.from_file(str(tokenizer)).token_to_id(token)
+    if found != image_token_id:
+        raise CheckpointError(f"config.json's image_token_id is {image_token_id} but {tokenizer.name} gives {token} the id {found}; "
+                              "the tokenizer does not belong to this model")
 
 
 def _read_config_value(folder: Path | None, key: str, default):

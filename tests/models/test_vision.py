@@ -424,3 +424,25 @@ def test_program_with_split_images_matches_transformers_fed_by_its_processor(pro
     ids = session.encode_prompt(Tokenizer.from_folder(program), prompt, paths)
     assert ids == inputs["input_ids"][0].tolist() and len(session.frames) > 2
     assert (session.prefill(ids) - expected).abs().max() <= 1e-3
+
+
+def test_export_refuses_a_tokenizer_that_spells_image_otherwise(checkpoint, tmp_path):
+    import shutil
+
+    from genai_pipeline.errors import CheckpointError
+    from genai_pipeline.prepare import PrepareOptions, prepare
+
+    folder = Path(shutil.copytree(checkpoint, tmp_path / "ckpt"))
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "image_token_id": 7}))
+    with pytest.raises(CheckpointError, match="image_token_id is 7"):
+        prepare(infer_spec(config), PrepareOptions(max_seq_len=MAX_SEQ, checkpoint=folder))
+
+
+def test_special_tokens_past_the_runners_vocabulary_are_named(caplog):
+    from genai_pipeline.prepare_multimodal import check_sampleable
+
+    check_sampleable({"eos[0]": 2, "bos": 1}, runner_vocab=384, logits=384)
+    assert not caplog.records
+    check_sampleable({"eos[0]": 400}, runner_vocab=390, logits=512)
+    assert "eos[0]=400" in caplog.text and "can never produce them" in caplog.text
