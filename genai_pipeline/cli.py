@@ -39,7 +39,7 @@ def cmd_models(args) -> int:
         {
             "name": s.name,
             "family": s.family,
-            "params": s.config.num_params,
+            "params": s.config.num_params + (s.vision.config.num_params if s.vision else 0),  # a VLM's image tower too
             "weights": "shipped" if s.checkpoint else "--checkpoint DIR",
             "default": s.name == DEFAULT_MODEL,
             "description": s.description,
