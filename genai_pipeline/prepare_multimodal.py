@@ -24,6 +24,8 @@ from genai_pipeline.errors import CheckpointError
 from genai_pipeline.models.vision import VisionLanguageModel
 from genai_pipeline.names import ArtifactKey, GraphName, Mode
 from genai_pipeline.registry import ModelSpec, sized_as
+from genai_pipeline.models.vision import VisionConfig
+from genai_pipeline.runtime.image import ImageProcessing, stated_tokens_per_image
 from genai_pipeline.runtime.tokenizer import find_tokenizer_file
 
 log = logging.getLogger(__name__)
@@ -101,6 +103,19 @@ def check_sampleable(ids: dict[str, int | None], runner_vocab: int | None, logit
         )
 
 
+def read_processing(spec: ModelSpec, checkpoint: Path | None) -> tuple[ImageProcessing, VisionConfig]:
+    """The image processor's parameters and the tower's config: the checkpoint's files, the entry
+    filling what they lack; `<image>` tokens per frame are the tower's (a processor file that
+    states another number is refused)."""
+    processing = spec.vision.preprocessing.with_checkpoint(checkpoint)
+    vision = vision_config(spec, checkpoint, processing)
+    stated = stated_tokens_per_image(checkpoint)
+    if stated is not None and stated != vision.tokens_per_image:
+        raise CheckpointError(f"the processor expands an image into {stated} tokens but the image tower "
+                              f"makes {vision.tokens_per_image}; check processor_config.json's image_seq_len")
+    return dataclasses.replace(processing, tokens_per_image=vision.tokens_per_image), vision
+
+
 def prepare_multimodal(spec: ModelSpec, options) -> PreparedModel:
     """`options`: prepare.PrepareOptions. The text decoder runs with a dynamic length (the
     runner's convention), whatever --mode says."""
@@ -108,11 +123,7 @@ def prepare_multimodal(spec: ModelSpec, options) -> PreparedModel:
         log.info("the text decoder of a vision-language model has one dynamic-length method (ExecuTorch's runner convention)")
     options = dataclasses.replace(options, mode=Mode.DYNAMIC)
     checkpoint = Path(options.checkpoint) if options.checkpoint else None
-    processing = spec.vision.preprocessing.with_checkpoint(checkpoint)
-    vision = vision_config(spec, checkpoint, processing)
-    if processing.tokens_per_image != vision.tokens_per_image:
-        raise CheckpointError(f"the processor expands an image into {processing.tokens_per_image} tokens but the image tower "
-                              f"makes {vision.tokens_per_image}; check processor_config.json's image_seq_len")
+    processing, vision = read_processing(spec, checkpoint)
     if checkpoint is not None:
         log.info("loading %s from %s", spec.name, checkpoint)
         model = load_multimodal(spec, checkpoint, options.max_seq_len, vision)

@@ -13,7 +13,7 @@ from safetensors import safe_open
 from genai_pipeline.checkpoints.hf import _as_ours, decoder_config, read_config, safetensors_files
 from genai_pipeline.errors import CheckpointError
 from genai_pipeline.models.decoder import Decoder, DecoderConfig
-from genai_pipeline.models.vision import VisionConfig, VisionEncoder, VisionLanguageModel
+from genai_pipeline.models.vision import VisionConfig, VisionEncoder, VisionLanguageModel, unused_tower_tensor
 from genai_pipeline.registry import ModelSpec
 from genai_pipeline.runtime.image import ImageProcessing
 
@@ -50,7 +50,7 @@ def load_multimodal(spec: ModelSpec, folder: Path, max_seq_len: int, vision: Vis
         expected.pop(TIED_HEAD)
     state: dict[str, torch.Tensor] = {}
     for file in safetensors_files(folder):
-        state.update(_read_file(spec, file, expected))
+        state.update(_read_file(spec, file, expected, vision))
     missing = sorted(set(expected) - set(state))
     if missing:
         raise CheckpointError(f"checkpoint '{folder}' lacks tensor(s) {', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}")
@@ -61,7 +61,7 @@ def load_multimodal(spec: ModelSpec, folder: Path, max_seq_len: int, vision: Vis
     return model.eval().requires_grad_(False)
 
 
-def _read_file(spec: ModelSpec, file: Path, expected: dict[str, tuple[int, ...]]) -> dict[str, torch.Tensor]:
+def _read_file(spec: ModelSpec, file: Path, expected: dict[str, tuple[int, ...]], tower: VisionConfig) -> dict[str, torch.Tensor]:
     state = {}
     try:
         with safe_open(str(file), framework="pt") as f:
@@ -69,6 +69,8 @@ def _read_file(spec: ModelSpec, file: Path, expected: dict[str, tuple[int, ...]]
                 ours = spec.map_key(key)
                 if ours == (TIED_HEAD,) and TIED_HEAD not in expected:
                     continue  # a tied head saved anyway: the embedding is the head
+                if len(ours) == 1 and unused_tower_tensor(ours[0], tower):
+                    continue  # e.g. LLaVA's last CLIP layer: the connector reads the one before
                 if len(ours) != 1 or ours[0] not in expected:
                     raise CheckpointError(f"unexpected tensor '{key}' in '{file.name}' for a {spec.family} model with this config.json")
                 state.update(_as_ours(f.get_tensor(key), key, file.name, {ours[0]: expected[ours[0]]}))

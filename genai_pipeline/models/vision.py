@@ -11,10 +11,15 @@ Families (switches on the config, not on names):
 - SigLIP as Idefics3 / SmolVLM use it: conv patch embedding, learned positions, pre-norm layers
   with GeLU (tanh) MLPs, a final LayerNorm; the connector pixel-shuffles `scale_factor`² neighbouring
   patches into one token and projects it with a bias-free linear (`connector="linear"`).
+- CLIP as LLaVA-1.5 uses it: a bias-free patch conv, a class token in front (`class_token`), a
+  LayerNorm before the layers (`pre_norm`), quick-GeLU MLPs; LLaVA reads the second-to-last
+  layer's output (so `n_layers` counts only the layers run, and `post_norm` is off) without the
+  class token (`drop_class_token`), through a two-layer GeLU MLP (`connector="mlp"`).
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import torch
@@ -23,8 +28,12 @@ from torch import nn
 
 from genai_pipeline.models.decoder import gelu_tanh
 
-ACTIVATIONS = {"gelu_tanh": gelu_tanh, "gelu": F.gelu}
-CONNECTORS = ("linear",)
+def quick_gelu(x: torch.Tensor) -> torch.Tensor:
+    return x * torch.sigmoid(1.702 * x)
+
+
+ACTIVATIONS = {"gelu_tanh": gelu_tanh, "gelu": F.gelu, "quick_gelu": quick_gelu}
+CONNECTORS = ("linear", "mlp")
 
 
 @dataclass(frozen=True)
@@ -39,7 +48,12 @@ class VisionConfig:
     norm_eps: float = 1e-6
     activation: str = "gelu_tanh"
     scale_factor: int = 1  # pixel shuffle: scale_factor x scale_factor patches become one token
-    connector: str = "linear"
+    connector: str = "linear"  # "linear": bias-free projection (Idefics3); "mlp": linear, GeLU, linear (LLaVA)
+    patch_bias: bool = True  # the patch conv has a bias (not in CLIP)
+    class_token: bool = False  # a learned class embedding before the patches (CLIP)
+    drop_class_token: bool = False  # ... and left out of the image's embeddings (LLaVA's "default" strategy)
+    pre_norm: bool = False  # LayerNorm on the embeddings before the layers (CLIP's `pre_layrnorm`)
+    post_norm: bool = True  # LayerNorm after the last layer run (SigLIP's `post_layernorm`)
     # Normalisation of [0, 1] pixels, per channel: (x - mean) / std.
     image_mean: tuple[float, float, float] = (0.5, 0.5, 0.5)
     image_std: tuple[float, float, float] = (0.5, 0.5, 0.5)
@@ -68,16 +82,22 @@ class VisionConfig:
         return self.image_size // self.patch_size  # a conv of stride p drops a remainder (384 / 14 -> 27)
 
     @property
+    def positions(self) -> int:
+        return self.patches_per_side**2 + self.class_token
+
+    @property
     def tokens_per_image(self) -> int:
-        return (self.patches_per_side // self.scale_factor) ** 2
+        class_token = self.class_token and not self.drop_class_token
+        return (self.patches_per_side // self.scale_factor) ** 2 + class_token
 
     @property
     def num_params(self) -> int:
-        d, p = self.dim, self.patch_size
-        embed = 3 * p * p * d + d + self.patches_per_side**2 * d
+        d, p, t = self.dim, self.patch_size, self.text_dim
+        embed = 3 * p * p * d + self.patch_bias * d + self.positions * d + self.class_token * d
         layer = 4 * (d * d + d) + 2 * d * self.hidden_dim + self.hidden_dim + d + 4 * d
-        connector = d * self.scale_factor**2 * self.text_dim
-        return embed + self.n_layers * layer + 2 * d + connector
+        norms = 2 * d * (self.pre_norm + self.post_norm)
+        connector = d * self.scale_factor**2 * t if self.connector == "linear" else d * t + t + t * t + t
+        return embed + self.n_layers * layer + norms + connector
 
     @classmethod
     def from_dict(cls, data: dict) -> "VisionConfig":
@@ -105,21 +125,32 @@ def position_ids(n: int) -> torch.Tensor:
     return (buckets[:, None] * n + buckets[None, :]).reshape(1, -1)
 
 
+def embedding_position_ids(config: VisionConfig) -> torch.Tensor:
+    """[1, positions]: in order for CLIP (class token first); Idefics3's buckets otherwise."""
+    if config.class_token:
+        return torch.arange(config.positions).unsqueeze(0)
+    return position_ids(config.patches_per_side)
+
+
 class PatchEmbedding(nn.Module):
-    """Conv patches plus learned positions. Idefics3 buckets fractional patch coordinates into the
-    position table to allow other sizes; for the full square input that is the identity, computed
-    here once with the same ops so float rounding cannot make them differ."""
+    """Conv patches (after a class token, for CLIP) plus learned positions. Idefics3 buckets
+    fractional patch coordinates into the position table to allow other sizes; for the full square
+    input that is the identity, computed here once with the same ops so float rounding cannot make
+    them differ."""
 
     def __init__(self, config: VisionConfig):
         super().__init__()
-        n = config.patches_per_side
-        self.patch_embedding = nn.Conv2d(3, config.dim, kernel_size=config.patch_size, stride=config.patch_size)
-        self.position_embedding = nn.Embedding(n * n, config.dim)
-        self.register_buffer("position_ids", position_ids(n), persistent=False)
+        p = config.patch_size
+        self.patch_embedding = nn.Conv2d(3, config.dim, kernel_size=p, stride=p, bias=config.patch_bias)
+        self.class_embedding = nn.Parameter(torch.zeros(config.dim)) if config.class_token else None
+        self.position_embedding = nn.Embedding(config.positions, config.dim)
+        self.register_buffer("position_ids", embedding_position_ids(config), persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        patches = self.patch_embedding(x).flatten(2).transpose(1, 2)  # [1, n*n, dim]
-        return patches + self.position_embedding(self.position_ids)
+        h = self.patch_embedding(x).flatten(2).transpose(1, 2)  # [1, n*n, dim]
+        if self.class_embedding is not None:
+            h = torch.cat([self.class_embedding.view(1, 1, -1), h], dim=1)
+        return h + self.position_embedding(self.position_ids)
 
 
 class Attention(nn.Module):
@@ -156,6 +187,18 @@ class EncoderLayer(nn.Module):
         return x + self.fc2(self.act(self.fc1(self.layer_norm2(x))))
 
 
+class MLPProjector(nn.Module):
+    """LLaVA's connector: linear, GeLU, linear (both with bias)."""
+
+    def __init__(self, config: VisionConfig):
+        super().__init__()
+        self.linear_1 = nn.Linear(config.dim, config.text_dim)
+        self.linear_2 = nn.Linear(config.text_dim, config.text_dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear_2(F.gelu(self.linear_1(x)))
+
+
 def pixel_shuffle(x: torch.Tensor, scale: int) -> torch.Tensor:
     """[1, n*n, d] -> [1, n*n / scale², d * scale²], as Idefics3's connector orders the features."""
     b, seq, d = x.shape
@@ -173,25 +216,41 @@ class VisionEncoder(nn.Module):
         self.config = config
         self.normalize = Normalize(config)
         self.embeddings = PatchEmbedding(config)
+        self.pre_layrnorm = nn.LayerNorm(config.dim, eps=config.norm_eps) if config.pre_norm else nn.Identity()
         self.layers = nn.ModuleList(EncoderLayer(config) for _ in range(config.n_layers))
-        self.post_layernorm = nn.LayerNorm(config.dim, eps=config.norm_eps)
-        self.projection = nn.Linear(config.dim * config.scale_factor**2, config.text_dim, bias=False)
+        self.post_layernorm = nn.LayerNorm(config.dim, eps=config.norm_eps) if config.post_norm else nn.Identity()
+        if config.connector == "linear":
+            self.projection = nn.Linear(config.dim * config.scale_factor**2, config.text_dim, bias=False)
+        else:
+            self.projection = MLPProjector(config)
 
     def features(self, pixels: torch.Tensor) -> torch.Tensor:
-        """The encoder's last hidden state for normalised float pixels, [1, n*n, dim]."""
-        h = self.embeddings(pixels)
+        """The hidden state the connector reads, for normalised float pixels: [1, positions, dim]."""
+        h = self.pre_layrnorm(self.embeddings(pixels))
         for layer in self.layers:
             h = layer(h)
         return self.post_layernorm(h)
 
     def forward(self, pixels: torch.Tensor) -> torch.Tensor:
         h = self.features(self.normalize(pixels))
-        return self.projection(pixel_shuffle(h, self.config.scale_factor))
+        if self.config.class_token and self.config.drop_class_token:
+            h = h[:, 1:]
+        if self.config.scale_factor > 1:
+            h = pixel_shuffle(h, self.config.scale_factor)
+        return self.projection(h)
 
     def reset_buffers(self) -> None:
         """(Re)create the constant buffers, e.g. after building on the meta device."""
         self.normalize = Normalize(self.config)
-        self.embeddings.position_ids = position_ids(self.config.patches_per_side)
+        self.embeddings.position_ids = embedding_position_ids(self.config)
+
+
+def unused_tower_tensor(name: str, config: VisionConfig) -> bool:
+    """A checkpoint tensor of the tower (our name) the encoder never reads: a layer after the one
+    the connector reads, or the final norm when it reads an earlier layer (LLaVA)."""
+    layer = re.match(r"vision\.layers\.(\d+)\.", name)
+    return (layer is not None and int(layer[1]) >= config.n_layers) or (
+        not config.post_norm and name.startswith("vision.post_layernorm."))
 
 
 class VisionLanguageModel(nn.Module):

@@ -1,5 +1,9 @@
 """Image preprocessing of the runtime, equal to the Hugging Face image processor of each family.
 
+CLIP (LLaVA-1.5, `CLIPImageProcessor`, PIL backend, `kind="clip"`): RGB as below, the shortest
+edge resized to `shortest_edge` (BICUBIC; the other edge truncated), a centred S x S crop; the
+prompt's `<image>` becomes N `<image>` tokens.
+
 Idefics3 / SmolVLM (`Idefics3ImageProcessor`, PIL backend), step by step:
 1. RGB: an image with alpha (or a transparency key) is composited onto white, anything else
    (grayscale, palette, CMYK, 16-bit) converted by Pillow, as transformers' `convert_to_rgb`.
@@ -36,9 +40,11 @@ class ImageProcessing:
     """What a family's Hugging Face processor does to an image and its prompt; read from a
     checkpoint's preprocessor_config.json / processor_config.json, carried into the manifest."""
 
-    tile_size: int  # S: the encoder's input, `max_image_size.longest_edge`
-    longest_edge: int  # `size.longest_edge`: the first resize
+    tile_size: int  # S: the encoder's input, `max_image_size.longest_edge` (CLIP: `crop_size`)
+    longest_edge: int  # `size.longest_edge`: the first resize (Idefics3)
     tokens_per_image: int  # N: `<image>` tokens per frame (processor `image_seq_len`)
+    kind: str = "idefics3"  # which processor: "idefics3" or "clip"
+    shortest_edge: int = 0  # CLIP: `size.shortest_edge`, the resize before the centre crop
     do_resize: bool = True
     do_image_splitting: bool = True
     resample: int = LANCZOS
@@ -51,7 +57,9 @@ class ImageProcessing:
     global_image_token: str = "<global-img>"
 
     def __post_init__(self):
-        for name in ("tile_size", "longest_edge", "tokens_per_image"):
+        if self.kind not in ("idefics3", "clip"):
+            raise ValueError(f"ImageProcessing.kind must be idefics3 or clip, got '{self.kind}'")
+        for name in ("tile_size", "tokens_per_image", "longest_edge" if self.kind == "idefics3" else "shortest_edge"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"ImageProcessing.{name} must be positive, got {getattr(self, name)}")
         if self.max_tiles < 0:
@@ -69,12 +77,15 @@ class ImageProcessing:
             return self
         pre = _read_json(Path(folder) / "preprocessor_config.json")
         pre = pre.get("image_processor", pre)  # some processors nest it
-        proc = _read_json(Path(folder) / "processor_config.json")
         found = {}
         if "max_image_size" in pre:
             found["tile_size"] = int(pre["max_image_size"]["longest_edge"])
         if "longest_edge" in (pre.get("size") or {}):
             found["longest_edge"] = int(pre["size"]["longest_edge"])
+        if "shortest_edge" in (pre.get("size") or {}):
+            found["shortest_edge"] = int(pre["size"]["shortest_edge"])
+        if isinstance(pre.get("crop_size"), dict):
+            found["tile_size"] = int(pre["crop_size"]["height"])
         for key in ("do_resize", "do_image_splitting"):
             if key in pre:
                 found[key] = bool(pre[key])
@@ -86,9 +97,13 @@ class ImageProcessing:
             found["resample"] = int(pre["resample"])
         if "rescale_factor" in pre:
             found["rescale_factor"] = float(pre["rescale_factor"])
-        if "image_seq_len" in proc:
-            found["tokens_per_image"] = int(proc["image_seq_len"])
         return replace(self, **found)
+
+
+def stated_tokens_per_image(folder: Path | None) -> int | None:
+    """`<image>` tokens per frame as a checkpoint's processor_config.json states it, if it does."""
+    proc = _read_json(Path(folder) / "processor_config.json") if folder is not None else {}
+    return int(proc["image_seq_len"]) if "image_seq_len" in proc else None
 
 
 def _read_json(path: Path) -> dict:
@@ -240,8 +255,10 @@ class Frames:
 
 
 def image_frames(image: np.ndarray, p: ImageProcessing) -> Frames:
-    """Steps 2-3 on an RGB uint8 [H, W, 3] image."""
+    """An RGB uint8 [H, W, 3] image as the encoder's frames (Idefics3: steps 2-3)."""
     s = p.tile_size
+    if p.kind == "clip":
+        return Frames((_chw(_centre_crop(resize(image, *_shortest_edge_size(*image.shape[:2], p.shortest_edge), p.resample), s)),), 0, 0)
     if p.do_resize:
         image = resize(image, *_first_resize(*image.shape[:2], p), p.resample)
     if not p.do_image_splitting:
@@ -255,6 +272,20 @@ def image_frames(image: np.ndarray, p: ImageProcessing) -> Frames:
     return Frames(tuple(_chw(t) for t in [*tiles, resize(image, s, s, p.resample)]), rows, cols)
 
 
+def _shortest_edge_size(height: int, width: int, shortest: int) -> tuple[int, int]:
+    """transformers' `get_resize_output_image_size(..., default_to_square=False)`."""
+    if width <= height:
+        return int(shortest * height / width), shortest
+    return shortest, int(shortest * width / height)
+
+
+def _centre_crop(image: np.ndarray, size: int) -> np.ndarray:
+    """transformers' `center_crop` of an image at least `size` on both edges."""
+    h, w = image.shape[:2]
+    top, left = (h - size) // 2, (w - size) // 2
+    return image[top : top + size, left : left + size]
+
+
 def _chw(image: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(image.transpose(2, 0, 1))
 
@@ -263,8 +294,11 @@ def _chw(image: np.ndarray) -> np.ndarray:
 
 
 def image_prompt(frames: Frames, p: ImageProcessing) -> str:
-    """The text standing for one image: transformers' `get_image_prompt_string`."""
+    """The text standing for one image: transformers' `get_image_prompt_string` (Idefics3), or the
+    image token N times (LLaVA)."""
     run = p.image_token * p.tokens_per_image
+    if p.kind == "clip":
+        return run
     whole = f"{p.fake_image_token}{p.global_image_token}{run}{p.fake_image_token}"
     if frames.rows == 0 and frames.cols == 0:
         return whole

@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 import torch
 
-from genai_pipeline.checkpoints.multimodal import load_multimodal, vision_config
+from genai_pipeline.checkpoints.multimodal import load_multimodal
+from genai_pipeline.prepare_multimodal import read_processing
 from genai_pipeline.registry import get_spec, infer_spec
 from genai_pipeline.runtime.image import ImageProcessing, expand_prompt, image_frames
 
@@ -86,8 +87,8 @@ def reference(checkpoint):
 @pytest.fixture(scope="session")
 def ours(checkpoint):
     spec = infer_spec(json.loads((checkpoint / "config.json").read_text()))
-    processing = spec.vision.preprocessing.with_checkpoint(checkpoint)
-    return load_multimodal(spec, checkpoint, MAX_SEQ, vision_config(spec, checkpoint, processing)), processing
+    processing, vision = read_processing(spec, checkpoint)
+    return load_multimodal(spec, checkpoint, MAX_SEQ, vision), processing
 
 
 def photo(h: int, w: int, seed: int = 0) -> np.ndarray:
