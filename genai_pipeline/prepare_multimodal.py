@@ -139,7 +139,9 @@ def prepare_multimodal(spec: ModelSpec, options) -> PreparedModel:
     template = read_chat_template(checkpoint) if tokenizer is not None else None
     special = read_special_tokens(checkpoint if tokenizer else None, template.source if template else spec.chat_template,
                                   spec.bos_id, spec.eos_ids)
-    image_token_id = int(_read_config_value(checkpoint, "image_token_id", spec.vision.image_token_id))
+    # Idefics3 names it image_token_id, LLaVA image_token_index
+    image_token_id = int(_read_config_value(checkpoint, "image_token_id",
+                                            _read_config_value(checkpoint, "image_token_index", spec.vision.image_token_id)))
     _check_image_token(tokenizer, processing.image_token, image_token_id)
     spec = dataclasses.replace(spec, bos_id=special.bos_id, eos_ids=special.eos_ids)
     runner_vocab = runner_vocab_size(tokenizer)
