@@ -80,6 +80,12 @@ def cmd_export(args) -> int:
         calibration=CalibrationOptions(datasets=tuple(args.calib), limit=args.calib_limit, seq_len=args.calib_seq_len),
     )
     check_recipe(target, quant)  # refused before any work starts
+    if spec.vision is not None and not quant.is_float:
+        from genai_pipeline.errors import InputError
+
+        # Not yet: the recipes would quantize the image tower's linears and position table with the
+        # decoder's settings, untested, and the quantization report reads text models only.
+        raise InputError(f"{spec.name} is a vision-language model: only --recipe fp32 is supported for it so far")
     options = PrepareOptions(
         mode=args.mode,
         max_seq_len=args.max_seq_len,

@@ -447,3 +447,10 @@ def test_special_tokens_past_the_runners_vocabulary_are_named(caplog):
     assert not caplog.records
     check_sampleable({"eos[0]": 400}, runner_vocab=390, logits=512)
     assert "eos[0]=400" in caplog.text and "can never produce them" in caplog.text
+
+
+def test_quantized_vision_language_export_is_refused_before_any_work(checkpoint, tmp_path, capsys):
+    from genai_pipeline.cli import main
+
+    assert main(["export", "--checkpoint", str(checkpoint), "--recipe", "8da4w", "--out", str(tmp_path / "q")]) == 2
+    assert "only --recipe fp32" in capsys.readouterr().err and not (tmp_path / "q").exists()
