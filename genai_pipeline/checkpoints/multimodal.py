@@ -73,7 +73,10 @@ def _read_file(spec: ModelSpec, file: Path, expected: dict[str, tuple[int, ...]]
                     continue  # e.g. LLaVA's last CLIP layer: the connector reads the one before
                 if len(ours) != 1 or ours[0] not in expected:
                     raise CheckpointError(f"unexpected tensor '{key}' in '{file.name}' for a {spec.family} model with this config.json")
-                state.update(_as_ours(f.get_tensor(key), key, file.name, {ours[0]: expected[ours[0]]}))
+                tensor = f.get_tensor(key)
+                if tensor.dim() > len(expected[ours[0]]) and tensor.squeeze().shape == torch.Size(expected[ours[0]]):
+                    tensor = tensor.reshape(expected[ours[0]])  # e.g. InternVL's class token [1, 1, d]: the same values
+                state.update(_as_ours(tensor, key, file.name, {ours[0]: expected[ours[0]]}))
     except CheckpointError:
         raise
     except Exception as e:  # safetensors raises several types for a damaged file

@@ -15,6 +15,9 @@ Families (switches on the config, not on names):
   LayerNorm before the layers (`pre_norm`), quick-GeLU MLPs; LLaVA reads the second-to-last
   layer's output (so `n_layers` counts only the layers run, and `post_norm` is off) without the
   class token (`drop_class_token`), through a two-layer GeLU MLP (`connector="mlp"`).
+- InternViT as InternVL uses it: CLIP's layout with a biased patch conv, per-channel layer scale on
+  both residual branches (`layer_scale`), no final norm; its connector pixel-shuffles like Idefics3,
+  then LayerNorm, linear, GeLU, linear (`connector="mlp"`, `projector_norm`).
 """
 
 from __future__ import annotations
@@ -54,6 +57,9 @@ class VisionConfig:
     drop_class_token: bool = False  # ... and left out of the image's embeddings (LLaVA's "default" strategy)
     pre_norm: bool = False  # LayerNorm on the embeddings before the layers (CLIP's `pre_layrnorm`)
     post_norm: bool = True  # LayerNorm after the last layer run (SigLIP's `post_layernorm`)
+    qkv_bias: bool = True  # q, k, v projections with bias (InternViT: `attention_bias`)
+    layer_scale: bool = False  # residual branches scaled per channel (InternViT's lambda_1, lambda_2)
+    projector_norm: bool = False  # LayerNorm before the MLP connector (InternVL)
     # Normalisation of [0, 1] pixels, per channel: (x - mean) / std.
     image_mean: tuple[float, float, float] = (0.5, 0.5, 0.5)
     image_std: tuple[float, float, float] = (0.5, 0.5, 0.5)
@@ -95,8 +101,10 @@ class VisionConfig:
         d, p, t = self.dim, self.patch_size, self.text_dim
         embed = 3 * p * p * d + self.patch_bias * d + self.positions * d + self.class_token * d
         layer = 4 * (d * d + d) + 2 * d * self.hidden_dim + self.hidden_dim + d + 4 * d
+        layer += 2 * d * self.layer_scale - 3 * d * (not self.qkv_bias)
         norms = 2 * d * (self.pre_norm + self.post_norm)
-        connector = d * self.scale_factor**2 * t if self.connector == "linear" else d * t + t + t * t + t
+        shuffled = d * self.scale_factor**2
+        connector = shuffled * t if self.connector == "linear" else shuffled * t + t + t * t + t + 2 * shuffled * self.projector_norm
         return embed + self.n_layers * layer + norms + connector
 
     @classmethod
@@ -157,9 +165,9 @@ class Attention(nn.Module):
     def __init__(self, config: VisionConfig):
         super().__init__()
         self.n_heads, self.head_dim = config.n_heads, config.dim // config.n_heads
-        self.q_proj = nn.Linear(config.dim, config.dim)
-        self.k_proj = nn.Linear(config.dim, config.dim)
-        self.v_proj = nn.Linear(config.dim, config.dim)
+        self.q_proj = nn.Linear(config.dim, config.dim, bias=config.qkv_bias)
+        self.k_proj = nn.Linear(config.dim, config.dim, bias=config.qkv_bias)
+        self.v_proj = nn.Linear(config.dim, config.dim, bias=config.qkv_bias)
         self.out_proj = nn.Linear(config.dim, config.dim)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -181,22 +189,28 @@ class EncoderLayer(nn.Module):
         self.fc1 = nn.Linear(config.dim, config.hidden_dim)
         self.fc2 = nn.Linear(config.hidden_dim, config.dim)
         self.act = ACTIVATIONS[config.activation]
+        self.lambda_1 = nn.Parameter(torch.ones(config.dim)) if config.layer_scale else None
+        self.lambda_2 = nn.Parameter(torch.ones(config.dim)) if config.layer_scale else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.self_attn(self.layer_norm1(x))
-        return x + self.fc2(self.act(self.fc1(self.layer_norm2(x))))
+        attention = self.self_attn(self.layer_norm1(x))
+        x = x + (attention if self.lambda_1 is None else self.lambda_1 * attention)
+        mlp = self.fc2(self.act(self.fc1(self.layer_norm2(x))))
+        return x + (mlp if self.lambda_2 is None else self.lambda_2 * mlp)
 
 
 class MLPProjector(nn.Module):
-    """LLaVA's connector: linear, GeLU, linear (both with bias)."""
+    """LLaVA's connector: linear, GeLU, linear (both with bias); InternVL's has a LayerNorm first."""
 
     def __init__(self, config: VisionConfig):
         super().__init__()
-        self.linear_1 = nn.Linear(config.dim, config.text_dim)
+        width = config.dim * config.scale_factor**2
+        self.layer_norm = nn.LayerNorm(width) if config.projector_norm else nn.Identity()
+        self.linear_1 = nn.Linear(width, config.text_dim)
         self.linear_2 = nn.Linear(config.text_dim, config.text_dim)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.linear_2(F.gelu(self.linear_1(x)))
+        return self.linear_2(F.gelu(self.linear_1(self.layer_norm(x))))
 
 
 def pixel_shuffle(x: torch.Tensor, scale: int) -> torch.Tensor:

@@ -68,9 +68,9 @@ class ModelSpec:
 
 
 def _all_specs() -> dict[str, ModelSpec]:
-    from genai_pipeline.registry import gemma, llama, llama2c, llava, phi, qwen, smollm, smolvlm
+    from genai_pipeline.registry import gemma, internvl, llama, llama2c, llava, phi, qwen, smollm, smolvlm
 
-    specs = [spec for family in (llama, qwen, smollm, phi, gemma, llama2c, smolvlm, llava) for spec in family.SPECS]
+    specs = [spec for family in (llama, qwen, smollm, phi, gemma, llama2c, smolvlm, llava, internvl) for spec in family.SPECS]
     names = [spec.name for spec in specs]
     duplicates = sorted({n for n in names if names.count(n) > 1})
     if duplicates:

@@ -4,6 +4,12 @@ CLIP (LLaVA-1.5, `CLIPImageProcessor`, PIL backend, `kind="clip"`): RGB as below
 edge resized to `shortest_edge` (BICUBIC; the other edge truncated), a centred S x S crop; the
 prompt's `<image>` becomes N `<image>` tokens.
 
+InternVL (`GotOcr2ImageProcessor` with `crop_to_patches`, `kind="internvl"`): RGB, the grid of
+at most `max_tiles` S x S tiles whose aspect ratio is closest to the image's (ties: more tiles while
+they cover under twice the image's area), the image resized onto it (BICUBIC) and cut row-major,
+plus the whole image at S x S when there is more than one tile; the prompt's `<image>` becomes
+`<img>`, N `<IMG_CONTEXT>` per frame, `</img>`.
+
 Idefics3 / SmolVLM (`Idefics3ImageProcessor`, PIL backend), step by step:
 1. RGB: an image with alpha (or a transparency key) is composited onto white, anything else
    (grayscale, palette, CMYK, 16-bit) converted by Pillow, as transformers' `convert_to_rgb`.
@@ -43,7 +49,7 @@ class ImageProcessing:
     tile_size: int  # S: the encoder's input, `max_image_size.longest_edge` (CLIP: `crop_size`)
     longest_edge: int  # `size.longest_edge`: the first resize (Idefics3)
     tokens_per_image: int  # N: `<image>` tokens per frame (processor `image_seq_len`)
-    kind: str = "idefics3"  # which processor: "idefics3" or "clip"
+    kind: str = "idefics3"  # which processor: "idefics3", "clip" or "internvl"
     shortest_edge: int = 0  # CLIP: `size.shortest_edge`, the resize before the centre crop
     do_resize: bool = True
     do_image_splitting: bool = True
@@ -51,15 +57,20 @@ class ImageProcessing:
     image_mean: tuple[float, float, float] = (0.5, 0.5, 0.5)
     image_std: tuple[float, float, float] = (0.5, 0.5, 0.5)
     rescale_factor: float = 1 / 255
-    max_tiles: int = 0  # 0: no cap beyond `longest_edge`; else the first resize shrinks until tiles fit
-    image_token: str = "<image>"
+    max_tiles: int = 0  # Idefics3: 0 no cap beyond `longest_edge`, else the first resize shrinks until tiles fit; InternVL: `max_patches`
+    min_tiles: int = 1  # InternVL: `min_patches`
+    placeholder: str = "<image>"  # what marks an image's place in a user's prompt
+    image_token: str = "<image>"  # the token whose positions take the image's embeddings
+    image_start: str = ""  # InternVL: `<img>` before an image's tokens, `</img>` after
+    image_end: str = ""
     fake_image_token: str = "<fake_token_around_image>"
     global_image_token: str = "<global-img>"
 
     def __post_init__(self):
-        if self.kind not in ("idefics3", "clip"):
-            raise ValueError(f"ImageProcessing.kind must be idefics3 or clip, got '{self.kind}'")
-        for name in ("tile_size", "tokens_per_image", "longest_edge" if self.kind == "idefics3" else "shortest_edge"):
+        if self.kind not in ("idefics3", "clip", "internvl"):
+            raise ValueError(f"ImageProcessing.kind must be idefics3, clip or internvl, got '{self.kind}'")
+        first_resize = {"idefics3": ("longest_edge",), "clip": ("shortest_edge",), "internvl": ()}[self.kind]
+        for name in ("tile_size", "tokens_per_image", *first_resize):
             if getattr(self, name) <= 0:
                 raise ValueError(f"ImageProcessing.{name} must be positive, got {getattr(self, name)}")
         if self.max_tiles < 0:
@@ -86,6 +97,14 @@ class ImageProcessing:
             found["shortest_edge"] = int(pre["size"]["shortest_edge"])
         if isinstance(pre.get("crop_size"), dict):
             found["tile_size"] = int(pre["crop_size"]["height"])
+        if self.kind == "internvl":
+            if "height" in (pre.get("size") or {}):
+                found["tile_size"] = int(pre["size"]["height"])
+            if "crop_to_patches" in pre:
+                found["do_image_splitting"] = bool(pre["crop_to_patches"])
+            for ours, theirs in (("min_tiles", "min_patches"), ("max_tiles", "max_patches")):
+                if theirs in pre:
+                    found[ours] = int(pre[theirs])
         for key in ("do_resize", "do_image_splitting"):
             if key in pre:
                 found[key] = bool(pre[key])
@@ -259,6 +278,8 @@ def image_frames(image: np.ndarray, p: ImageProcessing) -> Frames:
     s = p.tile_size
     if p.kind == "clip":
         return Frames((_chw(_centre_crop(resize(image, *_shortest_edge_size(*image.shape[:2], p.shortest_edge), p.resample), s)),), 0, 0)
+    if p.kind == "internvl":
+        return _internvl_frames(image, p)
     if p.do_resize:
         image = resize(image, *_first_resize(*image.shape[:2], p), p.resample)
     if not p.do_image_splitting:
@@ -270,6 +291,33 @@ def image_frames(image: np.ndarray, p: ImageProcessing) -> Frames:
     rows, cols = h // s, w // s
     tiles = [image[r * s : (r + 1) * s, c * s : (c + 1) * s] for r in range(rows) for c in range(cols)]
     return Frames(tuple(_chw(t) for t in [*tiles, resize(image, s, s, p.resample)]), rows, cols)
+
+
+def _closest_grid(height: int, width: int, p: ImageProcessing) -> tuple[int, int]:
+    """transformers' `get_optimal_tiled_canvas`: (columns, rows)."""
+    grids = sorted(((w, h) for w in range(1, p.max_tiles + 1) for h in range(1, p.max_tiles + 1)
+                    if p.min_tiles <= w * h <= p.max_tiles), key=lambda g: g[0] * g[1])
+    aspect, area = width / height, width * height
+    best, best_diff = (1, 1), float("inf")
+    for grid in grids:
+        diff = abs(aspect - grid[0] / grid[1])
+        if diff < best_diff:
+            best, best_diff = grid, diff
+        elif diff == best_diff and area > 0.5 * p.tile_size * p.tile_size * grid[0] * grid[1]:
+            best = grid
+    return best
+
+
+def _internvl_frames(image: np.ndarray, p: ImageProcessing) -> Frames:
+    s = p.tile_size
+    if not p.do_image_splitting or p.max_tiles <= 1:
+        return Frames((_chw(resize(image, s, s, p.resample)),), 0, 0)
+    cols, rows = _closest_grid(*image.shape[:2], p)
+    canvas = resize(image, rows * s, cols * s, p.resample)
+    tiles = [canvas[r * s : (r + 1) * s, c * s : (c + 1) * s] for r in range(rows) for c in range(cols)]
+    if len(tiles) > 1:
+        tiles.append(resize(image, s, s, p.resample))
+    return Frames(tuple(_chw(t) for t in tiles), rows, cols)
 
 
 def _shortest_edge_size(height: int, width: int, shortest: int) -> tuple[int, int]:
@@ -299,6 +347,8 @@ def image_prompt(frames: Frames, p: ImageProcessing) -> str:
     run = p.image_token * p.tokens_per_image
     if p.kind == "clip":
         return run
+    if p.kind == "internvl":
+        return f"{p.image_start}{run * len(frames.pixels)}{p.image_end}"
     whole = f"{p.fake_image_token}{p.global_image_token}{run}{p.fake_image_token}"
     if frames.rows == 0 and frames.cols == 0:
         return whole
@@ -313,13 +363,13 @@ def image_prompt(frames: Frames, p: ImageProcessing) -> str:
 def expand_prompt(prompt: str, images: list[Frames], p: ImageProcessing) -> str:
     """Each `<image>` of the prompt replaced by the next image's text; with none in the prompt,
     the images go first. More or fewer placeholders than images is an error."""
-    placeholders = prompt.count(p.image_token)
+    placeholders = prompt.count(p.placeholder)
     if placeholders == 0:
         return "".join(image_prompt(f, p) for f in images) + prompt
     if placeholders != len(images):
         raise InputError(
-            f"the prompt has {placeholders} {p.image_token} placeholder(s) but {len(images)} image(s) were given; "
-            f"pass one --image per {p.image_token}, or none in the prompt to put the images first"
+            f"the prompt has {placeholders} {p.placeholder} placeholder(s) but {len(images)} image(s) were given; "
+            f"pass one --image per {p.placeholder}, or none in the prompt to put the images first"
         )
-    pieces = prompt.split(p.image_token)
+    pieces = prompt.split(p.placeholder)
     return pieces[0] + "".join(image_prompt(f, p) + rest for f, rest in zip(images, pieces[1:]))
