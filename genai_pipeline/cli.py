@@ -342,9 +342,6 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a conversation through the folder's chat template: user messages from stdin, "
                         "/reset clears it, /exit or end of input quits")
     p.add_argument("--system", help="with --chat: the system message")
-    p.add_argument("--image", action="append", default=[], metavar="PATH",
-                   help="an image for a vision-language model (repeatable): each <image> in the prompt takes the next; none: images first")
-    p.add_argument("--max-tiles", type=int, default=0, help="cap on the tiles an image is split into (0: the processor's own limit)")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--temperature", type=float, default=_default(SamplingOptions, "temperature"))
     p.add_argument("--top-k", type=int, default=_default(SamplingOptions, "top_k"))
@@ -352,6 +349,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=_default(SamplingOptions, "seed"))
     p.add_argument("--json", action="store_true", help="print one JSON object instead of streaming text")
     p.add_argument("--no-verify", action="store_true", help="skip the sha256 check of the program against its manifest")
+    p.add_argument("--image", action="append", default=[], metavar="PATH",
+                   help="an image for a vision-language model (repeatable): each <image> in the prompt takes the next; none: images first")
+    p.add_argument("--max-tiles", type=int, default=0, help="cap on the tiles an image is split into (0: the processor's own limit)")
     p.set_defaults(func=cmd_run)
 
     p = sub.add_parser("eval", help="perplexity, top-1 agreement and KL of a program against its float model")
