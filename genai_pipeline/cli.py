@@ -145,7 +145,7 @@ def cmd_run(args) -> int:
     images = [Path(p) for p in args.image]
     if is_multimodal(read_manifest(Path(args.folder))):
         if args.chat:
-            raise InputError("--chat does not take images yet; use --prompt with --image")
+            raise InputError("--chat does not support vision-language models yet; use --prompt (with --image)")
         session = MultimodalSession(Path(args.folder), verify=not args.no_verify)
     elif images:
         raise InputError(f"'{args.folder}' holds a text-only model: it cannot take --image")
@@ -253,9 +253,19 @@ def _user_messages(first: str | None, interactive: bool):
             return
 
 
+def _text_only(folder: str, command: str) -> None:
+    """eval and bench drive text-decoder programs; a vision-language folder gets one clear line."""
+    from genai_pipeline.bundle import read_manifest
+    from genai_pipeline.errors import InputError
+
+    if "vision" in read_manifest(Path(folder)):
+        raise InputError(f"'{folder}' holds a vision-language model: `genai {command}` does not support those yet; use `genai run`")
+
+
 def cmd_eval(args) -> int:
     from genai_pipeline.evaluate import EvalOptions, evaluate
 
+    _text_only(args.folder, "eval")
     result = evaluate(Path(args.folder), EvalOptions(text=Path(args.text), max_tokens=args.max_tokens, window=args.window))
     if args.json:
         print(json.dumps(result))
@@ -275,6 +285,7 @@ def cmd_eval(args) -> int:
 def cmd_bench(args) -> int:
     from genai_pipeline.bench import BenchOptions, bench
 
+    _text_only(args.folder, "bench")
     options = BenchOptions(prompt_len=args.prompt_len, gen_len=args.gen_len, repeats=args.repeats, threads=args.threads)
     r = bench(Path(args.folder), options)
     if args.json:
