@@ -62,6 +62,7 @@ class PreparedModel:
     special_tokens: Any = None  # checkpoints.special_tokens.SpecialTokens: ids and where each came from
     recipe: str = "fp32"  # set by the quantize stage
     quantization: Mapping[str, Any] = field(default_factory=dict)  # the QuantOptions applied, as data
+    manifest_extra: Mapping[str, Any] = field(default_factory=dict)  # more manifest keys (a multimodal model's `vision`)
 
 
 @dataclass(frozen=True)

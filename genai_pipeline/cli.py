@@ -37,7 +37,7 @@ def cmd_models(args) -> int:
         {
             "name": s.name,
             "family": s.family,
-            "params": s.config.num_params,
+            "params": s.config.num_params + (s.vision.config.num_params if s.vision else 0),  # a VLM's image tower too
             "weights": "shipped" if s.checkpoint else "--checkpoint DIR",
             "default": s.name == DEFAULT_MODEL,
             "description": s.description,
@@ -103,6 +103,12 @@ def _export(args, out: Path, staging: Path) -> ExportError | None:
         calibration=CalibrationOptions(datasets=tuple(args.calib), limit=args.calib_limit, seq_len=args.calib_seq_len),
     )
     check_recipe(target, quant)  # refused before any work starts
+    if spec.vision is not None and not quant.is_float:
+        from genai_pipeline.errors import InputError
+
+        # Not yet: the recipes would quantize the image tower's linears and position table with the
+        # decoder's settings, untested, and the quantization report reads text models only.
+        raise InputError(f"{spec.name} is a vision-language model: only --recipe fp32 is supported for it so far")
     options = PrepareOptions(
         mode=args.mode,
         max_seq_len=args.max_seq_len,
@@ -195,6 +201,8 @@ def _report_tokens(prepared, quant) -> tuple[list[int], str]:
 def cmd_run(args) -> int:
     from genai_pipeline.errors import InputError
     from genai_pipeline.runtime.generate import Sampler, SamplingOptions, generate
+    from genai_pipeline.bundle import read_manifest
+    from genai_pipeline.runtime.multimodal import MultimodalSession, is_multimodal
     from genai_pipeline.runtime.session import DecoderSession
     from genai_pipeline.runtime.tokenizer import TextStream, Tokenizer
 
@@ -205,11 +213,22 @@ def cmd_run(args) -> int:
     if not args.chat and args.system is not None:
         raise InputError("--system needs --chat")
     sampling = SamplingOptions(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
-    session = DecoderSession(Path(args.folder), verify=not args.no_verify)
+    images = [Path(p) for p in args.image]
+    if is_multimodal(read_manifest(Path(args.folder))):
+        if args.chat:
+            raise InputError("--chat does not support vision-language models yet; use --prompt (with --image)")
+        session = MultimodalSession(Path(args.folder), verify=not args.no_verify)
+    elif images:
+        raise InputError(f"'{args.folder}' holds a text-only model: it cannot take --image")
+    else:
+        session = DecoderSession(Path(args.folder), verify=not args.no_verify)
     tokenizer = Tokenizer.from_folder(Path(args.folder), bos_id=session.manifest.get("bos_id"))
     if args.chat:
         return _chat(args, session, tokenizer, Sampler(sampling))
-    prompt = tokenizer.encode(args.prompt)
+    if isinstance(session, MultimodalSession):
+        prompt = session.encode_prompt(tokenizer, args.prompt, images, args.max_tiles)
+    else:
+        prompt = tokenizer.encode(args.prompt)
     if len(prompt) >= session.max_seq_len:
         raise InputError(
             f"the prompt is {len(prompt)} tokens but the program's context is {session.max_seq_len}; "
@@ -235,6 +254,8 @@ def cmd_run(args) -> int:
             "stop_reason": result.stop_reason,
             "prefill_tokens_per_s": round(result.prefill_tokens_per_s, 2),
             "decode_tokens_per_s": round(result.decode_tokens_per_s, 2),
+            **({"image_tokens": prompt.count(session.image_token_id), "vision_encoder_ms": round(session.vision_seconds * 1e3, 2)}
+               if isinstance(session, MultimodalSession) else {}),
         }))
     else:
         print(stream.flush(), flush=True)
@@ -303,9 +324,19 @@ def _user_messages(first: str | None, interactive: bool):
             return
 
 
+def _text_only(folder: str, command: str) -> None:
+    """eval and bench drive text-decoder programs; a vision-language folder gets one clear line."""
+    from genai_pipeline.bundle import read_manifest
+    from genai_pipeline.errors import InputError
+
+    if "vision" in read_manifest(Path(folder)):
+        raise InputError(f"'{folder}' holds a vision-language model: `genai {command}` does not support those yet; use `genai run`")
+
+
 def cmd_eval(args) -> int:
     from genai_pipeline.evaluate import EvalOptions, evaluate
 
+    _text_only(args.folder, "eval")
     result = evaluate(Path(args.folder), EvalOptions(text=Path(args.text), max_tokens=args.max_tokens, window=args.window))
     if args.json:
         print(json.dumps(result))
@@ -329,6 +360,7 @@ def cmd_eval(args) -> int:
 def cmd_bench(args) -> int:
     from genai_pipeline.bench import BenchOptions, bench
 
+    _text_only(args.folder, "bench")
     options = BenchOptions(prompt_len=args.prompt_len, gen_len=args.gen_len, repeats=args.repeats, threads=args.threads)
     r = bench(Path(args.folder), options)
     if args.json:
@@ -423,6 +455,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=_default(sampling, "seed"), help="sampling seed")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of streaming text")
     p.add_argument("--no-verify", action="store_true", help="skip the sha256 check of the program against its manifest")
+    p.add_argument("--image", action="append", default=[], metavar="PATH",
+                   help="an image for a vision-language model (repeatable): each <image> in the prompt takes the next; none: images first")
+    p.add_argument("--max-tiles", type=int, default=0, help="cap on the tiles an image is split into (0: the processor's own limit)")
     p.set_defaults(func=cmd_run)
 
     p = subcommand("eval", "perplexity, top-1 agreement and KL of a program against its float model")

@@ -22,7 +22,8 @@ from genai_pipeline.targets import Target
 
 log = logging.getLogger(__name__)
 
-RUNTIME_FILES = ("tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja", "generation_config.json")
+RUNTIME_FILES = ("tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja", "generation_config.json",
+                 "preprocessor_config.json", "processor_config.json")
 
 
 def lower(artifact: Artifact, target: Target, progress: tqdm):
@@ -200,6 +201,7 @@ def compile_artifacts(prepared: PreparedModel, target: Target, out: Path) -> Art
             }
             for key, artifact in prepared.artifacts.items()
         },
+        **prepared.manifest_extra,
         "files": files,
         "export_seconds": round(time.perf_counter() - started, 2),
         "versions": tool_versions(),

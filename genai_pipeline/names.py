@@ -9,6 +9,8 @@ class ArtifactKey(str, Enum):
     TEXT_DECODER = "text_decoder"
     TOKEN_EMBEDDING = "token_embedding"
     VISION_ENCODER = "vision_encoder"
+    # The default multimodal layout: the three components above as methods of one program.
+    MULTIMODAL = "multimodal"
 
 
 class GraphName(str, Enum):
@@ -17,6 +19,10 @@ class GraphName(str, Enum):
     PREFILL = "prefill"  # static chunk of N tokens
     DECODE = "decode"  # one token
     FORWARD = "forward"  # dynamic sequence length (ExecuTorch LLM runner convention)
+    # A multimodal program's methods: the names ExecuTorch's MultimodalRunner calls.
+    TOKEN_EMBEDDING = "token_embedding"  # ids [1, T] -> embeddings [1, T, D]
+    TEXT_DECODER = "text_decoder"  # embeddings [1, T, D] + input_pos [1] -> next-token logits [1, V]
+    VISION_ENCODER = "vision_encoder"  # uint8 RGB [1, 3, S, S] -> image embeddings [1, N, D]
 
 
 class Mode(str, Enum):

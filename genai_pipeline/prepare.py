@@ -77,6 +77,10 @@ def _graphs(decoder: Decoder, options: PrepareOptions) -> dict[GraphName, GraphB
 
 
 def prepare(spec: ModelSpec, options: PrepareOptions) -> PreparedModel:
+    if spec.vision is not None:  # a vision-language model: its own module (components, one program)
+        from genai_pipeline.prepare_multimodal import prepare_multimodal
+
+        return prepare_multimodal(spec, options)
     checkpoint = options.checkpoint or spec.checkpoint
     if checkpoint is not None:
         log.info("loading %s from %s", spec.name, checkpoint)

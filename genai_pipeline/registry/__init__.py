@@ -46,6 +46,9 @@ class ModelSpec:
     chat_template: str | None = None
     # The registry entry this spec is or derives from (a checkpoint of another size: see `sized_as`).
     entry: str = ""
+    # A vision-language model's image side (registry.multimodal.VisionSpec); None: text only. Its
+    # key_map then names tensors of `prepare_multimodal.VisionLanguageModel` (decoder.*, vision.*).
+    vision: object | None = None
 
     def __post_init__(self):
         if not self.entry:
@@ -65,9 +68,9 @@ class ModelSpec:
 
 
 def _all_specs() -> dict[str, ModelSpec]:
-    from genai_pipeline.registry import gemma, llama, llama2c, phi, qwen, smollm
+    from genai_pipeline.registry import gemma, internvl, llama, llama2c, llava, phi, qwen, smollm, smolvlm
 
-    specs = [spec for family in (llama, qwen, smollm, phi, gemma, llama2c) for spec in family.SPECS]
+    specs = [spec for family in (llama, qwen, smollm, phi, gemma, llama2c, smolvlm, llava, internvl) for spec in family.SPECS]
     names = [spec.name for spec in specs]
     duplicates = sorted({n for n in names if names.count(n) > 1})
     if duplicates:

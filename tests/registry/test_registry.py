@@ -120,7 +120,7 @@ def test_every_family_reads_a_model_type():
     families = {spec.family: spec.hf_model_types for spec in SPECS.values() if spec.checkpoint_format == "hf"}
     assert families == {
         "llama": ("llama",), "qwen2": ("qwen2",), "qwen3": ("qwen3",), "smollm3": ("smollm3",),
-        "phi3": ("phi3",), "gemma3": ("gemma3_text",),
+        "phi3": ("phi3",), "gemma3": ("gemma3_text",), "smolvlm": ("idefics3", "smolvlm"), "llava": ("llava",), "internvl": ("internvl",),
     }
 
 

@@ -1,0 +1,97 @@
+"""Vision-language checkpoints (Hugging Face folders): text decoder, image tower and connector
+read through the entry's key map into one model built on the meta device, each tensor assigned
+once (one copy of the weights in memory, as checkpoints/hf.py does for text models)."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+from genai_pipeline.checkpoints.hf import _as_ours, decoder_config, read_config, safetensors_files
+from genai_pipeline.errors import CheckpointError
+from genai_pipeline.models.decoder import Decoder, DecoderConfig
+from genai_pipeline.models.vision import VisionConfig, VisionEncoder, VisionLanguageModel, unused_tower_tensor
+from genai_pipeline.registry import ModelSpec
+from genai_pipeline.runtime.image import ImageProcessing
+
+TIED_HEAD = "decoder.output.weight"
+
+
+def vision_config(spec: ModelSpec, folder: Path | None, processing: ImageProcessing) -> VisionConfig:
+    """The checkpoint's image tower (the entry's without one), normalising as its processor does."""
+    config = spec.vision.config
+    if folder is not None:
+        try:
+            config = spec.vision.config_from_checkpoint(read_config(folder))
+        except (KeyError, TypeError, ValueError) as e:
+            raise CheckpointError(f"'{folder}/config.json' does not describe a {spec.family} image tower: {e!r}") from None
+    if processing.tile_size != config.image_size:
+        raise CheckpointError(
+            f"the processor's tiles are {processing.tile_size} px but the image tower takes {config.image_size} px; "
+            "this pipeline needs them equal"
+        )
+    return dataclasses.replace(config, image_mean=processing.image_mean, image_std=processing.image_std,
+                               rescale_factor=processing.rescale_factor)
+
+
+def build(text: DecoderConfig, vision: VisionConfig, max_seq_len: int) -> VisionLanguageModel:
+    return VisionLanguageModel(Decoder(text, max_seq_len), VisionEncoder(vision))
+
+
+def load_multimodal(spec: ModelSpec, folder: Path, max_seq_len: int, vision: VisionConfig) -> VisionLanguageModel:
+    folder = Path(folder)
+    with torch.device("meta"):
+        model = build(decoder_config(spec, folder), vision, max_seq_len)
+    expected = {name: tuple(t.shape) for name, t in model.state_dict().items()}
+    if model.decoder.config.tie_embeddings:
+        expected.pop(TIED_HEAD)
+    state: dict[str, torch.Tensor] = {}
+    for file in safetensors_files(folder):
+        state.update(_read_file(spec, file, expected, vision))
+    missing = sorted(set(expected) - set(state))
+    if missing:
+        raise CheckpointError(f"checkpoint '{folder}' lacks tensor(s) {', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}")
+    model.load_state_dict(state, strict=False, assign=True)
+    model.decoder.tie_weights()
+    model.decoder.reset_buffers()
+    model.vision.reset_buffers()
+    return model.eval().requires_grad_(False)
+
+
+def _read_file(spec: ModelSpec, file: Path, expected: dict[str, tuple[int, ...]], tower: VisionConfig) -> dict[str, torch.Tensor]:
+    state = {}
+    try:
+        with safe_open(str(file), framework="pt") as f:
+            for key in f.keys():
+                ours = spec.map_key(key)
+                if ours == (TIED_HEAD,) and TIED_HEAD not in expected:
+                    continue  # a tied head saved anyway: the embedding is the head
+                if len(ours) == 1 and unused_tower_tensor(ours[0], tower):
+                    continue  # e.g. LLaVA's last CLIP layer: the connector reads the one before
+                if len(ours) != 1 or ours[0] not in expected:
+                    raise CheckpointError(f"unexpected tensor '{key}' in '{file.name}' for a {spec.family} model with this config.json")
+                tensor = f.get_tensor(key)
+                if tensor.dim() > len(expected[ours[0]]) and tensor.squeeze().shape == torch.Size(expected[ours[0]]):
+                    tensor = tensor.reshape(expected[ours[0]])  # e.g. InternVL's class token [1, 1, d]: the same values
+                state.update(_as_ours(tensor, key, file.name, {ours[0]: expected[ours[0]]}))
+    except CheckpointError:
+        raise
+    except Exception as e:  # safetensors raises several types for a damaged file
+        raise CheckpointError(f"cannot read '{file}': {e}; the file is truncated or not safetensors") from None
+    return state
+
+
+def random_multimodal(text: DecoderConfig, vision: VisionConfig, max_seq_len: int, seed: int = 0) -> VisionLanguageModel:
+    """Random weights (std 0.02; norms at one, biases at zero), reproducible from the seed."""
+    torch.manual_seed(seed)
+    model = build(text, vision, max_seq_len)
+    for name, p in model.named_parameters():
+        if "norm" in name and name.endswith("weight") or (text.tie_embeddings and name == TIED_HEAD):
+            if "norm" in name:
+                torch.nn.init.ones_(p)
+            continue
+        torch.nn.init.normal_(p, std=0.02) if p.dim() > 1 else torch.nn.init.zeros_(p)
+    return model.eval().requires_grad_(False)

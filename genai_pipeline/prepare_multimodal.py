@@ -1,0 +1,198 @@
+"""prepare, for a vision-language entry: one program whose methods are the three components
+ExecuTorch's MultimodalRunner calls, `token_embedding`, `text_decoder` and `vision_encoder`.
+
+The text decoder is the same `Decoder` the text path exports, entered through its
+`forward_embeddings`; every method wraps the same `VisionLanguageModel`, so the methods name the
+same tensors and the program stores each weight once (the token embedding and a tied head too).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from pathlib import Path
+
+import torch
+from torch import nn
+from torch.export import Dim
+
+from genai_pipeline.bundle import Artifact, GraphBundle, PreparedModel
+from genai_pipeline.checkpoints.multimodal import load_multimodal, random_multimodal, vision_config
+from genai_pipeline.checkpoints.special_tokens import read_special_tokens
+from genai_pipeline.data.chat_template import read_chat_template
+from genai_pipeline.errors import CheckpointError
+from genai_pipeline.models.vision import VisionLanguageModel
+from genai_pipeline.names import ArtifactKey, GraphName, Mode
+from genai_pipeline.registry import ModelSpec, sized_as
+from genai_pipeline.models.vision import VisionConfig
+from genai_pipeline.runtime.image import ImageProcessing, stated_tokens_per_image
+from genai_pipeline.runtime.tokenizer import find_tokenizer_file
+
+log = logging.getLogger(__name__)
+
+
+class TokenEmbeddingGraph(nn.Module):
+    def __init__(self, model: VisionLanguageModel):
+        super().__init__()
+        self.model = model
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.model.decoder.embed(tokens)
+
+
+class TextDecoderGraph(nn.Module):
+    def __init__(self, model: VisionLanguageModel):
+        super().__init__()
+        self.model = model
+
+    def forward(self, embeddings: torch.Tensor, input_pos: torch.Tensor) -> torch.Tensor:
+        return self.model.decoder.forward_embeddings(embeddings, input_pos, last_only=True)
+
+
+class VisionEncoderGraph(nn.Module):
+    def __init__(self, model: VisionLanguageModel):
+        super().__init__()
+        self.model = model
+
+    def forward(self, pixels: torch.Tensor) -> torch.Tensor:
+        return self.model.vision(pixels)
+
+
+def multimodal_graphs(model: VisionLanguageModel, max_seq_len: int) -> dict[GraphName, GraphBundle]:
+    seq = Dim("seq_len", min=1, max=max_seq_len)
+    size = model.vision.config.image_size
+    dim = model.decoder.config.dim
+    return {
+        GraphName.TOKEN_EMBEDDING: GraphBundle(
+            GraphName.TOKEN_EMBEDDING, TokenEmbeddingGraph(model), (torch.zeros((1, 2), dtype=torch.long),),
+            dynamic_shapes=({1: seq},),
+        ),
+        GraphName.TEXT_DECODER: GraphBundle(
+            # input_pos [1]: MultimodalRunner then passes the start position, not a range
+            GraphName.TEXT_DECODER, TextDecoderGraph(model), (torch.zeros((1, 2, dim)), torch.tensor([0], dtype=torch.long)),
+            dynamic_shapes=({1: seq}, None),
+        ),
+        GraphName.VISION_ENCODER: GraphBundle(
+            GraphName.VISION_ENCODER, VisionEncoderGraph(model), (torch.zeros((1, 3, size, size), dtype=torch.uint8),),
+        ),
+    }
+
+
+def runner_vocab_size(tokenizer: Path | None) -> int | None:
+    """How many ids ExecuTorch's runners sample from: pytorch_tokenizers counts the vocabulary's
+    entries plus added tokens (not max id + 1)."""
+    if tokenizer is None or tokenizer.suffix != ".json":
+        return None
+    from tokenizers import Tokenizer
+
+    return Tokenizer.from_file(str(tokenizer)).get_vocab_size(with_added_tokens=True)
+
+
+def check_sampleable(ids: dict[str, int | None], runner_vocab: int | None, logits: int) -> None:
+    """Special tokens a stock runner could never sample (ids at or past its vocabulary count, or
+    past the logits' width) are named at export: generation there would not stop at them."""
+    if runner_vocab is None:
+        return
+    limit = min(runner_vocab, logits)
+    bad = {name: i for name, i in ids.items() if i is not None and i >= limit}
+    if bad:
+        log.warning(
+            "special token(s) %s are at or past id %d: ExecuTorch's MultimodalRunner samples only ids below the tokenizer's "
+            "entry count (%d) and the logits' width (%d), so it can never produce them",
+            ", ".join(f"{k}={v}" for k, v in bad.items()), limit, runner_vocab, logits,
+        )
+
+
+def read_processing(spec: ModelSpec, checkpoint: Path | None) -> tuple[ImageProcessing, VisionConfig]:
+    """The image processor's parameters and the tower's config: the checkpoint's files, the entry
+    filling what they lack; `<image>` tokens per frame are the tower's (a processor file that
+    states another number is refused)."""
+    processing = spec.vision.preprocessing.with_checkpoint(checkpoint)
+    vision = vision_config(spec, checkpoint, processing)
+    stated = stated_tokens_per_image(checkpoint)
+    if stated is not None and stated != vision.tokens_per_image:
+        raise CheckpointError(f"the processor expands an image into {stated} tokens but the image tower "
+                              f"makes {vision.tokens_per_image}; check processor_config.json's image_seq_len")
+    return dataclasses.replace(processing, tokens_per_image=vision.tokens_per_image), vision
+
+
+def prepare_multimodal(spec: ModelSpec, options) -> PreparedModel:
+    """`options`: prepare.PrepareOptions. The text decoder runs with a dynamic length (the
+    runner's convention), whatever --mode says."""
+    if options.mode is not Mode.DYNAMIC:
+        log.info("the text decoder of a vision-language model has one dynamic-length method (ExecuTorch's runner convention)")
+    options = dataclasses.replace(options, mode=Mode.DYNAMIC)
+    checkpoint = Path(options.checkpoint) if options.checkpoint else None
+    processing, vision = read_processing(spec, checkpoint)
+    if checkpoint is not None:
+        log.info("loading %s from %s", spec.name, checkpoint)
+        model = load_multimodal(spec, checkpoint, options.max_seq_len, vision)
+        spec = sized_as(spec, model.decoder.config)
+        weights = str(checkpoint)
+    else:
+        log.warning("%s: no checkpoint given, using RANDOM weights (seed %d); pass --checkpoint DIR for real weights",
+                    spec.name, options.seed)
+        model = random_multimodal(spec.config, vision, options.max_seq_len, options.seed)
+        weights = "random"
+    config = model.decoder.config
+    tokenizer = find_tokenizer_file(checkpoint) if checkpoint is not None else None
+    template = read_chat_template(checkpoint) if tokenizer is not None else None
+    special = read_special_tokens(checkpoint if tokenizer else None, template.source if template else spec.chat_template,
+                                  spec.bos_id, spec.eos_ids)
+    # Idefics3 names it image_token_id, LLaVA image_token_index
+    image_token_id = int(_read_config_value(checkpoint, "image_token_id",
+                                            _read_config_value(checkpoint, "image_token_index", spec.vision.image_token_id)))
+    _check_image_token(tokenizer, processing.image_token, image_token_id)
+    spec = dataclasses.replace(spec, bos_id=special.bos_id, eos_ids=special.eos_ids)
+    runner_vocab = runner_vocab_size(tokenizer)
+    check_sampleable({**{f"eos[{i}]": e for i, e in enumerate(spec.eos_ids)}, "bos": spec.bos_id}, runner_vocab, config.vocab_size)
+    constants = {
+        "get_max_seq_len": options.max_seq_len,
+        "get_max_context_len": options.max_seq_len,
+        "get_vocab_size": config.vocab_size,
+        "get_n_layers": config.n_layers,
+        "get_bos_id": spec.bos_id if spec.bos_id is not None else -1,
+        "get_eos_ids": list(spec.eos_ids),
+        "use_kv_cache": True,
+        "use_sdpa_with_kv_cache": True,
+        "enable_dynamic_shape": True,
+    }
+    artifact = Artifact(ArtifactKey.MULTIMODAL, model, multimodal_graphs(model, options.max_seq_len), constants)
+    manifest = {
+        "vision": {
+            "layout": "one program",
+            "components": {
+                ArtifactKey.VISION_ENCODER.value: {"method": GraphName.VISION_ENCODER.value, "params": vision.num_params},
+                ArtifactKey.TOKEN_EMBEDDING.value: {"method": GraphName.TOKEN_EMBEDDING.value, "params": config.vocab_size * config.dim},
+                ArtifactKey.TEXT_DECODER.value: {"method": GraphName.TEXT_DECODER.value, "params": config.num_params - config.vocab_size * config.dim},
+            },
+            "config": dataclasses.asdict(vision),
+            "image_size": vision.image_size,
+            "tokens_per_image": vision.tokens_per_image,
+            "image_token_id": image_token_id,
+            "runner_vocab_size": runner_vocab,
+            "preprocessing": dataclasses.asdict(processing),
+        }
+    }
+    return PreparedModel(spec=spec, config=config, artifacts={artifact.key: artifact}, options=options, weights=weights,
+                         tokenizer_file=tokenizer, special_tokens=special, manifest_extra=manifest)
+
+
+def _check_image_token(tokenizer: Path | None, token: str, image_token_id: int) -> None:
+    """The tokenizer must spell `<image>` as the id whose positions take the image's embeddings."""
+    if tokenizer is None or tokenizer.suffix != ".json":
+        return
+    from tokenizers import Tokenizer
+
+    found = Tokenizer.from_file(str(tokenizer)).token_to_id(token)
+    if found != image_token_id:
+        raise CheckpointError(f"config.json's image_token_id is {image_token_id} but {tokenizer.name} gives {token} the id {found}; "
+                              "the tokenizer does not belong to this model")
+
+
+def _read_config_value(folder: Path | None, key: str, default):
+    if folder is None:
+        return default
+    from genai_pipeline.checkpoints.hf import read_config
+
+    return read_config(folder).get(key, default)

@@ -1,0 +1,19 @@
+"""What a multimodal entry adds to a text one: its image tower, how a checkpoint names its weights,
+and its processor's defaults (the checkpoint's own processor files win; see runtime/image.py)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from genai_pipeline.models.vision import VisionConfig
+from genai_pipeline.runtime.image import ImageProcessing
+
+
+@dataclass(frozen=True)
+class VisionSpec:
+    config: VisionConfig
+    # config.json (the whole composite one) -> the encoder's config; normalisation comes from the processor
+    config_from_checkpoint: Callable[[dict], VisionConfig]
+    preprocessing: ImageProcessing  # defaults for a checkpoint without processor files
+    image_token_id: int  # the id of `<image>`, whose positions take the image's embeddings

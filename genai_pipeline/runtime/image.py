@@ -1,0 +1,375 @@
+"""Image preprocessing of the runtime, equal to the Hugging Face image processor of each family.
+
+CLIP (LLaVA-1.5, `CLIPImageProcessor`, PIL backend, `kind="clip"`): RGB as below, the shortest
+edge resized to `shortest_edge` (BICUBIC; the other edge truncated), a centred S x S crop; the
+prompt's `<image>` becomes N `<image>` tokens.
+
+InternVL (`GotOcr2ImageProcessor` with `crop_to_patches`, `kind="internvl"`): RGB, the grid of
+at most `max_tiles` S x S tiles whose aspect ratio is closest to the image's (ties: more tiles while
+they cover under twice the image's area), the image resized onto it (BICUBIC) and cut row-major,
+plus the whole image at S x S when there is more than one tile; the prompt's `<image>` becomes
+`<img>`, N `<IMG_CONTEXT>` per frame, `</img>`.
+
+Idefics3 / SmolVLM (`Idefics3ImageProcessor`, PIL backend), step by step:
+1. RGB: an image with alpha (or a transparency key) is composited onto white, anything else
+   (grayscale, palette, CMYK, 16-bit) converted by Pillow, as transformers' `convert_to_rgb`.
+2. Resize (LANCZOS) so the longest edge is `longest_edge`, the other edge rounded to even, both
+   capped at 4096.
+3. With splitting: resize each edge up to a multiple of the tile size S, cut row-major S x S tiles,
+   and add the whole image resized to S x S (the global image). An image that is one tile after
+   the resize is that tile only. Without splitting: resize to S x S.
+4. Rescale and normalise: inside the program (`models/vision.py`), so frames stay uint8 here.
+The prompt gets, per image, `<fake_token_around_image><row_r_col_c><image>×N` per tile (a newline
+after each row), then `\\n<fake_token_around_image><global-img><image>×N<fake_token_around_image>`;
+an unsplit image gets the last part without the leading newline.
+
+Pillow decodes and resizes, as transformers does, so the pixels are identical. Without Pillow only
+binary PPM/PGM files whose size needs no resizing can be read (a note says so).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+
+from genai_pipeline.errors import InputError
+
+MAX_IMAGE_SIZE = 4096  # transformers' Idefics3 cap on either edge after the first resize
+LANCZOS = 1  # PIL.Image.Resampling.LANCZOS, the value processor configs store as `resample`
+
+
+@dataclass(frozen=True)
+class ImageProcessing:
+    """What a family's Hugging Face processor does to an image and its prompt; read from a
+    checkpoint's preprocessor_config.json / processor_config.json, carried into the manifest."""
+
+    tile_size: int  # S: the encoder's input, `max_image_size.longest_edge` (CLIP: `crop_size`)
+    longest_edge: int  # `size.longest_edge`: the first resize (Idefics3)
+    tokens_per_image: int  # N: `<image>` tokens per frame (processor `image_seq_len`)
+    kind: str = "idefics3"  # which processor: "idefics3", "clip" or "internvl"
+    shortest_edge: int = 0  # CLIP: `size.shortest_edge`, the resize before the centre crop
+    do_resize: bool = True
+    do_image_splitting: bool = True
+    resample: int = LANCZOS
+    image_mean: tuple[float, float, float] = (0.5, 0.5, 0.5)
+    image_std: tuple[float, float, float] = (0.5, 0.5, 0.5)
+    rescale_factor: float = 1 / 255
+    max_tiles: int = 0  # Idefics3: 0 no cap beyond `longest_edge`, else the first resize shrinks until tiles fit; InternVL: `max_patches`
+    min_tiles: int = 1  # InternVL: `min_patches`
+    placeholder: str = "<image>"  # what marks an image's place in a user's prompt
+    image_token: str = "<image>"  # the token whose positions take the image's embeddings
+    image_start: str = ""  # InternVL: `<img>` before an image's tokens, `</img>` after
+    image_end: str = ""
+    fake_image_token: str = "<fake_token_around_image>"
+    global_image_token: str = "<global-img>"
+
+    def __post_init__(self):
+        if self.kind not in ("idefics3", "clip", "internvl"):
+            raise ValueError(f"ImageProcessing.kind must be idefics3, clip or internvl, got '{self.kind}'")
+        first_resize = {"idefics3": ("longest_edge",), "clip": ("shortest_edge",), "internvl": ()}[self.kind]
+        for name in ("tile_size", "tokens_per_image", *first_resize):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"ImageProcessing.{name} must be positive, got {getattr(self, name)}")
+        if self.max_tiles < 0:
+            raise InputError(f"--max-tiles must be >= 0, got {self.max_tiles}")
+        for name in ("image_mean", "image_std"):
+            object.__setattr__(self, name, tuple(float(v) for v in getattr(self, name)))
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "ImageProcessing":
+        return cls(**data)
+
+    def with_checkpoint(self, folder: Path | None) -> "ImageProcessing":
+        """These defaults overridden by what a checkpoint folder's processor files say."""
+        if folder is None:
+            return self
+        pre = _read_json(Path(folder) / "preprocessor_config.json")
+        pre = pre.get("image_processor", pre)  # some processors nest it
+        found = {}
+        if "max_image_size" in pre:
+            found["tile_size"] = int(pre["max_image_size"]["longest_edge"])
+        if "longest_edge" in (pre.get("size") or {}):
+            found["longest_edge"] = int(pre["size"]["longest_edge"])
+        if "shortest_edge" in (pre.get("size") or {}):
+            found["shortest_edge"] = int(pre["size"]["shortest_edge"])
+        if isinstance(pre.get("crop_size"), dict):
+            found["tile_size"] = int(pre["crop_size"]["height"])
+        if self.kind == "internvl":
+            if "height" in (pre.get("size") or {}):
+                found["tile_size"] = int(pre["size"]["height"])
+            if "crop_to_patches" in pre:
+                found["do_image_splitting"] = bool(pre["crop_to_patches"])
+            for ours, theirs in (("min_tiles", "min_patches"), ("max_tiles", "max_patches")):
+                if theirs in pre:
+                    found[ours] = int(pre[theirs])
+        for key in ("do_resize", "do_image_splitting"):
+            if key in pre:
+                found[key] = bool(pre[key])
+        for key in ("image_mean", "image_std"):
+            if key in pre:
+                value = pre[key]
+                found[key] = tuple(value) * (3 if len(value) == 1 else 1) if isinstance(value, list) else (float(value),) * 3
+        if "resample" in pre:
+            found["resample"] = int(pre["resample"])
+        if "rescale_factor" in pre:
+            found["rescale_factor"] = float(pre["rescale_factor"])
+        return replace(self, **found)
+
+
+def stated_tokens_per_image(folder: Path | None) -> int | None:
+    """`<image>` tokens per frame as a checkpoint's processor_config.json states it, if it does."""
+    proc = _read_json(Path(folder) / "processor_config.json") if folder is not None else {}
+    return int(proc["image_seq_len"]) if "image_seq_len" in proc else None
+
+
+def _read_json(path: Path) -> dict:
+    import json
+
+    if not path.is_file():
+        return {}
+    try:
+        data = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise InputError(f"'{path}' is not valid JSON ({e})") from None
+    return data if isinstance(data, dict) else {}
+
+
+# ---------------------------------------------------------------- reading
+
+
+def _pillow():
+    try:
+        import PIL.Image
+    except ImportError:
+        return None
+    return PIL.Image
+
+
+def read_image(path: Path) -> np.ndarray:
+    """An image file as RGB uint8 [H, W, 3], converted as transformers converts it (step 1)."""
+    path = Path(path)
+    if not path.is_file():
+        raise InputError(f"image '{path}' does not exist")
+    Image = _pillow()
+    if Image is None:
+        if path.suffix.lower() in (".ppm", ".pgm", ".pnm"):
+            return _read_netpbm(path)
+        raise InputError(f"cannot read '{path}': reading images needs Pillow (pip install pillow); without it only binary PPM/PGM")
+    try:
+        with Image.open(path) as image:
+            image.load()
+            return to_rgb(image)
+    except Image.UnidentifiedImageError:
+        raise InputError(f"'{path}' is not an image file Pillow can read (supported: PNG, JPEG, GIF, BMP, TIFF, WebP, PPM, ...)") from None
+    except (OSError, ValueError, SyntaxError) as e:  # truncated or damaged data
+        raise InputError(f"cannot decode image '{path}': {e}; the file is truncated or corrupt") from None
+
+
+def to_rgb(image) -> np.ndarray:
+    """A PIL image as RGB uint8 [H, W, 3]: transformers' `convert_to_rgb` (alpha onto white)."""
+    Image = _pillow()
+    if "A" in image.getbands() or image.info.get("transparency") is not None:
+        rgba = image.convert("RGBA")
+        background = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
+        return np.array(Image.alpha_composite(background, rgba).convert("RGB"))
+    return np.array(image.convert("RGB"))
+
+
+def _read_netpbm(path: Path) -> np.ndarray:
+    """Binary PPM (P6) or PGM (P5), 8-bit: the one format read without Pillow."""
+    data = path.read_bytes()
+    fields, pos = [], 0
+    while len(fields) < 4:  # magic, width, height, maxval; '#' starts a comment
+        while pos < len(data) and data[pos : pos + 1].isspace():
+            pos += 1
+        if data[pos : pos + 1] == b"#":
+            pos = data.find(b"\n", pos) + 1 or len(data)
+            continue
+        end = pos
+        while end < len(data) and not data[end : end + 1].isspace():
+            end += 1
+        if end == pos:
+            raise InputError(f"'{path}' is a truncated PPM/PGM file")
+        fields.append(data[pos:end])
+        pos = end
+    magic, size = fields[0], fields[1:]
+    if magic not in (b"P5", b"P6") or not all(f.isdigit() for f in size) or int(size[2]) != 255:
+        raise InputError(f"'{path}' is not an 8-bit binary PPM/PGM file; other formats need Pillow (pip install pillow)")
+    w, h, channels = int(size[0]), int(size[1]), 3 if magic == b"P6" else 1
+    pixels = np.frombuffer(data, np.uint8, count=w * h * channels, offset=pos + 1) if len(data) >= pos + 1 + w * h * channels else None
+    if pixels is None:
+        raise InputError(f"'{path}' is a truncated PPM/PGM file")
+    return np.repeat(pixels.reshape(h, w, channels), 3 // channels, axis=2)
+
+
+# ---------------------------------------------------------------- frames
+
+
+def resize(image: np.ndarray, height: int, width: int, resample: int) -> np.ndarray:
+    """[H, W, 3] uint8 resized by Pillow, as transformers' PIL backend does; same size: unchanged."""
+    if image.shape[:2] == (height, width):
+        return image  # Pillow returns a copy then: identical pixels
+    Image = _pillow()
+    if Image is None:
+        raise InputError(
+            f"this image must be resized ({image.shape[1]}x{image.shape[0]} -> {width}x{height}), which needs Pillow (pip install pillow)"
+        )
+    return np.array(Image.fromarray(image).resize((width, height), resample=resample))
+
+
+def _longest_edge_size(height: int, width: int, longest: int) -> tuple[int, int]:
+    """transformers' `_resize_output_size_rescale_to_max_len` then `..._scale_below_upper_bound`."""
+    aspect = width / height
+    if width >= height:
+        width, height = longest, int(longest / aspect)
+        height += height % 2
+    else:
+        height, width = longest, int(longest * aspect)
+        width += width % 2
+    height, width = max(height, 1), max(width, 1)
+    aspect = width / height
+    if width >= height and width > MAX_IMAGE_SIZE:
+        width, height = MAX_IMAGE_SIZE, int(MAX_IMAGE_SIZE / aspect)
+    elif height > width and height > MAX_IMAGE_SIZE:
+        height, width = MAX_IMAGE_SIZE, int(MAX_IMAGE_SIZE * aspect)
+    return max(height, 1), max(width, 1)
+
+
+def _tile_multiple_size(height: int, width: int, tile: int) -> tuple[int, int]:
+    """transformers' `resize_for_vision_encoder`: both edges up to multiples of the tile size."""
+    aspect = width / height
+    if width >= height:
+        width = math.ceil(width / tile) * tile
+        height = math.ceil(int(width / aspect) / tile) * tile
+    else:
+        height = math.ceil(height / tile) * tile
+        width = math.ceil(int(height * aspect) / tile) * tile
+    return height, width
+
+
+def _first_resize(height: int, width: int, p: ImageProcessing) -> tuple[int, int]:
+    """Step 2's size. `max_tiles` lowers its longest edge by whole tiles until the tile count fits
+    (transformers has no such cap: a smaller `size.longest_edge` is what it amounts to)."""
+    longest, s = p.longest_edge, p.tile_size
+    while True:
+        h, w = _longest_edge_size(height, width, longest)
+        if not (p.do_image_splitting and p.max_tiles) or longest <= s:
+            return h, w
+        th, tw = _tile_multiple_size(h, w, s)
+        if (th // s) * (tw // s) <= p.max_tiles:
+            return h, w
+        longest -= s
+
+
+@dataclass(frozen=True)
+class Frames:
+    """One image's encoder inputs: uint8 [3, S, S] each, tiles row-major then the global image."""
+
+    pixels: tuple[np.ndarray, ...]
+    rows: int  # 0 and 0: not split, one frame
+    cols: int
+
+
+def image_frames(image: np.ndarray, p: ImageProcessing) -> Frames:
+    """An RGB uint8 [H, W, 3] image as the encoder's frames (Idefics3: steps 2-3)."""
+    s = p.tile_size
+    if p.kind == "clip":
+        return Frames((_chw(_centre_crop(resize(image, *_shortest_edge_size(*image.shape[:2], p.shortest_edge), p.resample), s)),), 0, 0)
+    if p.kind == "internvl":
+        return _internvl_frames(image, p)
+    if p.do_resize:
+        image = resize(image, *_first_resize(*image.shape[:2], p), p.resample)
+    if not p.do_image_splitting:
+        return Frames((_chw(resize(image, s, s, p.resample)),), 0, 0)
+    image = resize(image, *_tile_multiple_size(*image.shape[:2], s), p.resample)
+    h, w = image.shape[:2]
+    if h <= s and w <= s:
+        return Frames((_chw(image),), 0, 0)
+    rows, cols = h // s, w // s
+    tiles = [image[r * s : (r + 1) * s, c * s : (c + 1) * s] for r in range(rows) for c in range(cols)]
+    return Frames(tuple(_chw(t) for t in [*tiles, resize(image, s, s, p.resample)]), rows, cols)
+
+
+def _closest_grid(height: int, width: int, p: ImageProcessing) -> tuple[int, int]:
+    """transformers' `get_optimal_tiled_canvas`: (columns, rows)."""
+    grids = sorted(((w, h) for w in range(1, p.max_tiles + 1) for h in range(1, p.max_tiles + 1)
+                    if p.min_tiles <= w * h <= p.max_tiles), key=lambda g: g[0] * g[1])
+    aspect, area = width / height, width * height
+    best, best_diff = (1, 1), float("inf")
+    for grid in grids:
+        diff = abs(aspect - grid[0] / grid[1])
+        if diff < best_diff:
+            best, best_diff = grid, diff
+        elif diff == best_diff and area > 0.5 * p.tile_size * p.tile_size * grid[0] * grid[1]:
+            best = grid
+    return best
+
+
+def _internvl_frames(image: np.ndarray, p: ImageProcessing) -> Frames:
+    s = p.tile_size
+    if not p.do_image_splitting or p.max_tiles <= 1:
+        return Frames((_chw(resize(image, s, s, p.resample)),), 0, 0)
+    cols, rows = _closest_grid(*image.shape[:2], p)
+    canvas = resize(image, rows * s, cols * s, p.resample)
+    tiles = [canvas[r * s : (r + 1) * s, c * s : (c + 1) * s] for r in range(rows) for c in range(cols)]
+    if len(tiles) > 1:
+        tiles.append(resize(image, s, s, p.resample))
+    return Frames(tuple(_chw(t) for t in tiles), rows, cols)
+
+
+def _shortest_edge_size(height: int, width: int, shortest: int) -> tuple[int, int]:
+    """transformers' `get_resize_output_image_size(..., default_to_square=False)`."""
+    if width <= height:
+        return int(shortest * height / width), shortest
+    return shortest, int(shortest * width / height)
+
+
+def _centre_crop(image: np.ndarray, size: int) -> np.ndarray:
+    """transformers' `center_crop` of an image at least `size` on both edges."""
+    h, w = image.shape[:2]
+    top, left = (h - size) // 2, (w - size) // 2
+    return image[top : top + size, left : left + size]
+
+
+def _chw(image: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(image.transpose(2, 0, 1))
+
+
+# ---------------------------------------------------------------- prompt
+
+
+def image_prompt(frames: Frames, p: ImageProcessing) -> str:
+    """The text standing for one image: transformers' `get_image_prompt_string` (Idefics3), or the
+    image token N times (LLaVA)."""
+    run = p.image_token * p.tokens_per_image
+    if p.kind == "clip":
+        return run
+    if p.kind == "internvl":
+        return f"{p.image_start}{run * len(frames.pixels)}{p.image_end}"
+    whole = f"{p.fake_image_token}{p.global_image_token}{run}{p.fake_image_token}"
+    if frames.rows == 0 and frames.cols == 0:
+        return whole
+    text = ""
+    for r in range(frames.rows):
+        for c in range(frames.cols):
+            text += f"{p.fake_image_token}<row_{r + 1}_col_{c + 1}>{run}"
+        text += "\n"
+    return f"{text}\n{whole}"
+
+
+def expand_prompt(prompt: str, images: list[Frames], p: ImageProcessing) -> str:
+    """Each `<image>` of the prompt replaced by the next image's text; with none in the prompt,
+    the images go first. More or fewer placeholders than images is an error."""
+    placeholders = prompt.count(p.placeholder)
+    if placeholders == 0:
+        return "".join(image_prompt(f, p) for f in images) + prompt
+    if placeholders != len(images):
+        raise InputError(
+            f"the prompt has {placeholders} {p.placeholder} placeholder(s) but {len(images)} image(s) were given; "
+            f"pass one --image per {p.placeholder}, or none in the prompt to put the images first"
+        )
+    pieces = prompt.split(p.placeholder)
+    return pieces[0] + "".join(image_prompt(f, p) + rest for f, rest in zip(images, pieces[1:]))
