@@ -84,6 +84,7 @@ def cmd_export(args) -> int:
         mode=args.mode,
         max_seq_len=args.max_seq_len,
         prefill_len=args.prefill_len,
+        verify_len=args.verify_len,
         checkpoint=Path(args.checkpoint) if args.checkpoint else None,
         seed=args.seed,
     )
@@ -310,6 +311,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--mode", default=_default(PrepareOptions, "mode").value, choices=[m.value for m in Mode])
     p.add_argument("--max-seq-len", type=int, default=_default(PrepareOptions, "max_seq_len"))
     p.add_argument("--prefill-len", type=int, default=_default(PrepareOptions, "prefill_len"))
+    p.add_argument("--verify-len", type=int, default=_default(PrepareOptions, "verify_len"),
+                   help="add a `verify` method of N tokens returning every token's logits, for `genai run --lookahead` (0: none)")
     p.add_argument("--seed", type=int, default=_default(PrepareOptions, "seed"), help="seed for random weights")
     p.add_argument("--out", required=True, help="output folder")
     p.set_defaults(func=cmd_export)

@@ -17,6 +17,7 @@ class GraphName(str, Enum):
     PREFILL = "prefill"  # static chunk of N tokens
     DECODE = "decode"  # one token
     FORWARD = "forward"  # dynamic sequence length (ExecuTorch LLM runner convention)
+    VERIFY = "verify"  # optional (`--verify-len`): logits after every token, for lookahead decoding
 
 
 class Mode(str, Enum):
