@@ -125,6 +125,7 @@ def _report_tokens(prepared, quant) -> tuple[list[int], str]:
 def cmd_run(args) -> int:
     from genai_pipeline.errors import InputError
     from genai_pipeline.runtime.generate import Sampler, SamplingOptions, generate
+    from genai_pipeline.runtime.lookahead import lookahead_options
     from genai_pipeline.runtime.session import DecoderSession
     from genai_pipeline.runtime.tokenizer import TextStream, Tokenizer
 
@@ -137,8 +138,9 @@ def cmd_run(args) -> int:
     sampling = SamplingOptions(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
     session = DecoderSession(Path(args.folder), verify=not args.no_verify)
     tokenizer = Tokenizer.from_folder(Path(args.folder), bos_id=session.manifest.get("bos_id"))
+    lookahead = lookahead_options(args.lookahead, session)
     if args.chat:
-        return _chat(args, session, tokenizer, Sampler(sampling))
+        return _chat(args, session, tokenizer, Sampler(sampling), lookahead)
     prompt = tokenizer.encode(args.prompt)
     if len(prompt) >= session.max_seq_len:
         raise InputError(
@@ -155,7 +157,7 @@ def cmd_run(args) -> int:
         if not args.json:
             print(stream.push(token), end="", flush=True)
 
-    result = generate(session, prompt, max_new, Sampler(sampling), tuple(session.manifest.get("eos_ids", ())), show)
+    result = generate(session, prompt, max_new, Sampler(sampling), tuple(session.manifest.get("eos_ids", ())), show, lookahead)
     text = tokenizer.decode(result.tokens)
     if args.json:
         print(json.dumps({
@@ -165,6 +167,7 @@ def cmd_run(args) -> int:
             "stop_reason": result.stop_reason,
             "prefill_tokens_per_s": round(result.prefill_tokens_per_s, 2),
             "decode_tokens_per_s": round(result.decode_tokens_per_s, 2),
+            "tokens_per_call": round(result.tokens_per_call, 3),
         }))
     else:
         print(stream.flush(), flush=True)
@@ -172,10 +175,13 @@ def cmd_run(args) -> int:
             "%d prompt tokens at %.1f tok/s, %d new tokens at %.1f tok/s (%s)",
             len(prompt), result.prefill_tokens_per_s, len(result.tokens), result.decode_tokens_per_s, result.stop_reason,
         )
+        if lookahead.draft_len:
+            log.info("lookahead: %.2f tokens per call, %d of %d drafted tokens kept",
+                     result.tokens_per_call, result.accepted, result.drafted)
     return 0
 
 
-def _chat(args, session, tokenizer, sampler) -> int:
+def _chat(args, session, tokenizer, sampler, lookahead) -> int:
     """`genai run --chat`: user messages from stdin (--prompt first), replies streamed to stdout."""
     from genai_pipeline.data.chat_template import read_chat_template
     from genai_pipeline.errors import ContextFullError, InputError
@@ -190,7 +196,7 @@ def _chat(args, session, tokenizer, sampler) -> int:
             "write one there as chat_template.jinja, or export from a checkpoint that has one"
         )
     stop_ids = end_of_turn_ids(folder, tokenizer, session.manifest.get("eos_ids", ()), template)
-    chat = Chat(session, tokenizer, template, sampler, stop_ids, args.max_new_tokens, system=args.system)
+    chat = Chat(session, tokenizer, template, sampler, stop_ids, args.max_new_tokens, system=args.system, lookahead=lookahead)
     interactive = sys.stdin.isatty()
     if interactive:
         import readline  # noqa: F401  line editing and history for input()
@@ -255,7 +261,9 @@ def cmd_eval(args) -> int:
 def cmd_bench(args) -> int:
     from genai_pipeline.bench import BenchOptions, bench
 
-    options = BenchOptions(prompt_len=args.prompt_len, gen_len=args.gen_len, repeats=args.repeats, threads=args.threads)
+    options = BenchOptions(prompt_len=args.prompt_len, gen_len=args.gen_len, repeats=args.repeats, threads=args.threads,
+                           lookahead=args.lookahead, prompt_file=Path(args.prompt_file) if args.prompt_file else None,
+                           chat=args.chat)
     r = bench(Path(args.folder), options)
     if args.json:
         print(json.dumps(r))
@@ -264,6 +272,11 @@ def cmd_bench(args) -> int:
     print(f"prefill {r['prefill_tokens_per_s']:.1f} tok/s ({r['prompt_len']} tokens), decode {r['decode_tokens_per_s']:.1f} tok/s ({r['gen_len']} tokens)")
     print(f"decode reads {r['weight_bytes_per_token'] / 2**20:.1f} MB of weights per token: "
           f"{100 * r['bandwidth_share']:.1f} % of {r['memory_bandwidth_gbs']:.1f} GB/s copy bandwidth")
+    if "lookahead" in r:
+        a = r["lookahead"]
+        print(f"lookahead {a['draft_len']}: decode {a['decode_tokens_per_s']:.1f} vs {a['plain_decode_tokens_per_s']:.1f} tok/s "
+              f"plain ({a['speedup']:.2f}x), {a['tokens_per_call']:.2f} tokens per call, "
+              f"{a['accepted']} of {a['drafted']} drafted tokens kept ({a['tokens']} tokens)")
     return 0
 
 
@@ -331,6 +344,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=_default(SamplingOptions, "seed"))
     p.add_argument("--json", action="store_true", help="print one JSON object instead of streaming text")
     p.add_argument("--no-verify", action="store_true", help="skip the sha256 check of the program against its manifest")
+    p.add_argument("--lookahead", type=int, default=0, metavar="N",
+                   help="draft up to N tokens from the context and check them in one call (lossless; needs a program "
+                        "exported with --verify-len; 0: off)")
     p.set_defaults(func=cmd_run)
 
     p = sub.add_parser("eval", help="perplexity, top-1 agreement and KL of a program against its float model")
@@ -347,6 +363,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gen-len", type=int, default=_default(BenchOptions, "gen_len"))
     p.add_argument("--repeats", type=int, default=_default(BenchOptions, "repeats"))
     p.add_argument("--threads", type=int, default=_default(BenchOptions, "threads"), help="0: one per core")
+    p.add_argument("--lookahead", type=int, default=_default(BenchOptions, "lookahead"), metavar="N",
+                   help="also time lookahead decoding (drafts of up to N tokens) against plain decoding, alternating")
+    p.add_argument("--prompt-file", help="the prompt's text instead of --prompt-len random ids")
+    p.add_argument("--chat", action="store_true", help="--prompt-file is a user message, through the chat template")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_bench)
 
