@@ -4,6 +4,12 @@ Medians over repeats after one warm-up round. The decode rate excludes the first
 token (it comes from prefill). The bandwidth share compares the bytes of weights a decode step
 must read (every weight but the token embedding, of which it reads one row) times the decode
 rate with the machine's copy bandwidth, measured here with numpy on every core.
+
+With `lookahead`, each round also generates from the prompt with plain decoding and with lookahead
+decoding, one after the other (same greedy tokens, so the rates compare the same work), and
+reports both rates and the tokens each decode call gave. Lookahead needs text that repeats, so
+`prompt_file` gives the prompt (with `chat`, as a user message through the folder's chat
+template, and generation stops at an end-of-turn token); random ids draft next to nothing.
 """
 
 from __future__ import annotations
@@ -21,7 +27,8 @@ import torch
 
 from genai_pipeline.errors import InputError
 from genai_pipeline.inspect import inspect_program
-from genai_pipeline.runtime.generate import greedy_token
+from genai_pipeline.runtime.generate import generate, greedy_token
+from genai_pipeline.runtime.lookahead import LookaheadOptions, lookahead_options
 from genai_pipeline.runtime.session import DecoderSession
 
 
@@ -31,6 +38,9 @@ class BenchOptions:
     gen_len: int = 128
     repeats: int = 5
     threads: int = 0  # 0: the runtime's default (one per core)
+    lookahead: int = 0  # > 0: also measure lookahead decoding with drafts of up to this many tokens
+    prompt_file: Path | None = None  # the prompt's text instead of prompt_len random ids
+    chat: bool = False  # prompt_file is a user message, rendered through the chat template
 
     def __post_init__(self):
         for name in ("prompt_len", "gen_len", "repeats"):
@@ -38,6 +48,10 @@ class BenchOptions:
                 raise InputError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
         if self.threads < 0:
             raise InputError(f"--threads must be >= 0, got {self.threads}")
+        if self.lookahead < 0:
+            raise InputError(f"--lookahead must be >= 0, got {self.lookahead}")
+        if self.chat and self.prompt_file is None:
+            raise InputError("--chat needs --prompt-file (the user message)")
 
 
 def memory_bandwidth_gbs(megabytes: int = 256, repeats: int = 5) -> float:
@@ -52,6 +66,22 @@ def memory_bandwidth_gbs(megabytes: int = 256, repeats: int = 5) -> float:
     with ThreadPoolExecutor(cores) as pool:
         best = min(_timed(lambda: list(pool.map(lambda s: np.copyto(dst[s], src[s]), slices))) for _ in range(repeats))
     return 2 * src.nbytes / best / 1e9
+
+
+def current_rss_mb() -> float:
+    """This process's resident memory now (Linux; 0 elsewhere)."""
+    return _status_mb("VmRSS")
+
+
+def _status_mb(field: str) -> float:
+    """A memory figure of /proc/self/status, 0 where there is none. Peak RSS is read there
+    (VmHWM), not from getrusage: a process started by vfork + exec (Python's subprocess) inherits
+    its parent's peak in ru_maxrss, so a bench started from a 500 MB test process reported 500 MB."""
+    try:
+        with open("/proc/self/status") as status:
+            return next(int(line.split()[1]) for line in status if line.startswith(f"{field}:")) / 1024
+    except (OSError, StopIteration):
+        return 0.0
 
 
 def _timed(fn) -> float:
@@ -82,29 +112,33 @@ def bench(folder: Path, options: BenchOptions) -> dict:
         from executorch.extension.pybindings import portable_lib
 
         portable_lib._unsafe_reset_threadpool(options.threads)
+    rss_before_load_mb = current_rss_mb()  # the libraries: what the program adds is peak_rss_mb minus this
     start = time.perf_counter()
     session = DecoderSession(Path(folder))
     load_s = time.perf_counter() - start
-    if options.prompt_len + options.gen_len > session.max_seq_len:
-        raise InputError(
-            f"--prompt-len + --gen-len = {options.prompt_len + options.gen_len} exceeds the program's context {session.max_seq_len}"
-        )
-    vocab = session.manifest["config"]["vocab_size"]
-    prompt = torch.randint(1, vocab, (options.prompt_len,), generator=torch.Generator().manual_seed(0)).tolist()
+    prompt, stop_ids = _prompt(Path(folder), session, options)
+    if len(prompt) + options.gen_len > session.max_seq_len:
+        what = f"--prompt-len + --gen-len = {len(prompt) + options.gen_len}" if options.prompt_file is None else \
+            f"the prompt ({len(prompt)} tokens) + --gen-len {options.gen_len}"
+        raise InputError(f"{what} exceeds the program's context {session.max_seq_len}")
+    lookahead = lookahead_options(options.lookahead, session) if options.lookahead else None
+    rounds = []
     prefill, decode = [], []
     for _ in range(options.repeats + 1):  # the first round warms up
         session.reset()
         t = time.perf_counter()
         logits = session.prefill(prompt)
-        prefill.append(options.prompt_len / (time.perf_counter() - t))
+        prefill.append(len(prompt) / (time.perf_counter() - t))
         token = greedy_token(logits)
         t = time.perf_counter()
         for _ in range(options.gen_len):
             token = greedy_token(session.step(token))
         decode.append(options.gen_len / (time.perf_counter() - t))
+        if lookahead is not None:
+            rounds.append([_generate(session, prompt, options.gen_len, stop_ids, o) for o in (LookaheadOptions(), lookahead)])
     decode_rate = statistics.median(decode[1:])
     # Taken before the bandwidth probe below, whose 512 MB of buffers are not the runtime's.
-    peak_rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    peak_rss_mb = _status_mb("VmHWM") or resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     weights = weight_bytes_per_token(folder, session.manifest)
     bandwidth = memory_bandwidth_gbs()
     return {
@@ -112,13 +146,68 @@ def bench(folder: Path, options: BenchOptions) -> dict:
         "mode": session.manifest["mode"],
         "recipe": session.manifest.get("recipe", "fp32"),
         "threads": options.threads or None,
-        "prompt_len": options.prompt_len,
+        "prompt_len": len(prompt),
         "gen_len": options.gen_len,
         "load_s": round(load_s, 3),
         "prefill_tokens_per_s": round(statistics.median(prefill[1:]), 1),
         "decode_tokens_per_s": round(decode_rate, 1),
         "peak_rss_mb": round(peak_rss_mb, 1),
+        "rss_before_load_mb": round(rss_before_load_mb, 1),
         "weight_bytes_per_token": weights,
         "memory_bandwidth_gbs": round(bandwidth, 2),
         "bandwidth_share": round(weights * decode_rate / (bandwidth * 1e9), 4),
+        **({"lookahead": _lookahead_figures(rounds[1:], lookahead)} if lookahead is not None else {}),
+    }
+
+
+def _prompt(folder: Path, session: DecoderSession, options: BenchOptions) -> tuple[list[int], tuple[int, ...]]:
+    """The prompt's ids, and the ids that end generation (only for a chat prompt)."""
+    if options.prompt_file is None:
+        vocab = session.manifest["config"]["vocab_size"]
+        return torch.randint(1, vocab, (options.prompt_len,), generator=torch.Generator().manual_seed(0)).tolist(), ()
+    from genai_pipeline.runtime.tokenizer import Tokenizer
+
+    text = Path(options.prompt_file).read_text(encoding="utf-8")
+    tokenizer = Tokenizer.from_folder(folder, bos_id=session.manifest.get("bos_id"))
+    if not options.chat:
+        return tokenizer.encode(text), ()
+    from genai_pipeline.data.chat_template import read_chat_template
+    from genai_pipeline.data.samples import Message
+    from genai_pipeline.runtime.chat import Chat, end_of_turn_ids
+
+    template = read_chat_template(folder)
+    if template is None:
+        raise InputError(f"'{folder}' has no chat template for --chat")
+    stop_ids = end_of_turn_ids(folder, tokenizer, session.manifest.get("eos_ids", ()), template)
+    chat = Chat(session, tokenizer, template, greedy_token, stop_ids, 1)
+    return chat.render((Message("user", text),)), stop_ids
+
+
+def _generate(session: DecoderSession, prompt: list[int], gen_len: int, stop_ids, lookahead: LookaheadOptions):
+    session.reset()
+    return generate(session, prompt, gen_len, greedy_token, stop_ids, lookahead=lookahead)
+
+
+def _lookahead_figures(rounds: list, options: LookaheadOptions) -> dict:
+    """Medians over rounds of (plain, lookahead) generations of the same greedy tokens."""
+    plain = [p.decode_tokens_per_s for p, _ in rounds]
+    ahead = [a.decode_tokens_per_s for _, a in rounds]
+    plain_last, last = rounds[-1]
+    # Greedy lookahead gives plain decoding's tokens when `verify` computes decode's logits. In
+    # 8da4w programs the two kernel shapes may round differently, and dynamic activation
+    # quantization amplifies that (SmolLM2-135M: up to ~1.5 in a logit, at some positions):
+    # then a near-tie can go the other way. Reported, not hidden.
+    same = next((i for i, (p, a) in enumerate(zip(plain_last.tokens, last.tokens)) if p != a), None)
+    return {
+        "draft_len": options.draft_len,
+        "tokens": len(last.tokens),
+        "plain_decode_tokens_per_s": round(statistics.median(plain), 1),
+        "decode_tokens_per_s": round(statistics.median(ahead), 1),
+        "speedup": round(statistics.median(a / p for p, a in zip(plain, ahead)), 3),
+        "tokens_per_call": round(last.tokens_per_call, 3),
+        "verify_calls": last.verify_calls,
+        "drafted": last.drafted,
+        "accepted": last.accepted,
+        "plain_tokens": len(plain_last.tokens),
+        "first_difference": same,  # index of the first token that differs from plain decoding, None: identical
     }

@@ -113,6 +113,7 @@ def _export(args, out: Path, staging: Path) -> ExportError | None:
         mode=args.mode,
         max_seq_len=args.max_seq_len,
         prefill_len=args.prefill_len,
+        verify_len=args.verify_len,
         checkpoint=Path(args.checkpoint) if args.checkpoint else None,
         seed=args.seed,
     )
@@ -203,6 +204,7 @@ def cmd_run(args) -> int:
     from genai_pipeline.runtime.generate import Sampler, SamplingOptions, generate
     from genai_pipeline.bundle import read_manifest
     from genai_pipeline.runtime.multimodal import MultimodalSession, is_multimodal
+    from genai_pipeline.runtime.lookahead import lookahead_options
     from genai_pipeline.runtime.session import DecoderSession
     from genai_pipeline.runtime.tokenizer import TextStream, Tokenizer
 
@@ -223,8 +225,9 @@ def cmd_run(args) -> int:
     else:
         session = DecoderSession(Path(args.folder), verify=not args.no_verify)
     tokenizer = Tokenizer.from_folder(Path(args.folder), bos_id=session.manifest.get("bos_id"))
+    lookahead = lookahead_options(args.lookahead, session)
     if args.chat:
-        return _chat(args, session, tokenizer, Sampler(sampling))
+        return _chat(args, session, tokenizer, Sampler(sampling), lookahead)
     if isinstance(session, MultimodalSession):
         prompt = session.encode_prompt(tokenizer, args.prompt, images, args.max_tiles)
     else:
@@ -244,7 +247,7 @@ def cmd_run(args) -> int:
         if not args.json:
             print(stream.push(token), end="", flush=True)
 
-    result = generate(session, prompt, max_new, Sampler(sampling), tuple(session.manifest.get("eos_ids", ())), show)
+    result = generate(session, prompt, max_new, Sampler(sampling), tuple(session.manifest.get("eos_ids", ())), show, lookahead)
     text = tokenizer.decode(result.tokens)
     if args.json:
         print(json.dumps({
@@ -254,6 +257,7 @@ def cmd_run(args) -> int:
             "stop_reason": result.stop_reason,
             "prefill_tokens_per_s": round(result.prefill_tokens_per_s, 2),
             "decode_tokens_per_s": round(result.decode_tokens_per_s, 2),
+            "tokens_per_call": round(result.tokens_per_call, 3),
             **({"image_tokens": prompt.count(session.image_token_id), "vision_encoder_ms": round(session.vision_seconds * 1e3, 2)}
                if isinstance(session, MultimodalSession) else {}),
         }))
@@ -263,10 +267,13 @@ def cmd_run(args) -> int:
             "%d prompt tokens at %.1f tok/s, %d new tokens at %.1f tok/s (%s)",
             len(prompt), result.prefill_tokens_per_s, len(result.tokens), result.decode_tokens_per_s, result.stop_reason,
         )
+        if lookahead.draft_len:
+            log.info("lookahead: %.2f tokens per call, %d of %d drafted tokens kept",
+                     result.tokens_per_call, result.accepted, result.drafted)
     return 0
 
 
-def _chat(args, session, tokenizer, sampler) -> int:
+def _chat(args, session, tokenizer, sampler, lookahead) -> int:
     """`genai run --chat`: user messages from stdin (--prompt first), replies streamed to stdout."""
     from genai_pipeline.data.chat_template import read_chat_template
     from genai_pipeline.errors import ContextFullError, InputError
@@ -281,7 +288,7 @@ def _chat(args, session, tokenizer, sampler) -> int:
             "write one there as chat_template.jinja, or export from a checkpoint that has one"
         )
     stop_ids = end_of_turn_ids(folder, tokenizer, session.manifest.get("eos_ids", ()), template)
-    chat = Chat(session, tokenizer, template, sampler, stop_ids, args.max_new_tokens, system=args.system)
+    chat = Chat(session, tokenizer, template, sampler, stop_ids, args.max_new_tokens, system=args.system, lookahead=lookahead)
     interactive = sys.stdin.isatty()
     if interactive:
         import readline  # noqa: F401  line editing and history for input()
@@ -361,7 +368,9 @@ def cmd_bench(args) -> int:
     from genai_pipeline.bench import BenchOptions, bench
 
     _text_only(args.folder, "bench")
-    options = BenchOptions(prompt_len=args.prompt_len, gen_len=args.gen_len, repeats=args.repeats, threads=args.threads)
+    options = BenchOptions(prompt_len=args.prompt_len, gen_len=args.gen_len, repeats=args.repeats, threads=args.threads,
+                           lookahead=args.lookahead, prompt_file=Path(args.prompt_file) if args.prompt_file else None,
+                           chat=args.chat)
     r = bench(Path(args.folder), options)
     if args.json:
         print(json.dumps(r))
@@ -370,6 +379,11 @@ def cmd_bench(args) -> int:
     print(f"prefill {r['prefill_tokens_per_s']:.1f} tok/s ({r['prompt_len']} tokens), decode {r['decode_tokens_per_s']:.1f} tok/s ({r['gen_len']} tokens)")
     print(f"decode reads {r['weight_bytes_per_token'] / 2**20:.1f} MB of weights per token: "
           f"{100 * r['bandwidth_share']:.1f} % of {r['memory_bandwidth_gbs']:.1f} GB/s copy bandwidth")
+    if "lookahead" in r:
+        a = r["lookahead"]
+        print(f"lookahead {a['draft_len']}: decode {a['decode_tokens_per_s']:.1f} vs {a['plain_decode_tokens_per_s']:.1f} tok/s "
+              f"plain ({a['speedup']:.2f}x), {a['tokens_per_call']:.2f} tokens per call, "
+              f"{a['accepted']} of {a['drafted']} drafted tokens kept ({a['tokens']} tokens)")
     return 0
 
 
@@ -437,6 +451,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="hybrid: prefill + decode methods; kv: decode only; dynamic: one forward of any length")
     p.add_argument("--max-seq-len", type=int, default=_default(prepare, "max_seq_len"), help="KV cache length: prompt + generated tokens")
     p.add_argument("--prefill-len", type=int, default=_default(prepare, "prefill_len"), help="tokens per prefill call (hybrid mode)")
+    p.add_argument("--verify-len", type=int, default=_default(prepare, "verify_len"),
+                   help="add a `verify` method of N tokens returning every token's logits, for `genai run --lookahead` (0: none)")
     p.add_argument("--seed", type=int, default=_default(prepare, "seed"), help="seed for random weights")
     p.add_argument("--out", required=True, help="output folder: built beside it, then swapped in when complete")
     p.set_defaults(func=cmd_export)
@@ -458,6 +474,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--image", action="append", default=[], metavar="PATH",
                    help="an image for a vision-language model (repeatable): each <image> in the prompt takes the next; none: images first")
     p.add_argument("--max-tiles", type=int, default=0, help="cap on the tiles an image is split into (0: the processor's own limit)")
+    p.add_argument("--lookahead", type=int, default=0, metavar="N",
+                   help="draft up to N tokens from the context and check them in one call (lossless; needs a program "
+                        "exported with --verify-len; 0: off)")
     p.set_defaults(func=cmd_run)
 
     p = subcommand("eval", "perplexity, top-1 agreement and KL of a program against its float model")
@@ -474,6 +493,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gen-len", type=int, default=_default(bench, "gen_len"), help="tokens to decode")
     p.add_argument("--repeats", type=int, default=_default(bench, "repeats"), help="timed runs after a warm-up; medians are reported")
     p.add_argument("--threads", type=int, default=_default(bench, "threads"), help="runtime threads; 0: one per core")
+    p.add_argument("--lookahead", type=int, default=_default(bench, "lookahead"), metavar="N",
+                   help="also time lookahead decoding (drafts of up to N tokens) against plain decoding, alternating; 0: off")
+    p.add_argument("--prompt-file", help="the prompt's text instead of --prompt-len random ids")
+    p.add_argument("--chat", action="store_true", help="--prompt-file is a user message, through the chat template")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=cmd_bench)
 

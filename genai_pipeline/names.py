@@ -23,6 +23,7 @@ class GraphName(str, Enum):
     TOKEN_EMBEDDING = "token_embedding"  # ids [1, T] -> embeddings [1, T, D]
     TEXT_DECODER = "text_decoder"  # embeddings [1, T, D] + input_pos [1] -> next-token logits [1, V]
     VISION_ENCODER = "vision_encoder"  # uint8 RGB [1, 3, S, S] -> image embeddings [1, N, D]
+    VERIFY = "verify"  # optional (`--verify-len`): logits after every token, for lookahead decoding
 
 
 class Mode(str, Enum):

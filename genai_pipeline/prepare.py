@@ -30,6 +30,10 @@ class PrepareOptions:
     mode: Mode = Mode.HYBRID
     max_seq_len: int = 512  # KV cache length: prompt + generated tokens
     prefill_len: int = 32  # tokens per `prefill` call in hybrid mode
+    # Tokens per `verify` call, an extra method returning the logits after EVERY token ([1, N,
+    # vocab]) for lookahead decoding (the last accepted token + up to N - 1 drafts); 0: none.
+    # Static length in every mode (see _graphs).
+    verify_len: int = 0
     checkpoint: Path | None = None  # local checkpoint folder (the entry's format); None: the entry's shipped weights, else random
     seed: int = 0  # for random weights
 
@@ -39,6 +43,8 @@ class PrepareOptions:
             raise InputError(f"--max-seq-len must be at least 2, got {self.max_seq_len}")
         if not 1 <= self.prefill_len <= self.max_seq_len:
             raise InputError(f"--prefill-len must be between 1 and --max-seq-len ({self.max_seq_len}), got {self.prefill_len}")
+        if self.verify_len and not 2 <= self.verify_len <= self.max_seq_len:
+            raise InputError(f"--verify-len must be 0 (no verify method) or between 2 and --max-seq-len ({self.max_seq_len}), got {self.verify_len}")
 
 
 class DecoderGraph(nn.Module):
@@ -73,7 +79,17 @@ def _graphs(decoder: Decoder, options: PrepareOptions) -> dict[GraphName, GraphB
             dynamic_shapes=({1: Dim("seq_len", min=1, max=options.max_seq_len)}, None),
         ),
     }
-    return {name: graphs[name] for name in options.mode.graphs}
+    graphs = {name: graphs[name] for name in options.mode.graphs}
+    if options.verify_len:
+        # Lookahead decoding checks drafted tokens in one call and needs the logits at every one
+        # of them. Same wrapped decoder: the weights and the KV cache stay shared with the others.
+        # Static length in every mode (drafts are padded): in a dynamic-length 8da4w graph each
+        # row's logits depend on the other rows of the call (SmolLM2-135M: up to 1.3 off one
+        # token at a time; the activations' dynamic quantization, it seems), in a static one they
+        # do not (4e-6), and only then are the tokens those of plain decoding.
+        every_row = DecoderGraph(decoder, last_only=False)
+        graphs[GraphName.VERIFY] = GraphBundle(GraphName.VERIFY, every_row, (tokens(options.verify_len), pos))
+    return graphs
 
 
 def prepare(spec: ModelSpec, options: PrepareOptions) -> PreparedModel:

@@ -23,6 +23,7 @@ from genai_pipeline.data.chat_template import ChatTemplate, render_chat
 from genai_pipeline.data.samples import Message
 from genai_pipeline.errors import ChatTemplateError, ContextFullError, InputError
 from genai_pipeline.runtime.generate import generate
+from genai_pipeline.runtime.lookahead import LookaheadOptions
 from genai_pipeline.runtime.tokenizer import END_OF_TURN_TOKENS
 
 
@@ -93,6 +94,7 @@ class Chat:
         stop_ids: tuple[int, ...],
         max_new_tokens: int,
         system: str | None = None,
+        lookahead: LookaheadOptions = LookaheadOptions(),
     ):
         if max_new_tokens < 1:
             raise InputError(f"--max-new-tokens must be at least 1, got {max_new_tokens}")
@@ -102,6 +104,7 @@ class Chat:
         self.sampler = sampler
         self.stop_ids = stop_ids
         self.max_new_tokens = max_new_tokens
+        self.lookahead = lookahead
         self.first_messages = (Message("system", system),) if system else ()
         self.reset()
 
@@ -133,7 +136,9 @@ class Chat:
         self.cached = ids[:reused]  # until generation returns, only this much is known to be in the cache
         room = context - len(ids) + 1  # the last generated token is never fed back
         max_new = min(self.max_new_tokens, room)
-        result = generate(self.session, ids[reused:], max_new, self.sampler, self.stop_ids, on_token)
+        # Lookahead drafts from the whole conversation: a reply often quotes earlier turns.
+        result = generate(self.session, ids[reused:], max_new, self.sampler, self.stop_ids, on_token,
+                          lookahead=self.lookahead, history=ids[:reused])
         # Everything fed is cached: the prompt, and each reply token but one that ended the reply.
         self.cached = (ids + result.tokens)[: self.session.pos]
         reply_text = self.tokenizer.decode(result.tokens)

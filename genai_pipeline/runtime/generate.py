@@ -1,7 +1,9 @@
-"""The generation loop: prefill the prompt, then sample and feed one token at a time.
+"""The generation loop: prefill the prompt, then sample and feed one token at a time, or, with
+lookahead, several at once (see lookahead.py).
 
 It drives anything with `prefill(tokens) -> logits` and `step(token) -> logits`: a program
-session, or the eager model (for parity checks).
+session, or the eager model (for parity checks); lookahead also needs `verify(tokens) -> logits
+[T, vocab]`, `can_verify(n)` and the cursor `pos`.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import numpy as np
 import torch
 
 from genai_pipeline.errors import InputError
+from genai_pipeline.runtime.lookahead import LookaheadOptions, NgramDrafter
 
 
 class Steppable(Protocol):
@@ -85,6 +88,15 @@ class Generation:
     prefill_seconds: float = 0.0
     decode_seconds: float = 0.0  # time of the steps after the first generated token
     stop_reason: str = "length"
+    decode_calls: int = 0  # program calls after the first generated token (step or verify)
+    verify_calls: int = 0  # of which verify calls (lookahead)
+    drafted: int = 0  # tokens drafted into verify calls
+    accepted: int = 0  # of which kept
+
+    @property
+    def tokens_per_call(self) -> float:
+        """Tokens each decode call gave: 1 without lookahead."""
+        return (len(self.tokens) - 1) / self.decode_calls if self.decode_calls else 0.0
 
     @property
     def prefill_tokens_per_s(self) -> float:
@@ -103,10 +115,15 @@ def generate(
     sampler: Callable[[torch.Tensor], int],
     eos_ids: tuple[int, ...] = (),
     on_token: Callable[[int], None] | None = None,
+    lookahead: LookaheadOptions = LookaheadOptions(),
+    history: list[int] = (),
 ) -> Generation:
+    """`history`: the tokens the cache already holds before the prompt (a chat's earlier turns);
+    lookahead drafts from them too."""
     if max_new_tokens < 1:
         raise InputError(f"--max-new-tokens must be at least 1, got {max_new_tokens}")
     result = Generation(prompt_tokens=list(prompt_tokens))
+    ahead = _Lookahead(lookahead, [*history, *prompt_tokens]) if lookahead.draft_len else None
     start = time.perf_counter()
     logits = model.prefill(result.prompt_tokens)
     result.prefill_seconds = time.perf_counter() - start
@@ -123,6 +140,53 @@ def generate(
             break
         if len(result.tokens) == 1:
             start = time.perf_counter()  # decode speed excludes the first token (it came from prefill)
-        logits = model.step(token)
+        if ahead is None:
+            logits = model.step(token)
+            result.decode_calls += 1
+        else:
+            logits = ahead.next_logits(model, token, max_new_tokens - len(result.tokens), result)
+    if ahead is not None:
+        ahead.drop(model)  # the cache holds what plain decoding would have fed, no more
     result.decode_seconds = time.perf_counter() - start if len(result.tokens) > 1 else 0.0
     return result
+
+
+class _Lookahead:
+    """One generation's drafter, and the logits a verify call computed for the drafted tokens
+    beyond the next one: used while the samples agree with the draft, then dropped."""
+
+    def __init__(self, options: LookaheadOptions, context: list[int]):
+        self.drafter = NgramDrafter(options, context)
+        self.rows: list[tuple[int, torch.Tensor]] = []  # (draft token, logits after it), in order
+        self.kept: int | None = None  # drafted tokens kept since the last verify call (None: none yet)
+
+    def drop(self, model) -> None:
+        """Forget the cache rows of drafted tokens that were not kept: the cursor moves back before
+        them (positions past it are never read, and are overwritten)."""
+        model.pos -= len(self.rows)
+        self.rows.clear()
+
+    def next_logits(self, model, token: int, remaining: int, result: Generation) -> torch.Tensor:
+        """The logits after the sampled `token`; `remaining`: tokens still to generate after it."""
+        self.drafter.extend([token])
+        if self.rows and self.rows[0][0] == token:  # drafted right: already in the cache, logits known
+            self.kept += 1
+            result.accepted += 1
+            return self.rows.pop(0)[1]
+        self.drop(model)
+        if self.kept is not None:
+            self.drafter.accepted(self.kept)
+            self.kept = None
+        # k drafted tokens give up to k + 1 tokens: never feed more than plain decoding would.
+        draft = self.drafter.draft(remaining - 1)
+        while draft and not model.can_verify(1 + len(draft)):  # the context's end, or a verify length
+            draft = draft[:-1]
+        result.decode_calls += 1
+        if not draft:
+            return model.step(token)
+        rows = model.verify([token, *draft])
+        self.rows = list(zip(draft, rows[1:]))
+        self.kept = 0
+        result.verify_calls += 1
+        result.drafted += len(draft)
+        return rows[0]

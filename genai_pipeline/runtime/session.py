@@ -43,6 +43,12 @@ class DecoderSession:
         self.program = load_program(path, expected["bytes"], expected["sha256"] if verify else None)
         with native_logs_hidden():
             self._methods = {name: self.program.load_method(name.value) for name in self.mode.graphs}
+            # `verify` (exported with --verify-len): every token's logits, for lookahead decoding.
+            # Its input length is fixed: shorter drafts are padded at the end, as a prefill chunk.
+            self.verify_len = 0
+            if GraphName.VERIFY.value in self.program.method_names:
+                self._methods[GraphName.VERIFY] = self.program.load_method(GraphName.VERIFY.value)
+                self.verify_len = int(self.program.metadata(GraphName.VERIFY.value).input_tensor_meta(0).sizes()[1])
         self.pos = 0
 
     def reset(self) -> None:
@@ -121,15 +127,36 @@ class DecoderSession:
         self.pos += 1
         return logits
 
+    def can_verify(self, n: int) -> bool:
+        """Whether one `verify` call takes `n` tokens at the cursor. It writes cache rows for its
+        padding too, so all `verify_len` rows must fit the cache."""
+        return 1 <= n <= self.verify_len and self.pos + self.verify_len <= self.max_seq_len
+
+    def verify(self, tokens: list[int]) -> torch.Tensor:
+        """Feed `tokens` at the cursor in one call; returns the logits after every one, [T, vocab].
+        The cursor moves past all of them: the caller moves it back to keep only the accepted ones
+        (positions past the cursor are never read, and are overwritten)."""
+        if not self.can_verify(len(tokens)):
+            raise InputError(f"{len(tokens)} tokens at position {self.pos} do not fit one verify call "
+                             f"(verify length {self.verify_len}, context {self.max_seq_len})")
+        n = len(tokens)
+        padded = tokens + [0] * (self.verify_len - n)
+        inputs = [torch.tensor([padded], dtype=torch.long), torch.tensor([self.pos], dtype=torch.long)]
+        out = self._methods[GraphName.VERIFY].execute(inputs)[0]
+        self.pos += n
+        # Padding comes after the real tokens: causal attention keeps it out of their rows.
+        return out.reshape(-1, out.shape[-1])[:n].clone()
+
 
 class EagerSession:
     """An eager model behind the same prefill/step/score interface, for parity checks and eval:
     anything called as `model(tokens [1, T], input_pos [1]) -> logits [1, T, vocab]` that keeps
     its own KV cache (our Decoder, or a QDQ model loaded from `.qdq.pt2`)."""
 
-    def __init__(self, model, max_seq_len: int | None = None):
+    def __init__(self, model, max_seq_len: int | None = None, verify_len: int = 0):
         self.model = model
         self.max_seq_len = max_seq_len or model.max_seq_len
+        self.verify_len = verify_len  # > 0: lookahead decoding may `verify` up to this many tokens
         self.pos = 0
 
     def reset(self) -> None:
@@ -149,3 +176,9 @@ class EagerSession:
 
     def step(self, token: int) -> torch.Tensor:
         return self.score([token])[-1]
+
+    def can_verify(self, n: int) -> bool:
+        return 1 <= n <= self.verify_len and self.pos + n <= self.max_seq_len
+
+    def verify(self, tokens: list[int]) -> torch.Tensor:
+        return self.score(tokens)

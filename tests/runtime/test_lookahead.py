@@ -1,0 +1,121 @@
+"""Lookahead decoding on scripted models: same tokens as plain decoding, fewer calls, a cache
+cursor that keeps only what plain decoding would have fed. Programs: test_lookahead_program.py."""
+
+import hashlib
+
+import pytest
+import torch
+
+from genai_pipeline.errors import InputError
+from genai_pipeline.runtime.generate import Sampler, SamplingOptions, generate
+from genai_pipeline.runtime.lookahead import LookaheadOptions, NgramDrafter
+
+
+class Contextual:
+    """A model whose logits are a fixed pseudo-random function of the whole context (so a wrong
+    cache is visible): it keeps the tokens it was fed at each position, as a KV cache does, and
+    verify writes past the cursor like the program does. `period` > 0 makes greedy text repeat."""
+
+    def __init__(self, vocab=50, period=0, verify_len=8, max_seq_len=200):
+        self.vocab, self.period, self.verify_len, self.max_seq_len = vocab, period, verify_len, max_seq_len
+        self.cache: list[int] = []
+        self.pos = 0
+        self.calls = {"prefill": 0, "step": 0, "verify": 0}
+
+    def _logits(self, upto: int) -> torch.Tensor:
+        context = self.cache[:upto]
+        seed = int.from_bytes(hashlib.sha256(str(context).encode()).digest()[:8], "little")
+        logits = torch.randn(self.vocab, generator=torch.Generator().manual_seed(seed))
+        if self.period:  # a strong preference for what came `period` tokens ago
+            logits[context[-self.period] if len(context) >= self.period else 0] += 6.0
+        return logits
+
+    def _feed(self, tokens):
+        assert self.pos + len(tokens) <= self.max_seq_len
+        self.cache[self.pos :] = []  # rows past the cursor are garbage: never read again
+        self.cache += tokens
+        rows = torch.stack([self._logits(self.pos + i + 1) for i in range(len(tokens))])
+        self.pos += len(tokens)
+        return rows
+
+    def prefill(self, tokens):
+        self.calls["prefill"] += 1
+        return self._feed(tokens)[-1]
+
+    def step(self, token):
+        self.calls["step"] += 1
+        return self._feed([token])[-1]
+
+    def can_verify(self, n):
+        return 1 <= n <= self.verify_len and self.pos + n <= self.max_seq_len
+
+    def verify(self, tokens):
+        self.calls["verify"] += 1
+        return self._feed(tokens)
+
+
+def run(model, prompt, n, sampling=SamplingOptions(), draft_len=0, eos=()):
+    result = generate(model, prompt, n, Sampler(sampling), eos, lookahead=LookaheadOptions(draft_len=draft_len))
+    # The cache holds the prompt and every generated token but the last, as in plain decoding.
+    assert model.pos == len(prompt) + max(0, len(result.tokens) - (result.stop_reason != "eos"))
+    assert model.cache[: model.pos] == (prompt + result.tokens)[: model.pos]
+    return result
+
+
+@pytest.mark.parametrize("sampling", [SamplingOptions(), SamplingOptions(temperature=0.8, top_p=0.9, seed=3)])
+@pytest.mark.parametrize("period", [0, 5])
+def test_lookahead_gives_the_tokens_of_plain_decoding(sampling, period):
+    prompt = [1, 2, 3, 4, 5, 1, 2, 3, 4, 5, 1, 2]
+    plain = run(Contextual(period=period), prompt, 80, sampling)
+    model = Contextual(period=period)
+    ahead = run(model, prompt, 80, sampling, draft_len=6)
+    assert ahead.tokens == plain.tokens
+    assert ahead.decode_calls == model.calls["step"] + model.calls["verify"]
+    if period:  # repeating text: drafts are kept, fewer calls than tokens
+        assert ahead.accepted > 20 and ahead.tokens_per_call > 1.5
+    assert plain.tokens_per_call == 1.0
+
+
+def test_eos_in_the_middle_of_an_accepted_draft_stops_there():
+    prompt = [1, 2, 3, 4, 5, 1, 2, 3, 4, 5, 1, 2]
+    plain = run(Contextual(period=5), prompt, 60)
+    eos = plain.tokens[30]
+    expected = plain.tokens[: plain.tokens.index(eos)]
+    result = run(Contextual(period=5), prompt, 60, draft_len=6, eos=(eos,))
+    assert result.tokens == expected and result.stop_reason == "eos"
+
+
+def test_lookahead_at_the_context_edge_feeds_no_more_than_plain_decoding():
+    prompt = [1, 2, 3, 4, 5, 1, 2, 3, 4, 5, 1, 2]
+    room = 40 - len(prompt) + 1  # as `genai run` caps it: the last token is never fed
+    plain = run(Contextual(period=5, max_seq_len=40), prompt, room)
+    result = run(Contextual(period=5, max_seq_len=40), prompt, room, draft_len=6)
+    assert result.tokens == plain.tokens and len(result.tokens) == room
+
+
+def test_drafts_are_what_followed_the_latest_earlier_occurrence():
+    drafter = NgramDrafter(LookaheadOptions(draft_len=3, max_ngram=3, min_ngram=1), [7, 1, 2, 9, 1, 2, 8, 5, 6, 1, 2])
+    assert drafter.draft(10) == [8, 5, 6]  # [1, 2] last came before 8
+    drafter.extend([8])
+    assert drafter.draft(10) == [5, 6, 1]  # [1, 2, 8] matched
+    assert drafter.draft(1) == [5]
+    unseen = NgramDrafter(LookaheadOptions(draft_len=3, min_ngram=2), [1, 2, 3, 4])
+    assert unseen.draft(10) == []
+
+
+def test_a_miss_pauses_drafting_longer_each_time():
+    drafter = NgramDrafter(LookaheadOptions(draft_len=2, min_ngram=1, max_backoff=4), [1, 2, 1])
+    assert drafter.draft(5) == [2, 1]
+    drafter.accepted(0)
+    assert drafter.draft(5) == [] and drafter.draft(5) == [2, 1]
+    drafter.accepted(0)
+    assert [drafter.draft(5) for _ in range(3)] == [[], [], [2, 1]]
+    drafter.accepted(1)  # a hit resets the pause
+    assert drafter.draft(5) == [2, 1]
+
+
+def test_bad_lookahead_options():
+    with pytest.raises(InputError):
+        LookaheadOptions(draft_len=-1)
+    with pytest.raises(InputError):
+        LookaheadOptions(min_ngram=3, max_ngram=2)
