@@ -86,8 +86,9 @@ def lookahead_options(draft_len: int, session) -> LookaheadOptions:
     """`--lookahead N` for a loaded session: refused when its program has no `verify` method,
     capped at what one verify call takes (the last token + N drafts)."""
     options = LookaheadOptions(draft_len=draft_len)
-    if draft_len and not session.verify_len:
+    verify_len = getattr(session, "verify_len", 0)  # a vision-language program has no `verify`
+    if draft_len and not verify_len:
         raise InputError("--lookahead needs a program with a `verify` method: re-export with --verify-len N (e.g. 8)")
-    if draft_len >= session.verify_len > 0:
-        options = LookaheadOptions(draft_len=session.verify_len - 1)
+    if draft_len >= verify_len > 0:
+        options = LookaheadOptions(draft_len=verify_len - 1)
     return options
