@@ -437,6 +437,9 @@ def quantize_module(module: nn.Module, options: QuantOptions, given: Mapping[str
             quantize_(module, _embedding_config(options.embedding, options.group_size), filter_fn=lambda m, _: isinstance(m, nn.Embedding))
         plan.update({n: f"emb{options.embedding}" for n, m in module.named_modules() if isinstance(m, nn.Embedding)})
     linears = {n: recipe_for(n, options) for n, m in module.named_modules() if isinstance(m, nn.Linear)}
+    for name in linears:  # given int4 weights outrank the automatic 8-bit layers (AUTO_HEAD, AUTO_8BIT), not --quant-override
+        if f"{name}.weight" in given and options.recipe == "8da4w" and not any(re.search(p, name) for p, _ in options.overrides):
+            linears[name] = "8da4w"
     unknown = sorted(set(given) - {f"{n}.weight" for n in linears})
     if unknown:
         raise InputError(f"given weights for layers the model does not have: {', '.join(unknown[:3])}")

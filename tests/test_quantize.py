@@ -206,7 +206,7 @@ def test_given_int4_weights_and_scales_are_what_the_program_stores(tiny_checkpoi
     options = PrepareOptions(mode="kv", max_seq_len=64, checkpoint=tiny_checkpoint)
     prepared = prepare(get_spec("smollm2-135m"), options)
     module = next(iter(prepared.artifacts.values())).module
-    names = ["layers.0.attention.wq.weight", "layers.1.feed_forward.w2.weight"]
+    names = ["layers.0.attention.wq.weight", "layers.1.feed_forward.w2.weight", "layers.1.attention.wv.weight"]  # wv: 8-bit unless given
     given = {n: _given_int4(module.get_parameter(n).shape, i) for i, n in enumerate(names)}
     q_quant = quantize(prepared, QuantOptions(recipe="8da4w", embedding="8w"), get_target("xnnpack"), given=given)
     # What it stores: a negative scale's block negated (XNNPACK takes positive scales), -8 -> +7 there.
@@ -216,7 +216,7 @@ def test_given_int4_weights_and_scales_are_what_the_program_stores(tiny_checkpoi
         want[n] = (torch.where(neg, -q.to(torch.int16), q.to(torch.int16)).clamp(-8, 7).to(torch.int8), d.abs())
     constants = _exported_constants(q_quant)["decode"]
     for n, (q, d) in want.items():
-        key = next(k for k in constants if k.endswith(n.replace("layers.", "layers.") + ".qdata"))
+        key = next(k for k in constants if k.endswith(n + ".qdata"))
         assert torch.equal(constants[key], q), n
         assert torch.equal(constants[key.replace(".qdata", ".scale")], d), n
     compile_artifacts(q_quant, get_target("xnnpack"), tmp_path)
