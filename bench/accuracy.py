@@ -36,11 +36,12 @@ REPO = HERE.parent
 
 # name -> QuantOptions keyword arguments
 VARIANTS = {
-    "8da4w": {"recipe": "8da4w"},  # the default: gptq, LM head 8da8w, embedding 4w
-    "8da4w-mse": {"recipe": "8da4w", "weight_rule": "mse", "keep_8bit": []},  # no calibration: mse scales, LM head 8da8w
-    "8da4w-nowv8": {"recipe": "8da4w", "keep_8bit": []},  # gptq, head 8-bit, wv at 4 bits
+    "8da4w": {"recipe": "8da4w"},  # the default: gptq (head too), wv and w2 8da8w, embedding 4w
+    "8da4w-head8": {"recipe": "8da4w", "head": "8da8w", "keep_8bit": ["\\.attention\\.wv$"]},  # gptq, head and wv 8-bit
+    "8da4w-mse": {"recipe": "8da4w", "weight_rule": "mse", "keep_8bit": []},  # no calibration: mse scales, head 8da8w
+    "8da4w-nowv8": {"recipe": "8da4w", "keep_8bit": []},  # gptq, all 4-bit
     "8da4w-today": {"recipe": "8da4w", "weight_rule": "torchao", "head": "8da4w", "keep_8bit": []},  # the default before
-    "8da4w-head4": {"recipe": "8da4w", "head": "8da4w"},  # gptq, head at 4 bits: the smallest
+    "8da4w-head4": {"recipe": "8da4w", "keep_8bit": ["\\.attention\\.wv$"]},  # gptq, wv 8-bit: <= 92 MiB
     "8da4w-mse-head4": {"recipe": "8da4w", "weight_rule": "mse", "head": "8da4w", "keep_8bit": []},
     "8da4w-q4_0": {"recipe": "8da4w", "weight_rule": "q4_0"},
     "8da4w-emb8w": {"recipe": "8da4w", "embedding": "8w"},

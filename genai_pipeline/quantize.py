@@ -7,8 +7,9 @@ backend then stores once. Recipes are torchao configs applied in eager mode:
 - `8da4w`: dynamic per-token int8 activations, int4 group-wise weights (`group_size`). Weights by
   `weight_rule`: `gptq` (default; calibrated on --calib's text, else DEFAULT_GPTQ_TEXT), `mse` (a
   least-squares scale search per group, no data), `q4_0` (llama.cpp's rule with positive scales),
-  `torchao` (absmax / 7.5, the rule before). The LM head (AUTO_HEAD) and the attention's value
-  projections (AUTO_8BIT) stay at 8 bits. Scales are chosen as XNNPACK stores them: positive, bf16.
+  `torchao` (absmax / 7.5, the rule before). The attention's value and the MLP's down projections
+  (AUTO_8BIT) stay at 8 bits, and the LM head too unless GPTQ quantizes it (AUTO_HEAD). Scales are
+  chosen as XNNPACK stores them: positive, bf16.
   `given` int4 weights (a GGUF's) are taken as they are (`intx_weight`).
 - `8da8w`: dynamic per-token int8 activations, int8 per-channel weights
 - embedding `8w` / `4w`: weight-only int8 per-row / int4 group-wise token embedding. By default
@@ -51,10 +52,14 @@ LINEAR_RECIPES = ("fp32", "8da4w", "8da8w")  # torchao, in eager mode
 STATIC_RECIPES = ("8a8w", "16a8w", "16a4w", "16a4w_block")  # PT2E, calibrated
 EMBEDDING_RECIPES = ("4w", "8w")
 AUTO_EMBEDDING = {"8da4w": "4w", "8da8w": "8w"}  # --embedding auto, by --recipe
-AUTO_HEAD = {"8da4w": "8da8w"}  # the LM head ("output") by --recipe, unless an override names it
+# The LM head ("output") by --recipe when 4-bit weights are not calibrated (weight_rule other than
+# gptq), unless an override names it: at 4 bits by mse it cost SmolLM2-135M +47 % perplexity; by GPTQ,
+# ~1 point, less than the 8-bit w2 its 12 MiB buy (bench/README)
+AUTO_HEAD = {"8da4w": "8da8w"}
 # Layers kept at 8 bits (8da8w) under a 4-bit recipe, unless an override names them: the attention's
-# value projection (as llama.cpp's Q4_K_M keeps attn_v at 6 bits); SmolLM2-135M: bench/README
-AUTO_8BIT = {"8da4w": (r"\.attention\.wv$",)}
+# value projection and the MLP's down projection (as llama.cpp's Q4_K_M keeps attn_v and ffn_down at
+# 6 bits); SmolLM2-135M: +12.6 % -> +8.0 % perplexity for 11 MiB (bench/README)
+AUTO_8BIT = {"8da4w": (r"\.attention\.wv$", r"\.feed_forward\.w2$")}
 WEIGHT_RULES = ("gptq", "mse", "q4_0", "torchao")  # how 4-bit weights are chosen (bench/README: measured)
 # gptq's calibration text when no --calib is given: English prose that ships with the repository
 # (Python's documentation, the reference model's training split; disjoint from heldout.txt)
@@ -86,7 +91,7 @@ class QuantOptions:
         if self.embedding == "fp32":
             object.__setattr__(self, "embedding", None)
         if self.head == "auto":
-            object.__setattr__(self, "head", None if self.is_static else AUTO_HEAD.get(self.recipe))
+            object.__setattr__(self, "head", None if self.is_static or self.weight_rule == "gptq" else AUTO_HEAD.get(self.recipe))
         if self.head is not None and (self.head not in LINEAR_RECIPES or self.is_static):
             raise InputError(f"the LM head takes {', '.join(LINEAR_RECIPES)} with a dynamic --recipe, got '{self.head}'")
         if self.keep_8bit is None:
