@@ -349,7 +349,7 @@ def gptq_weights(module: nn.Module, names: set[str], samples: list[list[int]], w
         weights = [module.get_submodule(n).weight for n in group]
         q, d = gptq_qparams(torch.cat(weights), hessians[name], group_size)
         for n, qi, di in zip(group, q.split([w.shape[0] for w in weights]), d.split([w.shape[0] for w in weights])):
-            out[f"{n}.weight"] = (qi.contiguous(), di.contiguous())
+            out[f"{n}.weight"] = (qi.clone(), di.clone())  # each layer its own storage, not a view of the joint solve
     return out
 
 
