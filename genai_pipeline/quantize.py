@@ -4,7 +4,13 @@ Every graph of an artifact wraps the same eager module (see prepare.DecoderGraph
 that module once gives `prefill` and `decode` bit-identical quantized weights, which the
 backend then stores once. Recipes are torchao configs applied in eager mode:
 
-- `8da4w`: dynamic per-token int8 activations, int4 group-wise weights (`group_size`)
+- `8da4w`: dynamic per-token int8 activations, int4 group-wise weights (`group_size`). Weights by
+  `weight_rule`: `gptq` (default; calibrated on --calib's text, else DEFAULT_GPTQ_TEXT), `mse` (a
+  least-squares scale search per group, no data), `q4_0` (llama.cpp's rule with positive scales),
+  `torchao` (absmax / 7.5, the rule before). The attention's value and the MLP's down projections
+  (AUTO_8BIT) stay at 8 bits, and the LM head too unless GPTQ quantizes it (AUTO_HEAD). Scales are
+  chosen as XNNPACK stores them: positive, bf16.
+  `given` int4 weights (a GGUF's) are taken as they are (`intx_weight`).
 - `8da8w`: dynamic per-token int8 activations, int8 per-channel weights
 - embedding `8w` / `4w`: weight-only int8 per-row / int4 group-wise token embedding. By default
   (`auto`) it follows the linear recipe: `8da4w` -> `4w`, `8da8w` -> `8w`. A tied LM head is
@@ -28,6 +34,8 @@ import hashlib
 import json
 import logging
 import re
+import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -44,6 +52,20 @@ LINEAR_RECIPES = ("fp32", "8da4w", "8da8w")  # torchao, in eager mode
 STATIC_RECIPES = ("8a8w", "16a8w", "16a4w", "16a4w_block")  # PT2E, calibrated
 EMBEDDING_RECIPES = ("4w", "8w")
 AUTO_EMBEDDING = {"8da4w": "4w", "8da8w": "8w"}  # --embedding auto, by --recipe
+# The LM head ("output") by --recipe when 4-bit weights are not calibrated (weight_rule other than
+# gptq), unless an override names it: at 4 bits by mse it cost SmolLM2-135M +47 % perplexity; by GPTQ,
+# ~1 point, less than the 8-bit w2 its 12 MiB buy (bench/README)
+AUTO_HEAD = {"8da4w": "8da8w"}
+# Layers kept at 8 bits (8da8w) under a 4-bit recipe, unless an override names them: the attention's
+# value projection and the MLP's down projection (as llama.cpp's Q4_K_M keeps attn_v and ffn_down at
+# 6 bits); SmolLM2-135M: +12.6 % -> +8.0 % perplexity for 11 MiB (bench/README)
+AUTO_8BIT = {"8da4w": (r"\.attention\.wv$", r"\.feed_forward\.w2$")}
+WEIGHT_RULES = ("gptq", "mse", "q4_0", "torchao")  # how 4-bit weights are chosen (bench/README: measured)
+# gptq's calibration text when no --calib is given: English prose that ships with the repository
+# (Python's documentation, the reference model's training split; disjoint from heldout.txt)
+DEFAULT_GPTQ_TEXT = Path(__file__).resolve().parent.parent / "assets" / "reference" / "sample.txt"
+GPTQ_TOKENS = 4096  # calibration tokens for gptq (measured on SmolLM2-135M: bench/README)
+HEAD = "output"
 
 
 @dataclass(frozen=True)
@@ -53,6 +75,9 @@ class QuantOptions:
     embedding: str | None = "auto"  # 8w, 4w; auto: by recipe; fp32 or None: keep it float
     overrides: tuple[tuple[str, str], ...] = ()  # (regex over linear names, recipe), first match wins
     block_size: int = 64  # 16a4w_block: values per scale
+    weight_rule: str = "gptq"  # 4-bit weights: gptq (calibrated), mse (least-squares scales), q4_0 (llama.cpp's, positive), torchao
+    head: str | None = "auto"  # the LM head's recipe; auto: AUTO_HEAD by recipe, else the recipe's
+    keep_8bit: tuple[str, ...] | None = None  # regexes of layers at 8da8w under 8da4w; None: AUTO_8BIT
     calibration: CalibrationOptions = CalibrationOptions()  # static recipes only
 
     def __post_init__(self):
@@ -65,6 +90,15 @@ class QuantOptions:
             object.__setattr__(self, "embedding", AUTO_EMBEDDING.get(self.recipe))
         if self.embedding == "fp32":
             object.__setattr__(self, "embedding", None)
+        if self.head == "auto":
+            object.__setattr__(self, "head", None if self.is_static or self.weight_rule == "gptq" else AUTO_HEAD.get(self.recipe))
+        if self.head is not None and (self.head not in LINEAR_RECIPES or self.is_static):
+            raise InputError(f"the LM head takes {', '.join(LINEAR_RECIPES)} with a dynamic --recipe, got '{self.head}'")
+        if self.keep_8bit is None:
+            object.__setattr__(self, "keep_8bit", () if self.is_static else AUTO_8BIT.get(self.recipe, ()))
+        object.__setattr__(self, "keep_8bit", tuple(self.keep_8bit))
+        if self.weight_rule not in WEIGHT_RULES:
+            raise InputError(f"unknown weight rule '{self.weight_rule}'; known: {', '.join(WEIGHT_RULES)}")
         if self.is_static and self.embedding:
             raise InputError("--embedding goes with the dynamic recipes (8da4w, 8da8w); static recipes quantize what their quantizer annotates")
         if self.embedding is not None and self.embedding not in EMBEDDING_RECIPES:
@@ -87,10 +121,15 @@ class QuantOptions:
 
     def describe(self) -> str:
         parts = [self.recipe + (f"-g{self.group_size}" if self.recipe == "8da4w" else "")]
+        if self.recipe == "8da4w" and self.weight_rule != "gptq":
+            parts[0] += f"-{self.weight_rule}"
         if self.recipe == "16a4w_block":
             parts[0] += f"-b{self.block_size}"
         if self.embedding:
             parts.append(f"emb{self.embedding}")
+        if self.head:
+            parts.append(f"head{self.head}")
+        parts += [f"{p.replace(chr(92), '').strip('.$')}=8da8w" for p in self.keep_8bit]
         parts += [f"{p}={r}" for p, r in self.overrides]
         return "+".join(parts)
 
@@ -135,29 +174,300 @@ def _embedding_config(recipe: str, group_size: int):
     return IntxWeightOnlyConfig(weight_dtype=torch.int8, granularity=PerAxis(0))
 
 
+def intx_weight(qdata: torch.Tensor, scale: torch.Tensor, bits: int, dtype: torch.dtype = torch.float32, dynamic: bool = True):
+    """torchao's quantized weight for a linear layer (what `Int8DynamicActivationIntxWeightConfig`
+    makes: dynamic int8 per-token activations, symmetric int`bits` weights) from GIVEN integers
+    `qdata` ([out, in], int8 values in the int`bits` range) and scales ([out, in // group]; one
+    column: per channel). The exported program carries exactly these integers and scales
+    (XNNPACK stores group-wise scales as bf16: give bf16-representable ones to keep them exact)."""
+    from torchao.quantization import IntxUnpackedToInt8Tensor
+
+    qmin, qmax = -(1 << (bits - 1)), (1 << (bits - 1)) - 1
+    if qdata.dim() != 2 or scale.dim() != 2 or scale.shape[0] != qdata.shape[0] or qdata.shape[1] % scale.shape[1]:
+        raise InputError(f"weight integers {tuple(qdata.shape)} and scales {tuple(scale.shape)} do not match")
+    if qdata.numel() and (int(qdata.min()) < qmin or int(qdata.max()) > qmax):
+        raise InputError(f"weight integers outside the int{bits} range [{qmin}, {qmax}]")
+    if not torch.isfinite(scale).all():
+        raise InputError("weight scales must be finite")
+    qdata = qdata.to(torch.int8).contiguous()
+    scale = scale.to(dtype).contiguous()
+    return IntxUnpackedToInt8Tensor(
+        qdata, scale, torch.zeros(scale.shape, dtype=torch.int8), getattr(torch, f"int{bits}"),
+        (1, qdata.shape[1] // scale.shape[1]), dtype, "int8_asym_per_token" if dynamic else None,
+    )
+
+
+def _groups(w: torch.Tensor, group_size: int) -> torch.Tensor:
+    return w.detach().float().reshape(w.shape[0], w.shape[1] // group_size, group_size)
+
+
+def _round_scale(d: torch.Tensor, bf16: bool = True) -> torch.Tensor:
+    """Scales as the program stores them (XNNPACK: bf16 for group-wise int4), never zero."""
+    tiny = torch.finfo(torch.bfloat16).tiny * 4
+    d = torch.where(d.abs() < tiny, torch.full_like(d, tiny), d)
+    return d.to(torch.bfloat16).float() if bf16 else d
+
+
+def q4_0_qparams(w: torch.Tensor, group_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """llama.cpp's Q4_0 rule per group as XNNPACK can run it. llama.cpp takes d = (the signed
+    value of largest magnitude) / -8, so that value maps to -8; d < 0 when it is positive, and
+    XNNPACK refuses negative scales (tested), so then the value maps to +7 (d = max / 7)."""
+    g = _groups(w, group_size)
+    m = g.gather(-1, g.abs().argmax(-1, keepdim=True))
+    d = _round_scale(torch.where(m < 0, -m / 8, m / 7))
+    q = torch.clamp(torch.round(g / d), -8, 7)
+    return q.reshape(w.shape).to(torch.int8), d.squeeze(-1)
+
+
+def mse_qparams(w: torch.Tensor, group_size: int, bits: int = 4, divisors=None, rows: int = 4096, bf16: bool = True):
+    """Per group, the scale absmax / c (c over a small grid, scales rounded as stored) whose
+    round-to-nearest weights are closest to the float ones (least squared error). Symmetric, so
+    XNNPACK runs it; the grid spans torchao's absmax / 7.5 and both ends of llama.cpp's Q4_0
+    (the extreme value at -8 or at +7)."""
+    qmax = (1 << (bits - 1)) - 1
+    if divisors is None:
+        divisors = torch.linspace(qmax - 1.5, qmax + 1.5, 31).tolist()
+    qs, ds = [], []
+    for part in _groups(w, group_size).split(rows):
+        amax = part.abs().amax(-1, keepdim=True)
+        best_err, best_d = None, None
+        for c in divisors:
+            d = _round_scale(amax / c, bf16)
+            err = (torch.clamp(torch.round(part / d), -qmax - 1, qmax) * d - part).pow(2).sum(-1, keepdim=True)
+            if best_err is None:
+                best_err, best_d = err, d
+            else:
+                better = err < best_err
+                best_err, best_d = torch.where(better, err, best_err), torch.where(better, d, best_d)
+        qs.append(torch.clamp(torch.round(part / best_d), -qmax - 1, qmax).to(torch.int8))
+        ds.append(best_d.squeeze(-1))
+    return torch.cat(qs).reshape(w.shape), torch.cat(ds)
+
+
+def torchao_qparams(w: torch.Tensor, group_size: int, bits: int = 4, bf16: bool = True):
+    """torchao's symmetric rule (absmax / (qmax + 0.5), values clamped to [-2^(b-1), 2^(b-1) - 1])."""
+    qmax = (1 << (bits - 1)) - 1
+    g = _groups(w, group_size)
+    d = _round_scale(g.abs().amax(-1, keepdim=True) / (qmax + 0.5), bf16)
+    q = torch.clamp(torch.round(g / d), -qmax - 1, qmax)
+    return q.reshape(w.shape).to(torch.int8), d.squeeze(-1)
+
+
 def recipe_for(name: str, options: QuantOptions) -> str:
-    return next((r for pattern, r in options.overrides if re.search(pattern, name)), options.recipe)
+    default = options.head if name == HEAD and options.head else options.recipe
+    if options.recipe == "8da4w" and any(re.search(p, name) for p in options.keep_8bit):
+        default = "8da8w"
+    return next((r for pattern, r in options.overrides if re.search(pattern, name)), default)
 
 
-def quantize_module(module: nn.Module, options: QuantOptions) -> dict[str, str]:
-    """Quantize `module` in place; returns the recipe given to each layer."""
+def wmse_qparams(w: torch.Tensor, group_size: int, importance: torch.Tensor, bits: int = 4):
+    """mse_qparams with each input column's squared error weighted by `importance` [in] (the mean
+    squared activation it meets: llama.cpp's importance matrix)."""
+    qmax = (1 << (bits - 1)) - 1
+    g, iw = _groups(w, group_size), importance.float().reshape(1, -1, group_size)
+    amax, best, best_d = g.abs().amax(-1, keepdim=True), None, None
+    for c in torch.linspace(qmax - 1.5, qmax + 1.5, 31).tolist():
+        d = _round_scale(amax / c)
+        err = ((torch.clamp(torch.round(g / d), -qmax - 1, qmax) * d - g).pow(2) * iw).sum(-1, keepdim=True)
+        best, best_d = (err, d) if best is None else (torch.minimum(err, best), torch.where(err < best, d, best_d))
+    return torch.clamp(torch.round(g / best_d), -qmax - 1, qmax).reshape(w.shape).to(torch.int8), best_d.squeeze(-1)
+
+
+@torch.no_grad()
+def gptq_qparams(w: torch.Tensor, hessian: torch.Tensor, group_size: int, block: int = 128, damp: float = 0.01):
+    """GPTQ (Frantar et al. 2022) on a symmetric int4 grid: columns are rounded in order and each
+    one's error is spread over the columns not yet rounded through the Cholesky factor of the
+    inverse Hessian (X^T X of the layer's inputs); a group's scale is chosen (importance-weighted
+    mse) when its first column comes up, from the weights as updated so far."""
+    W, H = w.detach().float().clone(), hessian.detach().float().clone()
+    n = W.shape[1]
+    dead = torch.diag(H) == 0
+    H[dead, dead] = 1
+    W[:, dead] = 0
+    H += damp * torch.diag(H).mean() * torch.eye(n)
+    importance = torch.diag(H).clone()
+    Hinv = torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(H)), upper=True)
+    Q, D = torch.zeros_like(W, dtype=torch.int8), torch.zeros(W.shape[0], n // group_size)
+    block = max(group_size, block // group_size * group_size)
+    for i1 in range(0, n, block):
+        i2 = min(i1 + block, n)
+        W1, E1, Hi = W[:, i1:i2].clone(), torch.zeros(W.shape[0], i2 - i1), Hinv[i1:i2, i1:i2]
+        for i in range(i2 - i1):
+            if (i1 + i) % group_size == 0:
+                d = wmse_qparams(W1[:, i : i + group_size], group_size, importance[i1 + i : i1 + i + group_size])[1][:, 0]
+                D[:, (i1 + i) // group_size] = d
+            q = torch.clamp(torch.round(W1[:, i] / d), -8, 7)
+            Q[:, i1 + i] = q.to(torch.int8)
+            E1[:, i] = (W1[:, i] - q * d) / Hi[i, i]
+            W1[:, i:] -= E1[:, i : i + 1] * Hi[i, i:][None, :]
+        W[:, i2:] -= E1 @ Hinv[i1:i2, i2:]
+    return Q, D
+
+
+@torch.no_grad()
+def input_hessians(module: nn.Module, names: set[str], samples: list[list[int]], window: int) -> tuple[dict, dict]:
+    """X^T X of each named linear's inputs over `samples` (token lists, run from position 0 in
+    windows), and which layers of one parent read the same input (q, k, v; w1, w3): bit-identical
+    sums over the same tensors (a tensor's address is no test: the allocator reuses memory)."""
+    hessians = {}
+
+    def hook(name):
+        def record(_, inputs, __):
+            x = inputs[0].detach().reshape(-1, inputs[0].shape[-1]).float()
+            hessians[name] = hessians.get(name, 0) + x.T @ x
+        return record
+
+    handles = [m.register_forward_hook(hook(n)) for n, m in module.named_modules() if n in names]
+    try:
+        for sample in samples:
+            for i in range(0, len(sample), window):
+                module(torch.tensor([sample[i : i + window]]), torch.tensor([0]))
+    finally:
+        for h in handles:
+            h.remove()
+    shared = {}
+    for name in sorted(hessians):
+        parent = name.rpartition(".")[0]
+        twin = next((n for n in shared if n.rpartition(".")[0] == parent
+                     and torch.equal(hessians[n], hessians[name])), None)
+        if twin is None:
+            shared[name] = [name]
+        else:
+            shared[twin].append(name)
+    return hessians, {n: group for group in shared.values() for n in group}
+
+
+def gptq_weights(module: nn.Module, names: set[str], samples: list[list[int]], window: int, group_size: int) -> dict:
+    """GPTQ int4 values and scales for the named linears, as `given` takes them; layers reading the
+    same input (q, k, v; w1, w3) are solved together (one Hessian)."""
+    hessians, shared = input_hessians(module, names, samples, window)
+    out = {}
+    for name in sorted(names):
+        if f"{name}.weight" in out:
+            continue
+        group = [n for n in shared.get(name, [name]) if n in names]
+        weights = [module.get_submodule(n).weight for n in group]
+        q, d = gptq_qparams(torch.cat(weights), hessians[name], group_size)
+        for n, qi, di in zip(group, q.split([w.shape[0] for w in weights]), d.split([w.shape[0] for w in weights])):
+            out[f"{n}.weight"] = (qi.clone(), di.clone())  # each layer its own storage, not a view of the joint solve
+    return out
+
+
+def gptq_samples(prepared: PreparedModel, options: QuantOptions) -> list[list[int]]:
+    """gptq's calibration tokens: --calib's samples, else the first GPTQ_TOKENS of DEFAULT_GPTQ_TEXT."""
+    from genai_pipeline.runtime.tokenizer import Tokenizer
+
+    checkpoint = prepared.tokenizer_file.parent if prepared.tokenizer_file else None
+    if checkpoint is None:
+        raise InputError("--recipe 8da4w calibrates its 4-bit weights (gptq) on text, and the checkpoint has no tokenizer; "
+                         "pass a checkpoint with one, or set the weight rule to mse")
+    tokenizer = Tokenizer.from_folder(checkpoint, bos_id=prepared.spec.bos_id)
+    if options.calibration.datasets:
+        from genai_pipeline.data.calibration import calibration_tokens
+
+        return calibration_tokens(options.calibration, tokenizer, vocab_size=prepared.config.vocab_size,
+                                  chat_template=read_chat_template(checkpoint), seed=prepared.options.seed)
+    ids = tokenizer.encode(DEFAULT_GPTQ_TEXT.read_text(encoding="utf-8"))[:GPTQ_TOKENS]
+    return [ids]
+
+
+def int4_file(folder: Path, artifact_key: str) -> Path:
+    """Where an export keeps the int4 weights it computed (gptq), for `genai eval` to rebuild its QDQ model."""
+    return Path(folder) / f"{artifact_key}.int4.pt"
+
+
+def save_int4(path: Path, given: Mapping[str, tuple[torch.Tensor, torch.Tensor]]) -> None:
+    packed = {}
+    for name, (q, d) in given.items():
+        u = (q.to(torch.int16) + 8).to(torch.uint8).reshape(-1)
+        packed[name] = {"shape": tuple(q.shape), "nibbles": u[1::2] << 4 | u[::2], "scale": d.to(torch.bfloat16)}
+    tmp = path.with_name(path.name + ".partial")
+    torch.save(packed, tmp)
+    tmp.replace(path)
+
+
+def load_int4(path: Path) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    out = {}
+    for name, p in torch.load(path, weights_only=True).items():
+        u = torch.stack([p["nibbles"] & 15, p["nibbles"] >> 4], dim=1).reshape(p["shape"])
+        out[name] = (u.to(torch.int16) - 8).to(torch.int8), p["scale"].float()
+    return out
+
+
+RULES = {"mse": mse_qparams, "q4_0": q4_0_qparams, "torchao": torchao_qparams, "gptq": mse_qparams}  # gptq: without calibration
+
+
+def _given_qparams(name: str, q: torch.Tensor, d: torch.Tensor, shape: torch.Size, group: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Given int4 values and group scales (e.g. a GGUF's Q4_0 blocks) as XNNPACK can run them:
+    a block with a negative scale (llama.cpp's d < 0) is negated; its -8s would become +8, out of
+    range, and are clamped to +7 (logged: the only values this path changes)."""
+    q, d = q.to(torch.int8), d.float()
+    if tuple(q.shape) != tuple(shape) or d.dim() != 2 or d.shape[0] != shape[0] or shape[1] != d.shape[1] * group:
+        raise InputError(f"given weight of {name}: integers {tuple(q.shape)} and scales {tuple(d.shape)} "
+                         f"do not match the layer's {tuple(shape)} in groups of {group} (--group-size)")
+    if int(q.min()) < -8 or int(q.max()) > 7:
+        raise InputError(f"given weight of {name}: integers outside [-8, 7]")
+    negative = (d < 0).repeat_interleave(group, dim=1)
+    if negative.any():
+        clamped = int((negative & (q == -8)).sum())
+        q = torch.where(negative, -q.to(torch.int16), q.to(torch.int16)).clamp(-8, 7).to(torch.int8)
+        d = d.abs()
+        if clamped:
+            log.warning("%s: %d of %d given int4 values are -8 under a negative scale; stored as +7 of the "
+                        "negated scale (XNNPACK takes positive scales only)", name, clamped, q.numel())
+    return q, d
+
+
+def quantize_module(module: nn.Module, options: QuantOptions, given: Mapping[str, tuple[torch.Tensor, torch.Tensor]] | None = None) -> dict[str, str]:
+    """Quantize `module` in place; returns the recipe given to each layer.
+
+    `given` maps a linear's weight name (`layers.0.attention.wq.weight`) to int4 values [out, in]
+    in [-8, 7] and fp32 scales [out, in // 32] (a GGUF's Q4_0 blocks): with recipe 8da4w and group
+    size 32 that layer takes them as they are instead of quantizing its float weight. XNNPACK
+    stores group scales as bf16, so a scale keeps its value only if bf16 holds it."""
     from torchao.quantization import quantize_
 
+    given = dict(given or {})
     plan = {}
     if options.embedding:
         dim = next(m.embedding_dim for m in module.modules() if isinstance(m, nn.Embedding))
         if options.embedding == "4w" and dim % options.group_size:
             raise InputError(f"the embedding width {dim} is not a multiple of --group-size {options.group_size}; use --embedding 8w")
-        quantize_(module, _embedding_config(options.embedding, options.group_size), filter_fn=lambda m, _: isinstance(m, nn.Embedding))
+        if options.embedding == "4w" and options.weight_rule != "torchao":
+            for m in module.modules():
+                if isinstance(m, nn.Embedding):
+                    q, d = RULES[options.weight_rule](m.weight, options.group_size)
+                    m.weight = nn.Parameter(intx_weight(q, d, 4, m.weight.dtype, dynamic=False), requires_grad=False)
+        else:
+            quantize_(module, _embedding_config(options.embedding, options.group_size), filter_fn=lambda m, _: isinstance(m, nn.Embedding))
         plan.update({n: f"emb{options.embedding}" for n, m in module.named_modules() if isinstance(m, nn.Embedding)})
     linears = {n: recipe_for(n, options) for n, m in module.named_modules() if isinstance(m, nn.Linear)}
+    for name in linears:  # given int4 weights outrank the automatic 8-bit layers (AUTO_HEAD, AUTO_8BIT), not --quant-override
+        if f"{name}.weight" in given and options.recipe == "8da4w" and not any(re.search(p, name) for p, _ in options.overrides):
+            linears[name] = "8da4w"
+    unknown = sorted(set(given) - {f"{n}.weight" for n in linears})
+    if unknown:
+        raise InputError(f"given weights for layers the model does not have: {', '.join(unknown[:3])}")
     for recipe in sorted(set(linears.values()) - {"fp32"}):
         chosen = {n for n, r in linears.items() if r == recipe}
         if "4w" in recipe:
             too_narrow = sorted(n for n in chosen if module.get_submodule(n).in_features % options.group_size)
             if too_narrow:
                 raise InputError(f"{too_narrow[0]} has {module.get_submodule(too_narrow[0]).in_features} inputs, not a multiple of --group-size {options.group_size}")
-        quantize_(module, linear_config(recipe, options.group_size), filter_fn=lambda m, fqn, chosen=chosen: fqn in chosen)
+        if recipe == "8da4w" and options.weight_rule != "torchao" or recipe == "8da4w" and given:
+            for name in sorted(chosen):
+                linear = module.get_submodule(name)
+                key = f"{name}.weight"
+                if key in given:
+                    q, d = _given_qparams(key, *given.pop(key), linear.weight.shape, options.group_size)
+                else:
+                    q, d = RULES[options.weight_rule](linear.weight, options.group_size)
+                linear.weight = nn.Parameter(intx_weight(q, d, 4, linear.weight.dtype), requires_grad=False)
+        else:
+            quantize_(module, linear_config(recipe, options.group_size), filter_fn=lambda m, fqn, chosen=chosen: fqn in chosen)
+    if given:
+        raise InputError(f"given int4 weights need recipe 8da4w on their layers: {', '.join(sorted(given)[:3])} got "
+                         f"{', '.join(sorted({linears[k[: -len('.weight')]] for k in given}))}")
     plan.update(linears)
     return plan
 
@@ -271,9 +581,11 @@ def _cached_qdq(cache: Path | None, key: str, artifact: Artifact):
     return None
 
 
-def quantize(prepared: PreparedModel, options: QuantOptions, target, cache: Path | None = None) -> PreparedModel:
+def quantize(prepared: PreparedModel, options: QuantOptions, target, cache: Path | None = None,
+             given: Mapping[str, tuple[torch.Tensor, torch.Tensor]] | None = None) -> PreparedModel:
     """`target` (a targets.Target) supplies the quantizer of static recipes. With `cache` (the
-    output folder of an earlier export), a QDQ model calibrated there on the same inputs is reused."""
+    output folder of an earlier export), a QDQ model calibrated there on the same inputs is reused.
+    `given`: int4 weights taken as they are (see quantize_module)."""
     if options.is_float:
         return prepared
     artifacts = {}
@@ -289,7 +601,22 @@ def quantize(prepared: PreparedModel, options: QuantOptions, target, cache: Path
             graphs = {name: dataclasses.replace(g, module=deploy) for name, g in artifact.graphs.items()}
             artifact = dataclasses.replace(artifact, graphs=graphs, qdq=qdq, qdq_key=stamp)
         else:
-            plan = quantize_module(artifact.module, options)
+            computed = None
+            if options.recipe == "8da4w" and options.weight_rule == "gptq" and not given:
+                started = time.perf_counter()
+                names = {n for n, m in artifact.module.named_modules() if isinstance(m, nn.Linear) and recipe_for(n, options) == "8da4w"}
+                samples = gptq_samples(prepared, options)
+                state = {k: v.clone() for k, v in artifact.module.named_buffers()}  # the KV cache, as it was
+                computed = gptq_weights(artifact.module, names, samples, prepared.options.max_seq_len, options.group_size)
+                for k, v in artifact.module.named_buffers():
+                    v.copy_(state[k])
+                log.info("gptq: %d layers on %d calibration tokens in %.0f s", len(names), sum(map(len, samples)), time.perf_counter() - started)
+            if cache is not None:
+                int4_file(cache, key.value).unlink(missing_ok=True)
+            plan = quantize_module(artifact.module, options, computed or given)
+            if computed and cache is not None:
+                Path(cache).mkdir(parents=True, exist_ok=True)
+                save_int4(int4_file(cache, key.value), computed)
             counts = {r: sum(1 for v in plan.values() if v == r) for r in sorted(set(plan.values()))}
             log.info("quantized %s: %s", key.value, ", ".join(f"{n} layers {r}" for r, n in counts.items()))
         artifacts[key] = artifact

@@ -2,6 +2,7 @@
 
 import json
 import operator
+from pathlib import Path
 import re
 import subprocess
 import sys
@@ -76,7 +77,13 @@ def test_embedding_follows_the_recipe_unless_told(recipe, embedding, want):
 
 def test_auto_embedding_is_quantized_with_the_linear_layers(tiny_eager):
     plan = quantize_module(tiny_eager(), QuantOptions(recipe="8da4w"))
-    assert plan["tok_embeddings"] == "emb4w" and plan["output"] == "8da4w"
+    assert plan["tok_embeddings"] == "emb4w" and plan["output"] == "8da4w"  # GPTQ quantizes the head to 4 bits
+    assert plan["layers.0.attention.wv"] == plan["layers.1.feed_forward.w2"] == "8da8w"  # AUTO_8BIT
+    assert plan["layers.0.attention.wq"] == plan["layers.0.feed_forward.w1"] == "8da4w"
+    plan = quantize_module(tiny_eager(), QuantOptions(recipe="8da4w", weight_rule="mse"))
+    assert plan["output"] == "8da8w"  # uncalibrated, the LM head stays at 8 bits (AUTO_HEAD)
+    plan = quantize_module(tiny_eager(), QuantOptions(recipe="8da4w", head="8da4w", keep_8bit=()))
+    assert plan["output"] == "8da4w" and plan["layers.0.attention.wv"] == "8da4w"
 
 
 @pytest.mark.parametrize("bad", [dict(recipe="int3"), dict(embedding="2w"), dict(group_size=48), dict(overrides=(("(", "8da4w"),))])
@@ -94,10 +101,11 @@ def _inspect(folder):
 def test_quantized_hybrid_program_stores_the_weights_once_and_is_small(export_reference):
     hybrid, kv, fp32 = (_inspect(export_reference(m, q)) for m, q in (("hybrid", Q4), ("kv", Q4), ("hybrid", QuantOptions())))
     assert hybrid["file_bytes"] <= 1.02 * kv["file_bytes"], (hybrid["file_bytes"], kv["file_bytes"])
-    # fp32 stores its tied table once; here the int4 head and the int8 lookup are two tables.
+    # fp32 stores its tied table once; here the int4 head and the int8 lookup are two tables, and wv
+    # and w2 are at 8 bits under 8da4w (AUTO_8BIT; bench/README).
     assert hybrid["file_bytes"] <= 0.22 * fp32["file_bytes"], (hybrid["file_bytes"], fp32["file_bytes"])
     manifest = json.loads((export_reference("hybrid", Q4) / "manifest.json").read_text())
-    assert manifest["recipe"] == "8da4w-g32+emb8w" and manifest["quantization"]["embedding"] == "8w"
+    assert manifest["recipe"] == "8da4w-g32+emb8w+attention.wv=8da8w+feed_forward.w2=8da8w" and manifest["quantization"]["embedding"] == "8w"
 
 
 def _qparams(graph_module):
@@ -180,3 +188,102 @@ def test_8a8w_reference_program_tracks_its_float_model(export_reference, capsys)
     ppl = result["perplexity"]
     assert ppl["program"] <= 1.01 * ppl["float"]  # measured +0.06 % (+1.4 % with a static scale on the LM head)
     assert abs(ppl["program"] / ppl["qdq"] - 1) < 0.01  # the program runs the QDQ model it was lowered from
+
+
+def _given_int4(shape, seed):
+    """Random int4 values and positive and negative group scales that bf16 holds exactly."""
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randint(-8, 8, shape, generator=g, dtype=torch.int8)
+    d = (torch.rand(shape[0], shape[1] // 32, generator=g) * 0.02 + 0.001).to(torch.bfloat16).float()
+    return q, d * torch.where(torch.rand(d.shape, generator=g) < 0.5, -1.0, 1.0)
+
+
+def _xnnpack_int4(q):
+    """XNNPACK's stored form of int4 weights [out, in]: value + 8, two to a byte, the even column low."""
+    u = (q.to(torch.int16) + 8).to(torch.uint8).reshape(-1)
+    return (u[1::2] << 4 | u[::2]).numpy().tobytes()
+
+
+def test_given_int4_weights_and_scales_are_what_the_program_stores(tiny_checkpoint, tmp_path):
+    from genai_pipeline.compile import compile_artifacts
+    from genai_pipeline.inspect import _read_program
+
+    options = PrepareOptions(mode="kv", max_seq_len=64, checkpoint=tiny_checkpoint)
+    prepared = prepare(get_spec("smollm2-135m"), options)
+    module = next(iter(prepared.artifacts.values())).module
+    names = ["layers.0.attention.wq.weight", "layers.1.feed_forward.w2.weight", "layers.1.attention.wv.weight"]  # wv: 8-bit unless given
+    given = {n: _given_int4(module.get_parameter(n).shape, i) for i, n in enumerate(names)}
+    q_quant = quantize(prepared, QuantOptions(recipe="8da4w", embedding="8w"), get_target("xnnpack"), given=given)
+    # What it stores: a negative scale's block negated (XNNPACK takes positive scales), -8 -> +7 there.
+    want = {}
+    for n, (q, d) in given.items():
+        neg = (d < 0).repeat_interleave(32, dim=1)
+        want[n] = (torch.where(neg, -q.to(torch.int16), q.to(torch.int16)).clamp(-8, 7).to(torch.int8), d.abs())
+    constants = _exported_constants(q_quant)["decode"]
+    for n, (q, d) in want.items():
+        key = next(k for k in constants if k.endswith(n + ".qdata"))
+        assert torch.equal(constants[key], q), n
+        assert torch.equal(constants[key.replace(".qdata", ".scale")], d), n
+    compile_artifacts(q_quant, get_target("xnnpack"), tmp_path)
+    program, segment = _read_program(tmp_path / "text_decoder.pte")
+    stored = {entry.key: segment(entry.segment_index) for entry in program.named_data}
+    blobs = set(stored.values())
+    for n, (q, d) in want.items():
+        assert _xnnpack_int4(q) in blobs, f"{n}: the program does not hold the given integers"
+        assert d.to(torch.bfloat16).view(torch.int16).numpy().tobytes() in blobs, f"{n}: the program does not hold the given scales"
+
+
+def test_given_weights_are_checked(tiny_eager):
+    model = tiny_eager()
+    shape = model.layers[0].attention.wq.weight.shape
+    with pytest.raises(InputError, match="do not match"):
+        quantize_module(model, QuantOptions(recipe="8da4w"), {"layers.0.attention.wq.weight": _given_int4((shape[0], 32), 0)})
+    with pytest.raises(InputError, match="does not have"):
+        quantize_module(tiny_eager(), QuantOptions(recipe="8da4w"), {"nope.weight": _given_int4(shape, 0)})
+    with pytest.raises(InputError, match="need recipe 8da4w"):
+        quantize_module(tiny_eager(), QuantOptions(recipe="8da8w"), {"layers.0.attention.wq.weight": _given_int4(shape, 0)})
+
+
+@pytest.mark.parametrize("rule", ["mse", "q4_0", "torchao"])
+def test_4bit_rules_give_xnnpack_scales(rule):
+    from genai_pipeline.quantize import RULES
+
+    w = torch.randn(64, 128) * torch.rand(64, 1)
+    q, d = RULES[rule](w, 32)
+    assert q.dtype == torch.int8 and int(q.min()) >= -8 and int(q.max()) <= 7 and d.shape == (64, 4)
+    assert (d > 0).all() and torch.equal(d, d.to(torch.bfloat16).float())  # positive, as stored (bf16)
+    err = {r: (torch.repeat_interleave(RULES[r](w, 32)[1], 32, 1) * RULES[r](w, 32)[0] - w).pow(2).sum() for r in RULES}
+    assert err["mse"] <= min(err.values()) * 1.0001  # the search spans the others' scales
+
+
+def test_gptq_beats_round_to_nearest_on_the_layer_output_and_round_trips():
+    from genai_pipeline.quantize import gptq_qparams, int4_file, load_int4, mse_qparams, save_int4
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2048, 128, generator=g) @ torch.randn(128, 128, generator=g) * 0.1  # correlated inputs
+    w = torch.randn(48, 128, generator=g)
+    errors = {}
+    for name, (q, d) in {"gptq": gptq_qparams(w, x.T @ x, 32), "mse": mse_qparams(w, 32)}.items():
+        assert (d > 0).all() and int(q.min()) >= -8 and int(q.max()) <= 7
+        errors[name] = (x @ (q * d.repeat_interleave(32, 1)).T - x @ w.T).pow(2).mean()
+    assert errors["gptq"] < 0.7 * errors["mse"], errors
+    path = int4_file(Path(__import__("tempfile").mkdtemp()), "text_decoder")
+    save_int4(path, {"a.weight": (q, d)})
+    q2, d2 = load_int4(path)["a.weight"]
+    assert torch.equal(q2, q) and torch.equal(d2, d)
+
+
+def test_gptq_solves_together_only_the_layers_that_read_one_input(tiny_eager):
+    from torch import nn
+
+    from genai_pipeline.quantize import input_hessians
+
+    model = tiny_eager()
+    names = {n for n, m in model.named_modules() if isinstance(m, nn.Linear) and n != "output"}
+    _, shared = input_hessians(model, names, [list(range(1, 40))], 16)
+    groups = {tuple(g) for g in shared.values()}
+    for i in range(2):
+        a, f = f"layers.{i}.attention.", f"layers.{i}.feed_forward."
+        assert (a + "wk", a + "wq", a + "wv") in groups and (a + "wo",) in groups
+        assert (f + "w1", f + "w3") in groups and (f + "w2",) in groups
+    assert len(groups) == 2 * 4

@@ -1,0 +1,372 @@
+"""Accuracy of our quantization recipes on a real model, as programs, beside llama.cpp's.
+
+For each variant (a QuantOptions of ours): export the program in a child process (prepare ->
+quantize -> compile, the Python API, so that options the CLI does not expose, e.g. today's
+torchao weight rule, can be measured), score the PROGRAM with `genai eval` on the same token ids
+(perplexity, top-1 agreement and KL divergence against the float model), its file size, and
+decode / prefill speed with `genai bench` (round-robin over the variants, medians). Writes JSON
+and a perplexity-vs-size chart (PNG) under bench/results and prints a table.
+
+    .venv/bin/python bench/accuracy.py --checkpoint /tmp/smollm2-fp32 \\
+        --text assets/reference/heldout.txt [--variants 8da4w 8da4w-today 8da8w] [--repeats 3]
+    .venv/bin/python bench/accuracy.py --checkpoint /tmp/smollm2-fp32 --levers [LEVER ...]   # eager study
+
+llama.cpp rows: with `--llamacpp` and llama-cpp-python in bench/.envs/llamacpp (bench/compare.py
+builds it) they would be measured on the same ids; that is not wired here yet, so the rows given
+are the figures a colleague measured on SmolLM2-135M-Instruct (same 1022 tokens of heldout.txt,
+windows of 512), marked `reference: true`. Sizes are MiB (2^20 bytes), as those figures are.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+import zlib
+import struct
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+
+# name -> QuantOptions keyword arguments
+VARIANTS = {
+    "8da4w": {"recipe": "8da4w"},  # the default: gptq (head too), wv and w2 8da8w, embedding 4w
+    "8da4w-head8": {"recipe": "8da4w", "head": "8da8w", "keep_8bit": ["\\.attention\\.wv$"]},  # gptq, head and wv 8-bit
+    "8da4w-mse": {"recipe": "8da4w", "weight_rule": "mse", "keep_8bit": []},  # no calibration: mse scales, head 8da8w
+    "8da4w-nowv8": {"recipe": "8da4w", "keep_8bit": []},  # gptq, all 4-bit
+    "8da4w-today": {"recipe": "8da4w", "weight_rule": "torchao", "head": "8da4w", "keep_8bit": []},  # the default before
+    "8da4w-head4": {"recipe": "8da4w", "keep_8bit": ["\\.attention\\.wv$"]},  # gptq, wv 8-bit: <= 92 MiB
+    "8da4w-mse-head4": {"recipe": "8da4w", "weight_rule": "mse", "head": "8da4w", "keep_8bit": []},
+    "8da4w-q4_0": {"recipe": "8da4w", "weight_rule": "q4_0"},
+    "8da4w-emb8w": {"recipe": "8da4w", "embedding": "8w"},
+    "8da8w": {"recipe": "8da8w"},
+    "8da8w-emb4w": {"recipe": "8da8w", "embedding": "4w"},
+}
+
+# SmolLM2-135M-Instruct, 1022 tokens of heldout.txt, windows of 512 (the issue; not re-run here)
+LLAMACPP_REFERENCE = [
+    {"system": "llama.cpp", "variant": "F32", "file_mib": None, "perplexity": 19.74, "reference": True},
+    {"system": "llama.cpp", "variant": "Q8_0", "file_mib": 145, "perplexity": 19.78, "reference": True},
+    {"system": "llama.cpp", "variant": "Q6_K", "file_mib": 138, "perplexity": 20.09, "reference": True},
+    {"system": "llama.cpp", "variant": "Q4_K_M", "file_mib": 105, "perplexity": 21.28, "reference": True},
+    {"system": "llama.cpp", "variant": "Q4_0", "file_mib": 92, "perplexity": 23.52, "reference": True},
+]
+
+
+def _child(argv: list[str], env=None) -> str:
+    done = subprocess.run(argv, capture_output=True, text=True, env=env)
+    if done.returncode != 0:
+        raise SystemExit(f"failed ({done.returncode}): {' '.join(argv)}\n{done.stderr[-2000:]}")
+    return done.stdout
+
+
+def export_one(checkpoint: str, out: str, quant: dict) -> None:
+    """In a child process: prepare -> quantize -> compile with QuantOptions(**quant)."""
+    from genai_pipeline.compile import compile_artifacts
+    from genai_pipeline.checkpoints import infer_checkpoint_spec
+    from genai_pipeline.prepare import PrepareOptions, prepare
+    from genai_pipeline.quantize import QuantOptions, quantize
+    from genai_pipeline.targets import get_target
+
+    spec, _ = infer_checkpoint_spec(Path(checkpoint))
+    target = get_target("xnnpack")
+    prepared = quantize(prepare(spec, PrepareOptions(checkpoint=Path(checkpoint))), QuantOptions(**quant), target, cache=Path(out))
+    compile_artifacts(prepared, target, Path(out))
+
+
+def _exported(folder: Path, quant: dict) -> bool:
+    manifest = folder / "manifest.json"
+    return manifest.is_file() and (folder / ".quant.json").is_file() and json.loads((folder / ".quant.json").read_text()) == quant
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--checkpoint", help="a Hugging Face folder (fp32 safetensors)")
+    p.add_argument("--text", default=str(REPO / "assets" / "reference" / "heldout.txt"))
+    p.add_argument("--max-tokens", type=int, default=1024)
+    p.add_argument("--window", type=int, default=512)
+    p.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
+    p.add_argument("--repeats", type=int, default=3, help="rounds of genai bench over the variants")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--work", default=str(HERE / ".work" / "accuracy"), help="exports are cached here")
+    p.add_argument("--llamacpp", action="store_true", help="measure llama.cpp too (not wired yet: reference rows)")
+    p.add_argument("--json", default=str(HERE / "results" / "accuracy.json"))
+    p.add_argument("--levers", nargs="*", choices=list(LEVERS), help="the eager fake-quant study instead (all levers if none named)")
+    p.add_argument("--calib-text", default=str(REPO / "assets" / "reference" / "sample.txt"), help="for the levers that calibrate")
+    p.add_argument("--calib-tokens", type=int, default=4096)
+    p.add_argument("--export-one", nargs=3, metavar=("CHECKPOINT", "OUT", "QUANT_JSON"), help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.export_one:
+        return export_one(args.export_one[0], args.export_one[1], json.loads(args.export_one[2]))
+    if not args.checkpoint:
+        p.error("--checkpoint is required")
+    if args.levers is not None:
+        return levers(args)
+
+    env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    cli = [sys.executable, "-m", "genai_pipeline.cli"]
+    work = Path(args.work) / Path(args.checkpoint).name
+    rows = {}
+    for name in args.variants:
+        quant, folder = VARIANTS[name], work / name
+        if not _exported(folder, quant):
+            t = time.perf_counter()
+            _child([sys.executable, __file__, "--export-one", args.checkpoint, str(folder), json.dumps(quant)], env)
+            (folder / ".quant.json").write_text(json.dumps(quant))
+            print(f"exported {name} in {time.perf_counter() - t:.0f} s", file=sys.stderr, flush=True)
+        result = json.loads(_child([*cli, "eval", str(folder), "--text", args.text, "--max-tokens", str(args.max_tokens),
+                                    "--window", str(args.window), "--json"], env))
+        manifest = json.loads((folder / "manifest.json").read_text())
+        rows[name] = {
+            "system": "genai", "variant": name, "quant": quant, "recipe": manifest["recipe"],
+            "file_mib": round((folder / "text_decoder.pte").stat().st_size / 2**20, 1),
+            "perplexity": round(result["perplexity"]["program"], 3),
+            "float_perplexity": round(result["perplexity"]["float"], 3),
+            "qdq_perplexity": round(result["perplexity"]["qdq"], 3) if result["perplexity"]["qdq"] else None,
+            "top1_agreement": round(result["top1_agreement"], 4), "kl_divergence": round(result["kl_divergence"], 4),
+            "tokens": result["tokens"], "decode": [], "prefill": [],
+        }
+        print(f"scored {name}: ppl {rows[name]['perplexity']}", file=sys.stderr, flush=True)
+    for _ in range(args.repeats):  # round-robin: every variant sees the same load, in turn
+        for name in args.variants:
+            out = json.loads(_child([*cli, "bench", str(work / name), "--json", "--repeats", "3", "--threads", str(args.threads)], env))
+            rows[name]["decode"].append(out["decode_tokens_per_s"])
+            rows[name]["prefill"].append(out["prefill_tokens_per_s"])
+    for row in rows.values():
+        row["decode_tokens_per_s"] = statistics.median(row["decode"]) if row["decode"] else None
+        row["prefill_tokens_per_s"] = statistics.median(row["prefill"]) if row["prefill"] else None
+
+    fp = next(iter(rows.values()))["float_perplexity"] if rows else LLAMACPP_REFERENCE[0]["perplexity"]
+    all_rows = list(rows.values()) + LLAMACPP_REFERENCE
+    for row in all_rows:
+        row["vs_float"] = round(row["perplexity"] / (fp if row["system"] == "genai" else LLAMACPP_REFERENCE[0]["perplexity"]) - 1, 4)
+    print(f"{'system':<10} {'variant':<14} {'MiB':>6} {'ppl':>7} {'vs fp32':>8} {'top-1':>6} {'KL':>6} {'decode':>7} {'prefill':>8}")
+    for r in all_rows:
+        f = lambda k, fmt: format(r[k], fmt) if r.get(k) is not None else "-"
+        print(f"{r['system']:<10} {r['variant']:<14} {f('file_mib', '6.1f'):>6} {r['perplexity']:7.2f} {100 * r['vs_float']:+7.1f}% "
+              f"{f('top1_agreement', '6.3f'):>6} {f('kl_divergence', '6.3f'):>6} {f('decode_tokens_per_s', '7.1f'):>7} "
+              f"{f('prefill_tokens_per_s', '8.1f'):>8}" + ("  (reference figures, not re-run)" if r.get("reference") else ""))
+    result = {
+        "checkpoint": args.checkpoint, "text": args.text, "max_tokens": args.max_tokens, "window": args.window,
+        "float_perplexity": fp, "threads": args.threads, "repeats": args.repeats,
+        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "load": os.getloadavg()},
+        "llamacpp": "reference figures from the issue (not re-run)", "rows": all_rows,
+    }
+    out = Path(args.json)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    png = out.with_suffix(".png")
+    png.write_bytes(chart([r for r in all_rows if r.get("file_mib")]))
+    print(f"wrote {out} and {png}")
+
+
+# ---- the eager fake-quant study: quantize the float model in eager mode and score it (no lowering)
+
+LEVERS = {  # name -> fake_quantize keyword arguments; weights as the program would hold them
+    "body torchao (today's rule)": dict(rule="torchao", emb="float"),
+    "body Q4_0, negative scales (not runnable)": dict(rule="q4_0neg", emb="float"),
+    "body Q4_0, positive scales": dict(rule="q4_0", emb="float"),
+    "body mse": dict(rule="mse", emb="float"),
+    "body mse, weights only (no act quant)": dict(rule="mse", emb="float", act=False),
+    "body mse + emb 4w": dict(rule="mse", emb="4"),
+    "body mse + emb 4w + head 4-bit": dict(rule="mse", emb="4", head=4),
+    "body torchao + emb 4w + head 4-bit (today)": dict(rule="torchao", emb="4", head=4),
+    "body mse g16": dict(rule="mse", emb="float", group_size=16),
+    "body mse g64": dict(rule="mse", emb="float", group_size=64),
+    "body mse, wv 8-bit": dict(rule="mse", emb="float", eight=("wv",)),
+    "body mse, wv + w2 8-bit": dict(rule="mse", emb="float", eight=("wv", "w2")),
+    "body mse weighted by calibration (imatrix)": dict(rule="wmse", emb="4"),
+    "body GPTQ (calibration)": dict(rule="gptq", emb="4"),
+    "body GPTQ, wv 8-bit": dict(rule="gptq", emb="4", eight=("wv",)),
+    "body GPTQ, head 4-bit": dict(rule="gptq", emb="4", head=4),
+    "body mse, wv 8-bit + emb 4w": dict(rule="mse", emb="4", eight=("wv",)),
+    "8da8w body": dict(rule="mse", emb="float", eight=(".",)),
+    "8da8w body, weights only (no act quant)": dict(rule="mse", emb="float", eight=(".",), act=False),
+}
+
+
+def _neg_q4_0(w, group_size):
+    """llama.cpp's Q4_0 exactly: d = (signed value of largest magnitude) / -8, negative scales."""
+    import torch
+    from genai_pipeline.quantize import _groups
+
+    g = _groups(w, group_size)
+    d = g.gather(-1, g.abs().argmax(-1, keepdim=True)) / -8
+    d = torch.where(d == 0, torch.ones_like(d), d)
+    return torch.clamp(torch.round(g / d), -8, 7).reshape(w.shape).to(torch.int8), d.squeeze(-1)
+
+
+def fake_quantize(model, hessians, rule="mse", group_size=32, head=8, emb="float", eight=(), act=True):
+    """Our 8da4w on an eager model: 4-bit linears by `rule`, layers matching `eight` and the head
+    (head=8) at 8 bits per channel, the embedding 4w / 8w / float."""
+    import re
+
+    import torch
+    from torch import nn
+
+    from genai_pipeline.quantize import RULES, gptq_qparams, intx_weight, mse_qparams, torchao_qparams, wmse_qparams
+
+    rules = {**RULES, "q4_0neg": _neg_q4_0}
+    for name, m in list(model.named_modules()):
+        if isinstance(m, nn.Linear):
+            bits = 8 if (name == "output" and head == 8) or any(re.search(p, name) for p in eight) else 4
+            if bits == 8:
+                q, d = torchao_qparams(m.weight, m.in_features, 8, bf16=False)
+            elif rule == "wmse":
+                q, d = wmse_qparams(m.weight, group_size, torch.diag(hessians[name]))
+            elif rule == "gptq":
+                q, d = gptq_qparams(m.weight, hessians[name], group_size)
+            else:
+                q, d = rules[rule](m.weight, group_size)
+            m.weight = nn.Parameter(intx_weight(q, d, bits, dynamic=act), requires_grad=False)
+        elif isinstance(m, nn.Embedding) and emb != "float":
+            q, d = mse_qparams(m.weight, group_size, 4, bf16=False) if emb == "4" else torchao_qparams(m.weight, m.embedding_dim, 8, bf16=False)
+            m.weight = nn.Parameter(intx_weight(q, d, int(emb), dynamic=False), requires_grad=False)
+    return model
+
+
+def levers(args) -> None:
+    """Each lever of LEVERS on the eager model: perplexity, top-1 and KL against float."""
+    import copy
+    import math
+
+    import torch
+    from torch import nn
+
+    from genai_pipeline.checkpoints import infer_checkpoint_spec, load_decoder
+    from genai_pipeline.runtime.session import EagerSession
+    from genai_pipeline.runtime.tokenizer import Tokenizer
+
+    spec, _ = infer_checkpoint_spec(Path(args.checkpoint))
+    model = load_decoder(spec, Path(args.checkpoint), args.window).eval()
+    tok = Tokenizer.from_folder(Path(args.checkpoint), bos_id=spec.bos_id)
+    ids = tok.encode(Path(args.text).read_text(encoding="utf-8"))[: args.max_tokens]
+    windows = [ids[i : i + args.window] for i in range(0, len(ids) - 1, args.window)]
+    targets = [torch.tensor(w[1:]) for w in windows]
+
+    @torch.no_grad()
+    def logprobs(m):
+        session, out = EagerSession(m, args.window), []
+        for w in windows:
+            session.reset()
+            out.append(torch.log_softmax(session.score(w)[:-1].float(), -1))
+        return out
+
+    hessians = {}  # per linear: X^T X of its inputs over the calibration text
+    def hook(name):
+        def record(_, inputs, __):
+            x = inputs[0].detach().reshape(-1, inputs[0].shape[-1]).float()
+            hessians[name] = hessians.get(name, 0) + x.T @ x
+        return record
+    handles = [m.register_forward_hook(hook(n)) for n, m in model.named_modules() if isinstance(m, nn.Linear)]
+    calib = tok.encode(Path(args.calib_text).read_text(encoding="utf-8"))[: args.calib_tokens]
+    with torch.no_grad():
+        session = EagerSession(model, args.window)
+        for i in range(0, len(calib), args.window):
+            session.reset()
+            session.score(calib[i : i + args.window])
+    for h in handles:
+        h.remove()
+
+    base = logprobs(model)
+    n = sum(len(t) for t in targets)
+    def metrics(lp):
+        nll = sum(-l.gather(1, t[:, None]).sum().item() for l, t in zip(lp, targets))
+        top1 = sum((p.argmax(-1) == q.argmax(-1)).sum().item() for p, q in zip(base, lp)) / n
+        kl = sum((p.exp() * (p - q)).sum().item() for p, q in zip(base, lp)) / n
+        return math.exp(nll / n), top1, kl
+    fp = metrics(base)[0]
+    rows = [{"lever": "float", "perplexity": fp}]
+    print(f"float perplexity {fp:.3f} on {n} tokens; calibration (imatrix, GPTQ): {len(calib)} tokens of {args.calib_text}")
+    for name in args.levers or LEVERS:
+        t = time.perf_counter()
+        ppl, top1, kl = metrics(logprobs(fake_quantize(copy.deepcopy(model), hessians, **LEVERS[name])))
+        rows.append({"lever": name, "settings": LEVERS[name], "perplexity": ppl, "vs_float": ppl / fp - 1, "top1_agreement": top1, "kl_divergence": kl})
+        print(f"{name:<46} ppl {ppl:7.3f} ({100 * (ppl / fp - 1):+6.1f} %)  top-1 {100 * top1:5.1f} %  KL {kl:.4f}  [{time.perf_counter() - t:.0f} s]", flush=True)
+    out = Path(args.json).with_name("levers.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"checkpoint": args.checkpoint, "text": args.text, "tokens": n, "window": args.window, "rows": rows}, indent=2, default=str) + "\n")
+    print(f"wrote {out}")
+
+
+# A small PNG chart with the standard library only (the venv has neither matplotlib nor Pillow).
+_FONT = {  # 3x5 pixels per glyph, rows top to bottom
+    "0": "111101101101111", "1": "010110010010111", "2": "111001111100111", "3": "111001111001111",
+    "4": "101101111001001", "5": "111100111001111", "6": "111100111101111", "7": "111001001001001",
+    "8": "111101111101111", "9": "111101111001111", ".": "000000000000010", "%": "101001010100101",
+    "+": "000010111010000", "-": "000000111000000", " ": "000000000000000", "_": "000000000000111",
+    "M": "101111111101101", "i": "010000010010010", "B": "110101110101110", "G": "111100101101111",
+    "L": "100100100100111", "Q": "111101101111001", "K": "101110100110101", "a": "000111011101111",
+    "d": "001001111101111", "w": "000101101111101", "x": "000101010101000", "p": "000111101111100",
+    "l": "010010010010010", "e": "000111111100111", "r": "000111100100100", "s": "000111110011111",
+    "y": "000101111001111", "m": "000111111101101", "o": "000111101101111", "h": "100100111101101",
+    "t": "010111010010011", "n": "000110101101101", "b": "100100111101111", "c": "000111100100111",
+    "g": "000111101111011", "k": "100101110110101", "v": "000101101101010", "f": "011100110100100",
+    "F": "111100110100100", "_": "000000000000111",
+}
+
+
+def _text(img, x, y, s, color, scale=2):
+    for ch in s:
+        glyph = _FONT.get(ch, _FONT.get(ch.lower(), "000000000000000"))
+        for i, bit in enumerate(glyph):
+            if bit == "1":
+                for dy in range(scale):
+                    for dx in range(scale):
+                        _px(img, x + (i % 3) * scale + dx, y + (i // 3) * scale + dy, color)
+        x += 4 * scale
+
+
+def _px(img, x, y, color):
+    w, h, buf = img
+    if 0 <= x < w and 0 <= y < h:
+        buf[(y * w + x) * 3 : (y * w + x) * 3 + 3] = bytes(color)
+
+
+def chart(rows, w=900, h=560) -> bytes:
+    """Perplexity (vs its float) against file size: genai blue, llama.cpp red, labelled."""
+    img = (w, h, bytearray(b"\xff" * w * h * 3))
+    left, right, top, bottom = 70, w - 20, 20, h - 50
+    xs = [r["file_mib"] for r in rows]
+    ys = [100 * r["vs_float"] for r in rows]
+    x0, x1 = min(xs) * 0.95, max(xs) * 1.05
+    y0, y1 = min(0.0, min(ys)), max(ys) * 1.1 + 1
+    sx = lambda v: int(left + (v - x0) / (x1 - x0) * (right - left))
+    sy = lambda v: int(bottom - (v - y0) / (y1 - y0) * (bottom - top))
+    for x in range(left, right):
+        _px(img, x, bottom, (0, 0, 0))
+    for y in range(top, bottom):
+        _px(img, left, y, (0, 0, 0))
+    for i in range(6):
+        v = y0 + (y1 - y0) * i / 5
+        _text(img, 5, sy(v) - 5, f"{v:+.0f}%", (0, 0, 0))
+        for x in range(left, right, 6):
+            _px(img, x, sy(v), (200, 200, 200))
+        u = x0 + (x1 - x0) * i / 5
+        _text(img, sx(u) - 10, bottom + 8, f"{u:.0f}", (0, 0, 0))
+    _text(img, right - 150, bottom + 30, "file MiB", (0, 0, 0))
+    _text(img, left + 10, top, "perplexity vs fp32", (0, 0, 0))
+    for r, x, y in zip(rows, xs, ys):
+        color = (200, 30, 30) if r["system"] == "llama.cpp" else (30, 60, 200)
+        cx, cy = sx(x), sy(y)
+        for dx in range(-4, 5):
+            for dy in range(-4, 5):
+                if dx * dx + dy * dy <= 16:
+                    _px(img, cx + dx, cy + dy, color)
+        _text(img, cx + 7, cy - 5, r["variant"], color)
+    raw = b"".join(b"\x00" + bytes(img[2][y * w * 3 : (y + 1) * w * 3]) for y in range(h))
+
+    def chunk(kind, data):
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
+
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 8, 2, 0, 0, 0)) + chunk(b"IDAT", zlib.compress(raw, 9)) + chunk(b"IEND", b"")
+
+
+if __name__ == "__main__":
+    main()
