@@ -102,8 +102,8 @@ def test_quantized_hybrid_program_stores_the_weights_once_and_is_small(export_re
     hybrid, kv, fp32 = (_inspect(export_reference(m, q)) for m, q in (("hybrid", Q4), ("kv", Q4), ("hybrid", QuantOptions())))
     assert hybrid["file_bytes"] <= 1.02 * kv["file_bytes"], (hybrid["file_bytes"], kv["file_bytes"])
     # fp32 stores its tied table once; here the int4 head and the int8 lookup are two tables, and wv
-    # and w2 are at 8 bits under 8da4w (AUTO_8BIT; bench/README).
-    assert hybrid["file_bytes"] <= 0.22 * fp32["file_bytes"], (hybrid["file_bytes"], fp32["file_bytes"])
+    # and w2 are at 8 bits under 8da4w (AUTO_8BIT; bench/README): 0.24x of the fp32 program.
+    assert hybrid["file_bytes"] <= 0.25 * fp32["file_bytes"], (hybrid["file_bytes"], fp32["file_bytes"])
     manifest = json.loads((export_reference("hybrid", Q4) / "manifest.json").read_text())
     assert manifest["recipe"] == "8da4w-g32+emb8w+attention.wv=8da8w+feed_forward.w2=8da8w" and manifest["quantization"]["embedding"] == "8w"
 

@@ -36,12 +36,12 @@ def test_a_quantized_export_records_its_verification(tmp_path):
 def test_a_broken_recipe_trips_the_warning(tmp_path, monkeypatch):
     real = quantize.quantize_module
 
-    def broken(module, options):  # the rows of every down projection shuffled before quantizing
+    def broken(module, options, *args, **kwargs):  # the rows of every down projection shuffled before quantizing
         with torch.no_grad():
             for layer in module.layers:
                 w = layer.feed_forward.w2.weight
                 w.copy_(w[torch.randperm(w.shape[0], generator=torch.Generator().manual_seed(0))])
-        return real(module, options)
+        return real(module, options, *args, **kwargs)
 
     monkeypatch.setattr(quantize, "quantize_module", broken)
     stderr = export(tmp_path / "broken", "--recipe", "8da8w")
