@@ -49,6 +49,9 @@ class Artifact:
     quantize_graph: GraphBundle | None = None
     qdq: Any = None  # the calibrated QDQ model (an ExportedProgram), once quantized statically
     qdq_key: str | None = None  # hash of everything its calibration depended on
+    # int4 weights chosen by calibration (gptq) or taken from the checkpoint (a GGUF's Q4_0):
+    # {linear weight name: (values, scales)}, kept beside the program for `genai eval`
+    int4: Any = None
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ from genai_pipeline.data.chat_template import read_chat_template
 from genai_pipeline.errors import ExportError
 from genai_pipeline.executorch_program_manager import store_shared_bytes_once
 from genai_pipeline.lowering import lower_grouped, to_edge_transform_and_lower
+from genai_pipeline.quantize import int4_file, save_int4
 from genai_pipeline.targets import Target
 
 log = logging.getLogger(__name__)
@@ -154,6 +155,8 @@ def compile_artifacts(prepared: PreparedModel, target: Target, out: Path) -> Art
             torch.export.save(artifact.qdq, tmp)
             tmp.replace(out / f"{key.value}.qdq.pt2")
             atomic_write(out / f".{key.value}.qdq.key", artifact.qdq_key or "")  # lets a re-run reuse it
+        if artifact.int4:  # int4 weights chosen by calibration or taken from a GGUF, for `genai eval`
+            save_int4(int4_file(out, key.value), artifact.int4)
     blocked = target.lowering_blocked()
     programs = {} if blocked else _lower_all(prepared, target, out)
     if prepared.tokenizer_file is not None:  # tokenizer.json or tokenizer.model, under its own name

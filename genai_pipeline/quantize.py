@@ -581,6 +581,27 @@ def _cached_qdq(cache: Path | None, key: str, artifact: Artifact):
     return None
 
 
+def checkpoint_int4(prepared: PreparedModel, options: QuantOptions) -> dict | None:
+    """A GGUF checkpoint's Q4_0 tensors where the recipe's grid is the file's (8da4w, group 32:
+    symmetric int4, one scale per 32 weights): the program then holds the integers and scales
+    llama.cpp runs, not a re-quantization of their dequantized values."""
+    from genai_pipeline.checkpoints import gguf
+
+    if options.recipe != "8da4w" or options.group_size != 32 or prepared.weights == "random":
+        return None
+    file = gguf.gguf_file(Path(prepared.weights))
+    if file is None:
+        return None
+    q4_0 = gguf.read_q4_0(file)
+    if prepared.config.tie_embeddings and "tok_embeddings.weight" in q4_0:
+        q4_0["output.weight"] = q4_0["tok_embeddings.weight"]  # llama.cpp stores a tied head once, as token_embd
+    linears = {f"{n}.weight" for n, m in next(iter(prepared.artifacts.values())).module.named_modules() if isinstance(m, nn.Linear)}
+    q4_0 = {name: values for name, values in q4_0.items() if name in linears}
+    if q4_0:
+        log.info("taking %d Q4_0 tensors of %s as they are", len(q4_0), file.name)
+    return q4_0 or None
+
+
 def quantize(prepared: PreparedModel, options: QuantOptions, target, cache: Path | None = None,
              given: Mapping[str, tuple[torch.Tensor, torch.Tensor]] | None = None) -> PreparedModel:
     """`target` (a targets.Target) supplies the quantizer of static recipes. With `cache` (the
@@ -588,6 +609,8 @@ def quantize(prepared: PreparedModel, options: QuantOptions, target, cache: Path
     `given`: int4 weights taken as they are (see quantize_module)."""
     if options.is_float:
         return prepared
+    if given is None:
+        given = checkpoint_int4(prepared, options)
     artifacts = {}
     for key, artifact in prepared.artifacts.items():
         if options.is_static:
@@ -611,12 +634,9 @@ def quantize(prepared: PreparedModel, options: QuantOptions, target, cache: Path
                 for k, v in artifact.module.named_buffers():
                     v.copy_(state[k])
                 log.info("gptq: %d layers on %d calibration tokens in %.0f s", len(names), sum(map(len, samples)), time.perf_counter() - started)
-            if cache is not None:
-                int4_file(cache, key.value).unlink(missing_ok=True)
             plan = quantize_module(artifact.module, options, computed or given)
-            if computed and cache is not None:
-                Path(cache).mkdir(parents=True, exist_ok=True)
-                save_int4(int4_file(cache, key.value), computed)
+            # compile writes them beside the program: `genai eval` rebuilds the quantized model from them
+            artifact = dataclasses.replace(artifact, int4=computed or given or None)
             counts = {r: sum(1 for v in plan.values() if v == r) for r in sorted(set(plan.values()))}
             log.info("quantized %s: %s", key.value, ", ".join(f"{n} layers {r}" for r, n in counts.items()))
         artifacts[key] = artifact

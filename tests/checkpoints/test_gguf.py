@@ -617,3 +617,32 @@ print(after * 1024 - before * 1024, weights)
     assert grown < 1.3 * weights, (grown / 2**20, weights / 2**20)
     # what is left beyond the weights is the memory-mapped file's pages (94 MiB) and one tensor at a time
     assert grown - smollm2.stat().st_size < 1.1 * weights, (grown / 2**20, weights / 2**20)
+
+
+def test_a_q4_0_gguf_exported_as_8da4w_keeps_the_files_integers_and_scales(tmp_path, tokenizer_json):
+    """The 8da4w grid (symmetric int4, one scale per 32 weights) is Q4_0's: the program holds the
+    file's integers and scales, not a re-quantization of their dequantized values. XNNPACK takes
+    positive bf16 scales only: a block with a negative scale is stored negated (its -8 becomes +7,
+    the one value that moves) and fp16 scales round to bf16 (2^-9 at most)."""
+    from genai_pipeline.cli import main
+    from genai_pipeline.inspect import _read_program
+
+    file, _ = tiny(tmp_path, tokenizer_json, "llama", "llama", [Q.Q4_0])
+    out = tmp_path / "q4_0"
+    assert main(["export", "--checkpoint", str(file), "--recipe", "8da4w", "--mode", "kv", "--max-seq-len", "64", "--out", str(out)]) == 0
+    program, segment = _read_program(out / "text_decoder.pte")
+    blobs = {segment(entry.segment_index) for entry in program.named_data}
+    file_weights = ours.read_q4_0(file)
+    linears = [n for n in file_weights if n != "tok_embeddings.weight"]
+    assert len(linears) == 15  # 2 layers x 7 linears + the untied head, all Q4_0
+    moved = 0
+    for name in linears:
+        q, d = file_weights[name]
+        negative = (d < 0).repeat_interleave(32, dim=1)
+        stored = torch.where(negative, -q.to(torch.int16), q.to(torch.int16)).clamp(-8, 7).to(torch.int8)
+        moved += int((stored != torch.where(negative, -q, q)).sum())
+        u = (stored.to(torch.int16) + 8).to(torch.uint8).reshape(-1)
+        assert (u[1::2] << 4 | u[::2]).numpy().tobytes() in blobs, f"{name}: not the file's integers"
+        assert d.abs().to(torch.bfloat16).view(torch.int16).numpy().tobytes() in blobs, f"{name}: not the file's scales"
+    total = sum(file_weights[n][0].numel() for n in linears)
+    assert moved < total / 32  # at most the one -8 of each negative block
