@@ -433,10 +433,17 @@ def quantize_module(module: nn.Module, options: QuantOptions, given: Mapping[str
         dim = next(m.embedding_dim for m in module.modules() if isinstance(m, nn.Embedding))
         if options.embedding == "4w" and dim % options.group_size:
             raise InputError(f"the embedding width {dim} is not a multiple of --group-size {options.group_size}; use --embedding 8w")
+        tied_head = given.get("output.weight") if getattr(getattr(module, "config", None), "tie_embeddings", False) else None
         if options.embedding == "4w" and options.weight_rule != "torchao":
             for m in module.modules():
                 if isinstance(m, nn.Embedding):
-                    q, d = RULES[options.weight_rule](m.weight, options.group_size)
+                    # the head takes given weights unless an override names it (see below)
+                    if tied_head is not None and options.recipe == "8da4w" and not any(re.search(p, HEAD) for p, _ in options.overrides):
+                        # One table for lookup and head, as the checkpoint has: the head's int4 values
+                        # (chosen by gptq, or a GGUF's), which the program then stores once (compile).
+                        q, d = _given_qparams("output.weight", *tied_head, m.weight.shape, options.group_size)
+                    else:
+                        q, d = RULES[options.weight_rule](m.weight, options.group_size)
                     m.weight = nn.Parameter(intx_weight(q, d, 4, m.weight.dtype, dynamic=False), requires_grad=False)
         else:
             quantize_(module, _embedding_config(options.embedding, options.group_size), filter_fn=lambda m, _: isinstance(m, nn.Embedding))
