@@ -37,10 +37,10 @@ test: $(STAMP) $(SMOLLM2_GGUF)
 CHAT_MODEL := out/smollm2-135m-instruct
 
 $(CHAT_MODEL)/manifest.json: $(SMOLLM2_GGUF) | $(STAMP)
-	$(BIN)/genai export --checkpoint $(SMOLLM2_GGUF) --recipe 8da8w --max-seq-len 2048 --out $(CHAT_MODEL)
+	$(BIN)/genai export --checkpoint $(SMOLLM2_GGUF) --recipe 8da4w --max-seq-len 2048 --verify-len 8 --out $(CHAT_MODEL)
 
 chat: $(STAMP) $(CHAT_MODEL)/manifest.json
-	$(BIN)/genai run $(CHAT_MODEL) --chat --max-new-tokens 512
+	$(BIN)/genai run $(CHAT_MODEL) --chat --max-new-tokens 512 --lookahead 7
 
 bench: $(STAMP)
 	$(BIN)/python bench/slice.py
