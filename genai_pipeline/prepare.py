@@ -92,6 +92,21 @@ def _graphs(decoder: Decoder, options: PrepareOptions) -> dict[GraphName, GraphB
     return graphs
 
 
+def decoder_constants(spec: ModelSpec, config, max_seq_len: int, dynamic: bool) -> dict:
+    """ExecuTorch's LLM metadata methods, which its runners read (the context, the special tokens)."""
+    return {
+        "get_max_seq_len": max_seq_len,
+        "get_max_context_len": max_seq_len,
+        "get_vocab_size": config.vocab_size,
+        "get_n_layers": config.n_layers,
+        "get_bos_id": spec.bos_id if spec.bos_id is not None else -1,
+        "get_eos_ids": list(spec.eos_ids),
+        "use_kv_cache": True,
+        "use_sdpa_with_kv_cache": True,
+        "enable_dynamic_shape": dynamic,
+    }
+
+
 def prepare(spec: ModelSpec, options: PrepareOptions) -> PreparedModel:
     if spec.vision is not None:  # a vision-language model: its own module (components, one program)
         from genai_pipeline.prepare_multimodal import prepare_multimodal
@@ -128,17 +143,7 @@ def prepare(spec: ModelSpec, options: PrepareOptions) -> PreparedModel:
     )
     # The checkpoint's own bos/eos, the entry filling only what it lacks, for every reader downstream.
     spec = dataclasses.replace(spec, bos_id=special.bos_id, eos_ids=special.eos_ids)
-    constants = {
-        "get_max_seq_len": options.max_seq_len,
-        "get_max_context_len": options.max_seq_len,
-        "get_vocab_size": config.vocab_size,
-        "get_n_layers": config.n_layers,
-        "get_bos_id": spec.bos_id if spec.bos_id is not None else -1,
-        "get_eos_ids": list(spec.eos_ids),
-        "use_kv_cache": True,
-        "use_sdpa_with_kv_cache": True,
-        "enable_dynamic_shape": options.mode is Mode.DYNAMIC,
-    }
+    constants = decoder_constants(spec, config, options.max_seq_len, dynamic=options.mode is Mode.DYNAMIC)
     if options.mode is Mode.HYBRID:
         constants["get_prefill_len"] = options.prefill_len
     quantize_graph = GraphBundle(

@@ -23,6 +23,7 @@ from genai_pipeline.data.chat_template import read_chat_template
 from genai_pipeline.errors import CheckpointError
 from genai_pipeline.models.vision import VisionLanguageModel
 from genai_pipeline.names import ArtifactKey, GraphName, Mode
+from genai_pipeline.prepare import decoder_constants
 from genai_pipeline.registry import ModelSpec, sized_as
 from genai_pipeline.models.vision import VisionConfig
 from genai_pipeline.runtime.image import ImageProcessing, stated_tokens_per_image
@@ -146,17 +147,7 @@ def prepare_multimodal(spec: ModelSpec, options) -> PreparedModel:
     spec = dataclasses.replace(spec, bos_id=special.bos_id, eos_ids=special.eos_ids)
     runner_vocab = runner_vocab_size(tokenizer)
     check_sampleable({**{f"eos[{i}]": e for i, e in enumerate(spec.eos_ids)}, "bos": spec.bos_id}, runner_vocab, config.vocab_size)
-    constants = {
-        "get_max_seq_len": options.max_seq_len,
-        "get_max_context_len": options.max_seq_len,
-        "get_vocab_size": config.vocab_size,
-        "get_n_layers": config.n_layers,
-        "get_bos_id": spec.bos_id if spec.bos_id is not None else -1,
-        "get_eos_ids": list(spec.eos_ids),
-        "use_kv_cache": True,
-        "use_sdpa_with_kv_cache": True,
-        "enable_dynamic_shape": True,
-    }
+    constants = decoder_constants(spec, config, options.max_seq_len, dynamic=True)
     artifact = Artifact(ArtifactKey.MULTIMODAL, model, multimodal_graphs(model, options.max_seq_len), constants)
     manifest = {
         "vision": {

@@ -116,3 +116,9 @@ def sliding_window_fields(hf: dict) -> dict:
     else:
         layers = tuple(range(n_layers))
     return dict(sliding_window=int(window), sliding_window_layers=layers) if layers else {}
+
+
+def text_config(hf: dict) -> dict:
+    """A vision-language config.json's `text_config`, with the composite config's tie flag: the one
+    transformers applies to the head."""
+    return {**hf["text_config"], "tie_word_embeddings": hf.get("tie_word_embeddings", hf["text_config"].get("tie_word_embeddings", False))}

@@ -10,7 +10,7 @@ from __future__ import annotations
 from genai_pipeline.models.decoder import DecoderConfig
 from genai_pipeline.models.vision import VisionConfig
 from genai_pipeline.registry import ModelSpec
-from genai_pipeline.registry.hf_config import unsupported
+from genai_pipeline.registry.hf_config import text_config, unsupported
 from genai_pipeline.registry.llama import HF_KEY_MAP, config_from_hf
 from genai_pipeline.registry.multimodal import VisionSpec
 from genai_pipeline.runtime.image import ImageProcessing
@@ -30,13 +30,8 @@ VISION_KEY_MAP: tuple[tuple[str, str], ...] = (
 VISION_ACTIVATIONS = {"gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu"}
 
 
-def _text(hf: dict) -> dict:
-    # The composite config's tie flag is the one transformers applies to the head.
-    return {**hf["text_config"], "tie_word_embeddings": hf.get("tie_word_embeddings", hf["text_config"].get("tie_word_embeddings", False))}
-
-
 def text_config_from_hf(hf: dict) -> DecoderConfig:
-    return config_from_hf(_text(hf))
+    return config_from_hf(text_config(hf))
 
 
 def vision_config_from_hf(hf: dict) -> VisionConfig:
