@@ -161,19 +161,20 @@ def test_inspect_bad_files(capsys, tmp_path, export_tiny, damage):
 
 
 def _export_stopped_while_lowering(out, tiny_checkpoint, sig):
-    """`genai export` into `out` in a child process, sent `sig` once lowering has started."""
+    """`genai export` into `out` in a child process, sent `sig` once it exports its first graph
+    (lowering a tiny model can finish before a signal sent at "lower" arrives)."""
     child = subprocess.Popen(
         [sys.executable, "-m", "genai_pipeline.cli", "export", "--checkpoint", tiny_checkpoint, "--mode", "hybrid",
          "--max-seq-len", "64", "--out", out],
         stderr=subprocess.PIPE,
     )
     seen, deadline = b"", time.time() + 300
-    while b"lower text_decoder" not in seen and time.time() < deadline:
+    while b"export text_decoder" not in seen and time.time() < deadline:
         chunk = os.read(child.stderr.fileno(), 4096)
         if not chunk:
             break
         seen += chunk
-    assert b"lower text_decoder" in seen, seen.decode(errors="replace")
+    assert b"export text_decoder" in seen, seen.decode(errors="replace")
     child.send_signal(sig)
     seen += child.stderr.read()
     return child.wait(), seen.decode(errors="replace"), child.pid
