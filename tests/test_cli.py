@@ -167,6 +167,9 @@ def _export_stopped_while_lowering(out, tiny_checkpoint, sig):
         [sys.executable, "-m", "genai_pipeline.cli", "export", "--checkpoint", tiny_checkpoint, "--mode", "hybrid",
          "--max-seq-len", "64", "--out", out],
         stderr=subprocess.PIPE,
+        # A job a non-interactive shell starts in the background ignores SIGINT, and a Python
+        # started that way keeps ignoring it: give the child the default, as a terminal would.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     seen, deadline = b"", time.time() + 300
     while b"export text_decoder" not in seen and time.time() < deadline:
