@@ -18,7 +18,7 @@ whose accuracy can be measured offline, so the multimodal path's figures mean so
   questions with short answers: the colour of a shape, which shape has a colour, how many of a
   shape / how many shapes, where a shape is (a cell of the 3x3 grid), and a caption.
   Training samples are drawn fresh from seed ``--seed``; the held-out split (``--heldout`` images
-  of seed ``--seed + 1``, one question each, question kinds in rotation) is written as PNGs and
+  of seed ``--heldout-seed``, one question each, question kinds in rotation) is written as PNGs and
   ``heldout.jsonl`` (``{"image", "prompt", "answer"}``, the image path relative to the jsonl).
 * Prompt: exactly what ``genai run DIR --image IMG --prompt QUESTION`` feeds the program:
   ``<|endoftext|>`` + ``<fake_token_around_image><global-img><image>x16<fake_token_around_image>``
@@ -65,7 +65,7 @@ COLOURS = {
 }
 PLACES = ["top left", "top", "top right", "left", "centre", "right", "bottom left", "bottom", "bottom right"]
 KINDS = ["colour", "shape", "count", "count_all", "where", "caption"]
-NUMBERS = ["0", "1", "2", "3"]
+DEMO = 4  # the held-out question `make demo` asks (a "where" question)
 
 
 # ---------------------------------------------------------------- the synthetic dataset
@@ -214,6 +214,9 @@ def write_heldout(folder: Path, n: int, seed: int) -> list[dict]:
         Image.fromarray(image).save(folder / name, optimize=True)
         rows.append({"image": name, "prompt": prompt, "answer": answer, "kind": KINDS[k % len(KINDS)]})
     (folder / "heldout.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    # `make demo`'s image, also as binary PPM: the runtime reads that format without Pillow
+    demo = np.asarray(Image.open(folder / rows[DEMO]["image"]).convert("RGB"))
+    (folder / "demo.ppm").write_bytes(b"P6\n%d %d\n255\n" % (demo.shape[1], demo.shape[0]) + demo.tobytes())
     return rows
 
 
@@ -427,18 +430,29 @@ def main(argv=None) -> int:
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--heldout", type=int, default=240)
-    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--heldout-seed", type=int, default=1, help="seed of the held-out images (never a training seed)")
+    p.add_argument("--threads", type=int, default=1, help="torch threads (1: on a shared 2-core machine two threads ran 4.8x slower per step)")
     p.add_argument("--out", type=Path, default=OUT)
+    p.add_argument("--init", type=Path, default=None, help="start from this saved checkpoint instead of the text reference")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     wall = time.perf_counter()
     out = args.out
+    if args.init and args.init.resolve() == out.resolve():
+        raise SystemExit("--init must not be --out (the output folder is emptied first)")
     if out.exists():
         shutil.rmtree(out)
     out.mkdir(parents=True)
-    rows = write_heldout(out, args.heldout, args.seed + 1)
+    if args.seed == args.heldout_seed:
+        raise SystemExit("--seed must differ from --heldout-seed: the training stream would be the held-out images")
+    rows = write_heldout(out, args.heldout, args.heldout_seed)
     tok = make_tokenizer()
-    model = build_model(tok.get_vocab_size(), args.seed)
+    if args.init:  # continue from a checkpoint this script saved (a second stage)
+        import transformers
+
+        model = transformers.Idefics3ForConditionalGeneration.from_pretrained(args.init, dtype=torch.float32)
+    else:
+        model = build_model(tok.get_vocab_size(), args.seed)
     params = sum(p.numel() for p in model.parameters())
     print(f"{params / 1e6:.2f} M parameters; vocab {tok.get_vocab_size()}; {len(rows)} held-out questions", flush=True)
     start = time.perf_counter()
@@ -456,11 +470,13 @@ def main(argv=None) -> int:
         "params": params, "vocab_size": tok.get_vocab_size(), "image_tokens": TOKENS_PER_IMAGE,
         "steps": curve[-1]["step"], "step_cap": args.steps, "minutes_budget": args.minutes, "batch_size": args.batch_size, "lr": args.lr, "seed": args.seed,
         "train_minutes": round(minutes, 2), "wall_minutes": round((time.perf_counter() - wall) / 60, 2),
-        "threads": args.threads, "final_loss": curve[-1]["loss"], "loss_curve": curve,
+        "threads": args.threads, "init": str(args.init) if args.init else "assets/reference (decoder) + random image tower", "final_loss": curve[-1]["loss"], "loss_curve": curve,
         "heldout_eager_greedy": result,
         "torch_version": torch.__version__,
         "command": "PYTHONPATH=. .venv/bin/python assets/train_reference_vlm.py " + " ".join(argv or sys.argv[1:]),
     }
+    if args.init and (args.init / "train_report.json").is_file():  # the stages before this one
+        report["previous_stage"] = json.loads((args.init / "train_report.json").read_text())
     (out / "train_report.json").write_text(json.dumps(report, indent=2) + "\n")
     return 0
 
