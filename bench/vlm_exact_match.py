@@ -67,7 +67,10 @@ def executorch_runner(folder: Path, data: Path, limit: int, max_new_tokens: int 
 
     session = MultimodalSession(folder)
     tokenizer = Tokenizer.from_folder(folder, bos_id=session.manifest.get("bos_id"))
-    eos_text = [tokenizer.decode([e]) for e in session.manifest.get("eos_ids", ())]
+    from tokenizers import Tokenizer as HFTokenizer
+
+    vocab = HFTokenizer.from_file(str(folder / "tokenizer.json"))  # the runner prints EOS as its text
+    eos_text = [vocab.id_to_token(e) for e in session.manifest.get("eos_ids", ())]
     runner = MultimodalRunner(str(folder / "multimodal.pte"), str(folder / "tokenizer.json"))
     rows = [json.loads(line) for line in data.read_text().splitlines() if line.strip()][:limit]
     answers, hits = [], 0
