@@ -4,6 +4,11 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PROMPT ?= The list object
+# The vision-language demo: held-out image 4 of assets/reference-vlm/heldout.jsonl (heldout/0004.png, also
+# written as demo.ppm, which the runtime reads without Pillow) and its question.
+VLM_IMAGE ?= assets/reference-vlm/demo.ppm
+VLM_QUESTION ?= Where is the red triangle?
+VLM_EXPECTED ?= top right
 
 .PHONY: demo test chat bench clean
 
@@ -29,6 +34,12 @@ demo: $(STAMP)
 	$(BIN)/genai export reference --out out/reference
 	$(BIN)/genai inspect out/reference/text_decoder.pte
 	$(BIN)/genai run out/reference --prompt "$(PROMPT)" --max-new-tokens 80 --temperature 0.7 --top-p 0.9
+	$(BIN)/genai export reference-vlm --out out/reference-vlm
+	@echo "image:    $(VLM_IMAGE)"
+	@echo "question: $(VLM_QUESTION)"
+	@printf "answer:  "
+	@$(BIN)/genai run out/reference-vlm --image $(VLM_IMAGE) --prompt "$(VLM_QUESTION)" --max-new-tokens 16
+	@echo "expected: $(VLM_EXPECTED)"
 
 test: $(STAMP) $(SMOLLM2_GGUF)
 	$(BIN)/python -m pytest -q
