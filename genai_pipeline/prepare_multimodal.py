@@ -123,12 +123,13 @@ def prepare_multimodal(spec: ModelSpec, options) -> PreparedModel:
     if options.mode is not Mode.DYNAMIC:
         log.info("the text decoder of a vision-language model has one dynamic-length method (ExecuTorch's runner convention)")
     options = dataclasses.replace(options, mode=Mode.DYNAMIC)
-    checkpoint = Path(options.checkpoint) if options.checkpoint else None
+    checkpoint = Path(options.checkpoint) if options.checkpoint else spec.checkpoint  # shipped weights (reference-vlm)
     processing, vision = read_processing(spec, checkpoint)
     if checkpoint is not None:
         log.info("loading %s from %s", spec.name, checkpoint)
         model = load_multimodal(spec, checkpoint, options.max_seq_len, vision)
-        spec = sized_as(spec, model.decoder.config)
+        if checkpoint != spec.checkpoint:
+            spec = sized_as(spec, model.decoder.config)
         weights = str(checkpoint)
     else:
         log.warning("%s: no checkpoint given, using RANDOM weights (seed %d); pass --checkpoint DIR for real weights",

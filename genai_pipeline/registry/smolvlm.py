@@ -6,12 +6,13 @@ Sizes are those of the public config.json and processor files; a checkpoint's ow
 
 from __future__ import annotations
 
+import dataclasses
 
 from genai_pipeline.models.decoder import DecoderConfig
 from genai_pipeline.models.vision import VisionConfig
 from genai_pipeline.registry import ModelSpec
 from genai_pipeline.registry.hf_config import text_config, unsupported
-from genai_pipeline.registry.llama import HF_KEY_MAP, config_from_hf
+from genai_pipeline.registry.llama import ASSETS, HF_KEY_MAP, config_from_hf
 from genai_pipeline.registry.multimodal import VisionSpec
 from genai_pipeline.runtime.image import ImageProcessing
 
@@ -99,3 +100,24 @@ SPECS = (
         longest_edge=1536,
     ),
 )
+
+
+def _reference_vlm() -> ModelSpec:
+    """The shipped tiny Idefics3 (assets/train_reference_vlm.py): SigLIP 64 px / patch 8 / width 128 / 3 layers,
+    shuffled by 2 (16 tokens per image), the text reference's decoder; vocabulary 4096 + 3 image tokens."""
+    vision = VisionConfig(image_size=64, patch_size=8, dim=128, n_layers=3, n_heads=4, hidden_dim=512, text_dim=256,
+                          scale_factor=2)
+    spec = _spec(
+        "reference-vlm", "shipped tiny vision-language model, trained by assets/train_reference_vlm.py on generated shapes",
+        DecoderConfig(vocab_size=4099, dim=256, n_layers=4, n_heads=8, n_kv_heads=4, hidden_dim=768,
+                      tie_embeddings=True, max_position_embeddings=512),
+        vision, longest_edge=64,
+    )
+    processing = dataclasses.replace(spec.vision.preprocessing, do_image_splitting=False)
+    return dataclasses.replace(
+        spec, bos_id=0, eos_ids=(0,), checkpoint=ASSETS / "reference-vlm",
+        vision=dataclasses.replace(spec.vision, preprocessing=processing, image_token_id=4097),
+    )
+
+
+SPECS = SPECS + (_reference_vlm(),)

@@ -1,0 +1,86 @@
+"""assets/train_reference_vlm.py: its dataset is reproducible, its prompts are exactly what the
+runtime feeds the exported program, its loss is on the answers only, and a few training steps on
+a handful of generated samples lower the loss (seconds; the full run is not a test)."""
+
+from __future__ import annotations
+
+import importlib.util
+import random
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("PIL")
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def script():
+    spec = importlib.util.spec_from_file_location("train_reference_vlm", ROOT / "assets" / "train_reference_vlm.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_dataset_is_seeded(script):
+    a = [script.sample(random.Random(3)) for _ in range(2)]
+    b = [script.sample(random.Random(3)) for _ in range(2)]
+    for (ia, qa, aa), (ib, qb, ab) in zip(a, b):
+        assert np.array_equal(ia, ib) and (qa, aa) == (qb, ab)
+        assert ia.shape == (script.IMAGE, script.IMAGE, 3) and ia.dtype == np.uint8
+    rng = random.Random(0)
+    for kind in script.KINDS:
+        _, question, answer = script.sample(rng, kind)
+        assert question.endswith(("?", ".")) and answer and len(answer.split()) <= 12
+
+
+def test_heldout_written_as_genai_reads_it(script, tmp_path):
+    import json
+
+    rows = script.write_heldout(tmp_path, 6, seed=1)
+    lines = [json.loads(line) for line in (tmp_path / "heldout.jsonl").read_text().splitlines()]
+    assert lines == rows and [r["kind"] for r in rows] == script.KINDS
+    assert all((tmp_path / r["image"]).is_file() and {"image", "prompt", "answer"} <= r.keys() for r in rows)
+
+
+def test_prompt_is_the_runtimes(script):
+    """The training prompt is what `genai run --image` makes of the question (registry entry's processing)."""
+    from genai_pipeline.registry import get_spec
+    from genai_pipeline.runtime.image import expand_prompt, image_frames
+
+    spec = get_spec("reference-vlm")
+    processing = spec.vision.preprocessing
+    image, question, _ = script.sample(random.Random(0))
+    frames = image_frames(image, processing)
+    assert len(frames.pixels) == 1 and np.array_equal(frames.pixels[0], image.transpose(2, 0, 1))
+    assert expand_prompt(question, [frames], processing) == script.prompt_text(question)
+    tok = script.make_tokenizer()
+    assert [tok.token_to_id(t) for t in script.SPECIALS] == [4096, 4097, 4098] == list(range(4096, tok.get_vocab_size()))
+    assert spec.vision.image_token_id == tok.token_to_id("<image>") and spec.config.vocab_size == tok.get_vocab_size()
+
+
+def test_loss_is_on_the_answer_only(script):
+    tok = script.make_tokenizer()
+    rng = random.Random(0)
+    samples = [script.sample(rng) for _ in range(3)]
+    ids, mask, labels, pix = script.batch(tok, samples)
+    assert pix.shape == (3, 1, 3, script.IMAGE, script.IMAGE)
+    for b, (_, question, answer) in enumerate(samples):
+        target = labels[b][labels[b] != -100].tolist()
+        assert target[-1] == script.EOS and tok.decode(target[:-1]).strip() == answer
+        assert (ids[b] == 4097).sum() == script.TOKENS_PER_IMAGE
+
+
+def test_a_few_steps_lower_the_loss(script):
+    torch.manual_seed(0)
+    tok = script.make_tokenizer()
+    model = script.build_model(tok.get_vocab_size(), seed=0)
+    assert sum(p.numel() for p in model.parameters()) <= 10_000_000
+    rng = random.Random(0)
+    data = [script.sample(rng) for _ in range(4)]
+    curve = script.train(model, tok, steps=8, batch_size=4, lr=1e-3, seed=0, warmup=1, log_every=1, data=data)
+    assert curve[-1]["loss"] < 0.5 * curve[0]["loss"], curve
