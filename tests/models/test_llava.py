@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from test_vision import SPECIALS, VOCAB, _hf_greedy, _run, _tokenizer, photo, printable, write_ppm
+from test_vision import SPECIALS, VOCAB, _hf_greedy, _run, _tokenizer, export_program, photo, printable, write_ppm
 
 from genai_pipeline.checkpoints.multimodal import load_multimodal
 from genai_pipeline.prepare_multimodal import read_processing
@@ -98,14 +98,7 @@ def test_llava_loads_as_its_family_and_matches_transformers(llava_ours, llava_re
 
 @pytest.fixture(scope="session")
 def llava_program(llava_checkpoint, tmp_path_factory) -> Path:
-    from genai_pipeline.compile import compile_artifacts
-    from genai_pipeline.prepare import PrepareOptions, prepare
-    from genai_pipeline.targets import get_target
-
-    spec = infer_spec(json.loads((llava_checkpoint / "config.json").read_text()))
-    out = tmp_path_factory.mktemp("llava-program")
-    compile_artifacts(prepare(spec, PrepareOptions(max_seq_len=MAX_SEQ, checkpoint=llava_checkpoint)), get_target("xnnpack"), out)
-    return out
+    return export_program(llava_checkpoint, tmp_path_factory.mktemp("llava-program"), MAX_SEQ)
 
 
 def test_llava_program_matches_transformers_and_executorch_multimodal_runner(llava_program, llava_reference, tmp_path, capfd):

@@ -474,3 +474,14 @@ def test_text_only_commands_name_a_vision_language_folder(program, tmp_path, cap
         assert main(argv) == 2
         assert "vision-language model" in capsys.readouterr().err
     assert "--chat does not support vision-language models" in _error(capsys, str(program), "--chat")
+
+
+def export_program(checkpoint: Path, out: Path, max_seq_len: int) -> Path:
+    """A vision-language checkpoint exported (fp32, xnnpack) with the entry its config.json names."""
+    from genai_pipeline.compile import compile_artifacts
+    from genai_pipeline.prepare import PrepareOptions, prepare
+    from genai_pipeline.targets import get_target
+
+    spec = infer_spec(json.loads((checkpoint / "config.json").read_text()))
+    compile_artifacts(prepare(spec, PrepareOptions(max_seq_len=max_seq_len, checkpoint=checkpoint)), get_target("xnnpack"), out)
+    return out
