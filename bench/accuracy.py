@@ -241,7 +241,7 @@ def levers(args) -> None:
 
     from genai_pipeline.checkpoints import infer_checkpoint_spec, load_decoder
     from genai_pipeline.runtime.session import EagerSession
-    from genai_pipeline.runtime.tokenizer import Tokenizer
+    from genai_pipeline.tokenizer import Tokenizer
 
     spec, _ = infer_checkpoint_spec(Path(args.checkpoint))
     model = load_decoder(spec, Path(args.checkpoint), args.window).eval()

@@ -30,7 +30,7 @@ DEFAULT_DATA = HERE.parent / "assets" / "reference-vlm" / "heldout.jsonl"
 def measure(folder: Path, data: Path, limit: int = 0, max_new_tokens: int = 16) -> dict:
     from genai_pipeline.runtime.generate import Sampler, SamplingOptions, generate
     from genai_pipeline.runtime.multimodal import MultimodalSession
-    from genai_pipeline.runtime.tokenizer import Tokenizer
+    from genai_pipeline.tokenizer import Tokenizer
 
     session = MultimodalSession(folder, verify=True)
     tokenizer = Tokenizer.from_folder(folder, bos_id=session.manifest.get("bos_id"))
@@ -63,7 +63,7 @@ def executorch_runner(folder: Path, data: Path, limit: int, max_new_tokens: int 
     from executorch.extension.llm.runner import GenerationConfig, MultimodalRunner, make_image_input, make_token_input
 
     from genai_pipeline.runtime.multimodal import MultimodalSession
-    from genai_pipeline.runtime.tokenizer import Tokenizer
+    from genai_pipeline.tokenizer import Tokenizer
 
     session = MultimodalSession(folder)
     tokenizer = Tokenizer.from_folder(folder, bos_id=session.manifest.get("bos_id"))

@@ -165,13 +165,13 @@ def _prompt(folder: Path, session: DecoderSession, options: BenchOptions) -> tup
     if options.prompt_file is None:
         vocab = session.manifest["config"]["vocab_size"]
         return torch.randint(1, vocab, (options.prompt_len,), generator=torch.Generator().manual_seed(0)).tolist(), ()
-    from genai_pipeline.runtime.tokenizer import Tokenizer
+    from genai_pipeline.tokenizer import Tokenizer
 
     text = Path(options.prompt_file).read_text(encoding="utf-8")
     tokenizer = Tokenizer.from_folder(folder, bos_id=session.manifest.get("bos_id"))
     if not options.chat:
         return tokenizer.encode(text), ()
-    from genai_pipeline.data.chat_template import read_chat_template
+    from genai_pipeline.chat_template import read_chat_template
     from genai_pipeline.data.samples import Message
     from genai_pipeline.runtime.chat import Chat, end_of_turn_ids
 

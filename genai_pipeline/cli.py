@@ -187,7 +187,7 @@ def _report_tokens(prepared, quant) -> tuple[list[int], str]:
     tokens only measure its noise, and random tokens then carry no accuracy warning."""
     from genai_pipeline.data import calibration_tokens
     from genai_pipeline.quantize import with_default_data
-    from genai_pipeline.runtime.tokenizer import Tokenizer
+    from genai_pipeline.tokenizer import Tokenizer
 
     tokenizer = Tokenizer.from_folder(prepared.tokenizer_file.parent, bos_id=prepared.spec.bos_id) if prepared.tokenizer_file else None
     data = with_default_data(quant.calibration)
@@ -206,7 +206,7 @@ def cmd_run(args) -> int:
     from genai_pipeline.runtime.multimodal import MultimodalSession, is_multimodal
     from genai_pipeline.runtime.lookahead import lookahead_options
     from genai_pipeline.runtime.session import DecoderSession
-    from genai_pipeline.runtime.tokenizer import TextStream, Tokenizer
+    from genai_pipeline.tokenizer import TextStream, Tokenizer
 
     if args.chat and args.json:
         raise InputError("--json does not apply to --chat")
@@ -275,10 +275,10 @@ def cmd_run(args) -> int:
 
 def _chat(args, session, tokenizer, sampler, lookahead) -> int:
     """`genai run --chat`: user messages from stdin (--prompt first), replies streamed to stdout."""
-    from genai_pipeline.data.chat_template import read_chat_template
+    from genai_pipeline.chat_template import read_chat_template
     from genai_pipeline.errors import ContextFullError, InputError
     from genai_pipeline.runtime.chat import Chat, end_of_turn_ids
-    from genai_pipeline.runtime.tokenizer import TextStream
+    from genai_pipeline.tokenizer import TextStream
 
     folder = Path(args.folder)
     template = read_chat_template(folder)

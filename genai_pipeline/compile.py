@@ -14,7 +14,7 @@ import torch
 from tqdm import tqdm
 
 from genai_pipeline.bundle import MANIFEST, Artifact, ArtifactSet, PreparedModel, atomic_write, sha256, tool_versions, weights_fingerprint
-from genai_pipeline.data.chat_template import read_chat_template
+from genai_pipeline.chat_template import read_chat_template
 from genai_pipeline.errors import ExportError
 from genai_pipeline.executorch_program_manager import store_shared_bytes_once
 from genai_pipeline.lowering import lower_grouped, to_edge_transform_and_lower

@@ -34,7 +34,7 @@ from genai_pipeline.quantize import int4_file, load_int4, quant_options_from, qu
 from genai_pipeline.registry import get_spec
 from genai_pipeline.runtime.program import native_logs_hidden
 from genai_pipeline.runtime.session import DecoderSession, EagerSession
-from genai_pipeline.runtime.tokenizer import Tokenizer
+from genai_pipeline.tokenizer import Tokenizer
 
 
 @dataclass(frozen=True)

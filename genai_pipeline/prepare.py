@@ -15,12 +15,12 @@ from genai_pipeline.bundle import Artifact, GraphBundle, PreparedModel
 from genai_pipeline.checkpoints import load_decoder, metadata_folder
 from genai_pipeline.checkpoints.hf import random_decoder
 from genai_pipeline.checkpoints.special_tokens import read_special_tokens
-from genai_pipeline.data.chat_template import read_chat_template
+from genai_pipeline.chat_template import read_chat_template
 from genai_pipeline.errors import InputError
 from genai_pipeline.models.decoder import Decoder
 from genai_pipeline.names import ArtifactKey, GraphName, Mode
 from genai_pipeline.registry import ModelSpec, sized_as
-from genai_pipeline.runtime.tokenizer import find_tokenizer_file, tokenizer_kind
+from genai_pipeline.tokenizer import find_tokenizer_file, tokenizer_kind
 
 log = logging.getLogger(__name__)
 

@@ -19,15 +19,15 @@ from torch.export import Dim
 from genai_pipeline.bundle import Artifact, GraphBundle, PreparedModel
 from genai_pipeline.checkpoints.multimodal import load_multimodal, random_multimodal, vision_config
 from genai_pipeline.checkpoints.special_tokens import read_special_tokens
-from genai_pipeline.data.chat_template import read_chat_template
+from genai_pipeline.chat_template import read_chat_template
 from genai_pipeline.errors import CheckpointError
 from genai_pipeline.models.vision import VisionLanguageModel
 from genai_pipeline.names import ArtifactKey, GraphName, Mode
 from genai_pipeline.prepare import decoder_constants
 from genai_pipeline.registry import ModelSpec, sized_as
 from genai_pipeline.models.vision import VisionConfig
-from genai_pipeline.runtime.image import ImageProcessing, stated_tokens_per_image
-from genai_pipeline.runtime.tokenizer import find_tokenizer_file
+from genai_pipeline.image_processing import ImageProcessing, stated_tokens_per_image
+from genai_pipeline.tokenizer import find_tokenizer_file
 
 log = logging.getLogger(__name__)
 

@@ -43,7 +43,8 @@ import torch
 from torch import nn
 
 from genai_pipeline.bundle import Artifact, PreparedModel, tool_versions
-from genai_pipeline.data import CalibrationOptions, DatasetSpec, calibration_steps, iterate_with_progress, read_chat_template
+from genai_pipeline.chat_template import read_chat_template
+from genai_pipeline.data import CalibrationOptions, DatasetSpec, calibration_steps, iterate_with_progress
 from genai_pipeline.errors import InputError
 
 log = logging.getLogger(__name__)
@@ -355,7 +356,7 @@ def gptq_weights(module: nn.Module, names: set[str], samples: list[list[int]], w
 
 def gptq_samples(prepared: PreparedModel, options: QuantOptions) -> list[list[int]]:
     """gptq's calibration tokens: --calib's samples, else the first GPTQ_TOKENS of DEFAULT_GPTQ_TEXT."""
-    from genai_pipeline.runtime.tokenizer import Tokenizer
+    from genai_pipeline.tokenizer import Tokenizer
 
     checkpoint = prepared.tokenizer_file.parent if prepared.tokenizer_file else None
     if checkpoint is None:
@@ -489,7 +490,7 @@ def _calibrate(prepared: PreparedModel, artifact: Artifact, options: QuantOption
     from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
 
     from genai_pipeline.runtime.program import native_logs_hidden
-    from genai_pipeline.runtime.tokenizer import Tokenizer
+    from genai_pipeline.tokenizer import Tokenizer
 
     graph = artifact.quantize_graph
     exported = torch.export.export(graph.module, graph.example_inputs, dynamic_shapes=graph.dynamic_shapes, strict=False)

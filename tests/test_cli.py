@@ -246,11 +246,11 @@ def chat_folder(export_tiny, dest, template=CHAT_TEMPLATE):
 def test_run_chat_converses_on_stdin(capsys, monkeypatch, tmp_path, export_tiny):
     import io
 
-    from genai_pipeline.data.chat_template import read_chat_template
+    from genai_pipeline.chat_template import read_chat_template
     from genai_pipeline.runtime.chat import Chat, end_of_turn_ids
     from genai_pipeline.runtime.generate import Sampler, SamplingOptions
     from genai_pipeline.runtime.session import DecoderSession
-    from genai_pipeline.runtime.tokenizer import Tokenizer
+    from genai_pipeline.tokenizer import Tokenizer
 
     folder = chat_folder(export_tiny, tmp_path / "chat")
     session, tokenizer, template = DecoderSession(folder), Tokenizer(folder / "tokenizer.json"), read_chat_template(folder)

@@ -50,7 +50,7 @@ def test_heldout_written_as_genai_reads_it(script, tmp_path):
 def test_prompt_is_the_runtimes(script):
     """The training prompt is what `genai run --image` makes of the question (registry entry's processing)."""
     from genai_pipeline.registry import get_spec
-    from genai_pipeline.runtime.image import expand_prompt, image_frames
+    from genai_pipeline.image_processing import expand_prompt, image_frames
 
     spec = get_spec("reference-vlm")
     processing = spec.vision.preprocessing

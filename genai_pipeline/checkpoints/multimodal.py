@@ -15,7 +15,7 @@ from genai_pipeline.errors import CheckpointError
 from genai_pipeline.models.decoder import Decoder, DecoderConfig
 from genai_pipeline.models.vision import VisionConfig, VisionEncoder, VisionLanguageModel, unused_tower_tensor
 from genai_pipeline.registry import ModelSpec
-from genai_pipeline.runtime.image import ImageProcessing
+from genai_pipeline.image_processing import ImageProcessing
 
 TIED_HEAD = "decoder.output.weight"
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Mapping
 
 from genai_pipeline.errors import CheckpointError
-from genai_pipeline.runtime.tokenizer import END_OF_TURN_TOKENS, find_tokenizer_file
+from genai_pipeline.tokenizer import END_OF_TURN_TOKENS, find_tokenizer_file
 
 
 @dataclass(frozen=True)
@@ -73,7 +73,7 @@ class _Vocabulary:
                 self._ids.update({k: v for k, v in vocab.items() if isinstance(v, int)})
             self._ids.update({t["content"]: t["id"] for t in data.get("added_tokens") or () if isinstance(t, dict) and "content" in t})
         elif self.path is not None:
-            from genai_pipeline.runtime.tokenizer import Tokenizer
+            from genai_pipeline.tokenizer import Tokenizer
 
             self._tokenizer = Tokenizer(self.path)
 

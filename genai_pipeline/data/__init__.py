@@ -6,27 +6,26 @@
     loaders.py        `text` and `messages` datasets
     hf_chat.py        `hf-chat`: a `datasets` folder (parquet, arrow, jsonl)
     lm_eval.py        `lm-eval`: an lm-evaluation-harness task's cached documents
-    chat_template.py  render_sample: Sample -> token ids (chat template), read_chat_template
     collate.py        collate: token ids -> CalibrationSteps (chunks as inference feeds them)
-    calibration.py    calibration_tokens / calibration_steps: options -> all of the above
+    calibration.py    calibration_tokens / calibration_steps: options -> all of the above; render_sample:
+                      Sample -> token ids (through the model's chat template, genai_pipeline/chat_template.py)
 
 Typical use by the quantize stage, once per graph:
 
     steps = calibration_steps(options, tokenizer, chunk_len=prefill_len, max_seq_len=max_seq_len,
-                              vocab_size=config.vocab_size, chat_template=read_chat_template(checkpoint))
+                              vocab_size=config.vocab_size, chat_template=...)
     for step in iterate_with_progress(steps, "calibrating prefill"):
         if step.reset_cache: ...  # a new sample: the KV cache starts empty
         model(step.tokens, step.input_pos)
 """
 
-from genai_pipeline.data.calibration import LOADERS, calibration_steps, calibration_tokens, load_dataset
-from genai_pipeline.data.chat_template import ChatTemplate, read_chat_template, render_chat, render_sample
+from genai_pipeline.data.calibration import LOADERS, calibration_steps, calibration_tokens, load_dataset, render_sample
 from genai_pipeline.data.collate import CalibrationStep, check_seq_len, collate, iterate_with_progress, random_token_lists
 from genai_pipeline.data.options import DATASET_KINDS, CalibrationOptions, DatasetSpec, parse_dataset
 from genai_pipeline.data.samples import ContentPart, Message, Sample
 
 __all__ = [
-    "DATASET_KINDS", "LOADERS", "CalibrationOptions", "CalibrationStep", "ChatTemplate", "ContentPart", "DatasetSpec",
+    "DATASET_KINDS", "LOADERS", "CalibrationOptions", "CalibrationStep", "ContentPart", "DatasetSpec",
     "Message", "Sample", "calibration_steps", "calibration_tokens", "check_seq_len", "collate", "iterate_with_progress",
-    "load_dataset", "parse_dataset", "random_token_lists", "read_chat_template", "render_chat", "render_sample",
+    "load_dataset", "parse_dataset", "random_token_lists", "render_sample",
 ]

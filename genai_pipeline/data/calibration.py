@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable
 
-from genai_pipeline.data.chat_template import ChatTemplate, TextEncoder, render_sample
+from genai_pipeline.chat_template import ChatTemplate, TextEncoder, render_chat
 from genai_pipeline.data.collate import DEFAULT_RANDOM_SAMPLES, CalibrationStep, check_seq_len, collate, random_token_lists
 from genai_pipeline.data.hf_chat import load_hf_chat
 from genai_pipeline.data.lm_eval import load_lm_eval
@@ -77,3 +77,21 @@ def calibration_steps(
     check_seq_len(options.seq_len, chunk_len=chunk_len, max_seq_len=max_seq_len)  # before reading any data
     tokens = calibration_tokens(options, tokenizer, vocab_size=vocab_size, chat_template=chat_template, seed=seed)
     return collate(tokens, chunk_len=chunk_len, max_seq_len=max_seq_len, seq_len=options.seq_len, vocab_size=vocab_size)
+
+
+def render_sample(
+    sample: Sample,
+    tokenizer: TextEncoder,
+    chat_template: str | None = None,
+    *,
+    bos_token: str | None = None,
+    eos_token: str | None = None,
+) -> list[int]:
+    """A sample's token ids, ready for the collator."""
+    if sample.text is not None:
+        return list(tokenizer.encode(sample.text))
+    try:
+        text = render_chat(sample.messages, chat_template, bos_token=bos_token, eos_token=eos_token)
+    except DataError as e:
+        raise DataError(f"{sample.origin or 'a chat sample'}: {e}") from None
+    return list(tokenizer.encode(text, add_special_tokens=chat_template is None))

@@ -5,7 +5,7 @@ Read top to bottom: config, input normalisation, patch embedding, encoder layer,
 A `VisionEncoder` takes raw RGB, uint8 `[1, 3, S, S]`, and returns the image's embeddings in the
 text decoder's space, `[1, N, text_dim]`: rescaling and mean/std normalisation happen inside the
 graph, so a device feeds decoded pixels as they are. Resizing and tiling stay in the runtime
-(`runtime/image.py`): the program's input size is fixed.
+(`image_processing.py`): the program's input size is fixed.
 
 Families (switches on the config, not on names):
 - SigLIP as Idefics3 / SmolVLM use it: conv patch embedding, learned positions, pre-norm layers

@@ -14,7 +14,7 @@ from typing import Callable
 
 from genai_pipeline.errors import UnknownModelError
 from genai_pipeline.models.decoder import DecoderConfig
-from genai_pipeline.runtime.tokenizer import TokenizerKind
+from genai_pipeline.tokenizer import TokenizerKind
 
 # How a checkpoint folder stores its weights: Hugging Face (config.json + *.safetensors) or
 # llama2.c (one torch.save'd *.pt holding `model` and `model_args`).

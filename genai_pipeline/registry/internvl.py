@@ -13,7 +13,7 @@ from genai_pipeline.registry.hf_config import unsupported
 from genai_pipeline.registry.llava import TEXT_KEY_MAP
 from genai_pipeline.registry.multimodal import VisionSpec
 from genai_pipeline.registry.qwen import qwen2_config_from_hf
-from genai_pipeline.runtime.image import ImageProcessing
+from genai_pipeline.image_processing import ImageProcessing
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from genai_pipeline.models.decoder import DecoderConfig
 from genai_pipeline.registry import ModelSpec
-from genai_pipeline.runtime.tokenizer import TokenizerKind
+from genai_pipeline.tokenizer import TokenizerKind
 
 # llama2.c's model.py keeps Meta's tensor names, which are ours; listed so that the loader refuses
 # any other tensor by name.

@@ -12,7 +12,7 @@ from genai_pipeline.registry import ModelSpec
 from genai_pipeline.registry.hf_config import text_config, unsupported
 from genai_pipeline.registry.llama import HF_KEY_MAP, config_from_hf
 from genai_pipeline.registry.multimodal import VisionSpec
-from genai_pipeline.runtime.image import ImageProcessing
+from genai_pipeline.image_processing import ImageProcessing
 
 CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
 CLIP_STD = (0.26862954, 0.26130258, 0.27577711)

@@ -1,5 +1,5 @@
 """What a multimodal entry adds to a text one: its image tower, how a checkpoint names its weights,
-and its processor's defaults (the checkpoint's own processor files win; see runtime/image.py)."""
+and its processor's defaults (the checkpoint's own processor files win; see image_processing.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from genai_pipeline.models.vision import VisionConfig
-from genai_pipeline.runtime.image import ImageProcessing
+from genai_pipeline.image_processing import ImageProcessing
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from genai_pipeline.registry import ModelSpec
 from genai_pipeline.registry.hf_config import text_config, unsupported
 from genai_pipeline.registry.llama import ASSETS, HF_KEY_MAP, config_from_hf
 from genai_pipeline.registry.multimodal import VisionSpec
-from genai_pipeline.runtime.image import ImageProcessing
+from genai_pipeline.image_processing import ImageProcessing
 
 # The text decoder's tensors sit under `model.text_model.` (the head stays `lm_head`); ours under `decoder.`.
 TEXT_KEY_MAP = tuple(

@@ -19,12 +19,12 @@ from typing import Callable, Iterable, Literal, Protocol
 
 import torch
 
-from genai_pipeline.data.chat_template import ChatTemplate, render_chat
+from genai_pipeline.chat_template import ChatTemplate, render_chat
 from genai_pipeline.data.samples import Message
 from genai_pipeline.errors import ChatTemplateError, ContextFullError, InputError
 from genai_pipeline.runtime.generate import generate
 from genai_pipeline.runtime.lookahead import LookaheadOptions
-from genai_pipeline.runtime.tokenizer import END_OF_TURN_TOKENS
+from genai_pipeline.tokenizer import END_OF_TURN_TOKENS
 
 
 

@@ -18,7 +18,7 @@ import torch
 from genai_pipeline.bundle import read_manifest
 from genai_pipeline.errors import InputError, ProgramError
 from genai_pipeline.names import ArtifactKey, GraphName
-from genai_pipeline.runtime.image import ImageProcessing, expand_prompt, image_frames, read_image
+from genai_pipeline.image_processing import ImageProcessing, expand_prompt, image_frames, read_image
 from genai_pipeline.runtime.program import load_program
 
 

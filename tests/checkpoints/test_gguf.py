@@ -319,7 +319,7 @@ def test_sentencepiece_vocabulary(tmp_path):
     import sentencepiece
     from pytorch_tokenizers import CppHFTokenizer
 
-    from genai_pipeline.runtime.tokenizer import Tokenizer
+    from genai_pipeline.tokenizer import Tokenizer
 
     sp = sentencepiece.SentencePieceProcessor(model_file=str(train_sentencepiece(tmp_path / "tokenizer.model", 512)))
     n = sp.get_piece_size()
@@ -359,7 +359,7 @@ def test_byte_level_pre_tokenizers_read_alike_by_executorch(tmp_path, tokenizer_
     `tokenizers` does."""
     from pytorch_tokenizers import CppHFTokenizer
 
-    from genai_pipeline.runtime.tokenizer import Tokenizer
+    from genai_pipeline.tokenizer import Tokenizer
 
     writer = gguf.GGUFWriter(str(tmp_path / "t.gguf"), "llama")
     for add, value in [("embedding_length", 32), ("block_count", 1), ("feed_forward_length", 64), ("head_count", 2)]:
@@ -578,7 +578,7 @@ def test_smollm2_tokenizer_matches_transformers_and_executorch(smollm2):
     import transformers
     from pytorch_tokenizers import CppHFTokenizer
 
-    from genai_pipeline.runtime.tokenizer import Tokenizer
+    from genai_pipeline.tokenizer import Tokenizer
 
     folder = metadata_folder(smollm2)
     reference = transformers.AutoTokenizer.from_pretrained(smollm2.parent, gguf_file=smollm2.name)

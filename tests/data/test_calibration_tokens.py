@@ -5,11 +5,12 @@ import json
 import pytest
 
 from conftest import train_tokenizer
+from genai_pipeline.chat_template import ChatTemplate
 from genai_pipeline.data import (
-    DATASET_KINDS, LOADERS, CalibrationOptions, ChatTemplate, calibration_steps, calibration_tokens, random_token_lists,
+    DATASET_KINDS, LOADERS, CalibrationOptions, calibration_steps, calibration_tokens, random_token_lists,
 )
 from genai_pipeline.errors import DataError, InputError
-from genai_pipeline.runtime.tokenizer import Tokenizer
+from genai_pipeline.tokenizer import Tokenizer
 
 VOCAB = 300
 CHATML = "{% for m in messages %}{{ '<|im_start|>' + m.role + '\\n' + m.content + '<|im_end|>\\n' }}{% endfor %}"

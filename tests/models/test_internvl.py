@@ -18,7 +18,7 @@ from genai_pipeline.checkpoints.multimodal import load_multimodal
 from genai_pipeline.prepare_multimodal import read_processing
 from genai_pipeline.registry import infer_spec
 from genai_pipeline.registry.internvl import IMAGENET_MEAN, IMAGENET_STD
-from genai_pipeline.runtime.image import Frames, expand_prompt, image_frames, image_prompt
+from genai_pipeline.image_processing import Frames, expand_prompt, image_frames, image_prompt
 
 IMAGE = 28  # px; patch 7 -> 4 x 4 patches, the class token dropped, shuffled by 2 -> 4 tokens per tile
 TOKENS = 4
@@ -140,7 +140,7 @@ def test_internvl_frames_equal_transformers_processor_pixel_for_pixel(internvl_o
     Image = pytest.importorskip("PIL.Image", reason="Pillow is not installed: transformers' processor needs it")
     from transformers.models.got_ocr2.image_processing_pil_got_ocr2 import GotOcr2ImageProcessorPil
 
-    from genai_pipeline.runtime.image import to_rgb
+    from genai_pipeline.image_processing import to_rgb
 
     _, processing = internvl_ours
     image = Image.fromarray(photo(h, w, seed=w)).convert(mode)

@@ -17,7 +17,7 @@ from genai_pipeline.checkpoints.multimodal import load_multimodal
 from genai_pipeline.prepare_multimodal import read_processing
 from genai_pipeline.registry import infer_spec
 from genai_pipeline.registry.llava import CLIP_MEAN, CLIP_STD
-from genai_pipeline.runtime.image import expand_prompt, image_frames
+from genai_pipeline.image_processing import expand_prompt, image_frames
 
 IMAGE = 28  # px; patch 7 -> 4 x 4 patches -> 16 tokens (the class token dropped)
 TOKENS = 16
@@ -132,7 +132,7 @@ def test_clip_frames_equal_transformers_processor_pixel_for_pixel(llava_ours, h,
     Image = pytest.importorskip("PIL.Image", reason="Pillow is not installed: transformers' processor needs it")
     from transformers import CLIPImageProcessorPil
 
-    from genai_pipeline.runtime.image import to_rgb
+    from genai_pipeline.image_processing import to_rgb
 
     _, processing = llava_ours
     image = Image.fromarray(photo(h, w, seed=w)).convert(mode)

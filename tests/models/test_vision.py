@@ -17,7 +17,7 @@ import torch
 from genai_pipeline.checkpoints.multimodal import load_multimodal
 from genai_pipeline.prepare_multimodal import read_processing
 from genai_pipeline.registry import get_spec, infer_spec
-from genai_pipeline.runtime.image import ImageProcessing, expand_prompt, image_frames
+from genai_pipeline.image_processing import ImageProcessing, expand_prompt, image_frames
 
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<end_of_utterance>", "<fake_token_around_image>", "<image>", "<global-img>"]
 SPECIALS += [f"<row_{r}_col_{c}>" for r in range(1, 7) for c in range(1, 7)]
@@ -229,7 +229,7 @@ def test_program_has_the_runner_methods_and_a_manifest(program):
 
 def test_program_logits_match_transformers(program, reference, checkpoint, image_file):
     from genai_pipeline.runtime.multimodal import MultimodalSession
-    from genai_pipeline.runtime.tokenizer import Tokenizer
+    from genai_pipeline.tokenizer import Tokenizer
 
     session = MultimodalSession(program, verify=True)
     ids = session.encode_prompt(Tokenizer.from_folder(program), PROMPT, [image_file])
@@ -341,7 +341,7 @@ def test_image_tokens_that_do_not_fit_the_context(program, image_file, capsys):
 
 def test_grayscale_netpbm_is_converted(program, tmp_path):
     """A PGM (one channel) reads as RGB with equal channels; Pillow converts the other modes."""
-    from genai_pipeline.runtime.image import read_image
+    from genai_pipeline.image_processing import read_image
 
     gray = photo(IMAGE, IMAGE)[..., 0]
     path = tmp_path / "gray.pgm"
@@ -356,7 +356,7 @@ def test_grayscale_netpbm_is_converted(program, tmp_path):
 def test_prompt_expansion_matches_transformers():
     from transformers.models.smolvlm.processing_smolvlm import get_image_prompt_string
 
-    from genai_pipeline.runtime.image import Frames, image_prompt
+    from genai_pipeline.image_processing import Frames, image_prompt
 
     p = ImageProcessing(tile_size=IMAGE, longest_edge=4 * IMAGE, tokens_per_image=4)
     for rows, cols in ((0, 0), (1, 2), (3, 2)):
@@ -378,7 +378,7 @@ def test_frames_equal_transformers_processor_pixel_for_pixel(h, w, mode):
     Image = pytest.importorskip("PIL.Image", reason="Pillow is not installed: transformers' processor needs it")
     from transformers.models.idefics3.image_processing_pil_idefics3 import Idefics3ImageProcessorPil
 
-    from genai_pipeline.runtime.image import to_rgb
+    from genai_pipeline.image_processing import to_rgb
 
     rgb = Image.fromarray(photo(h, w, seed=h))
     image = {"RGB": rgb, "L": rgb.convert("L"), "CMYK": rgb.convert("CMYK"), "P": rgb.convert("P"),
@@ -411,7 +411,7 @@ def test_program_with_split_images_matches_transformers_fed_by_its_processor(pro
     import transformers
 
     from genai_pipeline.runtime.multimodal import MultimodalSession
-    from genai_pipeline.runtime.tokenizer import Tokenizer
+    from genai_pipeline.tokenizer import Tokenizer
 
     images = [photo(45, 70, seed=1), photo(64, 30, seed=2)]
     paths = [tmp_path / "wide.png", tmp_path / "tall.jpg"]

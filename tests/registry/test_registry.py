@@ -164,7 +164,7 @@ def test_chat_models_carry_a_fallback_template():
 def test_fallback_templates_render_every_turn_as_transformers_does(spec):
     from transformers.utils.chat_template_utils import render_jinja_template
 
-    from genai_pipeline.data.chat_template import render_chat
+    from genai_pipeline.chat_template import render_chat
     from genai_pipeline.data.samples import Message
 
     messages = (Message("system", "Be brief."), Message("user", "Hi there"), Message("assistant", "Hello."), Message("user", "Bye"))

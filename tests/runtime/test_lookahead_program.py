@@ -16,7 +16,7 @@ from genai_pipeline.registry import get_spec
 from genai_pipeline.runtime.generate import generate, greedy_token
 from genai_pipeline.runtime.lookahead import LookaheadOptions
 from genai_pipeline.runtime.session import DecoderSession
-from genai_pipeline.runtime.tokenizer import Tokenizer
+from genai_pipeline.tokenizer import Tokenizer
 from genai_pipeline.targets import get_target
 
 VERIFY_LEN = 8

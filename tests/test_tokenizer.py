@@ -10,7 +10,7 @@ import regex
 
 from conftest import train_sentencepiece, train_tokenizer
 from genai_pipeline.errors import InputError
-from genai_pipeline.runtime.tokenizer import (
+from genai_pipeline.tokenizer import (
     LLAMA3_SPECIAL_TOKENS,
     LLAMA3_SPLIT,
     TextStream,

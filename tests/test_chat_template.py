@@ -5,9 +5,10 @@ import json
 import pytest
 
 from conftest import train_tokenizer
-from genai_pipeline.data import ChatTemplate, ContentPart, Message, Sample, read_chat_template, render_chat, render_sample
+from genai_pipeline.chat_template import ChatTemplate, read_chat_template, render_chat
+from genai_pipeline.data import ContentPart, Message, Sample, render_sample
 from genai_pipeline.errors import DataError
-from genai_pipeline.runtime.tokenizer import Tokenizer
+from genai_pipeline.tokenizer import Tokenizer
 
 CHATML = (
     "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n'}}"

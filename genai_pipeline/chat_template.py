@@ -17,10 +17,12 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from functools import lru_cache
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
-from genai_pipeline.data.samples import Message, Sample
 from genai_pipeline.errors import ChatTemplateError, DataError
+
+if TYPE_CHECKING:  # the chat types are data's; rendering only reads role and content
+    from genai_pipeline.data.samples import Message
 
 
 class TextEncoder(Protocol):
@@ -149,21 +151,3 @@ def render_chat(
         return _compile(chat_template).render(**variables)
     except (TemplateError, TypeError, ValueError, KeyError) as e:
         raise ChatTemplateError(f"the chat template fails: {e}") from None
-
-
-def render_sample(
-    sample: Sample,
-    tokenizer: TextEncoder,
-    chat_template: str | None = None,
-    *,
-    bos_token: str | None = None,
-    eos_token: str | None = None,
-) -> list[int]:
-    """A sample's token ids, ready for the collator."""
-    if sample.text is not None:
-        return list(tokenizer.encode(sample.text))
-    try:
-        text = render_chat(sample.messages, chat_template, bos_token=bos_token, eos_token=eos_token)
-    except DataError as e:
-        raise DataError(f"{sample.origin or 'a chat sample'}: {e}") from None
-    return list(tokenizer.encode(text, add_special_tokens=chat_template is None))
