@@ -116,6 +116,7 @@ def _export(args, out: Path, staging: Path) -> ExportError | None:
         verify_len=args.verify_len,
         checkpoint=Path(args.checkpoint) if args.checkpoint else None,
         seed=args.seed,
+        split=args.split,
     )
     log.info("prepare %s (%s mode, max_seq_len %d)", spec.name, options.mode.value, options.max_seq_len)
     # A calibrated QDQ model of the previous export in --out is reused when its key matches;
@@ -454,6 +455,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--verify-len", type=int, default=_default(prepare, "verify_len"),
                    help="add a `verify` method of N tokens returning every token's logits, for `genai run --lookahead` (0: none)")
     p.add_argument("--seed", type=int, default=_default(prepare, "seed"), help="seed for random weights")
+    p.add_argument("--split", action="store_true",
+                   help="vision-language models: one program per component (vision_encoder.pte, token_embedding.pte, "
+                        "text_decoder.pte with --mode's methods) instead of one program with three methods")
     p.add_argument("--out", required=True, help="output folder: built beside it, then swapped in when complete")
     p.set_defaults(func=cmd_export)
 
