@@ -5,8 +5,8 @@ with `split`, one program per component (the layout NPU backends use).
 The text decoder is the same `Decoder` the text path exports, entered through its
 `forward_embeddings`; every method wraps the same `VisionLanguageModel`, so the methods name the
 same tensors and the program stores each weight once (the token embedding and a tied head too).
-A split program keeps only the tensors its own methods use (lowering drops unused parameters):
-a tied head's table is then stored twice, in token_embedding.pte and in text_decoder.pte.
+A split program's graphs wrap only their component, so each program holds only its tensors: a
+tied head's table is then stored twice, in token_embedding.pte and in text_decoder.pte.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from genai_pipeline.checkpoints.multimodal import load_multimodal, random_multim
 from genai_pipeline.checkpoints.special_tokens import read_special_tokens
 from genai_pipeline.chat_template import read_chat_template
 from genai_pipeline.errors import CheckpointError, InputError
+from genai_pipeline.models.decoder import Decoder
 from genai_pipeline.models.vision import VisionLanguageModel
 from genai_pipeline.names import ArtifactKey, GraphName, Mode
 from genai_pipeline.prepare import decoder_constants
@@ -82,6 +83,26 @@ def multimodal_graphs(model: VisionLanguageModel, max_seq_len: int) -> dict[Grap
     }
 
 
+class TokenEmbeddingAlone(nn.Module):
+    """The decoder's `embed` (the table and its scale) without the rest of the decoder."""
+
+    embed = Decoder.embed  # reads only tok_embeddings and config
+
+    def __init__(self, decoder: Decoder):
+        super().__init__()
+        self.tok_embeddings, self.config = decoder.tok_embeddings, decoder.config
+
+
+def _alone(**components: nn.Module) -> nn.Module:
+    """A module holding only `components`, under the names the graph wrappers read. A split
+    program's graph wraps this, not the whole model: lowering keeps every buffer of the wrapped
+    module, used or not (the decoder's RoPE tables would land in vision_encoder.pte)."""
+    holder = nn.Module()
+    for name, module in components.items():
+        holder.add_module(name, module)
+    return holder
+
+
 def split_artifacts(model: VisionLanguageModel, options, constants: dict) -> dict[ArtifactKey, Artifact]:
     """One artifact per component. The encoder and the embedding have one method, `forward`; the
     text decoder has the text path's methods for the mode: `forward` (dynamic length) or `prefill`
@@ -90,7 +111,12 @@ def split_artifacts(model: VisionLanguageModel, options, constants: dict) -> dic
     size = model.vision.config.image_size
     dim = model.decoder.config.dim
     pos = torch.tensor([0], dtype=torch.long)
-    decoder = TextDecoderGraph(model)
+    holders = {
+        ArtifactKey.VISION_ENCODER: _alone(vision=model.vision),
+        ArtifactKey.TOKEN_EMBEDDING: _alone(decoder=TokenEmbeddingAlone(model.decoder)),
+        ArtifactKey.TEXT_DECODER: _alone(decoder=model.decoder),
+    }
+    decoder = TextDecoderGraph(holders[ArtifactKey.TEXT_DECODER])
     decoder_graphs = {
         GraphName.FORWARD: GraphBundle(GraphName.FORWARD, decoder, (torch.zeros((1, 2, dim)), pos), dynamic_shapes=({1: seq}, None)),
         GraphName.PREFILL: GraphBundle(GraphName.PREFILL, decoder, (torch.zeros((1, options.prefill_len, dim)), pos)),
@@ -101,13 +127,14 @@ def split_artifacts(model: VisionLanguageModel, options, constants: dict) -> dic
         text_constants["get_prefill_len"] = options.prefill_len
     graphs = {
         ArtifactKey.VISION_ENCODER: {GraphName.FORWARD: GraphBundle(
-            GraphName.FORWARD, VisionEncoderGraph(model), (torch.zeros((1, 3, size, size), dtype=torch.uint8),))},
+            GraphName.FORWARD, VisionEncoderGraph(holders[ArtifactKey.VISION_ENCODER]), (torch.zeros((1, 3, size, size), dtype=torch.uint8),))},
         ArtifactKey.TOKEN_EMBEDDING: {GraphName.FORWARD: GraphBundle(
-            GraphName.FORWARD, TokenEmbeddingGraph(model), (torch.zeros((1, 2), dtype=torch.long),), dynamic_shapes=({1: seq},))},
+            GraphName.FORWARD, TokenEmbeddingGraph(holders[ArtifactKey.TOKEN_EMBEDDING]), (torch.zeros((1, 2), dtype=torch.long),),
+            dynamic_shapes=({1: seq},))},
         ArtifactKey.TEXT_DECODER: {name: decoder_graphs[name] for name in options.mode.graphs},
     }
     return {
-        key: Artifact(key, model, graphs[key], text_constants if key is ArtifactKey.TEXT_DECODER else {})
+        key: Artifact(key, holders[key], graphs[key], text_constants if key is ArtifactKey.TEXT_DECODER else {})
         for key in (ArtifactKey.VISION_ENCODER, ArtifactKey.TOKEN_EMBEDDING, ArtifactKey.TEXT_DECODER)
     }
 

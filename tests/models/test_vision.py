@@ -74,18 +74,6 @@ def save_tiny_smolvlm(folder: Path) -> Path:
 
 
 @pytest.fixture(scope="session")
-def checkpoint(tmp_path_factory) -> Path:
-    return save_tiny_smolvlm(tmp_path_factory.mktemp("smolvlm"))
-
-
-@pytest.fixture(scope="session")
-def reference(checkpoint):
-    import transformers
-
-    return transformers.Idefics3ForConditionalGeneration.from_pretrained(checkpoint, dtype=torch.float32).eval()
-
-
-@pytest.fixture(scope="session")
 def ours(checkpoint):
     spec = infer_spec(json.loads((checkpoint / "config.json").read_text()))
     processing, vision = read_processing(spec, checkpoint)
@@ -194,25 +182,7 @@ def _hf_greedy(reference, ids: list[int], pixel_values: torch.Tensor, n: int, eo
     return out
 
 
-# ---------------------------------------------------------------- the program
-
-
-@pytest.fixture(scope="session")
-def program(checkpoint, tmp_path_factory) -> Path:
-    """The default layout, exported once: one program, three methods."""
-    from genai_pipeline.compile import compile_artifacts
-    from genai_pipeline.prepare import PrepareOptions, prepare
-    from genai_pipeline.targets import get_target
-
-    spec = infer_spec(json.loads((checkpoint / "config.json").read_text()))
-    out = tmp_path_factory.mktemp("smolvlm-program")
-    compile_artifacts(prepare(spec, PrepareOptions(max_seq_len=MAX_SEQ, checkpoint=checkpoint)), get_target("xnnpack"), out)
-    return out
-
-
-@pytest.fixture(scope="session")
-def image_file(tmp_path_factory) -> Path:
-    return write_ppm(tmp_path_factory.mktemp("images") / "photo.ppm", photo(IMAGE, IMAGE))
+# ---------------------------------------------------------------- the program (fixtures: tests/models/conftest.py)
 
 
 def test_program_has_the_runner_methods_and_a_manifest(program):
@@ -473,7 +443,6 @@ def test_text_only_commands_name_a_vision_language_folder(program, tmp_path, cap
     for argv in (["eval", str(program), "--text", str(tmp_path / "t.txt")], ["bench", str(program)]):
         assert main(argv) == 2
         assert "vision-language model" in capsys.readouterr().err
-    assert "--chat does not support vision-language models" in _error(capsys, str(program), "--chat")
 
 
 def export_program(checkpoint: Path, out: Path, max_seq_len: int) -> Path:
