@@ -73,6 +73,30 @@ def save_tiny_smolvlm(folder: Path) -> Path:
     return folder
 
 
+# Other test modules import these fixtures (test_vision_split.py, test_vision_chat.py); pytest then
+# gives each importing module its own copy of a session fixture, so what they build is kept here:
+# built once per session.
+SESSION: dict[str, object] = {}
+
+
+def once(key: str, build):
+    if key not in SESSION:
+        SESSION[key] = build()
+    return SESSION[key]
+
+
+@pytest.fixture(scope="session")
+def checkpoint(tmp_path_factory) -> Path:
+    return once("checkpoint", lambda: save_tiny_smolvlm(tmp_path_factory.mktemp("smolvlm")))
+
+
+@pytest.fixture(scope="session")
+def reference(checkpoint):
+    import transformers
+
+    return transformers.Idefics3ForConditionalGeneration.from_pretrained(checkpoint, dtype=torch.float32).eval()
+
+
 @pytest.fixture(scope="session")
 def ours(checkpoint):
     spec = infer_spec(json.loads((checkpoint / "config.json").read_text()))
@@ -182,7 +206,28 @@ def _hf_greedy(reference, ids: list[int], pixel_values: torch.Tensor, n: int, eo
     return out
 
 
-# ---------------------------------------------------------------- the program (fixtures: tests/models/conftest.py)
+# ---------------------------------------------------------------- the program
+
+
+@pytest.fixture(scope="session")
+def program(checkpoint, tmp_path_factory) -> Path:
+    """The default layout, exported once: one program, three methods."""
+    from genai_pipeline.compile import compile_artifacts
+    from genai_pipeline.prepare import PrepareOptions, prepare
+    from genai_pipeline.targets import get_target
+
+    def build() -> Path:
+        spec = infer_spec(json.loads((checkpoint / "config.json").read_text()))
+        out = tmp_path_factory.mktemp("smolvlm-program")
+        compile_artifacts(prepare(spec, PrepareOptions(max_seq_len=MAX_SEQ, checkpoint=checkpoint)), get_target("xnnpack"), out)
+        return out
+
+    return once("program", build)
+
+
+@pytest.fixture(scope="session")
+def image_file(tmp_path_factory) -> Path:
+    return once("image_file", lambda: write_ppm(tmp_path_factory.mktemp("images") / "photo.ppm", photo(IMAGE, IMAGE)))
 
 
 def test_program_has_the_runner_methods_and_a_manifest(program):

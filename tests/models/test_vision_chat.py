@@ -1,4 +1,4 @@
-"""`genai run --chat` with images, on the tiny SmolVLM (tests/models/conftest.py) in both layouts,
+"""`genai run --chat` with images, on the tiny SmolVLM (tests/models/test_vision.py) in both layouts,
 with SmolVLM's own chat template where SmolVLM keeps it (processor_config.json): an image is
 encoded once and its tokens stay in the KV cache; a later turn's reply equals a single-shot run of
 the same whole prompt; the prompt equals transformers' processor's; bad input gets one line."""
@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 
 from test_vision import IMAGE, SPECIALS
+from test_vision import checkpoint, image_file, program  # noqa: F401  session fixtures (built once: test_vision.once)
+from test_vision_split import split_program  # noqa: F401
 
 from genai_pipeline.chat_template import read_chat_template
 from genai_pipeline.cli import main

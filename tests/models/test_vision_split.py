@@ -1,6 +1,6 @@
 """`genai export --split`: one program per component (vision_encoder.pte, token_embedding.pte,
 text_decoder.pte), against the one-program layout of the same tiny SmolVLM checkpoint
-(tests/models/conftest.py): files, manifest, what each program stores, `genai inspect DIR`, and
+(tests/models/test_vision.py): files, manifest, what each program stores, `genai inspect DIR`, and
 `genai run --image` giving the one-program layout's greedy tokens."""
 
 from __future__ import annotations
@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from test_vision import IMAGE, MAX_SEQ, NEW_TOKENS, PROMPT, SPECIALS
+from test_vision import IMAGE, MAX_SEQ, NEW_TOKENS, PROMPT, SPECIALS, infer_spec, once
+from test_vision import checkpoint, image_file, program  # noqa: F401  session fixtures (built once: test_vision.once)
 
 from genai_pipeline.cli import main
 from genai_pipeline.runtime.generate import Sampler, SamplingOptions, generate
@@ -20,6 +21,27 @@ from genai_pipeline.tokenizer import Tokenizer
 
 COMPONENTS = ("vision_encoder", "token_embedding", "text_decoder")
 DECODER_METHODS = {"dynamic": ["forward"], "hybrid": ["prefill", "decode"]}
+
+
+@pytest.fixture(scope="session")
+def split_program(checkpoint, tmp_path_factory):
+    """split_program(mode) -> folder: the --split layout, each mode exported once per session.
+    Prefill chunks of 8 tokens: a prompt with an image (about 20 tokens) ends in a partial chunk."""
+    from genai_pipeline.compile import compile_artifacts
+    from genai_pipeline.prepare import PrepareOptions, prepare
+    from genai_pipeline.targets import get_target
+
+    def build(mode: str) -> Path:
+        def export() -> Path:
+            spec = infer_spec(json.loads((checkpoint / "config.json").read_text()))
+            options = PrepareOptions(max_seq_len=MAX_SEQ, checkpoint=checkpoint, split=True, mode=mode, prefill_len=8)
+            out = tmp_path_factory.mktemp(f"smolvlm-split-{mode}")
+            compile_artifacts(prepare(spec, options), get_target("xnnpack"), out)
+            return out
+
+        return once(f"split {mode}", export)
+
+    return build
 
 
 def _manifest(folder: Path) -> dict:
@@ -62,7 +84,6 @@ def test_each_split_program_stores_its_components_weights_once(split_program, ch
     from genai_pipeline.checkpoints.multimodal import load_multimodal
     from genai_pipeline.inspect import inspect_program
     from genai_pipeline.prepare_multimodal import read_processing
-    from genai_pipeline.registry import infer_spec
 
     spec = infer_spec(json.loads((checkpoint / "config.json").read_text()))
     model = load_multimodal(spec, checkpoint, MAX_SEQ, read_processing(spec, checkpoint)[1])
