@@ -77,6 +77,17 @@ def test_an_image_is_encoded_once_and_a_later_reply_equals_a_single_shot_run(cha
     assert len(first.tokens) > 0
 
 
+def test_an_image_run_the_cache_holds_only_in_part_is_fed_whole(chat_folder, image_file):
+    chat = _chat(chat_folder)
+    chat.attach_image(image_file)
+    images = tuple(f for _, f in chat.attached)
+    ids = chat.render((chat._message("user", "Hi", (image_file,)),), images)
+    slots = [i for i, t in enumerate(ids) if t == SPECIALS.index("<image>")]
+    assert chat._stage_frames(ids, slots[2], images) == slots[0] and len(chat.session.frames) == 1
+    assert chat._stage_frames(ids, slots[-1] + 1, images) == slots[-1] + 1 and chat.session.frames == []
+    assert chat._stage_frames(ids, slots[0], images) == slots[0] and len(chat.session.frames) == 1
+
+
 def test_chat_prompt_equals_transformers_processor(chat_folder, image_file):
     """The second turn's ids as transformers' Idefics3Processor makes them from the same messages."""
     Image = pytest.importorskip("PIL.Image", reason="Pillow is not installed: transformers' processor needs it")
