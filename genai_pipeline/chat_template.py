@@ -54,7 +54,8 @@ def _token(value) -> str | None:
 
 
 def read_chat_template(folder: Path) -> ChatTemplate | None:
-    """The chat template of a local Hugging Face checkpoint (`chat_template.jinja`, else the
+    """The chat template of a local Hugging Face checkpoint (`chat_template.jinja`, else a
+    processor's `chat_template` in chat_template.json or processor_config.json, else the
     `chat_template` of tokenizer_config.json, the "default" one when it lists several), or None.
     Its special tokens come from tokenizer_config.json; as in `transformers`, the legacy
     special_tokens_map.json overrides them only when tokenizer_config.json has no `added_tokens_decoder`."""
@@ -65,6 +66,12 @@ def read_chat_template(folder: Path) -> ChatTemplate | None:
     if isinstance(source, list):  # [{"name": "default", "template": ...}, {"name": "tool_use", ...}]
         named = {t.get("name"): t.get("template") for t in source if isinstance(t, dict)}
         source = named.get("default")
+    # A vision-language processor's template (SmolVLM's lives in processor_config.json, older
+    # processors' in chat_template.json) is the one its processor applies: it places images.
+    for name in ("processor_config.json", "chat_template.json"):
+        processor_template = _read_json(folder / name).get("chat_template") if (folder / name).is_file() else None
+        if isinstance(processor_template, str) and processor_template.strip():
+            source, origin = processor_template, str(folder / name)
     jinja_file = folder / "chat_template.jinja"
     if jinja_file.is_file():
         source, origin = jinja_file.read_text(encoding="utf-8"), str(jinja_file)

@@ -116,6 +116,7 @@ def _export(args, out: Path, staging: Path) -> ExportError | None:
         verify_len=args.verify_len,
         checkpoint=Path(args.checkpoint) if args.checkpoint else None,
         seed=args.seed,
+        split=args.split,
     )
     log.info("prepare %s (%s mode, max_seq_len %d)", spec.name, options.mode.value, options.max_seq_len)
     # A calibrated QDQ model of the previous export in --out is reused when its key matches;
@@ -217,8 +218,6 @@ def cmd_run(args) -> int:
     sampling = SamplingOptions(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
     images = [Path(p) for p in args.image]
     if is_multimodal(read_manifest(Path(args.folder))):
-        if args.chat:
-            raise InputError("--chat does not support vision-language models yet; use --prompt (with --image)")
         session = MultimodalSession(Path(args.folder), verify=not args.no_verify)
     elif images:
         raise InputError(f"'{args.folder}' holds a text-only model: it cannot take --image")
@@ -289,17 +288,31 @@ def _chat(args, session, tokenizer, sampler, lookahead) -> int:
         )
     stop_ids = end_of_turn_ids(folder, tokenizer, session.manifest.get("eos_ids", ()), template)
     chat = Chat(session, tokenizer, template, sampler, stop_ids, args.max_new_tokens, system=args.system, lookahead=lookahead)
+    for image in args.image:  # --image with --chat: for the first message
+        chat.attach_image(Path(image), args.max_tiles)
     interactive = sys.stdin.isatty()
     if interactive:
         import readline  # noqa: F401  line editing and history for input()
 
-        log.info("chat with %s: /reset clears the conversation, /exit or Ctrl-D quits", session.manifest.get("model"))
+        log.info("chat with %s: %s/reset clears the conversation, /exit or Ctrl-D quits", session.manifest.get("model"),
+                 "/image PATH attaches an image to your next message, " if chat.takes_images else "")
     for text in _user_messages(args.prompt, interactive):
         if text.strip() == "/exit":
             break
         if text.strip() == "/reset":
             chat.reset()
             log.info("conversation cleared")
+            continue
+        if text.strip().split(maxsplit=1)[:1] == ["/image"]:
+            path = text.strip()[len("/image"):].strip()
+            try:
+                if not path:
+                    raise InputError("/image needs a path: /image PATH")
+                chat.attach_image(Path(path), args.max_tiles)
+            except InputError as e:  # a bad file: one line, the conversation goes on
+                log.warning("%s", e)
+                continue
+            log.info("%s goes with your next message", path)
             continue
         if not text.strip():
             continue
@@ -308,6 +321,9 @@ def _chat(args, session, tokenizer, sampler, lookahead) -> int:
             reply = chat.send(text, on_token=lambda token: print(stream.push(token), end="", flush=True))
         except ContextFullError as e:
             log.warning("%s; /reset clears the conversation", e)
+            continue
+        except InputError as e:  # e.g. a template that does not mark images
+            log.warning("%s", e)
             continue
         print(stream.flush(), flush=True)
         if reply.stop_reason == "context":
@@ -390,8 +406,17 @@ def cmd_bench(args) -> int:
 def cmd_inspect(args) -> int:
     from genai_pipeline.inspect import format_report, inspect_program
 
-    report = inspect_program(Path(args.file))
-    print(json.dumps(report, indent=2) if args.json else format_report(report))
+    path = Path(args.file)
+    if not path.is_dir():
+        report = inspect_program(path)
+        print(json.dumps(report, indent=2) if args.json else format_report(report))
+        return 0
+    # An export folder: each of its programs (a split vision-language export has three).
+    from genai_pipeline.bundle import read_manifest
+
+    files = [a["file"] for a in read_manifest(path)["artifacts"].values() if a.get("file")]
+    reports = {name: inspect_program(path / name) for name in files}
+    print(json.dumps(reports, indent=2) if args.json else "\n\n".join(format_report(r) for r in reports.values()))
     return 0
 
 
@@ -454,6 +479,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--verify-len", type=int, default=_default(prepare, "verify_len"),
                    help="add a `verify` method of N tokens returning every token's logits, for `genai run --lookahead` (0: none)")
     p.add_argument("--seed", type=int, default=_default(prepare, "seed"), help="seed for random weights")
+    p.add_argument("--split", action="store_true",
+                   help="vision-language models: one program per component (vision_encoder.pte, token_embedding.pte, "
+                        "text_decoder.pte with --mode's methods) instead of one program with three methods")
     p.add_argument("--out", required=True, help="output folder: built beside it, then swapped in when complete")
     p.set_defaults(func=cmd_export)
 
@@ -462,6 +490,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prompt", help="the text to continue; with --chat, the first user message")
     p.add_argument("--chat", action="store_true",
                    help="a conversation through the folder's chat template: user messages from stdin, "
+                        "/image PATH attaches an image to the next message (vision-language models; --image: to the first), "
                         "/reset clears it, /exit or end of input quits")
     p.add_argument("--system", help="with --chat: the system message")
     p.add_argument("--max-new-tokens", type=int, default=128, help="tokens to generate at most")
@@ -501,7 +530,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_bench)
 
     p = subcommand("inspect", "methods, delegates, shared data and metadata of a .pte")
-    p.add_argument("file", help="a .pte program")
+    p.add_argument("file", help="a .pte program, or an export folder: each of its programs")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=cmd_inspect)
     return parser

@@ -24,7 +24,7 @@ from genai_pipeline.targets import Target
 log = logging.getLogger(__name__)
 
 RUNTIME_FILES = ("tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja", "generation_config.json",
-                 "preprocessor_config.json", "processor_config.json")
+                 "preprocessor_config.json", "processor_config.json", "chat_template.json")
 
 
 def lower(artifact: Artifact, target: Target, progress: tqdm):

@@ -373,3 +373,17 @@ def expand_prompt(prompt: str, images: list[Frames], p: ImageProcessing) -> str:
         )
     pieces = prompt.split(p.placeholder)
     return pieces[0] + "".join(image_prompt(f, p) + rest for f, rest in zip(images, pieces[1:]))
+
+
+def expand_rendered_chat(text: str, images: list[Frames], p: ImageProcessing) -> str:
+    """A rendered chat's image marks replaced, in order, by the images' text. A chat template
+    marks an image part with the placeholder (SmolVLM's and LLaVA's write `<image>`) or with the
+    image token itself (InternVL's writes `<IMG_CONTEXT>`, which its processor expands); the
+    count must be the conversation's images."""
+    mark = p.placeholder if p.placeholder in text or not images else p.image_token
+    found = text.count(mark)
+    if found != len(images):
+        raise InputError(f"the chat template wrote {found} {mark} for {len(images)} image(s) of the conversation: "
+                         "it does not place image parts where this model's processor expects them")
+    pieces = text.split(mark)
+    return pieces[0] + "".join(image_prompt(f, p) + rest for f, rest in zip(images, pieces[1:]))

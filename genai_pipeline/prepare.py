@@ -36,6 +36,9 @@ class PrepareOptions:
     verify_len: int = 0
     checkpoint: Path | None = None  # local checkpoint folder (the entry's format); None: the entry's shipped weights, else random
     seed: int = 0  # for random weights
+    # A vision-language model as one program per component (vision_encoder.pte, token_embedding.pte,
+    # text_decoder.pte: the layout NPU backends use) instead of one program with three methods.
+    split: bool = False
 
     def __post_init__(self):
         object.__setattr__(self, "mode", Mode(self.mode))
@@ -112,6 +115,8 @@ def prepare(spec: ModelSpec, options: PrepareOptions) -> PreparedModel:
         from genai_pipeline.prepare_multimodal import prepare_multimodal
 
         return prepare_multimodal(spec, options)
+    if options.split:
+        raise InputError(f"--split applies to vision-language models only; {spec.name} is a text-only model (its export is one program already)")
     checkpoint = options.checkpoint or spec.checkpoint
     if checkpoint is not None:
         log.info("loading %s from %s", spec.name, checkpoint)

@@ -1,9 +1,12 @@
 """prepare, for a vision-language entry: one program whose methods are the three components
-ExecuTorch's MultimodalRunner calls, `token_embedding`, `text_decoder` and `vision_encoder`.
+ExecuTorch's MultimodalRunner calls, `token_embedding`, `text_decoder` and `vision_encoder`; or,
+with `split`, one program per component (the layout NPU backends use).
 
 The text decoder is the same `Decoder` the text path exports, entered through its
 `forward_embeddings`; every method wraps the same `VisionLanguageModel`, so the methods name the
 same tensors and the program stores each weight once (the token embedding and a tied head too).
+A split program's graphs wrap only their component, so each program holds only its tensors: a
+tied head's table is then stored twice, in token_embedding.pte and in text_decoder.pte.
 """
 
 from __future__ import annotations
@@ -20,7 +23,8 @@ from genai_pipeline.bundle import Artifact, GraphBundle, PreparedModel
 from genai_pipeline.checkpoints.multimodal import load_multimodal, random_multimodal, vision_config
 from genai_pipeline.checkpoints.special_tokens import read_special_tokens
 from genai_pipeline.chat_template import read_chat_template
-from genai_pipeline.errors import CheckpointError
+from genai_pipeline.errors import CheckpointError, InputError
+from genai_pipeline.models.decoder import Decoder
 from genai_pipeline.models.vision import VisionLanguageModel
 from genai_pipeline.names import ArtifactKey, GraphName, Mode
 from genai_pipeline.prepare import decoder_constants
@@ -79,6 +83,62 @@ def multimodal_graphs(model: VisionLanguageModel, max_seq_len: int) -> dict[Grap
     }
 
 
+class TokenEmbeddingAlone(nn.Module):
+    """The decoder's `embed` (the table and its scale) without the rest of the decoder."""
+
+    embed = Decoder.embed  # reads only tok_embeddings and config
+
+    def __init__(self, decoder: Decoder):
+        super().__init__()
+        self.tok_embeddings, self.config = decoder.tok_embeddings, decoder.config
+
+
+def _alone(**components: nn.Module) -> nn.Module:
+    """A module holding only `components`, under the names the graph wrappers read. A split
+    program's graph wraps this, not the whole model: lowering keeps every buffer of the wrapped
+    module, used or not (the decoder's RoPE tables would land in vision_encoder.pte)."""
+    holder = nn.Module()
+    for name, module in components.items():
+        holder.add_module(name, module)
+    return holder
+
+
+def split_artifacts(model: VisionLanguageModel, options, constants: dict) -> dict[ArtifactKey, Artifact]:
+    """One artifact per component. The encoder and the embedding have one method, `forward`; the
+    text decoder has the text path's methods for the mode: `forward` (dynamic length) or `prefill`
+    (a static chunk of embeddings) + `decode` (one embedding), sharing weights and KV cache."""
+    seq = Dim("seq_len", min=1, max=options.max_seq_len)
+    size = model.vision.config.image_size
+    dim = model.decoder.config.dim
+    pos = torch.tensor([0], dtype=torch.long)
+    holders = {
+        ArtifactKey.VISION_ENCODER: _alone(vision=model.vision),
+        ArtifactKey.TOKEN_EMBEDDING: _alone(decoder=TokenEmbeddingAlone(model.decoder)),
+        ArtifactKey.TEXT_DECODER: _alone(decoder=model.decoder),
+    }
+    decoder = TextDecoderGraph(holders[ArtifactKey.TEXT_DECODER])
+    decoder_graphs = {
+        GraphName.FORWARD: GraphBundle(GraphName.FORWARD, decoder, (torch.zeros((1, 2, dim)), pos), dynamic_shapes=({1: seq}, None)),
+        GraphName.PREFILL: GraphBundle(GraphName.PREFILL, decoder, (torch.zeros((1, options.prefill_len, dim)), pos)),
+        GraphName.DECODE: GraphBundle(GraphName.DECODE, decoder, (torch.zeros((1, 1, dim)), pos)),
+    }
+    text_constants = dict(constants, enable_dynamic_shape=options.mode is Mode.DYNAMIC)
+    if options.mode is Mode.HYBRID:
+        text_constants["get_prefill_len"] = options.prefill_len
+    graphs = {
+        ArtifactKey.VISION_ENCODER: {GraphName.FORWARD: GraphBundle(
+            GraphName.FORWARD, VisionEncoderGraph(holders[ArtifactKey.VISION_ENCODER]), (torch.zeros((1, 3, size, size), dtype=torch.uint8),))},
+        ArtifactKey.TOKEN_EMBEDDING: {GraphName.FORWARD: GraphBundle(
+            GraphName.FORWARD, TokenEmbeddingGraph(holders[ArtifactKey.TOKEN_EMBEDDING]), (torch.zeros((1, 2), dtype=torch.long),),
+            dynamic_shapes=({1: seq},))},
+        ArtifactKey.TEXT_DECODER: {name: decoder_graphs[name] for name in options.mode.graphs},
+    }
+    return {
+        key: Artifact(key, holders[key], graphs[key], text_constants if key is ArtifactKey.TEXT_DECODER else {})
+        for key in (ArtifactKey.VISION_ENCODER, ArtifactKey.TOKEN_EMBEDDING, ArtifactKey.TEXT_DECODER)
+    }
+
+
 def runner_vocab_size(tokenizer: Path | None) -> int | None:
     """How many ids ExecuTorch's runners sample from: pytorch_tokenizers counts the vocabulary's
     entries plus added tokens (not max id + 1)."""
@@ -118,11 +178,14 @@ def read_processing(spec: ModelSpec, checkpoint: Path | None) -> tuple[ImageProc
 
 
 def prepare_multimodal(spec: ModelSpec, options) -> PreparedModel:
-    """`options`: prepare.PrepareOptions. The text decoder runs with a dynamic length (the
-    runner's convention), whatever --mode says."""
-    if options.mode is not Mode.DYNAMIC:
-        log.info("the text decoder of a vision-language model has one dynamic-length method (ExecuTorch's runner convention)")
-    options = dataclasses.replace(options, mode=Mode.DYNAMIC)
+    """`options`: prepare.PrepareOptions. In one program the text decoder runs with a dynamic
+    length (the runner's convention), whatever --mode says; split, it takes --mode dynamic or hybrid."""
+    if options.split and options.mode is Mode.KV:
+        raise InputError("--split takes --mode dynamic (one forward method) or hybrid (prefill + decode)")
+    if not options.split and options.mode is not Mode.DYNAMIC:
+        log.info("the text decoder of a vision-language model has one dynamic-length method (ExecuTorch's runner convention); "
+                 "--split gives it --mode %s", options.mode.value)
+        options = dataclasses.replace(options, mode=Mode.DYNAMIC)
     checkpoint = Path(options.checkpoint) if options.checkpoint else spec.checkpoint  # shipped weights (reference-vlm)
     processing, vision = read_processing(spec, checkpoint)
     if checkpoint is not None:
@@ -149,24 +212,35 @@ def prepare_multimodal(spec: ModelSpec, options) -> PreparedModel:
     runner_vocab = runner_vocab_size(tokenizer)
     check_sampleable({**{f"eos[{i}]": e for i, e in enumerate(spec.eos_ids)}, "bos": spec.bos_id}, runner_vocab, config.vocab_size)
     constants = decoder_constants(spec, config, options.max_seq_len, dynamic=True)
-    artifact = Artifact(ArtifactKey.MULTIMODAL, model, multimodal_graphs(model, options.max_seq_len), constants)
+    params = {
+        ArtifactKey.VISION_ENCODER: vision.num_params,
+        ArtifactKey.TOKEN_EMBEDDING: config.vocab_size * config.dim,
+        ArtifactKey.TEXT_DECODER: config.num_params - config.vocab_size * config.dim,
+    }
+    if options.split:
+        artifacts = split_artifacts(model, options, constants)
+        components = {key.value: {"file": f"{key.value}.pte", "methods": [g.value for g in a.graphs], "params": params[key]}
+                      for key, a in artifacts.items()}
+    else:
+        artifact = Artifact(ArtifactKey.MULTIMODAL, model, multimodal_graphs(model, options.max_seq_len), constants)
+        artifacts = {artifact.key: artifact}
+        components = {key.value: {"file": f"{artifact.key.value}.pte", "method": key.value, "params": n} for key, n in params.items()}
     manifest = {
         "vision": {
-            "layout": "one program",
-            "components": {
-                ArtifactKey.VISION_ENCODER.value: {"method": GraphName.VISION_ENCODER.value, "params": vision.num_params},
-                ArtifactKey.TOKEN_EMBEDDING.value: {"method": GraphName.TOKEN_EMBEDDING.value, "params": config.vocab_size * config.dim},
-                ArtifactKey.TEXT_DECODER.value: {"method": GraphName.TEXT_DECODER.value, "params": config.num_params - config.vocab_size * config.dim},
-            },
+            "layout": "split" if options.split else "one program",
+            "components": components,
             "config": dataclasses.asdict(vision),
             "image_size": vision.image_size,
             "tokens_per_image": vision.tokens_per_image,
             "image_token_id": image_token_id,
+            # What a runner that does not tokenize them needs (a C++ NPU runner): the ids of the
+            # tokens the prompt expansion writes around each frame.
+            "special_token_ids": _image_token_ids(tokenizer, processing),
             "runner_vocab_size": runner_vocab,
             "preprocessing": dataclasses.asdict(processing),
         }
     }
-    return PreparedModel(spec=spec, config=config, artifacts={artifact.key: artifact}, options=options, weights=weights,
+    return PreparedModel(spec=spec, config=config, artifacts=artifacts, options=options, weights=weights,
                          tokenizer_file=tokenizer, special_tokens=special, manifest_extra=manifest)
 
 
@@ -180,6 +254,20 @@ def _check_image_token(tokenizer: Path | None, token: str, image_token_id: int) 
     if found != image_token_id:
         raise CheckpointError(f"config.json's image_token_id is {image_token_id} but {tokenizer.name} gives {token} the id {found}; "
                               "the tokenizer does not belong to this model")
+
+
+def _image_token_ids(tokenizer: Path | None, processing: ImageProcessing) -> dict[str, int] | None:
+    """The tokenizer's ids of the expansion's single-token markers (`<image>`, `<global-img>`, ...)."""
+    if tokenizer is None or tokenizer.suffix != ".json":
+        return None
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(tokenizer))
+    tokens = (processing.image_token, processing.image_start, processing.image_end)
+    if processing.kind == "idefics3":
+        tokens += (processing.fake_image_token, processing.global_image_token)
+    ids = {t: tok.token_to_id(t) for t in tokens if t}
+    return {t: i for t, i in ids.items() if i is not None}
 
 
 def _read_config_value(folder: Path | None, key: str, default):

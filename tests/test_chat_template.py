@@ -94,6 +94,19 @@ def test_read_chat_template_from_tokenizer_config(tmp_path):
     assert read_chat_template(tmp_path).source == CHATML
 
 
+def test_a_processors_template_comes_before_the_tokenizers(tmp_path):
+    """A vision-language processor's template (SmolVLM: processor_config.json; older processors:
+    chat_template.json) is the one that places images; chat_template.jinja still wins."""
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"chat_template": LLAMA2, "eos_token": "</s>"}))
+    (tmp_path / "processor_config.json").write_text(json.dumps({"image_seq_len": 64, "chat_template": "processor"}))
+    template = read_chat_template(tmp_path)
+    assert (template.source, template.eos_token, template.origin) == ("processor", "</s>", str(tmp_path / "processor_config.json"))
+    (tmp_path / "chat_template.json").write_text(json.dumps({"chat_template": "legacy processor"}))
+    assert read_chat_template(tmp_path).source == "legacy processor"
+    (tmp_path / "chat_template.jinja").write_text(CHATML)
+    assert read_chat_template(tmp_path).source == CHATML
+
+
 def test_no_chat_template(tmp_path):
     assert read_chat_template(tmp_path) is None
     (tmp_path / "tokenizer_config.json").write_text("{broken")

@@ -20,10 +20,12 @@ from typing import Callable, Iterable, Literal, Protocol
 import torch
 
 from genai_pipeline.chat_template import ChatTemplate, render_chat
-from genai_pipeline.data.samples import Message
+from genai_pipeline.data.samples import ContentPart, Message
 from genai_pipeline.errors import ChatTemplateError, ContextFullError, InputError
+from genai_pipeline.image_processing import Frames, expand_rendered_chat
 from genai_pipeline.runtime.generate import generate
 from genai_pipeline.runtime.lookahead import LookaheadOptions
+from genai_pipeline.runtime.multimodal import MultimodalSession
 from genai_pipeline.tokenizer import END_OF_TURN_TOKENS
 
 
@@ -105,33 +107,69 @@ class Chat:
         self.stop_ids = stop_ids
         self.max_new_tokens = max_new_tokens
         self.lookahead = lookahead
-        self.first_messages = (Message("system", system),) if system else ()
+        self.takes_images = isinstance(session, MultimodalSession)
+        self.first_messages = (self._message("system", system),) if system else ()
         self.reset()
 
     def reset(self) -> None:
-        """Forget the conversation (the system message stays)."""
+        """Forget the conversation and any attached image (the system message stays)."""
         self.messages: tuple[Message, ...] = self.first_messages
+        self.images: tuple[Frames, ...] = ()  # the conversation's images, in order
+        self.attached: tuple[tuple[Path, Frames], ...] = ()  # images for the next user message
         self.cached: list[int] = []  # the ids whose keys and values the cache holds, from position 0
         self.session.pos = 0
 
-    def render(self, messages: tuple[Message, ...]) -> list[int]:
-        """The conversation's ids up to the opening of the assistant's next turn."""
+    def attach_image(self, path: Path, max_tiles: int = 0) -> None:
+        """An image for the next user message, read and preprocessed now (a bad file is told at once)."""
+        if not self.takes_images:
+            raise InputError("this is a text-only model: it cannot take images")
+        self.attached = (*self.attached, (Path(path), self.session.read_frames(Path(path), max_tiles)))
+
+    def _message(self, role: str, text: str, images: tuple[Path, ...] = ()) -> Message:
+        if not self.takes_images:
+            return Message(role, text)
+        return Message(role, (*(ContentPart("image", image=p) for p in images), ContentPart("text", text=text)))
+
+    def render(self, messages: tuple[Message, ...], images: tuple[Frames, ...] = ()) -> list[int]:
+        """The conversation's ids up to the opening of the assistant's next turn; `images`: the
+        conversation's images, in order, expanded where the template marks them."""
         t = self.template
         try:
             text = render_chat(messages, t.source, bos_token=t.bos_token, eos_token=t.eos_token, add_generation_prompt=True)
         except ChatTemplateError as e:
             raise ChatTemplateError(f"'{t.origin}': {e}" if t.origin else str(e)) from None
+        if images:
+            text = expand_rendered_chat(text, list(images), self.session.processing)
         return self.tokenizer.encode(text, add_special_tokens=False)
 
+    def _stage_frames(self, ids: list[int], reused: int, images: tuple[Frames, ...]) -> int:
+        """Stages for the session's prefill the frames whose image tokens are not in the cache; a
+        frame whose run of tokens the cache holds only in part is fed whole. Returns where feeding starts."""
+        n = self.session.processing.tokens_per_image
+        frames = [frame for f in images for frame in f.pixels]
+        slots = [i for i, t in enumerate(ids) if t == self.session.image_token_id]
+        if len(slots) != n * len(frames):
+            raise InputError(f"the conversation holds {len(slots)} image token(s) for {len(frames)} image frame(s) of {n} each")
+        runs = [slots[k * n : (k + 1) * n] for k in range(len(frames))]
+        for run in runs:
+            if run[0] < reused <= run[-1]:
+                reused = run[0]
+        self.session.frames = [frame for frame, run in zip(frames, runs) if run[0] >= reused]
+        return reused
+
     def send(self, text: str, on_token: Callable[[int], None] | None = None) -> Reply:
-        """Add a user message and generate the reply. ContextFullError leaves the conversation as it was."""
-        messages = (*self.messages, Message("user", text))
-        ids = self.render(messages)
+        """Add a user message (with the attached images) and generate the reply. ContextFullError
+        and InputError leave the conversation as it was, the attached images still attached."""
+        messages = (*self.messages, self._message("user", text, tuple(p for p, _ in self.attached)))
+        images = (*self.images, *(f for _, f in self.attached))
+        ids = self.render(messages, images)
         context = self.session.max_seq_len
         if len(ids) >= context:
             raise ContextFullError(f"the conversation would be {len(ids)} tokens; the program's context is {context}")
         # At least one token is fed: its logits start the reply.
         reused = min(common_prefix_len(self.cached, ids), len(ids) - 1)
+        if self.takes_images:
+            reused = self._stage_frames(ids, reused, images)
         self.session.pos = reused
         self.cached = ids[:reused]  # until generation returns, only this much is known to be in the cache
         room = context - len(ids) + 1  # the last generated token is never fed back
@@ -142,6 +180,7 @@ class Chat:
         # Everything fed is cached: the prompt, and each reply token but one that ended the reply.
         self.cached = (ids + result.tokens)[: self.session.pos]
         reply_text = self.tokenizer.decode(result.tokens)
-        self.messages = (*messages, Message("assistant", reply_text))
+        self.messages = (*messages, self._message("assistant", reply_text))
+        self.images, self.attached = images, ()
         stop = "context" if result.stop_reason == "length" and max_new < self.max_new_tokens else result.stop_reason
         return Reply(reply_text, tuple(result.tokens), stop, reused, len(ids) - reused)

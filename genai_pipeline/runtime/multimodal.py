@@ -1,9 +1,11 @@
-"""A multimodal program (methods `token_embedding`, `text_decoder`, `vision_encoder`) behind the
-text path's `prefill` / `step` interface, so the same generation loop drives it.
+"""A multimodal export behind the text path's `prefill` / `step` interface, so the same generation
+loop drives it. Two layouts: one program with methods `token_embedding`, `text_decoder` and
+`vision_encoder` (ExecuTorch's MultimodalRunner's), or `--split`: `vision_encoder.pte` and
+`token_embedding.pte` (method `forward`) and `text_decoder.pte` (`forward`, or `prefill` + `decode`).
 
 The prompt is token ids in which each image stands as a run of `tokens_per_image` `<image>` ids
-(the Hugging Face processor's expansion). `prefill` embeds the ids, puts the next staged image's
-embeddings where its run is (transformers' `masked_scatter`), and runs the decoder once.
+(the Hugging Face processor's expansion). `prefill` embeds the ids, puts the next staged frame's
+embeddings where its run is (transformers' `masked_scatter`), and runs the decoder.
 """
 
 from __future__ import annotations
@@ -17,9 +19,9 @@ import torch
 
 from genai_pipeline.bundle import read_manifest
 from genai_pipeline.errors import InputError, ProgramError
-from genai_pipeline.names import ArtifactKey, GraphName
-from genai_pipeline.image_processing import ImageProcessing, expand_prompt, image_frames, read_image
-from genai_pipeline.runtime.program import load_program
+from genai_pipeline.names import ArtifactKey, GraphName, Mode
+from genai_pipeline.image_processing import Frames, ImageProcessing, expand_prompt, image_frames, read_image
+from genai_pipeline.runtime.program import load_program, native_logs_hidden
 
 
 def is_multimodal(manifest: dict) -> bool:
@@ -32,30 +34,49 @@ class MultimodalSession:
         self.manifest = read_manifest(folder)
         try:
             vision = self.manifest["vision"]
-            entry = self.manifest["artifacts"][ArtifactKey.MULTIMODAL.value]
-            expected = self.manifest["files"][entry["file"]]
             self.max_seq_len = int(self.manifest["max_seq_len"])
             self.processing = ImageProcessing.from_dict(vision["preprocessing"])
             self.image_token_id = int(vision["image_token_id"])
+            self.split = vision.get("layout") == "split"
+            self.mode = Mode(self.manifest["mode"]) if self.split else Mode.DYNAMIC
+            self.prefill_len = int(self.manifest["prefill_len"])
+            keys = (ArtifactKey.TOKEN_EMBEDDING, ArtifactKey.TEXT_DECODER, ArtifactKey.VISION_ENCODER) if self.split else (ArtifactKey.MULTIMODAL,)
+            files = {key: self.manifest["artifacts"][key.value]["file"] for key in keys}
+            expected = {key: self.manifest["files"][file] for key, file in files.items()}
         except (KeyError, ValueError, TypeError) as e:
             raise ProgramError(f"'{folder}/manifest.json' lacks {e}; re-export the model") from None
-        self.program = load_program(folder / entry["file"], expected["bytes"], expected["sha256"] if verify else None)
-        self._methods = {g: self.program.load_method(g.value) for g in
-                         (GraphName.TOKEN_EMBEDDING, GraphName.TEXT_DECODER, GraphName.VISION_ENCODER)}
-        self.frames: list[np.ndarray] = []  # uint8 [3, S, S] each, in prompt order
-        self.vision_seconds = 0.0
+        programs = {key: load_program(folder / files[key], expected[key]["bytes"], expected[key]["sha256"] if verify else None)
+                    for key in keys}
+        with native_logs_hidden():
+            if self.split:
+                # the encoder and the embedding have one method, `forward`
+                self._methods = {
+                    GraphName.TOKEN_EMBEDDING: programs[ArtifactKey.TOKEN_EMBEDDING].load_method(GraphName.FORWARD.value),
+                    GraphName.VISION_ENCODER: programs[ArtifactKey.VISION_ENCODER].load_method(GraphName.FORWARD.value),
+                    **{g: programs[ArtifactKey.TEXT_DECODER].load_method(g.value) for g in self.mode.graphs},
+                }
+            else:
+                self._methods = {g: programs[ArtifactKey.MULTIMODAL].load_method(g.value) for g in
+                                 (GraphName.TOKEN_EMBEDDING, GraphName.TEXT_DECODER, GraphName.VISION_ENCODER)}
+        self.frames: list[np.ndarray] = []  # uint8 [3, S, S] each, in prompt order: the next prefill's
+        self.vision_seconds = 0.0  # the last prefill's time in the vision encoder
+        self.vision_calls = 0  # frames encoded since the session was made
         self.pos = 0
 
     def reset(self) -> None:
         self.pos = 0
 
+    def read_frames(self, path: Path, max_tiles: int = 0) -> Frames:
+        """An image file as the encoder's frames, preprocessed as the family's processor does."""
+        processing = dataclasses.replace(self.processing, max_tiles=max_tiles) if max_tiles else self.processing
+        return image_frames(read_image(Path(path)), processing)
+
     def encode_prompt(self, tokenizer, prompt: str, image_paths: list[Path], max_tiles: int = 0) -> list[int]:
         """The prompt's ids with every image expanded as the family's processor does; the images'
         frames are staged for `prefill`."""
-        processing = dataclasses.replace(self.processing, max_tiles=max_tiles) if max_tiles else self.processing
-        images = [image_frames(read_image(Path(p)), processing) for p in image_paths]
-        ids = tokenizer.encode(expand_prompt(prompt, images, processing))
-        n_image = sum(len(f.pixels) for f in images) * processing.tokens_per_image
+        images = [self.read_frames(p, max_tiles) for p in image_paths]
+        ids = tokenizer.encode(expand_prompt(prompt, images, self.processing))
+        n_image = sum(len(f.pixels) for f in images) * self.processing.tokens_per_image
         if len(ids) >= self.max_seq_len:
             raise InputError(
                 f"the prompt is {len(ids)} tokens ({n_image} of them for {len(image_paths)} image(s)) but the program's context "
@@ -66,13 +87,41 @@ class MultimodalSession:
 
     def _execute(self, graph: GraphName, inputs: list[torch.Tensor]) -> torch.Tensor:
         # Outputs live in the runtime's planned memory: the next call overwrites them.
-        return self._methods[graph].execute(inputs)[0].clone()
+        with native_logs_hidden():
+            return self._methods[graph].execute(inputs)[0].clone()
 
     def _check_room(self, n: int) -> None:
         if self.pos + n > self.max_seq_len:
             raise InputError(f"{self.pos + n} tokens do not fit the program's context of {self.max_seq_len}")
 
+    def _decode(self, embeddings: torch.Tensor) -> torch.Tensor:
+        """Embeddings [1, T, D] fed at the cursor; the next-token logits, [vocab]. A hybrid text
+        decoder takes them in `prefill` chunks, a partial last chunk padded as the text path does
+        (runtime/session.py): its last real row goes once more through `decode`."""
+        if self.mode is Mode.DYNAMIC:
+            graph = GraphName.FORWARD if self.split else GraphName.TEXT_DECODER
+            logits = self._execute(graph, [embeddings, torch.tensor([self.pos], dtype=torch.long)])
+            self.pos += embeddings.shape[1]
+            return logits.reshape(-1, logits.shape[-1])[-1]
+        i, n, total = 0, self.prefill_len, embeddings.shape[1]
+        while total > 1 and i < total and self.pos + n <= self.max_seq_len:  # one embedding (a step): decode
+            chunk = embeddings[:, i : i + n]
+            padded = torch.cat([chunk, chunk.new_zeros((1, n - chunk.shape[1], chunk.shape[2]))], dim=1)
+            logits = self._execute(GraphName.PREFILL, [padded, torch.tensor([self.pos], dtype=torch.long)])
+            self.pos += chunk.shape[1]
+            i += chunk.shape[1]
+            if chunk.shape[1] < n:
+                self.pos -= 1
+                i -= 1
+                break
+        for row in range(i, total):  # a re-fed last row, or a tail too close to the end of the cache
+            logits = self._execute(GraphName.DECODE, [embeddings[:, row : row + 1], torch.tensor([self.pos], dtype=torch.long)])
+            self.pos += 1
+        return logits.reshape(-1, logits.shape[-1])[-1]
+
     def prefill(self, tokens: list[int]) -> torch.Tensor:
+        """The staged frames go where the image tokens of `tokens` are, in order: each frame is
+        encoded here, once; image tokens already in the cache are not fed again."""
         if not tokens:
             raise InputError("the prompt is empty")
         self._check_room(len(tokens))
@@ -84,16 +133,13 @@ class MultimodalSession:
         start = time.perf_counter()
         for k, frame in enumerate(self.frames):
             features = self._execute(GraphName.VISION_ENCODER, [torch.from_numpy(frame).unsqueeze(0)])
+            self.vision_calls += 1
             embeddings[0, slots[k * n : (k + 1) * n]] = features[0]
         self.vision_seconds = time.perf_counter() - start
         self.frames = []
-        logits = self._execute(GraphName.TEXT_DECODER, [embeddings, torch.tensor([self.pos], dtype=torch.long)])
-        self.pos += len(tokens)
-        return logits.reshape(-1, logits.shape[-1])[-1]
+        return self._decode(embeddings)
 
     def step(self, token: int) -> torch.Tensor:
         self._check_room(1)
         embedding = self._execute(GraphName.TOKEN_EMBEDDING, [torch.tensor([[token]], dtype=torch.long)])
-        logits = self._execute(GraphName.TEXT_DECODER, [embedding, torch.tensor([self.pos], dtype=torch.long)])
-        self.pos += 1
-        return logits.reshape(-1, logits.shape[-1])[-1]
+        return self._decode(embedding)
