@@ -101,14 +101,17 @@ def _export(args, out: Path, staging: Path) -> ExportError | None:
         overrides=tuple(parse_override(o) for o in args.quant_override),
         block_size=args.block_size,
         calibration=CalibrationOptions(datasets=tuple(args.calib), limit=args.calib_limit, seq_len=args.calib_seq_len),
+        vision_recipe=args.vision_recipe,
     )
     check_recipe(target, quant)  # refused before any work starts
-    if spec.vision is not None and not quant.is_float:
+    if spec.vision is not None:
+        from genai_pipeline.quantize_multimodal import check_vision_language_quant
+
+        check_vision_language_quant(quant)
+    elif quant.vision_recipe is not None:
         from genai_pipeline.errors import InputError
 
-        # Not yet: the recipes would quantize the image tower's linears and position table with the
-        # decoder's settings, untested, and the quantization report reads text models only.
-        raise InputError(f"{spec.name} is a vision-language model: only --recipe fp32 is supported for it so far")
+        raise InputError(f"--vision-recipe applies to vision-language models; {spec.name} is a text model")
     options = PrepareOptions(
         mode=args.mode,
         max_seq_len=args.max_seq_len,
@@ -439,6 +442,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="xnnpack: fp32, 8da4w, 8da8w, 8a8w; qnn: 16a8w, 16a4w, 16a4w_block, 8a8w")
     p.add_argument("--group-size", type=int, default=_default(quant, "group_size"), help="int4 group size")
     p.add_argument("--embedding", default=_default(quant, "embedding"), help="token embedding: auto (8da4w: 4w, 8da8w: 8w, else fp32), fp32, 8w or 4w")
+    p.add_argument("--vision-recipe", choices=("fp32", "8da8w", "8da4w"),
+                   help="a vision-language model's image tower and connector (their linear layers; patch and position "
+                        "embeddings stay float); default: 8da8w under --recipe 8da4w, else --recipe's")
     p.add_argument("--quant-override", action="append", default=[], metavar="REGEX=RECIPE",
                    help="recipe for linear layers whose name matches REGEX (first match wins), e.g. output=8da8w")
     p.add_argument("--block-size", type=int, default=_default(quant, "block_size"), help="16a4w_block block size")

@@ -97,3 +97,9 @@ class MultimodalSession:
         logits = self._execute(GraphName.TEXT_DECODER, [embedding, torch.tensor([self.pos], dtype=torch.long)])
         self.pos += 1
         return logits.reshape(-1, logits.shape[-1])[-1]
+
+    def score(self, tokens: list[int]) -> torch.Tensor:
+        """Feed `tokens` (text only) at the cursor; returns the logits after every one, [T, vocab]:
+        one step each, as `text_decoder` returns the last position's logits only."""
+        self._check_room(len(tokens))
+        return torch.stack([self.step(token) for token in tokens])
