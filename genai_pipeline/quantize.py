@@ -369,7 +369,10 @@ def gptq_int4(prepared: PreparedModel, decoder: nn.Module, options: QuantOptions
     names = {n for n, m in decoder.named_modules() if isinstance(m, nn.Linear) and recipe_for(n, options) == "8da4w"}
     samples = gptq_samples(prepared, options)
     state = {k: v.clone() for k, v in decoder.named_buffers()}  # the KV cache, as it was
-    computed = gptq_weights(decoder, names, samples, prepared.options.max_seq_len, options.group_size)
+    from genai_pipeline.runtime.program import native_logs_hidden
+
+    with native_logs_hidden():  # ExecuTorch's custom ops log from C++ in eager mode too
+        computed = gptq_weights(decoder, names, samples, prepared.options.max_seq_len, options.group_size)
     for k, v in decoder.named_buffers():
         v.copy_(state[k])
     log.info("gptq: %d layers on %d calibration tokens in %.0f s", len(names), sum(map(len, samples)), time.perf_counter() - started)
