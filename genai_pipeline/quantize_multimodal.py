@@ -60,9 +60,6 @@ def tower_options(tower: nn.Module, options: QuantOptions) -> QuantOptions:
     narrow = []
     if recipe == "8da4w":
         narrow = sorted(n for n, m in tower.named_modules() if isinstance(m, nn.Linear) and m.in_features % options.group_size)
-    if narrow:
-        log.info("%d image-tower layers have an input width that --group-size %d does not divide: 8da8w (per channel) for them",
-                 len(narrow), options.group_size)
     return QuantOptions(recipe=recipe, group_size=options.group_size, embedding=None, head=None, keep_8bit=(),
                         weight_rule="mse" if options.weight_rule == "gptq" else options.weight_rule,
                         overrides=tuple((f"^{re.escape(n)}$", "8da8w") for n in narrow))
@@ -98,14 +95,14 @@ def component_recipes(options: QuantOptions, plans: dict[str, dict[str, str]]) -
     decoder_plan = plans["text_decoder"]
     embedding = {n: r for n, r in decoder_plan.items() if r.startswith("emb")}
     return {
-        "vision_encoder": {"recipe": tower_options_describe(options), "layers": counts(plans["vision_encoder"])},
+        "vision_encoder": {"recipe": tower_recipe(options), "layers": counts(plans["vision_encoder"])},
         "token_embedding": {"recipe": options.embedding or "fp32", "layers": counts(embedding)},
         "text_decoder": {"recipe": decoder_options(options).describe(),
                          "layers": counts({n: r for n, r in decoder_plan.items() if n not in embedding})},
     }
 
 
-def tower_options_describe(options: QuantOptions) -> str:
+def tower_recipe(options: QuantOptions) -> str:
     recipe = options.vision_recipe
     if recipe == "8da4w":
         rule = "mse" if options.weight_rule == "gptq" else options.weight_rule
@@ -125,6 +122,10 @@ def quantize_vision_language(prepared: PreparedModel, options: QuantOptions) -> 
     if options.recipe == "8da4w" and options.weight_rule == "gptq":
         computed = gptq_int4(prepared, model.decoder, decoder_options(options))
     plans = quantize_model(model, options, computed)
+    narrow = tower_options(model.vision, options).overrides
+    if narrow:
+        log.info("%d image-tower layers have an input width that --group-size %d does not divide: 8da8w (per channel) for them",
+                 len(narrow), options.group_size)
     recipes = component_recipes(options, plans)
     for component, entry in recipes.items():
         log.info("quantized %s: %s (%s)", component, entry["recipe"],
