@@ -81,7 +81,7 @@ def _float_vision_language_model(spec, manifest: dict):
 
 def text_decoder(model):
     """The text decoder of a float or quantized model (a VisionLanguageModel's `decoder`)."""
-    return getattr(model, "decoder", model)
+    return model.decoder if isinstance(model, VisionLanguageModel) else model  # a QDQ graph has a `decoder` too
 
 
 def sqnr_db(reference: torch.Tensor, approx: torch.Tensor) -> float:
