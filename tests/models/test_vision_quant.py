@@ -125,6 +125,17 @@ def test_quantized_program_is_its_eager_twin_and_near_float(quantized_vlm, tmp_p
     assert _relative(logits[0], logits[1]) > 0  # the image reaches the logits
 
 
+def test_tied_table_stored_once(quantized_vlm):
+    """The 4w lookup takes the tied head's GPTQ int4 values: the delegated head reads the lookup's
+    bytes in the constant segment, nothing is stored twice."""
+    from genai_pipeline.inspect import inspect_program
+
+    weights = inspect_program(quantized_vlm / "multimodal.pte")["weights"]
+    vocab, dim = _manifest(quantized_vlm)["config"]["vocab_size"], _manifest(quantized_vlm)["config"]["dim"]
+    assert weights["stored_twice_bytes"] == 0
+    assert weights["named_data_in_constant_segment_bytes"] >= vocab * dim // 2  # the int4 table, two values a byte
+
+
 # ---------------------------------------------------------------- refused in one line
 
 
