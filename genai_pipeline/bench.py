@@ -84,6 +84,11 @@ def _status_mb(field: str) -> float:
         return 0.0
 
 
+def peak_rss_mb() -> float:
+    """This process's peak resident memory so far."""
+    return _status_mb("VmHWM") or resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
 def _timed(fn) -> float:
     start = time.perf_counter()
     fn()
@@ -138,7 +143,7 @@ def bench(folder: Path, options: BenchOptions) -> dict:
             rounds.append([_generate(session, prompt, options.gen_len, stop_ids, o) for o in (LookaheadOptions(), lookahead)])
     decode_rate = statistics.median(decode[1:])
     # Taken before the bandwidth probe below, whose 512 MB of buffers are not the runtime's.
-    peak_rss_mb = _status_mb("VmHWM") or resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    peak_rss = peak_rss_mb()
     weights = weight_bytes_per_token(folder, session.manifest)
     bandwidth = memory_bandwidth_gbs()
     return {
@@ -151,7 +156,7 @@ def bench(folder: Path, options: BenchOptions) -> dict:
         "load_s": round(load_s, 3),
         "prefill_tokens_per_s": round(statistics.median(prefill[1:]), 1),
         "decode_tokens_per_s": round(decode_rate, 1),
-        "peak_rss_mb": round(peak_rss_mb, 1),
+        "peak_rss_mb": round(peak_rss, 1),
         "rss_before_load_mb": round(rss_before_load_mb, 1),
         "weight_bytes_per_token": weights,
         "memory_bandwidth_gbs": round(bandwidth, 2),

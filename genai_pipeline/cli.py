@@ -101,14 +101,17 @@ def _export(args, out: Path, staging: Path) -> ExportError | None:
         overrides=tuple(parse_override(o) for o in args.quant_override),
         block_size=args.block_size,
         calibration=CalibrationOptions(datasets=tuple(args.calib), limit=args.calib_limit, seq_len=args.calib_seq_len),
+        vision_recipe=args.vision_recipe,
     )
     check_recipe(target, quant)  # refused before any work starts
-    if spec.vision is not None and not quant.is_float:
+    if spec.vision is not None:
+        from genai_pipeline.quantize_multimodal import check_vision_language_quant
+
+        check_vision_language_quant(quant, split=args.split)
+    elif quant.vision_recipe is not None:
         from genai_pipeline.errors import InputError
 
-        # Not yet: the recipes would quantize the image tower's linears and position table with the
-        # decoder's settings, untested, and the quantization report reads text models only.
-        raise InputError(f"{spec.name} is a vision-language model: only --recipe fp32 is supported for it so far")
+        raise InputError(f"--vision-recipe applies to vision-language models; {spec.name} is a text model")
     options = PrepareOptions(
         mode=args.mode,
         max_seq_len=args.max_seq_len,
@@ -347,19 +350,16 @@ def _user_messages(first: str | None, interactive: bool):
             return
 
 
-def _text_only(folder: str, command: str) -> None:
-    """eval and bench drive text-decoder programs; a vision-language folder gets one clear line."""
-    from genai_pipeline.bundle import read_manifest
-    from genai_pipeline.errors import InputError
-
-    if "vision" in read_manifest(Path(folder)):
-        raise InputError(f"'{folder}' holds a vision-language model: `genai {command}` does not support those yet; use `genai run`")
-
-
 def cmd_eval(args) -> int:
+    from genai_pipeline.errors import InputError
     from genai_pipeline.evaluate import EvalOptions, evaluate
 
-    _text_only(args.folder, "eval")
+    if (args.text is None) == (args.images is None):
+        raise InputError("pass --text FILE (perplexity, top-1 agreement, KL) or --images FILE.jsonl (image questions), one of them")
+    if args.images is not None:
+        return _eval_images(args)
+    if args.limit:
+        raise InputError("--limit goes with --images (with --text, --max-tokens bounds the work)")
     result = evaluate(Path(args.folder), EvalOptions(text=Path(args.text), max_tokens=args.max_tokens, window=args.window))
     if args.json:
         print(json.dumps(result))
@@ -380,13 +380,31 @@ def cmd_eval(args) -> int:
     return 0
 
 
+def _eval_images(args) -> int:
+    from genai_pipeline.evaluate_images import ImageEvalOptions, evaluate_images
+
+    r = evaluate_images(Path(args.folder), ImageEvalOptions(images=Path(args.images), limit=args.limit))
+    if args.json:
+        print(json.dumps(r))
+        return 0
+    match, ppl = r["exact_match"], r["answer_perplexity"]
+    print(f"{r['questions']} image questions, recipe {r['recipe']}")
+    print(f"exact match         float {100 * match['float']:.1f} %   program {100 * match['program']:.1f} %")
+    print(f"answer perplexity   float {ppl['float']:.3f}   program {ppl['program']:.3f}   ({r['answer_tokens']} answer tokens)")
+    print(f"the program's answer equals the float model's on {100 * r['answers_agree']:.1f} % of questions")
+    return 0
+
+
 def cmd_bench(args) -> int:
     from genai_pipeline.bench import BenchOptions, bench
+    from genai_pipeline.bundle import read_manifest
+    from genai_pipeline.runtime.multimodal import is_multimodal
 
-    _text_only(args.folder, "bench")
     options = BenchOptions(prompt_len=args.prompt_len, gen_len=args.gen_len, repeats=args.repeats, threads=args.threads,
                            lookahead=args.lookahead, prompt_file=Path(args.prompt_file) if args.prompt_file else None,
                            chat=args.chat)
+    if is_multimodal(read_manifest(Path(args.folder))):
+        return _bench_multimodal(args, options)
     r = bench(Path(args.folder), options)
     if args.json:
         print(json.dumps(r))
@@ -400,6 +418,20 @@ def cmd_bench(args) -> int:
         print(f"lookahead {a['draft_len']}: decode {a['decode_tokens_per_s']:.1f} vs {a['plain_decode_tokens_per_s']:.1f} tok/s "
               f"plain ({a['speedup']:.2f}x), {a['tokens_per_call']:.2f} tokens per call, "
               f"{a['accepted']} of {a['drafted']} drafted tokens kept ({a['tokens']} tokens)")
+    return 0
+
+
+def _bench_multimodal(args, options) -> int:
+    from genai_pipeline.bench_multimodal import bench_multimodal
+
+    r = bench_multimodal(Path(args.folder), options)
+    if args.json:
+        print(json.dumps(r))
+        return 0
+    print(f"{r['model']} {r['recipe']}: load {r['load_s']:.2f} s, peak RSS {r['peak_rss_mb']:.0f} MB")
+    print(f"image encode {r['image_encode_ms']:.1f} ms ({r['image_size']} px, {r['image_tokens']} tokens); "
+          f"time to first token {r['time_to_first_token_ms']:.1f} ms ({r['prompt_len']} prompt tokens, the image's included)")
+    print(f"decode {r['decode_tokens_per_s']:.1f} tok/s ({r['gen_len']} tokens); medians of {r['repeats']} runs")
     return 0
 
 
@@ -464,6 +496,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="xnnpack: fp32, 8da4w, 8da8w, 8a8w; qnn: 16a8w, 16a4w, 16a4w_block, 8a8w")
     p.add_argument("--group-size", type=int, default=_default(quant, "group_size"), help="int4 group size")
     p.add_argument("--embedding", default=_default(quant, "embedding"), help="token embedding: auto (8da4w: 4w, 8da8w: 8w, else fp32), fp32, 8w or 4w")
+    p.add_argument("--vision-recipe", choices=("fp32", "8da8w", "8da4w"),
+                   help="a vision-language model's image tower and connector (their linear layers; patch and position "
+                        "embeddings stay float); default: 8da8w under --recipe 8da4w, else --recipe's")
     p.add_argument("--quant-override", action="append", default=[], metavar="REGEX=RECIPE",
                    help="recipe for linear layers whose name matches REGEX (first match wins), e.g. output=8da8w")
     p.add_argument("--block-size", type=int, default=_default(quant, "block_size"), help="16a4w_block block size")
@@ -508,17 +543,23 @@ def build_parser() -> argparse.ArgumentParser:
                         "exported with --verify-len; 0: off)")
     p.set_defaults(func=cmd_run)
 
-    p = subcommand("eval", "perplexity, top-1 agreement and KL of a program against its float model")
+    p = subcommand("eval", "a program against its float model: perplexity, top-1 agreement and KL on text, "
+                           "or exact match and answer perplexity on image questions")
     p.add_argument("folder", help="a folder written by `genai export`")
-    p.add_argument("--text", required=True, help="UTF-8 text to score")
+    p.add_argument("--text", help="UTF-8 text to score (a vision-language program: its text path)")
+    p.add_argument("--images", metavar="FILE.jsonl",
+                   help='image questions, one {"image", "prompt", "answer"} a line (image paths relative to the file), '
+                        "for a vision-language program")
+    p.add_argument("--limit", type=int, default=0, help="--images: the first N questions (0: all)")
     p.add_argument("--max-tokens", type=int, default=_default(evaluate, "max_tokens"), help="tokens of the text to score")
     p.add_argument("--window", type=int, default=_default(evaluate, "window"), help="tokens per window (the cache starts empty in each); 0: the program's context")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=cmd_eval)
 
-    p = subcommand("bench", "load time, prefill and decode speed, peak RSS, bandwidth share")
+    p = subcommand("bench", "load time, prefill and decode speed, peak RSS, bandwidth share; a vision-language program: "
+                            "image encode time, time to first token with one image, decode speed, peak RSS")
     p.add_argument("folder", help="a folder written by `genai export`")
-    p.add_argument("--prompt-len", type=int, default=_default(bench, "prompt_len"), help="prompt tokens to prefill")
+    p.add_argument("--prompt-len", type=int, default=_default(bench, "prompt_len"), help="prompt tokens to prefill (a vision-language program: text tokens after the image)")
     p.add_argument("--gen-len", type=int, default=_default(bench, "gen_len"), help="tokens to decode")
     p.add_argument("--repeats", type=int, default=_default(bench, "repeats"), help="timed runs after a warm-up; medians are reported")
     p.add_argument("--threads", type=int, default=_default(bench, "threads"), help="runtime threads; 0: one per core")

@@ -29,10 +29,12 @@ from genai_pipeline.checkpoints import load_decoder
 from genai_pipeline.checkpoints.hf import random_decoder
 from genai_pipeline.errors import InputError
 from genai_pipeline.models.decoder import Decoder, DecoderConfig
-from genai_pipeline.names import Mode
+from genai_pipeline.models.vision import VisionLanguageModel
+from genai_pipeline.names import ArtifactKey, Mode
 from genai_pipeline.quantize import int4_file, load_int4, quant_options_from, quantize_module
 from genai_pipeline.registry import get_spec
 from genai_pipeline.runtime.program import native_logs_hidden
+from genai_pipeline.runtime.multimodal import MultimodalSession, is_multimodal
 from genai_pipeline.runtime.session import DecoderSession, EagerSession
 from genai_pipeline.tokenizer import Tokenizer
 
@@ -52,15 +54,34 @@ class EvalOptions:
             raise InputError(f"--window must be 0 (the program's context) or at least 2, got {self.window}")
 
 
-def float_model(manifest: dict) -> Decoder:
-    """The float model an export started from, rebuilt from its manifest."""
+def float_model(manifest: dict):
+    """The float model an export started from, rebuilt from its manifest: a Decoder, or for a
+    vision-language export a VisionLanguageModel (decoder and image tower)."""
     spec = get_spec(manifest.get("entry", manifest["model"]))
+    if "vision" in manifest:
+        return _float_vision_language_model(spec, manifest)
     if manifest["weights"] == "random":
         config = DecoderConfig.from_dict(manifest["config"])
         return random_decoder(config, manifest["max_seq_len"], manifest.get("seed", 0))
     # The absolute path: `weights` is the --checkpoint as typed, relative to where export ran.
     checkpoint = (manifest.get("checkpoint") or {}).get("path", manifest["weights"])
     return load_decoder(spec, Path(checkpoint), manifest["max_seq_len"])
+
+
+def _float_vision_language_model(spec, manifest: dict):
+    from genai_pipeline.checkpoints.multimodal import load_multimodal, random_multimodal
+    from genai_pipeline.models.vision import VisionConfig
+
+    vision = VisionConfig.from_dict(manifest["vision"]["config"])
+    if manifest["weights"] == "random":
+        return random_multimodal(DecoderConfig.from_dict(manifest["config"]), vision, manifest["max_seq_len"], manifest.get("seed", 0))
+    checkpoint = (manifest.get("checkpoint") or {}).get("path", manifest["weights"])
+    return load_multimodal(spec, Path(checkpoint), manifest["max_seq_len"], vision)
+
+
+def text_decoder(model):
+    """The text decoder of a float or quantized model (a VisionLanguageModel's `decoder`)."""
+    return model.decoder if isinstance(model, VisionLanguageModel) else model  # a QDQ graph has a `decoder` too
 
 
 def sqnr_db(reference: torch.Tensor, approx: torch.Tensor) -> float:
@@ -79,7 +100,38 @@ def block_outputs(model, tokens: list[int]) -> dict[str, torch.Tensor]:
     A QDQ model from `.qdq.pt2` is a flat graph: its block outputs are the residual adds that
     end each block, recognisable by the `layers.<i>` module path torch.export records."""
     with torch.no_grad(), native_logs_hidden():
+        if isinstance(model, VisionLanguageModel):
+            return _vision_language_blocks(model, tokens)
         return _capture_blocks(model, tokens)
+
+
+def report_image(size: int) -> torch.Tensor:
+    """uint8 [1, 3, size, size]: gradients, a disc, a bar and seeded noise; the image a
+    vision-language report runs the tower on (no image data is kept with an export)."""
+    y, x = torch.meshgrid(torch.arange(size, dtype=torch.float32), torch.arange(size, dtype=torch.float32), indexing="ij")
+    img = torch.stack([255 * x / max(size - 1, 1), 255 * y / max(size - 1, 1), 128 + 100 * torch.sin((x + y) / 7)])
+    disc = (x - size * 0.6) ** 2 + (y - size * 0.4) ** 2 < (size * 0.25) ** 2
+    img[:, disc] = torch.tensor([230.0, 40.0, 60.0])[:, None]
+    img[:, int(size * 0.7) : int(size * 0.8)] = torch.tensor([20.0, 20.0, 160.0])[:, None, None]
+    img += torch.randn(img.shape, generator=torch.Generator().manual_seed(0)) * 12
+    return img.clamp(0, 255).to(torch.uint8).unsqueeze(0)
+
+
+def _vision_language_blocks(model: VisionLanguageModel, tokens: list[int]) -> dict[str, torch.Tensor]:
+    """Every component's outputs: the token embedding's rows for `tokens`, each decoder block over
+    them, and each image-tower layer and the connector over `report_image`."""
+    outputs = {"token_embedding": model.decoder.embed(torch.tensor([tokens]))}
+    hooks = [
+        layer.register_forward_hook(lambda m, i, o, name=f"vision_encoder.layers.{n}": outputs.__setitem__(name, o.detach()))
+        for n, layer in enumerate(model.vision.layers)
+    ]
+    try:
+        outputs["vision_encoder.connector"] = model.vision(report_image(model.vision.config.image_size))
+    finally:
+        for h in hooks:
+            h.remove()
+    outputs.update({f"text_decoder.{name}": t for name, t in _capture_blocks(model.decoder, tokens).items()})
+    return outputs
 
 
 def _capture_blocks(model, tokens: list[int]) -> dict[str, torch.Tensor]:
@@ -128,6 +180,12 @@ def quantized_model(folder: Path, manifest: dict, reference: Decoder, in_place: 
         qdq_file = manifest["artifacts"]["text_decoder"]["qdq"]
         return torch.export.load(Path(folder) / qdq_file).module()
     model = reference if in_place else copy.deepcopy(reference)
+    if "vision" in manifest:  # every component, each with its recipe
+        from genai_pipeline.quantize_multimodal import quantize_model
+
+        computed = int4_file(folder, ArtifactKey.MULTIMODAL.value)
+        quantize_model(model, quant, load_int4(computed) if computed.is_file() else None)
+        return model
     computed = int4_file(folder, "text_decoder")  # int4 weights the export calibrated (gptq)
     quantize_module(model, quant, load_int4(computed) if computed.is_file() else None)
     return model
@@ -143,19 +201,21 @@ def evaluate(folder: Path, options: EvalOptions, progress: bool = True) -> dict:
         raise InputError(f"'{options.text}' has fewer than 2 tokens")
     window = min(options.window or max_seq_len, max_seq_len)
 
+    # A vision-language program's text path (token_embedding, text_decoder) is scored on text alone.
     reference = float_model(manifest)
     qdq = quantized_model(folder, manifest, reference)
+    reference, qdq = text_decoder(reference), None if qdq is None else text_decoder(qdq)
     models = {"float": EagerSession(reference)}
     if qdq is not None:
         models["qdq"] = EagerSession(qdq, max_seq_len)
     if manifest.get("status", "complete") == "complete":
-        models["program"] = DecoderSession(folder)
+        models["program"] = MultimodalSession(folder) if is_multimodal(manifest) else DecoderSession(folder)
     # Agreement and KL of the program against float; of the QDQ model where no program could be built.
     compared = "program" if "program" in models else "qdq"
 
     nll = {name: 0.0 for name in models}
     agree, kl, count = 0, 0.0, 0
-    score_prefill = "program" in models and models["program"].mode is Mode.HYBRID
+    score_prefill = "program" in models and getattr(models["program"], "mode", None) is Mode.HYBRID
     prefill = {"positions": 0, "agree": 0, "kl": 0.0}
     windows = [tokens[i : i + window] for i in range(0, len(tokens) - 1, window)]
     for chunk in tqdm(windows, desc="eval", unit="window", disable=not progress, leave=False):

@@ -80,10 +80,15 @@ class QuantOptions:
     head: str | None = "auto"  # the LM head's recipe; auto: AUTO_HEAD by recipe, else the recipe's
     keep_8bit: tuple[str, ...] | None = None  # regexes of layers at 8da8w under 8da4w; None: AUTO_8BIT
     calibration: CalibrationOptions = CalibrationOptions()  # static recipes only
+    # A vision-language model's image tower and connector (quantize_multimodal.py); None: not given
+    # (the export then records the one AUTO_VISION chose). A text model refuses it.
+    vision_recipe: str | None = None
 
     def __post_init__(self):
         if self.recipe not in LINEAR_RECIPES + STATIC_RECIPES:
             raise InputError(f"unknown recipe '{self.recipe}'; known: {', '.join(LINEAR_RECIPES + STATIC_RECIPES)}")
+        if self.vision_recipe is not None and self.vision_recipe not in LINEAR_RECIPES:
+            raise InputError(f"--vision-recipe must be one of {', '.join(LINEAR_RECIPES)}, got '{self.vision_recipe}'")
         for _, recipe in self.overrides:
             if recipe not in LINEAR_RECIPES or self.is_static:
                 raise InputError(f"overrides take {', '.join(LINEAR_RECIPES)} with a dynamic --recipe, got '{recipe}'")
@@ -118,7 +123,8 @@ class QuantOptions:
 
     @property
     def is_float(self) -> bool:
-        return self.recipe == "fp32" and self.embedding is None and all(r == "fp32" for _, r in self.overrides)
+        return (self.recipe == "fp32" and self.embedding is None and all(r == "fp32" for _, r in self.overrides)
+                and self.vision_recipe in (None, "fp32"))
 
     def describe(self) -> str:
         parts = [self.recipe + (f"-g{self.group_size}" if self.recipe == "8da4w" else "")]
@@ -132,6 +138,8 @@ class QuantOptions:
             parts.append(f"head{self.head}")
         parts += [f"{p.replace(chr(92), '').strip('.$')}=8da8w" for p in self.keep_8bit]
         parts += [f"{p}={r}" for p, r in self.overrides]
+        if self.vision_recipe:
+            parts.append(f"vision{self.vision_recipe}")
         return "+".join(parts)
 
 
@@ -352,6 +360,23 @@ def gptq_weights(module: nn.Module, names: set[str], samples: list[list[int]], w
         for n, qi, di in zip(group, q.split([w.shape[0] for w in weights]), d.split([w.shape[0] for w in weights])):
             out[f"{n}.weight"] = (qi.clone(), di.clone())  # each layer its own storage, not a view of the joint solve
     return out
+
+
+def gptq_int4(prepared: PreparedModel, decoder: nn.Module, options: QuantOptions) -> dict:
+    """GPTQ's int4 weights for the decoder's 8da4w linears, on gptq_samples; the decoder's KV cache
+    is left as it was."""
+    started = time.perf_counter()
+    names = {n for n, m in decoder.named_modules() if isinstance(m, nn.Linear) and recipe_for(n, options) == "8da4w"}
+    samples = gptq_samples(prepared, options)
+    state = {k: v.clone() for k, v in decoder.named_buffers()}  # the KV cache, as it was
+    from genai_pipeline.runtime.program import native_logs_hidden
+
+    with native_logs_hidden():  # ExecuTorch's custom ops log from C++ in eager mode too
+        computed = gptq_weights(decoder, names, samples, prepared.options.max_seq_len, options.group_size)
+    for k, v in decoder.named_buffers():
+        v.copy_(state[k])
+    log.info("gptq: %d layers on %d calibration tokens in %.0f s", len(names), sum(map(len, samples)), time.perf_counter() - started)
+    return computed
 
 
 def gptq_samples(prepared: PreparedModel, options: QuantOptions) -> list[list[int]]:
@@ -615,6 +640,12 @@ def quantize(prepared: PreparedModel, options: QuantOptions, target, cache: Path
     """`target` (a targets.Target) supplies the quantizer of static recipes. With `cache` (the
     output folder of an earlier export), a QDQ model calibrated there on the same inputs is reused.
     `given`: int4 weights taken as they are (see quantize_module)."""
+    if prepared.spec.vision is not None:
+        from genai_pipeline.quantize_multimodal import quantize_vision_language
+
+        return quantize_vision_language(prepared, options)
+    if options.vision_recipe is not None:
+        raise InputError(f"--vision-recipe applies to vision-language models; {prepared.spec.name} is a text model")
     if options.is_float:
         return prepared
     if given is None:
@@ -634,14 +665,7 @@ def quantize(prepared: PreparedModel, options: QuantOptions, target, cache: Path
         else:
             computed = None
             if options.recipe == "8da4w" and options.weight_rule == "gptq" and not given:
-                started = time.perf_counter()
-                names = {n for n, m in artifact.module.named_modules() if isinstance(m, nn.Linear) and recipe_for(n, options) == "8da4w"}
-                samples = gptq_samples(prepared, options)
-                state = {k: v.clone() for k, v in artifact.module.named_buffers()}  # the KV cache, as it was
-                computed = gptq_weights(artifact.module, names, samples, prepared.options.max_seq_len, options.group_size)
-                for k, v in artifact.module.named_buffers():
-                    v.copy_(state[k])
-                log.info("gptq: %d layers on %d calibration tokens in %.0f s", len(names), sum(map(len, samples)), time.perf_counter() - started)
+                computed = gptq_int4(prepared, artifact.module, options)
             plan = quantize_module(artifact.module, options, computed or given)
             # compile writes them beside the program: `genai eval` rebuilds the quantized model from them
             artifact = dataclasses.replace(artifact, int4=computed or given or None)

@@ -26,7 +26,10 @@ def write_quant_report(folder: Path, tokens: list[int], source: str, verificatio
     # (a 1B model's are 5 GB in fp32).
     sqnr = layer_sqnr(want, block_outputs(quantized_model(folder, manifest, model, in_place=True), tokens))
     path = Path(folder) / REPORT
-    atomic_write(path, render(manifest, sqnr, f"{len(tokens)} tokens of {source}", verification))
+    data = f"{len(tokens)} tokens of {source}"
+    if "vision" in manifest:
+        data += "; the image tower's layers and connector over a synthetic test image (evaluate.report_image)"
+    atomic_write(path, render(manifest, sqnr, data, verification))
     add_to_manifest(folder, REPORT)
     return path
 

@@ -143,3 +143,9 @@ class MultimodalSession:
         self._check_room(1)
         embedding = self._execute(GraphName.TOKEN_EMBEDDING, [torch.tensor([[token]], dtype=torch.long)])
         return self._decode(embedding)
+
+    def score(self, tokens: list[int]) -> torch.Tensor:
+        """Feed `tokens` (text only) at the cursor; returns the logits after every one, [T, vocab]:
+        one step each, as `text_decoder` returns the last position's logits only."""
+        self._check_room(len(tokens))
+        return torch.stack([self.step(token) for token in tokens])

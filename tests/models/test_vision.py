@@ -474,22 +474,6 @@ def test_special_tokens_past_the_runners_vocabulary_are_named(caplog):
     assert "eos[0]=400" in caplog.text and "can never produce them" in caplog.text
 
 
-def test_quantized_vision_language_export_is_refused_before_any_work(checkpoint, tmp_path, capsys):
-    from genai_pipeline.cli import main
-
-    assert main(["export", "--checkpoint", str(checkpoint), "--recipe", "8da4w", "--out", str(tmp_path / "q")]) == 2
-    assert "only --recipe fp32" in capsys.readouterr().err and not (tmp_path / "q").exists()
-
-
-def test_text_only_commands_name_a_vision_language_folder(program, tmp_path, capsys):
-    from genai_pipeline.cli import main
-
-    (tmp_path / "t.txt").write_text("hello world")
-    for argv in (["eval", str(program), "--text", str(tmp_path / "t.txt")], ["bench", str(program)]):
-        assert main(argv) == 2
-        assert "vision-language model" in capsys.readouterr().err
-
-
 def export_program(checkpoint: Path, out: Path, max_seq_len: int) -> Path:
     """A vision-language checkpoint exported (fp32, xnnpack) with the entry its config.json names."""
     from genai_pipeline.compile import compile_artifacts

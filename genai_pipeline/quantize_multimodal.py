@@ -1,0 +1,146 @@
+"""quantize, for a vision-language model: each component with its own recipe, through quantize.py's
+functions (the text path's, not copies).
+
+- text decoder: `--recipe` exactly as for a text model (8da4w: GPTQ on calibration text, the
+  value and down projections at 8 bits, ...), token table by `--embedding`.
+- image tower and connector: `--vision-recipe`; by default (AUTO_VISION) 8da8w under a 4-bit
+  decoder, else the decoder's recipe. Only their linear layers are quantized: the patch embedding
+  (a convolution), the position table, the norms and the class token stay float. Under 8da4w the
+  4-bit weights are chosen by the least-squares scale search (`mse`, no data: the tower is not run
+  on calibration images), and a layer whose input width `--group-size` does not divide falls back
+  to 8da8w (int8, one scale per output channel) instead of being refused.
+- --split (one program per component) is float only: the split layout's quantized programs are
+  not built yet.
+- static recipes (8a8w, 16a*) would calibrate activations on images through the tower: not built,
+  refused in one line, as are `--calib` chats with images for GPTQ (it would see `<image>` tokens
+  without the image's embeddings).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import re
+
+from torch import nn
+
+from genai_pipeline.bundle import PreparedModel
+from genai_pipeline.errors import InputError
+from genai_pipeline.names import ArtifactKey
+from genai_pipeline.quantize import QuantOptions, gptq_int4, quantize_module
+
+log = logging.getLogger(__name__)
+
+# --vision-recipe by --recipe when not given; any other decoder recipe: the same for the tower.
+# 8da8w under a 4-bit decoder: the tower is a small share of the weights (SmolVLM-256M: 93 of 256 M
+# parameters) read once per image, not once per token.
+AUTO_VISION = {"8da4w": "8da8w"}
+IMAGE_DATA = ("messages", "hf-chat")  # --calib kinds whose samples may hold images
+
+
+def resolved(options: QuantOptions) -> QuantOptions:
+    """`options` with its vision recipe chosen (AUTO_VISION when not given)."""
+    return dataclasses.replace(options, vision_recipe=options.vision_recipe or AUTO_VISION.get(options.recipe, options.recipe))
+
+
+def check_vision_language_quant(options: QuantOptions, split: bool = False) -> None:
+    """Refuse, before any work, what a vision-language export cannot do yet."""
+    if split and not (options.is_float and options.vision_recipe in (None, "fp32")):
+        raise InputError("--split exports float programs only so far; drop --split for a quantized vision-language export "
+                         "(one program, the layout ExecuTorch's MultimodalRunner runs)")
+    if options.is_static:
+        raise InputError(f"--recipe {options.recipe} calibrates activations, which for a vision-language model needs "
+                         "images run through the tower: not supported; use 8da4w or 8da8w")
+
+
+def decoder_options(options: QuantOptions) -> QuantOptions:
+    return dataclasses.replace(options, vision_recipe=None)
+
+
+def tower_options(tower: nn.Module, options: QuantOptions) -> QuantOptions:
+    """The text path's options for the tower's linears: no embedding (the position table stays
+    float), no LM head, no automatic 8-bit layers; 4-bit layers too narrow for a group fall back to
+    8da8w (per-channel int8)."""
+    recipe = options.vision_recipe
+    narrow = []
+    if recipe == "8da4w":
+        narrow = sorted(n for n, m in tower.named_modules() if isinstance(m, nn.Linear) and m.in_features % options.group_size)
+    return QuantOptions(recipe=recipe, group_size=options.group_size, embedding=None, head=None, keep_8bit=(),
+                        weight_rule="mse" if options.weight_rule == "gptq" else options.weight_rule,
+                        overrides=tuple((f"^{re.escape(n)}$", "8da8w") for n in narrow))
+
+
+def quantize_model(model: nn.Module, options: QuantOptions, int4=None) -> dict[str, dict[str, str]]:
+    """Quantize a VisionLanguageModel in place (`options` resolved); `int4`: the decoder's GPTQ
+    weights. Returns each component's plan, {layer: recipe}."""
+    plans = {"text_decoder": {}, "vision_encoder": {}}
+    decoder = decoder_options(options)
+    if not decoder.is_float:
+        plans["text_decoder"] = quantize_module(model.decoder, decoder, int4)
+    if options.vision_recipe != "fp32":
+        plans["vision_encoder"] = quantize_module(model.vision, tower_options(model.vision, options))
+    return plans
+
+
+def _check_calibration_images(options: QuantOptions) -> None:
+    from genai_pipeline.data.calibration import load_dataset
+
+    for spec in options.calibration.datasets:
+        if spec.kind in IMAGE_DATA and any(s.images for s in load_dataset(spec, options.calibration.limit)):
+            raise InputError(f"--calib {spec} holds images: calibrating a vision-language model's decoder on chats with images "
+                             "is not supported yet; pass text (--calib text:FILE) or chats without images")
+
+
+def component_recipes(options: QuantOptions, plans: dict[str, dict[str, str]]) -> dict[str, dict]:
+    """What the manifest records per component: its recipe and how many layers took each recipe."""
+
+    def counts(plan: dict[str, str]) -> dict[str, int]:
+        return {r: sum(1 for v in plan.values() if v == r) for r in sorted(set(plan.values()))}
+
+    decoder_plan = plans["text_decoder"]
+    embedding = {n: r for n, r in decoder_plan.items() if r.startswith("emb")}
+    return {
+        "vision_encoder": {"recipe": tower_recipe(options), "layers": counts(plans["vision_encoder"])},
+        "token_embedding": {"recipe": options.embedding or "fp32", "layers": counts(embedding)},
+        "text_decoder": {"recipe": decoder_options(options).describe(),
+                         "layers": counts({n: r for n, r in decoder_plan.items() if n not in embedding})},
+    }
+
+
+def tower_recipe(options: QuantOptions) -> str:
+    recipe = options.vision_recipe
+    if recipe == "8da4w":
+        rule = "mse" if options.weight_rule == "gptq" else options.weight_rule
+        return f"8da4w-g{options.group_size}-{rule}"
+    return recipe
+
+
+def quantize_vision_language(prepared: PreparedModel, options: QuantOptions) -> PreparedModel:
+    check_vision_language_quant(options)
+    _check_calibration_images(options)
+    options = resolved(options)
+    if options.is_float:
+        return prepared
+    artifact = prepared.artifacts[ArtifactKey.MULTIMODAL]
+    model = artifact.module
+    computed = None
+    if options.recipe == "8da4w" and options.weight_rule == "gptq":
+        computed = gptq_int4(prepared, model.decoder, decoder_options(options))
+    plans = quantize_model(model, options, computed)
+    narrow = tower_options(model.vision, options).overrides
+    if narrow:
+        log.info("%d image-tower layers have an input width that --group-size %d does not divide: 8da8w (per channel) for them",
+                 len(narrow), options.group_size)
+    recipes = component_recipes(options, plans)
+    for component, entry in recipes.items():
+        log.info("quantized %s: %s (%s)", component, entry["recipe"],
+                 ", ".join(f"{n} layers {r}" for r, n in entry["layers"].items()) or "no layers")
+    vision = dict(prepared.manifest_extra["vision"])
+    vision["components"] = {k: {**v, **recipes[k]} for k, v in vision["components"].items()}
+    return dataclasses.replace(
+        prepared,
+        # compile writes the GPTQ weights beside the program: eval and the report rebuild the quantized model from them
+        artifacts={artifact.key: dataclasses.replace(artifact, int4=computed)},
+        recipe=options.describe(), quantization=dataclasses.asdict(options),
+        manifest_extra={**prepared.manifest_extra, "vision": vision},
+    )
