@@ -430,6 +430,35 @@ def worker_run_et_multimodal(pte: str, prompt_file: str, gen_len: int, threads: 
     print(json.dumps({"load_s": round(load_s, 3), "prompt_tokens": len(ids), **got}))
 
 
+def worker_run_et_runner(pte: str, prompt_file: str, tokenizer: str, pixels_kind: str, gen_len: int, threads: int) -> None:
+    """Main venv: the program in ExecuTorch's own MultimodalRunner (C++ loop and sampler): the prompt's ids before
+    the image run, the image, the ids after it; its Stats give TTFT (image encode + prefill + first token) and
+    the decode rate. `pixels_kind`: uint8 (genai's encoder normalises inside) or float (the processor's values)."""
+    import torch
+    from executorch.extension.llm.runner import GenerationConfig, MultimodalRunner, make_image_input, make_token_input
+    from executorch.extension.pybindings import portable_lib
+
+    portable_lib._unsafe_reset_threadpool(threads)
+    reference = torch.load(prompt_file)
+    ids, pixels = reference["ids"], reference["pixel_values"][0, 0]
+    if pixels_kind == "uint8":  # back from the processor's (x / 255 - 0.5) / 0.5 to the image's bytes
+        pixels = ((pixels * 0.5 + 0.5) * 255).round().clamp(0, 255).to(torch.uint8)
+    image_id = SPECIAL["<image>"]
+    first, last = ids.index(image_id), len(ids) - ids[::-1].index(image_id)
+    runner = MultimodalRunner(pte, tokenizer)
+    stats = []
+    for _ in range(2):  # warm-up, timed
+        runner.reset()
+        inputs = [make_token_input(ids[:first]), make_image_input(pixels.contiguous()), make_token_input(ids[last:])]
+        runner.generate(inputs, GenerationConfig(echo=False, max_new_tokens=gen_len, temperature=0.0),
+                        stats_callback=stats.append)
+    s = stats[-1]
+    decode_ms = s.inference_end_ms - s.first_token_ms
+    print(json.dumps({"ttft_ms": s.first_token_ms - s.inference_start_ms, "prompt_tokens": s.num_prompt_tokens,
+                      "generated_tokens": s.num_generated_tokens,
+                      "decode_tokens_per_s": round((s.num_generated_tokens - 1) / decode_ms * 1e3, 1) if decode_ms > 0 else None}))
+
+
 MTMD_TIMES = {  # llama-mtmd-cli's timing lines (stderr)
     "encode_ms": re.compile(r"image slice encoded in (\d+) ms"),
     "image_decode_ms": re.compile(r"image decoded \(batch \d+/\d+\) in (\d+) ms"),
@@ -593,6 +622,8 @@ def main() -> None:
     parser.add_argument("--max-seq-len", type=int, default=512)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--genai-ref", default="HEAD", help="git ref whose genai_pipeline/ is exported and measured, or 'worktree'")
+    parser.add_argument("--no-runner-check", action="store_true",
+                        help="skip the one run of each ExecuTorch program in ExecuTorch's MultimodalRunner")
     parser.add_argument("--exports-only", action="store_true", help="stop after the exports (e.g. to run them apart)")
     parser.add_argument("--work", default=str(HERE / ".work"))
     parser.add_argument("--json", default=str(HERE / "results" / "compare_vlm.json"))
@@ -624,7 +655,25 @@ def main() -> None:
             samples.setdefault(v["id"], []).append(s)
             say(f"round {r + 1}/{args.repeats} {v['id']}: {s}")
 
+    runner_check = {}
+    if not args.no_runner_check:  # ExecuTorch's own MultimodalRunner, once per ExecuTorch program
+        for v in variants:
+            if v["system"] == "llamacpp":
+                continue
+            argv = [MAIN_PY, __file__, "_run-et-runner", v["file"], work / "smolvlm-256m" / "prompt.pt",
+                    Path(model["folder"]) / "tokenizer.json", "uint8" if v["system"] == "genai" else "float",
+                    args.gen_len, args.threads]
+            try:
+                _, _, out = run_child(argv, log=work / "logs" / f"runner-{v['id']}.log", env=ET_ENV)
+                runner_check[v["id"]] = {**json.loads(out.strip().splitlines()[-1]), "loadavg_1m_before": os.getloadavg()[0]}
+            except (ChildFailed, ValueError) as e:
+                runner_check[v["id"]] = {"error": last_error_line(e)}
+            say(f"MultimodalRunner {v['id']}: {runner_check[v['id']]}")
+
     rows = summarize(variants, samples)
+    for row in rows:
+        if f"{row['system']}-{row['variant']}" in runner_check:
+            row["multimodal_runner"] = runner_check[f"{row['system']}-{row['variant']}"]
     print_table(rows, problems)
     result = {
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
@@ -647,6 +696,7 @@ WORKERS = {
     "_prompt": lambda a: worker_prompt(a[0], a[1]),
     "_run-genai": lambda a: worker_run_genai(a[0], a[1], a[2], int(a[3]), int(a[4])),
     "_run-et-multimodal": lambda a: worker_run_et_multimodal(a[0], a[1], int(a[2]), int(a[3])),
+    "_run-et-runner": lambda a: worker_run_et_runner(a[0], a[1], a[2], a[3], int(a[4]), int(a[5])),
 }
 
 if __name__ == "__main__":
