@@ -78,8 +78,11 @@ CHAT_TEMPLATE = (  # SmolVLM's (transformers' processing_smolvlm DEFAULT_CHAT_TE
 QUESTION = "Describe this image in detail."
 
 # recipe class -> variants per system
+# The 8da4w decoder's GPTQ calibrates on assets/reference/sample.txt by default; genai runs from a snapshot of
+# genai_pipeline/ only, so the same file is named explicitly.
 GENAI_RECIPES = {"fp32": [("fp32", ["--recipe", "fp32"])],
-                 "8da4w": [("8da4w+vision8da8w", ["--recipe", "8da4w", "--vision-recipe", "8da8w"])]}
+                 "8da4w": [("8da4w+vision8da8w", ["--recipe", "8da4w", "--vision-recipe", "8da8w",
+                                                   "--calib", f"text:{ROOT / 'assets' / 'reference' / 'sample.txt'}"])]}
 OPTIMUM_RECIPES = {"fp32": [("fp32", [])],
                    "8da4w": [("8da4w+vision8da8w", ["--qlinear", "8da4w", "--qlinear_encoder", "8da8w"])]}
 LLAMACPP_RECIPES = {"fp32": [("F32+mmproj-F32", (None, "f32"))], "8da4w": [("Q4_0+mmproj-Q8_0", (2, "q8_0"))]}
@@ -238,13 +241,27 @@ def probe_optimum_smolvlm(model: dict, work: Path, inst: dict, problems: list) -
                                    + got["reason"][:160] + " -- exported from the same weights as idefics3 instead"})
 
 
+def export_error(log: Path) -> str | None:
+    """The exception a failed export ended with and, for torch.export's, the line of model code it names."""
+    lines = log.read_text(errors="replace").splitlines()
+    errors = [l.strip() for l in lines if re.match(r"^[\w.]+(Error|Exception): ", l)]
+    caused = [l.strip() for l in lines if l.startswith("Caused by:")]
+    return " ".join([*errors[-1:], *caused[-1:]])[:600] or None
+
+
 def export_optimum(model: dict, name: str, args: list, out: Path, work: Path, inst: dict, max_seq_len: int) -> dict:
     def make():
         argv = ["export", "executorch", "--model", idefics3_folder(model), "--task", "image-text-to-text",
                 "--recipe", "xnnpack", "--use_custom_sdpa", "--use_custom_kv_cache", "--max_seq_len", str(max_seq_len),
                 *args, "--output_dir", out]
-        wall, rss, _ = run_child([inst["python"], __file__, "_export-optimum", *argv],
-                                 log=work / "logs" / f"optimum-{name}-export.log")
+        try:
+            wall, rss, _ = run_child([inst["python"], __file__, "_export-optimum", *argv],
+                                     log=work / "logs" / f"optimum-{name}-export.log")
+        except ChildFailed as e:  # deterministic (same code, same model): kept, so a re-run does not spend minutes on it
+            if e.args[0].startswith("exit -"):  # a signal, not optimum's answer
+                raise
+            return {"failed": export_error(work / "logs" / f"optimum-{name}-export.log") or last_error_line(e),
+                    "detail": str(e)[-3000:], "command": "optimum-cli " + " ".join(map(str, argv))}
         ptes = sorted(out.glob("*.pte"))
         if not ptes:
             raise ChildFailed(f"no .pte in {out}")
@@ -569,6 +586,8 @@ def prepare_variants(args, work: Path, problems: list) -> tuple[dict, list[dict]
         try:
             say(f"export {system} {name}")
             rec = make()
+            if rec.get("failed"):
+                raise ChildFailed(rec["failed"] + "\n" + rec.get("detail", ""))
             size = rec.get("bytes") or Path(rec["file"]).stat().st_size
             variants.append({"id": f"{system}-{name}", "system": system, "recipe_class": recipe, "variant": name,
                              "file_mb": round(size / 1e6, 1), **rec, **(extra or {})})
@@ -579,11 +598,16 @@ def prepare_variants(args, work: Path, problems: list) -> tuple[dict, list[dict]
             say(f"  failed: {last_error_line(e)}")
 
     base = work / "smolvlm-256m" / "exports"
+    if "genai" in args.systems:
+        src = genai_source(args.genai_ref, work)
+        # exports are keyed by genai_pipeline/'s tree, not the commit: a commit elsewhere does not redo them
+        ref = "HEAD" if args.genai_ref == "worktree" else args.genai_ref
+        tree = subprocess.run(["git", "rev-parse", f"{ref}:genai_pipeline"], cwd=ROOT, capture_output=True, text=True,
+                              check=True).stdout.strip()[:8] + ("-dirty" if src["sha"].endswith("-dirty") else "")
     for recipe in args.recipes:
         if "genai" in args.systems:
-            src = genai_source(args.genai_ref, work)
             for name, rargs in GENAI_RECIPES[recipe]:
-                out = base / f"genai-{src['sha'][:8]}-{name}"
+                out = base / f"genai-{tree}-{name}"
                 add("genai", recipe, name, lambda: export_genai(model, name, rargs, out, work, args.max_seq_len, src),
                     {"genai_src": src})
         if "optimum" in args.systems:
