@@ -590,7 +590,7 @@ def prepare_variants(args, work: Path, problems: list) -> tuple[dict, list[dict]
                 raise ChildFailed(rec["failed"] + "\n" + rec.get("detail", ""))
             size = rec.get("bytes") or Path(rec["file"]).stat().st_size
             variants.append({"id": f"{system}-{name}", "system": system, "recipe_class": recipe, "variant": name,
-                             "file_mb": round(size / 1e6, 1), **rec, **(extra or {})})
+                             "file_mb": round(size / 2**20, 1), **rec, **(extra or {})})
             say(f"  {variants[-1]['file_mb']} MB, {rec['export_s']} s")
         except ChildFailed as e:
             problems.append({"system": system, "variant": name, "stage": "export", "reason": last_error_line(e),
