@@ -476,36 +476,63 @@ def worker_run_et_runner(pte: str, prompt_file: str, tokenizer: str, pixels_kind
                       "decode_tokens_per_s": round((s.num_generated_tokens - 1) / decode_ms * 1e3, 1) if decode_ms > 0 else None}))
 
 
-MTMD_TIMES = {  # llama-mtmd-cli's timing lines (stderr)
-    "encode_ms": re.compile(r"image slice encoded in (\d+) ms"),
-    "image_decode_ms": re.compile(r"image decoded \(batch \d+/\d+\) in (\d+) ms"),
-    "prompt_eval": re.compile(r"prompt eval time =\s*([\d.]+) ms /\s*(\d+) tokens"),
-    "eval": re.compile(r"\beval time =\s*([\d.]+) ms /\s*(\d+) runs"),
-    "load_ms": re.compile(r"load time =\s*([\d.]+) ms"),
-}
+MTMD_ENCODE = re.compile(r"mtmd batch encoding done in (\d+) ms")
+MTMD_ENCODE_START = "encoding mtmd batch"
 
 
 def run_mtmd(variant: dict, model: dict, mtmd: dict, args, log: Path) -> dict:
-    """One llama-mtmd-cli run (one pass: the CLI answers one prompt per process). Its own timings: image slices
-    encoded (the image tower + projector), image batches decoded and the text prompt evaluated by the decoder
-    (llama's prompt eval time counts both), then the eval steps; TTFT = encode + prompt eval."""
+    """One llama-mtmd-cli run (the CLI answers one prompt per process, so no warm-up pass). It prints how long
+    each image frame took to encode (image tower + projector) but no prompt or decode timings, so those are
+    taken from when its output arrives: TTFT = from the first frame's encode start (its log line; the 5-token
+    text chunk before it is not counted) to the first generated token on stdout (flushed per token); decode
+    rate = tokens after the second over the time they took to arrive. Each token's piece is printed before
+    the token is fed back, so the pieces' spacing is the decode steps'."""
+    import selectors
+
     argv = [mtmd["binary"], "-m", variant["file"], "--mmproj", variant["mmproj"], "--image", model["image"],
             "-p", QUESTION, "-n", args.gen_len, "--ignore-eos", "--temp", "0", "-t", args.threads, "-tb", args.threads,
             "-c", args.max_seq_len, "--no-warmup"]
-    run_child(argv, log=log, env={"LD_LIBRARY_PATH": str(Path(mtmd["binary"]).parent)})
-    text = log.read_text(errors="replace")
-    encode = [int(m) for m in MTMD_TIMES["encode_ms"].findall(text)]
-    prompt = MTMD_TIMES["prompt_eval"].search(text)
-    evals = MTMD_TIMES["eval"].findall(text)
-    if not encode or not prompt or not evals:
-        raise ChildFailed("llama-mtmd-cli printed no timings:\n" + "\n".join(text.splitlines()[-15:]))
-    eval_ms, runs = float(evals[-1][0]), int(evals[-1][1])
-    return {"encode_ms": float(sum(encode)), "image_slices": len(encode),
-            "image_decode_ms": float(sum(int(m) for m in MTMD_TIMES["image_decode_ms"].findall(text))),
-            "prompt_eval_ms": float(prompt.group(1)), "prompt_tokens": int(prompt.group(2)),
-            "ttft_ms": round(sum(encode) + float(prompt.group(1)), 1),
-            "decode_tokens_per_s": round(runs / eval_ms * 1e3, 1) if eval_ms else None,
-            "load_s": round(float(MTMD_TIMES["load_ms"].search(text).group(1)) / 1e3, 3) if MTMD_TIMES["load_ms"].search(text) else None}
+    child = subprocess.Popen([str(a) for a in argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             env={**os.environ, "LD_LIBRARY_PATH": str(Path(mtmd["binary"]).parent)})
+    sel = selectors.DefaultSelector()
+    sel.register(child.stdout, selectors.EVENT_READ, "out")
+    sel.register(child.stderr, selectors.EVENT_READ, "err")
+    err, out_chunks, encode_start, pending = [], [], None, b""
+    open_streams = 2
+    while open_streams:
+        for key, _ in sel.select():
+            data = os.read(key.fileobj.fileno(), 65536)
+            now = time.perf_counter()
+            if not data:
+                sel.unregister(key.fileobj)
+                open_streams -= 1
+                continue
+            if key.data == "err":
+                pending += data
+                *lines, pending = pending.split(b"\n")
+                for line in lines:
+                    text = line.decode(errors="replace")
+                    err.append(text)
+                    if encode_start is None and MTMD_ENCODE_START in text:
+                        encode_start = now
+            elif encode_start is not None:
+                out_chunks.append((now, data))
+    rc = child.wait()
+    log.write_text("\n".join(err) + "\n--- stdout, seconds after the first encode started ---\n"
+                   + "\n".join(f"{t - encode_start:9.3f} {d!r}" for t, d in out_chunks) + "\n")
+    if rc != 0:
+        raise ChildFailed(f"exit {rc}: llama-mtmd-cli\n" + "\n".join(err[-15:]))
+    encode = [int(m) for m in MTMD_ENCODE.findall("\n".join(err))]
+    generated = [(t, d) for t, d in out_chunks if d.strip()]
+    if not encode or encode_start is None or len(generated) < 2:
+        raise ChildFailed("llama-mtmd-cli printed no encode timings or tokens:\n" + "\n".join(err[-15:]))
+    # The first decode step after the prompt took seconds in trial runs (the CLI's first one-token graph); it is
+    # reported apart, and the rate is that of the steps after it.
+    first, second, last = generated[0][0], generated[1][0], generated[-1][0]
+    steps = len(generated) - 2
+    return {"encode_ms": float(sum(encode)), "image_frames": len(encode), "encode_ms_per_frame": round(sum(encode) / len(encode), 1),
+            "ttft_ms": round((first - encode_start) * 1e3, 1), "first_decode_step_ms": round((second - first) * 1e3, 1),
+            "decode_tokens_per_s": round(steps / (last - second), 1) if steps > 0 and last > second else None}
 
 
 def measure(variant: dict, model: dict, mtmd: dict | None, args, work: Path) -> dict:
@@ -536,7 +563,7 @@ def summarize(variants: list[dict], samples: dict) -> list[dict]:
         got = samples.get(v["id"], [])
         ok = [s for s in got if "error" not in s]
         row = {k: v.get(k) for k in ("system", "recipe_class", "variant", "file_mb", "export_s", "export_peak_rss_mb")}
-        for key in ("encode_ms", "ttft_ms", "decode_tokens_per_s", "load_s", "run_peak_rss_mb", "prompt_tokens"):
+        for key in ("encode_ms", "image_frames", "ttft_ms", "decode_tokens_per_s", "load_s", "run_peak_rss_mb", "prompt_tokens"):
             vals = [s[key] for s in ok if s.get(key) is not None]
             if vals:
                 row[key] = round(statistics.median(vals), 1 if key != "load_s" else 3)
