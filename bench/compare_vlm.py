@@ -454,6 +454,8 @@ def worker_run_et_runner(pte: str, prompt_file: str, tokenizer: str, pixels_kind
     import torch
     from executorch.extension.llm.runner import GenerationConfig, MultimodalRunner, make_image_input, make_token_input
     from executorch.extension.pybindings import portable_lib
+    from executorch.kernels import quantized  # noqa: F401  the quantized ops' kernels
+    from executorch.extension.llm.custom_ops import custom_ops  # noqa: F401  custom SDPA and KV-cache update kernels
 
     portable_lib._unsafe_reset_threadpool(threads)
     reference = torch.load(prompt_file)
