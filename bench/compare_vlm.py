@@ -616,7 +616,10 @@ def prepare_variants(args, work: Path, problems: list) -> tuple[dict, list[dict]
             say(f"export {system} {name}")
             rec = make()
             if rec.get("failed"):
-                raise ChildFailed(rec["failed"] + "\n" + rec.get("detail", ""))
+                problems.append({"system": system, "variant": name, "stage": "export", "reason": rec["failed"],
+                                 "command": rec.get("command"), "detail": rec.get("detail")})
+                say(f"  failed: {rec['failed'][:300]}")
+                return
             size = rec.get("bytes") or Path(rec["file"]).stat().st_size
             variants.append({"id": f"{system}-{name}", "system": system, "recipe_class": recipe, "variant": name,
                              "file_mb": round(size / 2**20, 1), **rec, **(extra or {})})
