@@ -482,7 +482,7 @@ MTMD_ENCODE = re.compile(r"mtmd batch encoding done in (\d+) ms")
 MTMD_ENCODE_START = "encoding mtmd batch"
 
 
-def run_mtmd(variant: dict, model: dict, mtmd: dict, args, log: Path) -> dict:
+def run_mtmd(variant: dict, model: dict, mtmd: dict, args, log: Path, threads: int) -> dict:
     """One llama-mtmd-cli run (the CLI answers one prompt per process, so no warm-up pass). It prints how long
     each image frame took to encode (image tower + projector) but no prompt or decode timings, so those are
     taken from when its output arrives: TTFT = from the first frame's encode start (its log line; the 5-token
@@ -492,7 +492,7 @@ def run_mtmd(variant: dict, model: dict, mtmd: dict, args, log: Path) -> dict:
     import selectors
 
     argv = [mtmd["binary"], "-m", variant["file"], "--mmproj", variant["mmproj"], "--image", model["image"],
-            "-p", QUESTION, "-n", args.gen_len, "--ignore-eos", "--temp", "0", "-t", args.threads, "-tb", args.threads,
+            "-p", QUESTION, "-n", args.gen_len, "--ignore-eos", "--temp", "0", "-t", threads, "-tb", threads,
             "-c", args.max_seq_len, "--no-warmup"]
     child = subprocess.Popen([str(a) for a in argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                              env={**os.environ, "LD_LIBRARY_PATH": str(Path(mtmd["binary"]).parent)})
@@ -544,7 +544,7 @@ def measure(variant: dict, model: dict, mtmd: dict | None, args, work: Path) -> 
     if not prompt_file.exists():
         run_child([MAIN_PY, __file__, "_prompt", model["folder"], prompt_file], log=work / "logs" / "prompt.log")
     if variant["system"] == "llamacpp":
-        got = run_mtmd(variant, model, mtmd, args, log)
+        got = run_mtmd(variant, model, mtmd, args, log, args.llamacpp_threads or args.threads)
         rss = None
     else:
         if variant["system"] == "genai":
@@ -674,6 +674,9 @@ def main() -> None:
     parser.add_argument("--recipes", nargs="+", default=["fp32", "8da4w"], choices=list(GENAI_RECIPES))
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--llamacpp-threads", type=int, default=0,
+                        help="llama-mtmd-cli's -t/-tb (default: --threads); on a crowded host ggml's threads, which "
+                             "wait for each other at every op, may do better with 1")
     parser.add_argument("--gen-len", type=int, default=64)
     parser.add_argument("--max-seq-len", type=int, default=512)
     parser.add_argument("--seed", type=int, default=0)
@@ -733,7 +736,7 @@ def main() -> None:
     print_table(rows, problems)
     result = {
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
-        "settings": {k: getattr(args, k) for k in ("systems", "recipes", "repeats", "threads", "gen_len", "max_seq_len",
+        "settings": {k: getattr(args, k) for k in ("systems", "recipes", "repeats", "threads", "llamacpp_threads", "gen_len", "max_seq_len",
                                                     "seed", "genai_ref")},
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
         "model": model, "mtmd": mtmd,
