@@ -206,8 +206,8 @@ def worker_export_optimum(argv: list) -> None:
 
 
 def idefics3_folder(model: dict) -> Path:
-    """The same weights under `model_type` idefics3 (`Idefics3ForConditionalGeneration`, the class SmolVLM-256M's
-    own config.json names): optimum-executorch loads multimodal models through AutoModelForPreTraining, which in its
+    """The same weights under `model_type` idefics3 (`Idefics3ForConditionalGeneration`, the architecture
+    SmolVLM-256M is built on): optimum-executorch loads multimodal models through AutoModelForPreTraining, which in its
     transformers (5.0.0rc1) maps idefics3 but not smolvlm. Files are links; only config.json differs."""
     src, dst = Path(model["folder"]), Path(model["folder"]).parent / "hf-idefics3"
     if not (dst / "config.json").exists():
