@@ -25,10 +25,12 @@ script uses. Stages, each cached in `--work` (a re-run resumes and only measures
              encode ms = its vision_encoder call. optimum: its program's three methods called as ExecuTorch's
              MultimodalRunner calls them (token_embedding, vision_encoder, text_decoder with cache positions).
              llama.cpp: `llama-mtmd-cli` built from the same sdist's llama.cpp (cmake, same flags as compare.py's
-             llama-cpp-python build: native, no AMX), its own timings: image slice encode ms, image batch decode
-             ms, prompt eval and eval times.
+             llama-cpp-python build: native, no AMX): its per-frame encode times, TTFT and decode rate from when
+             its output arrives (see run_mtmd). ExecuTorch programs also run once in ExecuTorch's own
+             MultimodalRunner, as a check.
 
-    PYTHONPATH=. /work/main/.venv/bin/python bench/compare_vlm.py [--systems genai optimum llamacpp] [--repeats 3]
+    /work/main/.venv/bin/python bench/compare_vlm.py [--systems genai optimum llamacpp] [--recipes fp32 8da4w]
+        [--repeats 3] [--threads 2] [--llamacpp-threads N] [--gen-len 64] [--exports-only] [--no-runner-check]
 
 Writes bench/results/compare_vlm.json and prints a table.
 """
