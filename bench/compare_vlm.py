@@ -724,9 +724,10 @@ def main() -> None:
             argv = [MAIN_PY, __file__, "_run-et-runner", v["file"], work / "smolvlm-256m" / "prompt.pt",
                     Path(model["folder"]) / "tokenizer.json", "uint8" if v["system"] == "genai" else "float",
                     args.gen_len, args.threads]
+            load = round(os.getloadavg()[0], 2)
             try:
                 _, _, out = run_child(argv, log=work / "logs" / f"runner-{v['id']}.log", env=ET_ENV)
-                runner_check[v["id"]] = {**json.loads(out.strip().splitlines()[-1]), "loadavg_1m_before": os.getloadavg()[0]}
+                runner_check[v["id"]] = {**json.loads(out.strip().splitlines()[-1]), "loadavg_1m_before": load}
             except (ChildFailed, ValueError) as e:
                 runner_check[v["id"]] = {"error": last_error_line(e)}
             say(f"MultimodalRunner {v['id']}: {runner_check[v['id']]}")
