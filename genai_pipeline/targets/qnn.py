@@ -382,4 +382,5 @@ TARGET = Target(
     lowering_blocked=_lowering_blocked,
     grouped=lambda methods: _grouped(plan(QnnOptions(), methods)),
     compile_spec=lambda methods: summary(plan(QnnOptions(), methods)),
+    cache_io=True,
 )
