@@ -153,7 +153,9 @@ def evaluate(folder: Path, options: EvalOptions, progress: bool = True) -> dict:
     qdq = quantized_model(folder, manifest, reference)
     models = {"float": EagerSession(reference)}
     contract = CacheIOContract.from_manifest(manifest)
-    if qdq is not None and contract is not None:  # the cache-I/O form's QDQ model, driven as its program is
+    if contract is not None and qdq is not None and not isinstance(qdq, Decoder):
+        # a static recipe's QDQ graph in the cache-I/O form, driven as its program is (a dynamic
+        # recipe's QDQ model is the eager Decoder, quantized in place)
         models["qdq"] = CacheIOSession(contract, eager_runner({GraphName.PREFILL: qdq, GraphName.DECODE: qdq}, contract.n_layers))
     elif qdq is not None:
         models["qdq"] = EagerSession(qdq, max_seq_len)
