@@ -379,6 +379,24 @@ def test_qnn_form_passes_qnns_quantizer_passes_and_op_builders(qnn_form_export):
         assert len(wrappers) > 20  # every node became a QNN op wrapper (an unsupported op raises)
 
 
+def test_qnn_form_cache_inputs_take_the_encodings_of_the_rows_returned(qnn_form_export):
+    """Past keys/values enter attention with the scale and zero point of this call's rows, the
+    rows the runtime writes into the cache (targets.qnn.share_cache_encodings)."""
+    import genai_pipeline.models.decoder  # noqa: F401  registers the llama ops the saved graph names
+
+    out, _, _ = qnn_form_export
+    qdq = torch.export.load(out / "text_decoder.qdq.pt2").module()
+    checked = 0
+    for node in qdq.graph.nodes:
+        if node.op == "call_function" and node.target == torch.ops.aten.cat.default and len(node.args[0]) == 2:
+            past, new = node.args[0]  # dequantize nodes
+            source = past.args[0].args[0]  # dequantize <- quantize <- the input
+            if source.op == "placeholder" and source.name.startswith(("k_past", "v_past")):
+                assert past.args[1:3] == new.args[1:3], (source.name, past.args[1:3], new.args[1:3])
+                checked += 1
+    assert checked == 2  # k and v of the one layer
+
+
 def test_qnn_form_manifest_states_the_io_contract(qnn_form_export):
     out, _, _ = qnn_form_export
     manifest = json.loads((out / "manifest.json").read_text())
