@@ -533,10 +533,9 @@ def _cache_io_feed(observed, contract):
 
     session = CacheIOSession(contract, eager_runner({GraphName.PREFILL: observed, GraphName.DECODE: observed}, contract.n_layers))
 
-    def feed(step) -> None:
+    def feed(step) -> None:  # a sample's chunks come in order, so the driver's cursor is the step's input_pos
         if step.reset_cache:
             session.reset()
-        session.pos = int(step.input_pos[0])
         session.prefill(step.tokens[0, : step.n_real].tolist())
 
     return feed
