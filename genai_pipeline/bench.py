@@ -29,7 +29,7 @@ from genai_pipeline.errors import InputError
 from genai_pipeline.inspect import inspect_program
 from genai_pipeline.runtime.generate import generate, greedy_token
 from genai_pipeline.runtime.lookahead import LookaheadOptions, lookahead_options
-from genai_pipeline.runtime.session import DecoderSession
+from genai_pipeline.runtime.session import DecoderSession, open_session
 
 
 @dataclass(frozen=True)
@@ -119,7 +119,7 @@ def bench(folder: Path, options: BenchOptions) -> dict:
         portable_lib._unsafe_reset_threadpool(options.threads)
     rss_before_load_mb = current_rss_mb()  # the libraries: what the program adds is peak_rss_mb minus this
     start = time.perf_counter()
-    session = DecoderSession(Path(folder))
+    session = open_session(Path(folder))
     load_s = time.perf_counter() - start
     prompt, stop_ids = _prompt(Path(folder), session, options)
     if len(prompt) + options.gen_len > session.max_seq_len:

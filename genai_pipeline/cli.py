@@ -120,6 +120,7 @@ def _export(args, out: Path, staging: Path) -> ExportError | None:
         checkpoint=Path(args.checkpoint) if args.checkpoint else None,
         seed=args.seed,
         split=args.split,
+        cache_io=args.cache_io or target.cache_io,
     )
     log.info("prepare %s (%s mode, max_seq_len %d)", spec.name, options.mode.value, options.max_seq_len)
     # A calibrated QDQ model of the previous export in --out is reused when its key matches;
@@ -209,7 +210,7 @@ def cmd_run(args) -> int:
     from genai_pipeline.bundle import read_manifest
     from genai_pipeline.runtime.multimodal import MultimodalSession, is_multimodal
     from genai_pipeline.runtime.lookahead import lookahead_options
-    from genai_pipeline.runtime.session import DecoderSession
+    from genai_pipeline.runtime.session import open_session
     from genai_pipeline.tokenizer import TextStream, Tokenizer
 
     if args.chat and args.json:
@@ -225,7 +226,7 @@ def cmd_run(args) -> int:
     elif images:
         raise InputError(f"'{args.folder}' holds a text-only model: it cannot take --image")
     else:
-        session = DecoderSession(Path(args.folder), verify=not args.no_verify)
+        session = open_session(Path(args.folder), verify=not args.no_verify)
     tokenizer = Tokenizer.from_folder(Path(args.folder), bos_id=session.manifest.get("bos_id"))
     lookahead = lookahead_options(args.lookahead, session)
     if args.chat:
@@ -513,6 +514,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prefill-len", type=int, default=_default(prepare, "prefill_len"), help="tokens per prefill call (hybrid mode)")
     p.add_argument("--verify-len", type=int, default=_default(prepare, "verify_len"),
                    help="add a `verify` method of N tokens returning every token's logits, for `genai run --lookahead` (0: none)")
+    p.add_argument("--cache-io", action="store_true",
+                   help="the decoder's cache-I/O form (always for --target qnn): KV cache, positions and attention mask as "
+                        "method inputs/outputs, static shapes, no custom ops; the runtime owns the cache")
     p.add_argument("--seed", type=int, default=_default(prepare, "seed"), help="seed for random weights")
     p.add_argument("--split", action="store_true",
                    help="vision-language models: one program per component (vision_encoder.pte, token_embedding.pte, "

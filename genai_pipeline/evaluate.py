@@ -30,12 +30,13 @@ from genai_pipeline.checkpoints.hf import random_decoder
 from genai_pipeline.errors import InputError
 from genai_pipeline.models.decoder import Decoder, DecoderConfig
 from genai_pipeline.models.vision import VisionLanguageModel
-from genai_pipeline.names import ArtifactKey, Mode
+from genai_pipeline.names import ArtifactKey, GraphName, Mode
 from genai_pipeline.quantize import int4_file, load_int4, quant_options_from, quantize_module
 from genai_pipeline.registry import get_spec
 from genai_pipeline.runtime.program import native_logs_hidden
+from genai_pipeline.runtime.cache_io import CacheIOContract, CacheIOSession, eager_runner
 from genai_pipeline.runtime.multimodal import MultimodalSession, is_multimodal
-from genai_pipeline.runtime.session import DecoderSession, EagerSession
+from genai_pipeline.runtime.session import DecoderSession, EagerSession, open_session
 from genai_pipeline.tokenizer import Tokenizer
 
 
@@ -94,15 +95,16 @@ def layer_sqnr(want: dict[str, torch.Tensor], got: dict[str, torch.Tensor]) -> d
     return {name: round(sqnr_db(want[name], got[name]), 2) for name in want if name in got}
 
 
-def block_outputs(model, tokens: list[int]) -> dict[str, torch.Tensor]:
+def block_outputs(model, tokens: list[int], contract: CacheIOContract | None = None) -> dict[str, torch.Tensor]:
     """Every block's output over `tokens` from position 0, by `layers.<i>`.
 
     A QDQ model from `.qdq.pt2` is a flat graph: its block outputs are the residual adds that
-    end each block, recognisable by the `layers.<i>` module path torch.export records."""
+    end each block, recognisable by the `layers.<i>` module path torch.export records. `contract`:
+    the QDQ model is in the cache-I/O form and takes that form's inputs (an empty cache)."""
     with torch.no_grad(), native_logs_hidden():
         if isinstance(model, VisionLanguageModel):
             return _vision_language_blocks(model, tokens)
-        return _capture_blocks(model, tokens)
+        return _capture_blocks(model, tokens, contract)
 
 
 def report_image(size: int) -> torch.Tensor:
@@ -130,11 +132,11 @@ def _vision_language_blocks(model: VisionLanguageModel, tokens: list[int]) -> di
     finally:
         for h in hooks:
             h.remove()
-    outputs.update({f"text_decoder.{name}": t for name, t in _capture_blocks(model.decoder, tokens).items()})
+    outputs.update({f"text_decoder.{name}": t for name, t in _capture_blocks(model.decoder, tokens, None).items()})
     return outputs
 
 
-def _capture_blocks(model, tokens: list[int]) -> dict[str, torch.Tensor]:
+def _capture_blocks(model, tokens: list[int], contract: CacheIOContract | None) -> dict[str, torch.Tensor]:
     outputs = {}
     if isinstance(model, Decoder):
         hooks = [
@@ -153,7 +155,11 @@ def _capture_blocks(model, tokens: list[int]) -> dict[str, torch.Tensor]:
         if block and node.op == "call_function" and "add" in str(node.target):
             last_add["layers." + block.rsplit("layers.", 1)[1]] = node
     interp = _Recorder(model, {n: name for name, n in last_add.items()}, outputs)
-    interp.run(torch.tensor([tokens]), torch.tensor([0]))
+    if contract is None:
+        interp.run(torch.tensor([tokens]), torch.tensor([0]))
+    else:
+        empty = [torch.zeros(1, contract.n_kv_heads, contract.max_seq_len, contract.head_dim) for _ in range(contract.n_layers)]
+        interp.run(*contract.call_inputs(tokens, 0, len(tokens), empty, empty))
     return outputs
 
 
@@ -206,16 +212,23 @@ def evaluate(folder: Path, options: EvalOptions, progress: bool = True) -> dict:
     qdq = quantized_model(folder, manifest, reference)
     reference, qdq = text_decoder(reference), None if qdq is None else text_decoder(qdq)
     models = {"float": EagerSession(reference)}
-    if qdq is not None:
+    contract = CacheIOContract.from_manifest(manifest)
+    if contract is not None and qdq is not None and not isinstance(qdq, Decoder):
+        # a static recipe's QDQ graph in the cache-I/O form, driven as its program is (a dynamic
+        # recipe's QDQ model is the eager Decoder, quantized in place)
+        models["qdq"] = CacheIOSession(contract, eager_runner({GraphName.PREFILL: qdq, GraphName.DECODE: qdq}, contract.n_layers))
+    elif qdq is not None:
         models["qdq"] = EagerSession(qdq, max_seq_len)
     if manifest.get("status", "complete") == "complete":
-        models["program"] = MultimodalSession(folder) if is_multimodal(manifest) else DecoderSession(folder)
+        models["program"] = MultimodalSession(folder) if is_multimodal(manifest) else open_session(folder)
     # Agreement and KL of the program against float; of the QDQ model where no program could be built.
     compared = "program" if "program" in models else "qdq"
 
     nll = {name: 0.0 for name in models}
     agree, kl, count = 0, 0.0, 0
-    score_prefill = "program" in models and getattr(models["program"], "mode", None) is Mode.HYBRID
+    # (a cache-I/O program's prefill returns the same rows as its decode calls; not scored apart yet)
+    program = models.get("program")
+    score_prefill = program is not None and not isinstance(program, CacheIOSession) and getattr(program, "mode", None) is Mode.HYBRID
     prefill = {"positions": 0, "agree": 0, "kl": 0.0}
     windows = [tokens[i : i + window] for i in range(0, len(tokens) - 1, window)]
     for chunk in tqdm(windows, desc="eval", unit="window", disable=not progress, leave=False):
@@ -251,7 +264,7 @@ def evaluate(folder: Path, options: EvalOptions, progress: bool = True) -> dict:
         }
     if qdq is not None:
         sample = windows[0]
-        result["layer_sqnr_db"] = layer_sqnr(block_outputs(reference, sample), block_outputs(qdq, sample))
+        result["layer_sqnr_db"] = layer_sqnr(block_outputs(reference, sample), block_outputs(qdq, sample, contract))
     return result
 
 

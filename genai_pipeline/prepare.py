@@ -39,9 +39,17 @@ class PrepareOptions:
     # A vision-language model as one program per component (vision_encoder.pte, token_embedding.pte,
     # text_decoder.pte: the layout NPU backends use) instead of one program with three methods.
     split: bool = False
+    # The decoder's cache-I/O form (QNN's; --cache-io, always on for --target qnn): the KV cache,
+    # positions and attention mask are graph inputs/outputs (runtime/cache_io.py) instead of a
+    # cache inside the program updated by ExecuTorch's custom ops at a data-dependent position.
+    cache_io: bool = False
 
     def __post_init__(self):
         object.__setattr__(self, "mode", Mode(self.mode))
+        if self.cache_io and self.mode is Mode.DYNAMIC:
+            raise InputError("the cache-I/O form (--cache-io, --target qnn) has static shapes: use --mode hybrid or kv, not dynamic")
+        if self.cache_io and self.verify_len:
+            raise InputError("--verify-len is not available in the cache-I/O form (--cache-io, --target qnn) yet")
         if self.max_seq_len < 2:
             raise InputError(f"--max-seq-len must be at least 2, got {self.max_seq_len}")
         if not 1 <= self.prefill_len <= self.max_seq_len:
@@ -60,6 +68,28 @@ class DecoderGraph(nn.Module):
 
     def forward(self, tokens: torch.Tensor, input_pos: torch.Tensor) -> torch.Tensor:
         return self.decoder(tokens, input_pos, last_only=self.last_only)
+
+
+class CacheIOGraph(nn.Module):
+    """The decoder's cache-I/O form (QNN's) as one exported method: the KV cache, positions and
+    mask are graph I/O (runtime/cache_io.py has the contract). Same wrapped decoder, same weights."""
+
+    def __init__(self, decoder: Decoder, last_only: bool = True):
+        super().__init__()
+        self.decoder, self.last_only = decoder, last_only
+
+    def forward(self, tokens, positions, mask, k_past: list, v_past: list, window_mask=None):
+        return self.decoder.forward_cache_io(tokens, positions, mask, window_mask, k_past, v_past, self.last_only)
+
+
+def cache_io_example_inputs(decoder: Decoder, rows: int) -> tuple:
+    """Example inputs of a cache-I/O graph taking `rows` tokens per call (window_mask only for a
+    model with sliding-window layers)."""
+    c, s = decoder.config, decoder.max_seq_len
+    cache = [torch.zeros(1, c.n_kv_heads, s, c.head_dim) for _ in range(c.n_layers)]
+    inputs = (torch.zeros(1, rows, dtype=torch.long), torch.zeros(1, rows, dtype=torch.long),
+              torch.zeros(1, 1, rows, s + rows), cache, [t.clone() for t in cache])
+    return inputs + ((torch.zeros(1, 1, rows, s + rows),) if any(decoder.layer_windowed) else ())
 
 
 def _graphs(decoder: Decoder, options: PrepareOptions) -> dict[GraphName, GraphBundle]:
@@ -95,6 +125,26 @@ def _graphs(decoder: Decoder, options: PrepareOptions) -> dict[GraphName, GraphB
     return graphs
 
 
+def _cache_io_graphs(decoder: Decoder, options: PrepareOptions) -> tuple[dict, GraphBundle, dict]:
+    """The cache-I/O form: its deploy graphs (static T), its quantize graph (dynamic T, every
+    row's logits) and the manifest's description of the I/O contract."""
+    from genai_pipeline.runtime.cache_io import FORM, CacheIOContract
+
+    decoder.use_cache_io()
+    rows = {GraphName.PREFILL: options.prefill_len, GraphName.DECODE: 1}
+    rows = {name: rows[name] for name in options.mode.graphs}
+    contract = CacheIOContract.of(decoder, {name.value: n for name, n in rows.items()})
+    next_token = CacheIOGraph(decoder, last_only=True)
+    graphs = {name: GraphBundle(name, next_token, cache_io_example_inputs(decoder, n)) for name, n in rows.items()}
+    t = Dim("rows", min=1, max=options.max_seq_len)
+    per_layer = [None] * decoder.config.n_layers
+    mask = {2: t, 3: t + options.max_seq_len}
+    dynamic = ({1: t}, {1: t}, mask, per_layer, per_layer) + ((mask,) if any(decoder.layer_windowed) else ())
+    quantize_graph = GraphBundle(GraphName.FORWARD, CacheIOGraph(decoder, last_only=False), cache_io_example_inputs(decoder, 2),
+                                 dynamic_shapes=dynamic, metadata={"cache_io": contract})
+    return graphs, quantize_graph, {"decoder_form": FORM, "cache_io": contract.as_manifest()}
+
+
 def decoder_constants(spec: ModelSpec, config, max_seq_len: int, dynamic: bool) -> dict:
     """ExecuTorch's LLM metadata methods, which its runners read (the context, the special tokens)."""
     return {
@@ -112,6 +162,8 @@ def decoder_constants(spec: ModelSpec, config, max_seq_len: int, dynamic: bool) 
 
 def prepare(spec: ModelSpec, options: PrepareOptions) -> PreparedModel:
     if spec.vision is not None:  # a vision-language model: its own module (components, one program)
+        if options.cache_io:
+            raise InputError(f"{spec.name} is a vision-language model: the cache-I/O form (--cache-io, --target qnn) is built for text decoders only so far")
         from genai_pipeline.prepare_multimodal import prepare_multimodal
 
         return prepare_multimodal(spec, options)
@@ -151,13 +203,19 @@ def prepare(spec: ModelSpec, options: PrepareOptions) -> PreparedModel:
     constants = decoder_constants(spec, config, options.max_seq_len, dynamic=options.mode is Mode.DYNAMIC)
     if options.mode is Mode.HYBRID:
         constants["get_prefill_len"] = options.prefill_len
-    quantize_graph = GraphBundle(
-        GraphName.FORWARD,
-        DecoderGraph(decoder, last_only=False),
-        (torch.zeros((1, 2), dtype=torch.long), torch.tensor([0], dtype=torch.long)),
-        dynamic_shapes=({1: Dim("seq_len", min=1, max=options.max_seq_len)}, None),
-    )
-    artifact = Artifact(ArtifactKey.TEXT_DECODER, decoder, _graphs(decoder, options), constants, quantize_graph)
+    extra = {}
+    if options.cache_io:
+        graphs, quantize_graph, extra = _cache_io_graphs(decoder, options)
+        constants["use_sdpa_with_kv_cache"] = False  # plain attention; the cache is graph I/O
+    else:
+        graphs = _graphs(decoder, options)
+        quantize_graph = GraphBundle(
+            GraphName.FORWARD,
+            DecoderGraph(decoder, last_only=False),
+            (torch.zeros((1, 2), dtype=torch.long), torch.tensor([0], dtype=torch.long)),
+            dynamic_shapes=({1: Dim("seq_len", min=1, max=options.max_seq_len)}, None),
+        )
+    artifact = Artifact(ArtifactKey.TEXT_DECODER, decoder, graphs, constants, quantize_graph)
     return PreparedModel(
         spec=spec,
         config=config,
@@ -166,4 +224,5 @@ def prepare(spec: ModelSpec, options: PrepareOptions) -> PreparedModel:
         weights=weights,
         tokenizer_file=tokenizer,
         special_tokens=special,
+        manifest_extra=extra,
     )

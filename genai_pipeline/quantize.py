@@ -535,13 +535,35 @@ def _calibrate(prepared: PreparedModel, artifact: Artifact, options: QuantOption
         chat_template=read_chat_template(checkpoint) if checkpoint else None,
         seed=prepared.options.seed,
     )
+    feed = _cache_io_feed(observed, graph.metadata["cache_io"]) if "cache_io" in graph.metadata else None
     with torch.no_grad():
         for step in iterate_with_progress(steps, f"calibrating {artifact.key.value}"):
             # A new sample restarts at position 0: causal attention never reads the stale rows.
             with native_logs_hidden():  # ExecuTorch's custom ops log from C++ in eager mode too
-                observed(step.tokens[:, : step.n_real], step.input_pos)
+                if feed is not None:
+                    feed(step)
+                else:
+                    observed(step.tokens[:, : step.n_real], step.input_pos)
     qdq = convert_pt2e(observed)
     return torch.export.export(qdq, graph.example_inputs, dynamic_shapes=graph.dynamic_shapes, strict=False)
+
+
+def _cache_io_feed(observed, contract):
+    """Calibration of a cache-I/O quantize graph: each step's chunk goes through the runtime's own
+    driver (runtime/cache_io.py), which owns the KV cache and builds positions and masks as a
+    device does (a chunk shorter than the prefill length left-padded), so the observers see the
+    inputs the deploy graphs will see."""
+    from genai_pipeline.names import GraphName
+    from genai_pipeline.runtime.cache_io import CacheIOSession, eager_runner
+
+    session = CacheIOSession(contract, eager_runner({GraphName.PREFILL: observed, GraphName.DECODE: observed}, contract.n_layers))
+
+    def feed(step) -> None:  # a sample's chunks come in order, so the driver's cursor is the step's input_pos
+        if step.reset_cache:
+            session.reset()
+        session.prefill(step.tokens[0, : step.n_real].tolist())
+
+    return feed
 
 
 def _next_token_only(qdq) -> nn.Module:

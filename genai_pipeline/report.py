@@ -8,6 +8,7 @@ from pathlib import Path
 
 from genai_pipeline.bundle import add_to_manifest, atomic_write, check_weights, read_manifest
 from genai_pipeline.evaluate import block_outputs, float_model, layer_sqnr, quantized_model
+from genai_pipeline.runtime.cache_io import CacheIOContract
 
 REPORT = "quant_report.html"
 # Below this a layer's output noise is large enough to show in perplexity (see genai eval).
@@ -24,7 +25,8 @@ def write_quant_report(folder: Path, tokens: list[int], source: str, verificatio
     want = block_outputs(model, tokens)
     # The float model turns into the QDQ one in place: one copy of the weights in memory, not two
     # (a 1B model's are 5 GB in fp32).
-    sqnr = layer_sqnr(want, block_outputs(quantized_model(folder, manifest, model, in_place=True), tokens))
+    qdq = quantized_model(folder, manifest, model, in_place=True)
+    sqnr = layer_sqnr(want, block_outputs(qdq, tokens, CacheIOContract.from_manifest(manifest)))
     path = Path(folder) / REPORT
     data = f"{len(tokens)} tokens of {source}"
     if "vision" in manifest:

@@ -95,16 +95,17 @@ def tiny_eager(tiny_checkpoint):
 
 @pytest.fixture(scope="session")
 def export_tiny(tiny_checkpoint, tmp_path_factory):
-    """export_tiny(mode, target) -> folder; each combination is lowered once per session."""
-    built: dict[tuple[str, str], Path] = {}
+    """export_tiny(mode, target, cache_io) -> folder; each combination is lowered once per session."""
+    built: dict[tuple[str, str, bool], Path] = {}
 
-    def build(mode: str, target: str = "xnnpack") -> Path:
-        if (mode, target) not in built:
-            out = tmp_path_factory.mktemp(f"tiny_{mode}_{target}")
-            options = PrepareOptions(mode=mode, max_seq_len=TINY_MAX_SEQ, prefill_len=TINY_PREFILL, checkpoint=tiny_checkpoint)
+    def build(mode: str, target: str = "xnnpack", cache_io: bool = False) -> Path:
+        if (mode, target, cache_io) not in built:
+            out = tmp_path_factory.mktemp(f"tiny_{mode}_{target}{'_cache_io' if cache_io else ''}")
+            options = PrepareOptions(mode=mode, max_seq_len=TINY_MAX_SEQ, prefill_len=TINY_PREFILL, checkpoint=tiny_checkpoint,
+                                     cache_io=cache_io)
             compile_artifacts(prepare(get_spec("smollm2-135m"), options), get_target(target), out)
-            built[mode, target] = out
-        return built[mode, target]
+            built[mode, target, cache_io] = out
+        return built[mode, target, cache_io]
 
     return build
 

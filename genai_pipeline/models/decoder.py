@@ -15,6 +15,15 @@ Export notes (why it looks the way it does):
 - RoPE uses the Hugging Face "rotate half" convention, so HF checkpoints load without permuting
   q/k weights.
 
+The cache-I/O form (`Decoder.forward_cache_io`, QNN's form, as Qualcomm's static llama): the same
+layers and weights, but the KV cache is graph I/O and positions are data, never shapes or Python
+ints. Past keys/values come in per layer as `[1, n_kv_heads, max_seq_len, head_dim]` (rows past
+the runtime's cursor are garbage), this call's rows go out as `[1, n_kv_heads, T, head_dim]` and
+the runtime writes them into its buffers; RoPE rows are gathered by a `positions` tensor; which
+cache rows and which of this call's rows each token sees is an additive `mask` input
+`[1, 1, T, max_seq_len + T]` (0 seen, MASK_HIDDEN hidden). Attention is plain matmul + softmax:
+no `.item()`, no custom op, nothing shaped by data (runtime/cache_io.py drives it).
+
 Family switches (all off by default: a Llama config is unchanged by them):
 - Qwen 2: `qkv_bias`. Qwen 3: `qk_norm`. SmolLM3: `nope_layers` (no RoPE in some layers).
 - Phi-3/4: `rope_dim` (partial rotary), `LongRopeScaling`; fused checkpoint tensors are split by
@@ -293,6 +302,32 @@ class KVCache(nn.Module):
         torch.ops.llama.update_cache(v, self.v_cache, start)
 
 
+# The cache-I/O form's additive mask value for hidden columns (Qualcomm's PADDING_MASK_VALUE):
+# exp(-255) underflows to 0 in float32, and a 16-bit quantized mask keeps a fine step.
+MASK_HIDDEN = -255.0
+
+
+@dataclass
+class CacheRows:
+    """One layer's KV cache as graph I/O (the cache-I/O form): the past rows and the mask come in;
+    the layer records this call's rows in `k_new` / `v_new`, which the graph returns."""
+
+    k_past: torch.Tensor  # [1, n_kv_heads, max_seq_len, head_dim]
+    v_past: torch.Tensor
+    mask: torch.Tensor  # [1, 1, T, max_seq_len + T]: columns are the past rows, then this call's
+    k_new: torch.Tensor | None = None  # [1, n_kv_heads, T, head_dim]
+    v_new: torch.Tensor | None = None
+
+
+def repeat_kv(x: torch.Tensor, n_rep: int) -> torch.Tensor:
+    """[1, n_kv_heads, S, D] -> [1, n_kv_heads * n_rep, S, D], each KV head serving n_rep query heads.
+    Static slices and one cat: expand + reshape (Qualcomm's form) leaves torch.export a guard on a
+    dynamic row count it cannot prove, so the quantize graph (dynamic T) would not export."""
+    if n_rep == 1:
+        return x
+    return torch.cat([x[:, h : h + 1] for h in range(x.size(1)) for _ in range(n_rep)], dim=1)
+
+
 class Attention(nn.Module):
     def __init__(self, config: DecoderConfig, max_seq_len: int):
         super().__init__()
@@ -306,9 +341,11 @@ class Attention(nn.Module):
         self.k_norm = RMSNorm(hd, c.norm_eps, c.norm_unit_offset) if c.qk_norm else None
         self.kv_cache = KVCache(max_seq_len, c.n_kv_heads, hd)
 
-    def forward(self, x: torch.Tensor, start: int, rope: tuple | None, mask: torch.Tensor | None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, start, rope: tuple | None, mask: torch.Tensor | None,
+                rows: CacheRows | None = None) -> torch.Tensor:
         """rope: (cos, sin) at this chunk's positions, None for a layer without RoPE;
-        mask: the sliding-window mask, None for causal attention over the whole prefix."""
+        mask: the sliding-window mask, None for causal attention over the whole prefix.
+        rows: the cache-I/O form (start and mask unused: the cache and mask are in `rows`)."""
         b, s, _ = x.shape
         q = self.wq(x).view(b, s, self.n_heads, self.head_dim)
         k = self.wk(x).view(b, s, self.n_kv_heads, self.head_dim)
@@ -317,6 +354,8 @@ class Attention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         if rope is not None:
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+        if rows is not None:
+            return self.wo(self._attend_cache_io(q, k, v, rows).reshape(b, s, -1))
         self.kv_cache.update(k, v, start)
         k_cache, v_cache = self.kv_cache.k_cache, self.kv_cache.v_cache
         if mask is None:  # causal from `start`: token i attends to cache rows [0, start + i]. GQA is native.
@@ -324,6 +363,18 @@ class Attention(nn.Module):
         else:  # the mask spans the whole cache and hides the rows past each token too
             y = torch.ops.llama.custom_sdpa(q, k_cache, v_cache, start, mask, 0.0, False, self.scale)
         return self.wo(y.reshape(b, s, -1))
+
+    def _attend_cache_io(self, q, k, v, rows: CacheRows) -> torch.Tensor:
+        """Attention over the past rows and this call's, as matmuls and a softmax; returns
+        [1, T, n_heads, head_dim] and records this call's rows in `rows`."""
+        rows.k_new, rows.v_new = k.transpose(1, 2), v.transpose(1, 2)  # [1, n_kv_heads, T, D]
+        n_rep = self.n_heads // self.n_kv_heads
+        keys = repeat_kv(torch.cat([rows.k_past, rows.k_new], dim=2), n_rep)
+        values = repeat_kv(torch.cat([rows.v_past, rows.v_new], dim=2), n_rep)
+        scale = self.scale if self.scale is not None else self.head_dim**-0.5
+        scores = torch.matmul(q.transpose(1, 2), keys.transpose(2, 3)) * scale + rows.mask
+        y = torch.matmul(torch.softmax(scores, dim=-1), values)  # [1, n_heads, T, D]
+        return y.transpose(1, 2)
 
 
 class FeedForward(nn.Module):
@@ -355,8 +406,9 @@ class Block(nn.Module):
         self.feed_forward = FeedForward(config)
         self.ffn_post_norm = post_norm()
 
-    def forward(self, x: torch.Tensor, start: int, rope: tuple | None, mask: torch.Tensor | None) -> torch.Tensor:
-        x = x + self.attention_post_norm(self.attention(self.attention_norm(x), start, rope, mask))
+    def forward(self, x: torch.Tensor, start, rope: tuple | None, mask: torch.Tensor | None,
+                rows: CacheRows | None = None) -> torch.Tensor:
+        x = x + self.attention_post_norm(self.attention(self.attention_norm(x), start, rope, mask, rows))
         return x + self.ffn_post_norm(self.feed_forward(self.ffn_norm(x)))
 
 
@@ -388,11 +440,19 @@ class Decoder(nn.Module):
             # the portable embedding lookup deep-copies the table once per method (GBs for a 1B model).
             self.output.weight = nn.Parameter(self.tok_embeddings.weight.detach(), requires_grad=False)
 
+    def use_cache_io(self) -> None:
+        """Drop the KV-cache buffers for the cache-I/O form (`forward_cache_io`): there the runtime
+        owns the cache, and unused buffers would still be exported, as constants of cache size."""
+        for layer in self.layers:
+            layer.attention.kv_cache = None
+
     def reset_buffers(self) -> None:
         """(Re)create RoPE tables and empty caches, e.g. after building on the meta device."""
         self._set_rope_tables()
         for layer in self.layers:
             cache = layer.attention.kv_cache
+            if cache is None:  # the cache-I/O form
+                continue
             cache.k_cache = torch.zeros(cache.k_cache.shape)
             cache.v_cache = torch.zeros(cache.v_cache.shape)
 
@@ -424,6 +484,23 @@ class Decoder(nn.Module):
             mask = sliding_window_mask(start, seq_len, self.max_seq_len, self.config.sliding_window, h.dtype)
         for layer, rope, windowed in zip(self.layers, self.layer_rope, self.layer_windowed):
             h = layer(h, start, ropes.get(rope), mask if windowed else None)  # rope None: no RoPE
+        return self._logits(h, last_only)
+
+    def forward_cache_io(self, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor,
+                         window_mask: torch.Tensor | None, k_past: list, v_past: list, last_only: bool = True):
+        """The cache-I/O form (see the module doc): tokens [1, T], positions [1, T] (each token's
+        position), mask [1, 1, T, max_seq_len + T], window_mask the same for sliding-window layers
+        (None without them), k_past / v_past one [1, n_kv_heads, max_seq_len, head_dim] per layer
+        -> (logits, this call's k rows per layer, v rows per layer)."""
+        h = self.embed(tokens)
+        ropes = self._rope_gathered(positions)
+        rows = [CacheRows(k, v, window_mask if windowed else mask)
+                for k, v, windowed in zip(k_past, v_past, self.layer_windowed)]
+        for layer, rope, layer_rows in zip(self.layers, self.layer_rope, rows):
+            h = layer(h, None, ropes.get(rope), None, layer_rows)
+        return self._logits(h, last_only), [r.k_new for r in rows], [r.v_new for r in rows]
+
+    def _logits(self, h: torch.Tensor, last_only: bool) -> torch.Tensor:
         if last_only:  # only the next-token logits: skips the LM head for the other positions
             h = h[:, -1, :]
         return self._softcap(self.output(self.norm(h)))
@@ -436,6 +513,15 @@ class Decoder(nn.Module):
             if kind in self.layer_rope:
                 cos, sin = getattr(self, f"{prefix}_cos"), getattr(self, f"{prefix}_sin")
                 ropes[kind] = (cos.narrow(0, start, seq_len)[None, :, None], sin.narrow(0, start, seq_len)[None, :, None])
+        return ropes
+
+    def _rope_gathered(self, positions: torch.Tensor) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+        """The RoPE tables' rows at `positions` ([1, T]) as a gather: no position becomes a shape."""
+        ropes = {}
+        for kind, prefix in (("global", "rope"), ("local", "rope_local")):
+            if kind in self.layer_rope:
+                cos, sin = getattr(self, f"{prefix}_cos"), getattr(self, f"{prefix}_sin")
+                ropes[kind] = (cos[positions][:, :, None], sin[positions][:, :, None])  # [1, T, 1, R]
         return ropes
 
     def _softcap(self, logits: torch.Tensor) -> torch.Tensor:

@@ -16,21 +16,52 @@ from genai_pipeline.names import ArtifactKey, GraphName, Mode
 from genai_pipeline.runtime.program import load_program, native_logs_hidden
 
 
+def open_session(folder: Path, verify: bool = False):
+    """The session of a text-decoder export: a DecoderSession, or for a program in the cache-I/O
+    form (QNN's; the manifest's `decoder_form`) a CacheIOSession driving its methods, which owns
+    the KV cache and builds positions and masks as a device runner does."""
+    from genai_pipeline.runtime.cache_io import CacheIOContract, CacheIOSession, program_runner
+
+    folder = Path(folder)
+    manifest = read_manifest(folder)
+    contract = CacheIOContract.from_manifest(manifest)
+    if contract is None:
+        return DecoderSession(folder, verify)
+    program = _load_decoder_program(folder, manifest, verify)
+    with native_logs_hidden():
+        methods = {GraphName(m): program.load_method(m) for m in contract.tokens_per_call}
+    return CacheIOSession(contract, program_runner(methods), manifest)
+
+
+def _check_runnable(folder: Path, manifest: dict) -> None:
+    if manifest.get("status", "complete") == "qdq-only":
+        raise ProgramError(
+            f"'{folder}' holds only a QDQ model: lowering to {manifest.get('target')} was not possible "
+            "where it was exported; `genai eval` evaluates it"
+        )
+    if manifest.get("target") == "qnn":  # else the runtime fails deep in QnnExecuTorchBackend::init
+        from genai_pipeline.targets.qnn import runtime_missing
+
+        if (why := runtime_missing()) is not None:
+            raise ProgramError(f"'{folder}': {why}")
+
+
+def _load_decoder_program(folder: Path, manifest: dict, verify: bool):
+    _check_runnable(folder, manifest)
+    try:
+        entry = manifest["artifacts"][ArtifactKey.TEXT_DECODER.value]
+        expected = manifest["files"][entry["file"]]
+    except (KeyError, ValueError, TypeError) as e:
+        raise ProgramError(f"'{folder}/manifest.json' lacks {e}; re-export the model") from None
+    return load_program(folder / entry["file"], expected["bytes"], expected["sha256"] if verify else None)
+
+
 class DecoderSession:
     def __init__(self, folder: Path, verify: bool = False):
         folder = Path(folder)
         self.folder = folder
         self.manifest = read_manifest(folder)
-        if self.manifest.get("status", "complete") == "qdq-only":
-            raise ProgramError(
-                f"'{folder}' holds only a QDQ model: lowering to {self.manifest.get('target')} was not possible "
-                "where it was exported; `genai eval` evaluates it"
-            )
-        if self.manifest.get("target") == "qnn":  # else the runtime fails deep in QnnExecuTorchBackend::init
-            from genai_pipeline.targets.qnn import runtime_missing
-
-            if (why := runtime_missing()) is not None:
-                raise ProgramError(f"'{folder}': {why}")
+        _check_runnable(folder, self.manifest)
         try:
             entry = self.manifest["artifacts"][ArtifactKey.TEXT_DECODER.value]
             self.mode = Mode(self.manifest["mode"])

@@ -45,6 +45,9 @@ class Target:
     grouped: Callable[[tuple[str, ...]], GroupedLowering] | None = None
     # The program's method names -> the backend's compile spec decoded for the manifest, or None.
     compile_spec: Callable[[tuple[str, ...]], dict | None] = lambda methods: None
+    # Lowers the text decoder only in its cache-I/O form (models/decoder.py): QNN takes no custom
+    # ops and no data-dependent position.
+    cache_io: bool = False
 
 
 def _targets() -> dict[str, Target]:

@@ -320,12 +320,31 @@ def runtime_missing() -> str | None:
                 "x86 libraries on LD_LIBRARY_PATH for an export made with --qnn-x86-emulator")
 
 
+def share_cache_encodings(graph_module) -> None:
+    """The decoder's cache-I/O form: the past keys/values entering attention's concatenation take
+    the encodings of this call's rows beside them, the rows the graph returns and the runtime
+    writes into the cache. Left to QnnQuantizer, each cache input gets a moving-average observer
+    of its own, whose range came out narrower than the rows written into it (the reference model:
+    ±3.3 against ±5.5 in layer 0, cached keys clipped, 16a8w top-1 agreement 91.8 %)."""
+    import torch
+    from torchao.quantization.pt2e.quantizer import SharedQuantizationSpec
+
+    for node in graph_module.graph.nodes:
+        if node.op != "call_function" or node.target != torch.ops.aten.cat.default or len(node.args[0]) != 2:
+            continue
+        past, new = node.args[0]
+        annotation = node.meta.get("quantization_annotation")
+        if past.op == "placeholder" and past.name.startswith(("k_past", "v_past")) and annotation is not None:
+            annotation.input_qspec_map[past] = SharedQuantizationSpec(new)
+
+
 def _static_quantizer(options, graph_module):
     _no_download()
     from executorch.backends.qualcomm.quantizer.quantizer import QnnQuantizer, QuantDtype
 
     quantizer = QnnQuantizer()
     quantizer.set_default_quant_config(getattr(QuantDtype, QUANT_DTYPES[options.recipe]), is_linear_per_channel=True)
+    quantizer.add_custom_quant_annotations((share_cache_encodings,))
     if options.recipe == "16a4w_block":
         linears = [n.name for n in graph_module.graph.nodes if n.op == "call_function" and "linear" in str(n.target)]
         quantizer.set_block_size_map({name: (1, options.block_size) for name in linears})
@@ -382,4 +401,5 @@ TARGET = Target(
     lowering_blocked=_lowering_blocked,
     grouped=lambda methods: _grouped(plan(QnnOptions(), methods)),
     compile_spec=lambda methods: summary(plan(QnnOptions(), methods)),
+    cache_io=True,
 )

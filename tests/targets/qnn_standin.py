@@ -63,6 +63,7 @@ class StandInQnnBackend(BackendDetails):
     """Registered process-wide by its class name: the name must be unique."""
 
     calls: list[dict[str, int]] = []  # per preprocess_multimethod call: method -> partitions
+    programs: list[dict[str, list]] = []  # per call: method -> the partitions' edge programs, as QNN gets them
 
     @staticmethod
     def preprocess(edge_program, compile_specs):
@@ -71,6 +72,7 @@ class StandInQnnBackend(BackendDetails):
     @staticmethod
     def preprocess_multimethod(edge_programs, compile_specs):
         StandInQnnBackend.calls.append({method: len(programs) for method, programs in edge_programs.items()})
+        StandInQnnBackend.programs.append(dict(edge_programs))
         counts = {len(programs) for programs in edge_programs.values()}
         assert len(counts) == 1, "Only graphs with the same number of partitions could be used"  # as QNN's
         first = next(iter(compile_specs.values()))  # QNN compiles every method with the first one's specs

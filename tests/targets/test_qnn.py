@@ -327,3 +327,94 @@ def test_with_an_sdk_root_lowering_reaches_qnns_own_backend(tmp_path, monkeypatc
     with pytest.raises(RuntimeError, match="Failed to initialize QNN backend"):
         with tqdm(disable=True) as progress:
             _to_executorch(_artifact(), target, progress, quantized=False)
+
+
+# ---- 5. the decoder's cache-I/O form through QNN's quantizer, passes and op builders --------------
+
+@pytest.fixture(scope="module")
+def qnn_form_export(tmp_path_factory):
+    """A one-layer SmolLM-like checkpoint exported as `genai export --target qnn --recipe 16a8w`
+    does (prepare in the cache-I/O form, QnnQuantizer calibrated, lowering with QNN's passes),
+    with the stand-in backend where the SDK would partition and compile."""
+    from conftest import save_hf_checkpoint
+
+    from genai_pipeline.compile import compile_artifacts
+    from genai_pipeline.data import CalibrationOptions
+    from genai_pipeline.prepare import PrepareOptions, prepare
+    from genai_pipeline.quantize import QuantOptions, quantize
+    from genai_pipeline.registry import get_spec
+
+    checkpoint = save_hf_checkpoint(tmp_path_factory.mktemp("qnn_form_ckpt"), num_hidden_layers=1)
+    target = standin_target()
+    options = PrepareOptions(max_seq_len=32, prefill_len=8, checkpoint=checkpoint, cache_io=target.cache_io)
+    quant = QuantOptions(recipe="16a8w", calibration=CalibrationOptions(limit=4, seq_len=16))
+    prepared = quantize(prepare(get_spec("smollm2-135m"), options), quant, target)
+    StandInQnnBackend.calls.clear()
+    StandInQnnBackend.programs.clear()
+    out = tmp_path_factory.mktemp("qnn_form") / "out"
+    compile_artifacts(prepared, target, out)
+    return out, list(StandInQnnBackend.calls), list(StandInQnnBackend.programs)
+
+
+def test_qnn_form_passes_qnns_quantizer_passes_and_op_builders(qnn_form_export):
+    """The ordinary decoder stops in QNN's I64toI32 pass on its data-dependent cache position
+    (`input_pos[0].item()`); the cache-I/O form goes through 16a8w quantization, QNN's export and
+    edge passes, and QNN's own preprocess passes (FoldQDQ, InsertIOQDQ, LayoutTransform, ...) and
+    op builders, which turn every node into a QNN op: all that runs before `Compile` needs the SDK."""
+    from executorch.backends.qualcomm.qnn_preprocess import QnnBackend
+    from executorch.backends.qualcomm.serialization.qc_schema import QnnExecuTorchBackendType
+
+    _, calls, programs = qnn_form_export
+    assert calls == [{"prefill": 1, "decode": 1}]  # the whole graph is one partition per method, lowered together
+    for method, (program,) in programs[0].items():
+        ops = {str(n.target) for n in program.graph.nodes if n.op == "call_function"}
+        data_dependent = {op for op in ops if "local_scalar_dense" in op or "sym_" in op or "llama." in op or "_assert" in op}
+        assert not data_dependent, f"{method}: {data_dependent}"
+        assert any("quantize_per_tensor" in op for op in ops)  # 16a8w QDQ reached the backend
+        user = set(program.graph_signature.user_inputs)
+        shapes = [tuple(n.meta["val"].shape) for n in program.graph.nodes if n.op == "placeholder" and n.name in user]
+        rows = 8 if method == "prefill" else 1  # static shapes: tokens, positions, mask, k and v (the partition's own order)
+        assert sorted(shapes) == sorted([(1, rows), (1, rows), (1, 1, rows, 32 + rows), (1, 2, 32, 16), (1, 2, 32, 16)]), shapes
+        wrappers = QnnBackend._build_op_wrappers(program, False, [], False, QnnExecuTorchBackendType.kHtpBackend)
+        assert len(wrappers) > 20  # every node became a QNN op wrapper (an unsupported op raises)
+
+
+def test_qnn_form_cache_inputs_take_the_encodings_of_the_rows_returned(qnn_form_export):
+    """Past keys/values enter attention with the scale and zero point of this call's rows, the
+    rows the runtime writes into the cache (targets.qnn.share_cache_encodings)."""
+    import genai_pipeline.models.decoder  # noqa: F401  registers the llama ops the saved graph names
+
+    out, _, _ = qnn_form_export
+    qdq = torch.export.load(out / "text_decoder.qdq.pt2").module()
+    checked = 0
+    for node in qdq.graph.nodes:
+        if node.op == "call_function" and node.target == torch.ops.aten.cat.default and len(node.args[0]) == 2:
+            past, new = node.args[0]  # dequantize nodes
+            source = past.args[0].args[0]  # dequantize <- quantize <- the input
+            if source.op == "placeholder" and source.name.startswith(("k_past", "v_past")):
+                assert past.args[1:3] == new.args[1:3], (source.name, past.args[1:3], new.args[1:3])
+                checked += 1
+    assert checked == 2  # k and v of the one layer
+
+
+def test_qnn_form_manifest_states_the_io_contract(qnn_form_export):
+    out, _, _ = qnn_form_export
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["target"] == "qnn" and manifest["status"] == "complete" and manifest["decoder_form"] == "cache-io"
+    io = manifest["cache_io"]
+    assert (io["n_layers"], io["n_kv_heads"], io["head_dim"], io["max_seq_len"]) == (1, 2, 16, 32)
+    assert io["tokens_per_call"] == {"prefill": 8, "decode": 1} and io["mask_hidden"] == -255.0
+    assert io["inputs"][:3] == ["tokens int64 [1, T]", "positions int64 [1, T]", "mask float32 [1, 1, T, 32 + T]"]
+    assert "left-padded" in io["padding"] and "cursor..cursor+n-1" in io["cache_update"]
+    assert manifest["artifacts"]["text_decoder"]["constant_methods"]["use_sdpa_with_kv_cache"] is False
+
+
+def test_qnn_export_takes_the_cache_io_form(tmp_path, capsys):
+    """--target qnn prepares the cache-I/O form, whose static shapes rule out --mode dynamic: one line, before any work."""
+    from genai_pipeline.cli import main
+
+    out = tmp_path / "out"
+    assert main(["export", "--target", "qnn", "--recipe", "16a8w", "--mode", "dynamic", "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "the cache-I/O form (--cache-io, --target qnn) has static shapes" in err[0], err
+    assert not out.exists()
