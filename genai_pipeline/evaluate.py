@@ -30,7 +30,7 @@ from genai_pipeline.checkpoints.hf import random_decoder
 from genai_pipeline.errors import InputError
 from genai_pipeline.models.decoder import Decoder, DecoderConfig
 from genai_pipeline.names import Mode
-from genai_pipeline.quantize import int4_file, load_int4, quant_options_from, quantize_module
+from genai_pipeline.quantize import int4_file, load_int4, quant_options_from, quantize_module, smooth, smoothing_file
 from genai_pipeline.registry import get_spec
 from genai_pipeline.runtime.program import native_logs_hidden
 from genai_pipeline.runtime.session import DecoderSession, EagerSession
@@ -129,6 +129,9 @@ def quantized_model(folder: Path, manifest: dict, reference: Decoder, in_place: 
         return torch.export.load(Path(folder) / qdq_file).module()
     model = reference if in_place else copy.deepcopy(reference)
     computed = int4_file(folder, "text_decoder")  # int4 weights the export calibrated (gptq)
+    scales = smoothing_file(folder, "text_decoder")
+    if scales.is_file():
+        smooth(model, torch.load(scales, weights_only=True))
     quantize_module(model, quant, load_int4(computed) if computed.is_file() else None)
     return model
 

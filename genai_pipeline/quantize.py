@@ -66,6 +66,8 @@ WEIGHT_RULES = ("gptq", "mse", "q4_0", "torchao")  # how 4-bit weights are chose
 # (Python's documentation, the reference model's training split; disjoint from heldout.txt)
 DEFAULT_GPTQ_TEXT = Path(__file__).resolve().parent.parent / "assets" / "reference" / "sample.txt"
 GPTQ_TOKENS = 4096  # calibration tokens for gptq (measured on SmolLM2-135M: bench/README)
+# SmoothQuant's migration strength for the dynamic recipes' per-token int8 activations (bench/README)
+SMOOTH_ALPHA = 0.5
 HEAD = "output"
 
 
@@ -79,6 +81,7 @@ class QuantOptions:
     weight_rule: str = "gptq"  # 4-bit weights: gptq (calibrated), mse (least-squares scales), q4_0 (llama.cpp's, positive), torchao
     head: str | None = "auto"  # the LM head's recipe; auto: AUTO_HEAD by recipe, else the recipe's
     keep_8bit: tuple[str, ...] | None = None  # regexes of layers at 8da8w under 8da4w; None: AUTO_8BIT
+    smooth: float | None = SMOOTH_ALPHA  # dynamic recipes: SmoothQuant's alpha on the calibration text; None: off
     calibration: CalibrationOptions = CalibrationOptions()  # static recipes only
 
     def __post_init__(self):
@@ -98,6 +101,10 @@ class QuantOptions:
         if self.keep_8bit is None:
             object.__setattr__(self, "keep_8bit", () if self.is_static else AUTO_8BIT.get(self.recipe, ()))
         object.__setattr__(self, "keep_8bit", tuple(self.keep_8bit))
+        if self.is_static or self.recipe == "fp32":
+            object.__setattr__(self, "smooth", None)
+        if self.smooth is not None and not 0 < self.smooth < 1:
+            raise InputError(f"the smoothing strength must be between 0 and 1, got {self.smooth}")
         if self.weight_rule not in WEIGHT_RULES:
             raise InputError(f"unknown weight rule '{self.weight_rule}'; known: {', '.join(WEIGHT_RULES)}")
         if self.is_static and self.embedding:
@@ -126,6 +133,8 @@ class QuantOptions:
             parts[0] += f"-{self.weight_rule}"
         if self.recipe == "16a4w_block":
             parts[0] += f"-b{self.block_size}"
+        if self.smooth is not None:
+            parts[0] += f"-sq{self.smooth:g}"
         if self.embedding:
             parts.append(f"emb{self.embedding}")
         if self.head:
@@ -370,6 +379,96 @@ def gptq_samples(prepared: PreparedModel, options: QuantOptions) -> list[list[in
                                   chat_template=read_chat_template(checkpoint), seed=prepared.options.seed)
     ids = tokenizer.encode(DEFAULT_GPTQ_TEXT.read_text(encoding="utf-8"))[:GPTQ_TOKENS]
     return [ids]
+
+
+@torch.no_grad()
+def input_absmax(module: nn.Module, samples: list[list[int]], window: int) -> dict[str, torch.Tensor]:
+    """Per input channel, the largest magnitude each linear layer's input reaches over `samples`."""
+    absmax = {}
+
+    def hook(name):
+        def record(_, inputs, __):
+            x = inputs[0].detach().reshape(-1, inputs[0].shape[-1]).abs().amax(0).float()
+            absmax[name] = torch.maximum(absmax[name], x) if name in absmax else x
+        return record
+
+    handles = [m.register_forward_hook(hook(n)) for n, m in module.named_modules() if isinstance(m, nn.Linear)]
+    try:
+        for sample in samples:
+            for i in range(0, len(sample), window):
+                module(torch.tensor([sample[i : i + window]]), torch.tensor([0]))
+    finally:
+        for h in handles:
+            h.remove()
+    return absmax
+
+
+def smoothing_scales(module: nn.Module, absmax: dict[str, torch.Tensor], alpha: float = SMOOTH_ALPHA) -> dict[str, torch.Tensor]:
+    """SmoothQuant's per-channel factors s = absmax(x)^alpha / absmax(W)^(1 - alpha) for each
+    input that a float op before it can absorb (see smooth): the norms' outputs, the gate product
+    w2 reads (through w3) and the attention output wo reads (through wv; one factor per KV head's
+    channel, shared by the query heads that read it). {site: s}, sites named by the layer that
+    absorbs 1/s."""
+    scales = {}
+    for i, block in enumerate(getattr(module, "layers", ())):
+        p = f"layers.{i}."
+
+        def factor(names):
+            a = absmax.get(p + names[0])
+            if a is None:
+                return None
+            w = torch.stack([module.get_submodule(p + n).weight.detach().float().abs().amax(0) for n in names]).amax(0)
+            return (a.clamp(min=1e-5) ** alpha / w.clamp(min=1e-5) ** (1 - alpha)).clamp(min=1e-5)
+
+        for site, names in (("attention_norm", ["attention.wq", "attention.wk", "attention.wv"]),
+                            ("ffn_norm", ["feed_forward.w1", "feed_forward.w3"]),
+                            ("feed_forward.w3", ["feed_forward.w2"]), ("attention.wv", ["attention.wo"])):
+            s = factor(names)
+            if s is None:
+                continue
+            if site == "attention.wv":  # wo's input channel (head h, d) is v's (kv head of h, d)
+                att = block.attention
+                s = s.view(att.n_kv_heads, att.n_heads // att.n_kv_heads, att.head_dim).amax(1).reshape(-1)
+            scales[p + site] = s
+    return scales
+
+
+@torch.no_grad()
+def smooth(module: nn.Module, scales: dict[str, torch.Tensor]) -> None:
+    """Fold `scales` (smoothing_scales) into the float weights: the model computes the same function
+    (up to rounding), but the inputs of the linears after each site are divided by s channel by
+    channel and their weights' columns multiplied by s, so that per-token int8 activations lose
+    less to the few channels with outliers. Nothing changes in the graph: the programs run in
+    ExecuTorch's stock runners as before."""
+    for site, s in scales.items():
+        layer = site.split(".")[1]
+        block = module.layers[int(layer)]
+        kind = site.split(".", 2)[2]
+        if kind in ("attention_norm", "ffn_norm"):
+            norm = getattr(block, kind)
+            if norm.unit_offset:  # x * (1 + w)
+                norm.weight.copy_((1 + norm.weight) / s - 1)
+            else:
+                norm.weight.div_(s)
+            readers = [block.attention.wq, block.attention.wk, block.attention.wv] if kind == "attention_norm" else \
+                      [block.feed_forward.w1, block.feed_forward.w3]
+            for linear in readers:
+                linear.weight.mul_(s)
+        elif kind == "feed_forward.w3":
+            block.feed_forward.w3.weight.div_(s[:, None])
+            block.feed_forward.w2.weight.mul_(s)
+        elif kind == "attention.wv":
+            att = block.attention
+            att.wv.weight.div_(s[:, None])
+            if att.wv.bias is not None:
+                att.wv.bias.div_(s)
+            per_head = s.view(att.n_kv_heads, 1, att.head_dim).expand(att.n_kv_heads, att.n_heads // att.n_kv_heads, att.head_dim)
+            att.wo.weight.mul_(per_head.reshape(-1))
+
+
+def smoothing_file(folder: Path, artifact_key: str) -> Path:
+    """Where an export keeps the smoothing factors it folded into the float weights, for `genai eval`."""
+    return Path(folder) / f"{artifact_key}.smoothing.pt"
 
 
 def int4_file(folder: Path, artifact_key: str) -> Path:
@@ -632,7 +731,17 @@ def quantize(prepared: PreparedModel, options: QuantOptions, target, cache: Path
             graphs = {name: dataclasses.replace(g, module=deploy) for name, g in artifact.graphs.items()}
             artifact = dataclasses.replace(artifact, graphs=graphs, qdq=qdq, qdq_key=stamp)
         else:
-            computed = None
+            computed, scales = None, None
+            if options.smooth is not None and not given:  # a GGUF's given int4 values fit its own float weights only
+                started = time.perf_counter()
+                samples = gptq_samples(prepared, options)
+                state = {k: v.clone() for k, v in artifact.module.named_buffers()}  # the KV cache, as it was
+                scales = smoothing_scales(artifact.module, input_absmax(artifact.module, samples, prepared.options.max_seq_len), options.smooth)
+                for k, v in artifact.module.named_buffers():
+                    v.copy_(state[k])
+                smooth(artifact.module, scales)
+                log.info("smoothed %d activation sites (alpha %g) on %d calibration tokens in %.0f s", len(scales), options.smooth,
+                         sum(map(len, samples)), time.perf_counter() - started)
             if options.recipe == "8da4w" and options.weight_rule == "gptq" and not given:
                 started = time.perf_counter()
                 names = {n for n, m in artifact.module.named_modules() if isinstance(m, nn.Linear) and recipe_for(n, options) == "8da4w"}
@@ -644,7 +753,7 @@ def quantize(prepared: PreparedModel, options: QuantOptions, target, cache: Path
                 log.info("gptq: %d layers on %d calibration tokens in %.0f s", len(names), sum(map(len, samples)), time.perf_counter() - started)
             plan = quantize_module(artifact.module, options, computed or given)
             # compile writes them beside the program: `genai eval` rebuilds the quantized model from them
-            artifact = dataclasses.replace(artifact, int4=computed or given or None)
+            artifact = dataclasses.replace(artifact, int4=computed or given or None, smoothing=scales)
             counts = {r: sum(1 for v in plan.values() if v == r) for r in sorted(set(plan.values()))}
             log.info("quantized %s: %s", key.value, ", ".join(f"{n} layers {r}" for r, n in counts.items()))
         artifacts[key] = artifact
