@@ -208,11 +208,16 @@ def llamacpp_rows(args, work: Path) -> list[dict]:
     model, out = {"folder": str(Path(args.checkpoint).resolve())}, work / "llamacpp"
     files = {name: compare.export_llamacpp(model, name, ftype, out, work, inst, args.threads)["file"]
              for name, ftype in {"F32": None, **LLAMACPP_FTYPES}.items()}
-    ids = work / "ids.json"
-    ids.write_text(json.dumps(eval_ids(args.checkpoint, args.text, args.max_tokens)))
-    _, _, stdout = compare.run_child([inst["python"], __file__, "_score-gguf", ids, args.window, args.threads, *files.values()],
-                                     log=work / "logs" / "llamacpp-score.log")
-    scores = json.loads(stdout)
+    ids = eval_ids(args.checkpoint, args.text, args.max_tokens)
+    # scored once per (ids, window, files); one thread: llama.cpp's threads spin-wait, which a shared host punishes
+    key = zlib.crc32(json.dumps([ids, args.window, list(files.values())]).encode())
+    ids_file, scored = work / f"ids-{key:08x}.json", out / f"scores-{key:08x}.json"
+    if not scored.is_file():
+        ids_file.write_text(json.dumps(ids))
+        _, _, stdout = compare.run_child([inst["python"], __file__, "_score-gguf", ids_file, args.window, 1, *files.values()],
+                                         log=work / "logs" / "llamacpp-score.log")
+        scored.write_text(stdout)
+    scores = json.loads(scored.read_text())
     vocab = json.loads((Path(args.checkpoint) / "config.json").read_text())["vocab_size"]
     rows = []
     for name, file in files.items():
@@ -281,7 +286,30 @@ LEVERS = {  # name -> fake_quantize keyword arguments; weights as the program wo
     "body mse, wv 8-bit + emb 4w": dict(rule="mse", emb="4", eight=("wv",)),
     "8da8w body": dict(rule="mse", emb="float", eight=(".",)),
     "8da8w body, weights only (no act quant)": dict(rule="mse", emb="float", eight=(".",), act=False),
+    # the recipes' own path (quantize.smooth, gptq_weights, quantize_module), with and without smoothing
+    "default 8da4w, not smoothed": dict(recipe="8da4w", smooth=None),
+    "default 8da4w (smoothed, alpha 0.5)": dict(recipe="8da4w", smooth=0.5),
+    "default 8da8w, not smoothed": dict(recipe="8da8w", smooth=None),
+    "default 8da8w (smoothed, alpha 0.5)": dict(recipe="8da8w", smooth=0.5),
+    "default 8da8w, smoothed alpha 0.7": dict(recipe="8da8w", smooth=0.7),
 }
+
+
+def recipe_default(model, calib: list[int], window: int, recipe: str, smooth: float | None):
+    """What `--recipe R` does to the eager model (QuantOptions' defaults but the smoothing strength)."""
+    from torch import nn
+
+    from genai_pipeline import quantize as q
+
+    options = q.QuantOptions(recipe=recipe, smooth=smooth)
+    if smooth is not None:
+        q.smooth(model, q.smoothing_scales(model, q.input_absmax(model, [calib], window), smooth))
+    computed = None
+    if recipe == "8da4w":
+        names = {n for n, m in model.named_modules() if isinstance(m, nn.Linear) and q.recipe_for(n, options) == "8da4w"}
+        computed = q.gptq_weights(model, names, [calib], window, options.group_size)
+    q.quantize_module(model, options, computed)
+    return model
 
 
 def _neg_q4_0(w, group_size):
@@ -379,7 +407,10 @@ def levers(args) -> None:
     print(f"float perplexity {fp:.3f} on {n} tokens; calibration (imatrix, GPTQ): {len(calib)} tokens of {args.calib_text}")
     for name in args.levers or LEVERS:
         t = time.perf_counter()
-        ppl, top1, kl = metrics(logprobs(fake_quantize(copy.deepcopy(model), hessians, **LEVERS[name])))
+        lever = LEVERS[name]
+        quantized = (recipe_default(copy.deepcopy(model), calib, args.window, **lever) if "recipe" in lever
+                     else fake_quantize(copy.deepcopy(model), hessians, **lever))
+        ppl, top1, kl = metrics(logprobs(quantized))
         rows.append({"lever": name, "settings": LEVERS[name], "perplexity": ppl, "vs_float": ppl / fp - 1, "top1_agreement": top1, "kl_divergence": kl})
         print(f"{name:<46} ppl {ppl:7.3f} ({100 * (ppl / fp - 1):+6.1f} %)  top-1 {100 * top1:5.1f} %  KL {kl:.4f}  [{time.perf_counter() - t:.0f} s]", flush=True)
     out = Path(args.json).with_name("levers.json")

@@ -108,3 +108,26 @@ def test_eval_perplexity_equals_transformers_on_the_same_ids(smollm2_fp32, trans
     assert ours["tokens"] == count
     assert ours["perplexity"]["float"] == pytest.approx(theirs, rel=1e-3)
     assert ours["perplexity"]["program"] == pytest.approx(theirs, rel=1e-3)
+
+
+# The bounds for what `--recipe R` gives without flags, against the float model on the same
+# ids as llama.cpp's figures (bench/README): 1024 tokens of held-out prose, windows of 512.
+# llama.cpp's Q4_K_M loses 7.8 % there, its Q8_0 0.2 %.
+BOUNDS = {"8da4w": 0.08, "8da8w": 0.005}
+
+
+@pytest.mark.parametrize("recipe", [
+    "8da4w",
+    # XNNPACK's 8-bit kernels (qd8) quantize activations per token to int8, which costs ~+1-2 % here
+    # even smoothed (the 8-bit weights alone: +0.5 %); bench/README "Quantization accuracy"
+    pytest.param("8da8w", marks=pytest.mark.xfail(strict=True, reason="per-token int8 activations: not within +0.5 % yet")),
+])
+def test_default_recipe_meets_its_perplexity_bound(smollm2_default, recipe):
+    folder = smollm2_default(recipe)
+    code, out, err = cli("eval", folder, "--text", REPO / "assets" / "reference" / "heldout.txt",
+                         "--max-tokens", 1024, "--window", 512, "--json")
+    assert code == 0, err
+    result = json.loads(out)
+    change = result["perplexity"]["program"] / result["perplexity"]["float"] - 1
+    assert result["tokens"] == 1022 and result["compared"] == "program"
+    assert change <= BOUNDS[recipe], f"{recipe}: {100 * change:+.2f} % perplexity against fp32 (bound {100 * BOUNDS[recipe]:+.1f} %)"
