@@ -306,7 +306,7 @@ def recipe_default(model, calib: list[int], window: int, recipe: str, smooth: fl
         q.smooth(model, q.smoothing_scales(model, q.input_absmax(model, [calib], window), smooth))
     computed = None
     if recipe == "8da4w":
-        names = {n for n, m in model.named_modules() if isinstance(m, nn.Linear) and q.recipe_for(n, options) == "8da4w"}
+        names = {n for n, m in model.named_modules() if isinstance(m, nn.Linear) and q.recipe_for(n, options, len(model.layers)) == "8da4w"}
         computed = q.gptq_weights(model, names, [calib], window, options.group_size)
     q.quantize_module(model, options, computed)
     return model

@@ -158,9 +158,7 @@ def compile_artifacts(prepared: PreparedModel, target: Target, out: Path) -> Art
         if artifact.int4:  # int4 weights chosen by calibration or taken from a GGUF, for `genai eval`
             save_int4(int4_file(out, key.value), artifact.int4)
         if artifact.smoothing:  # for `genai eval`: the float model smoothed as the program's was
-            tmp = out / f".{key.value}.smoothing.pt.partial"
-            torch.save(artifact.smoothing, tmp)
-            tmp.replace(smoothing_file(out, key.value))
+            atomic_write(smoothing_file(out, key.value), lambda f, scales=artifact.smoothing: torch.save(scales, f))
     blocked = target.lowering_blocked()
     programs = {} if blocked else _lower_all(prepared, target, out)
     if prepared.tokenizer_file is not None:  # tokenizer.json or tokenizer.model, under its own name
