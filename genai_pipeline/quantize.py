@@ -12,6 +12,10 @@ backend then stores once. Recipes are torchao configs applied in eager mode:
   chosen as XNNPACK stores them: positive, bf16.
   `given` int4 weights (a GGUF's) are taken as they are (`intx_weight`).
 - `8da8w`: dynamic per-token int8 activations, int8 per-channel weights
+- Both dynamic recipes first smooth the float model (`smooth`, SmoothQuant at SMOOTH_ALPHA on the
+  same calibration text as gptq): per-channel factors move activation outliers into the weights
+  where a float op before the linear can absorb them; the graph is unchanged. Under 8da4w, w1 / w3
+  of the first and last EDGE_LAYERS of the blocks stay at 8 bits too.
 - embedding `8w` / `4w`: weight-only int8 per-row / int4 group-wise token embedding. By default
   (`auto`) it follows the linear recipe: `8da4w` -> `4w`, `8da8w` -> `8w`. A tied LM head is
   quantized as a linear layer either way, so an fp32 embedding would be the largest tensor left
