@@ -11,10 +11,14 @@ and a perplexity-vs-size chart (PNG) under bench/results and prints a table.
         --text assets/reference/heldout.txt [--variants 8da4w 8da4w-today 8da8w] [--repeats 3]
     .venv/bin/python bench/accuracy.py --checkpoint /tmp/smollm2-fp32 --levers [LEVER ...]   # eager study
 
-llama.cpp rows: with `--llamacpp` and llama-cpp-python in bench/.envs/llamacpp (bench/compare.py
-builds it) they would be measured on the same ids; that is not wired here yet, so the rows given
-are the figures a colleague measured on SmolLM2-135M-Instruct (same 1022 tokens of heldout.txt,
-windows of 512), marked `reference: true`. Sizes are MiB (2^20 bytes), as those figures are.
+llama.cpp rows: with `--llamacpp`, measured here on the same token ids. llama-cpp-python, built
+from its sdist into bench/.envs/llamacpp by bench/compare.py (its `done.json` says it is there;
+this script does not build it), converts the same fp32 folder with the sdist's
+convert_hf_to_gguf.py and quantizes it with llama_model_quantize (compare.py's workers), then
+scores every GGUF on the ids `genai eval` scores (all logits of each window, the F32 file's the
+reference for KL and top-1); the two fp32 perplexities must agree. Without `--llamacpp` the rows
+are the figures of the issue (SmolLM2-135M-Instruct, same 1022 tokens of heldout.txt, windows of
+512), marked `reference: true`. Sizes are MiB (2^20 bytes).
 """
 
 from __future__ import annotations
@@ -36,7 +40,8 @@ REPO = HERE.parent
 
 # name -> QuantOptions keyword arguments
 VARIANTS = {
-    "8da4w": {"recipe": "8da4w"},  # the default: gptq (head too), wv and w2 8da8w, embedding 4w
+    "8da4w": {"recipe": "8da4w"},  # the default: smoothed, gptq (head too), wv and w2 8da8w, embedding 4w
+    "8da4w-nosq": {"recipe": "8da4w", "smooth": None},  # the default before smoothing
     "8da4w-head8": {"recipe": "8da4w", "head": "8da8w", "keep_8bit": ["\\.attention\\.wv$"]},  # gptq, head and wv 8-bit
     "8da4w-mse": {"recipe": "8da4w", "weight_rule": "mse", "keep_8bit": []},  # no calibration: mse scales, head 8da8w
     "8da4w-nowv8": {"recipe": "8da4w", "keep_8bit": []},  # gptq, all 4-bit
@@ -45,11 +50,16 @@ VARIANTS = {
     "8da4w-mse-head4": {"recipe": "8da4w", "weight_rule": "mse", "head": "8da4w", "keep_8bit": []},
     "8da4w-q4_0": {"recipe": "8da4w", "weight_rule": "q4_0"},
     "8da4w-emb8w": {"recipe": "8da4w", "embedding": "8w"},
-    "8da8w": {"recipe": "8da8w"},
+    "8da8w": {"recipe": "8da8w"},  # the default: smoothed, embedding 8w
+    "8da8w-nosq": {"recipe": "8da8w", "smooth": None},  # the default before smoothing
     "8da8w-emb4w": {"recipe": "8da8w", "embedding": "4w"},
 }
 
-# SmolLM2-135M-Instruct, 1022 tokens of heldout.txt, windows of 512 (the issue; not re-run here)
+# llama.cpp's types measured with --llamacpp: llama.h's llama_ftype values (LLAMA_FTYPE_MOSTLY_*)
+LLAMACPP_FTYPES = {"Q4_0": 2, "Q8_0": 7, "Q4_K_M": 15, "Q5_K_M": 17, "Q6_K": 18}
+FP32_AGREEMENT = 0.005  # both fp32 perplexities on the same ids, relative: the protocols agree
+
+# SmolLM2-135M-Instruct, 1022 tokens of heldout.txt, windows of 512 (the issue; without --llamacpp)
 LLAMACPP_REFERENCE = [
     {"system": "llama.cpp", "variant": "F32", "file_mib": None, "perplexity": 19.74, "reference": True},
     {"system": "llama.cpp", "variant": "Q8_0", "file_mib": 145, "perplexity": 19.78, "reference": True},
@@ -91,16 +101,19 @@ def main() -> None:
     p.add_argument("--text", default=str(REPO / "assets" / "reference" / "heldout.txt"))
     p.add_argument("--max-tokens", type=int, default=1024)
     p.add_argument("--window", type=int, default=512)
-    p.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
+    p.add_argument("--variants", nargs="*", default=list(VARIANTS), choices=list(VARIANTS), help="none: llama.cpp only")
     p.add_argument("--repeats", type=int, default=3, help="rounds of genai bench over the variants")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--work", default=str(HERE / ".work" / "accuracy"), help="exports are cached here")
-    p.add_argument("--llamacpp", action="store_true", help="measure llama.cpp too (not wired yet: reference rows)")
+    p.add_argument("--llamacpp", action="store_true", help="measure llama.cpp's Q4_0 ... Q8_0 of the same fp32 folder on the same ids "
+                   "(llama-cpp-python in bench/.envs/llamacpp, built by bench/compare.py); else the issue's figures")
     p.add_argument("--json", default=str(HERE / "results" / "accuracy.json"))
     p.add_argument("--levers", nargs="*", choices=list(LEVERS), help="the eager fake-quant study instead (all levers if none named)")
     p.add_argument("--calib-text", default=str(REPO / "assets" / "reference" / "sample.txt"), help="for the levers that calibrate")
     p.add_argument("--calib-tokens", type=int, default=4096)
     p.add_argument("--export-one", nargs=3, metavar=("CHECKPOINT", "OUT", "QUANT_JSON"), help=argparse.SUPPRESS)
+    if sys.argv[1:2] == ["_score-gguf"]:  # in llama.cpp's venv: nothing of ours is importable there
+        return worker_score_gguf(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5:])
     args = p.parse_args()
     if args.export_one:
         return export_one(args.export_one[0], args.export_one[1], json.loads(args.export_one[2]))
@@ -142,28 +155,113 @@ def main() -> None:
         row["decode_tokens_per_s"] = statistics.median(row["decode"]) if row["decode"] else None
         row["prefill_tokens_per_s"] = statistics.median(row["prefill"]) if row["prefill"] else None
 
-    fp = next(iter(rows.values()))["float_perplexity"] if rows else LLAMACPP_REFERENCE[0]["perplexity"]
-    all_rows = list(rows.values()) + LLAMACPP_REFERENCE
+    fp = next(iter(rows.values()))["float_perplexity"] if rows else None
+    peers = llamacpp_rows(args, work) if args.llamacpp else LLAMACPP_REFERENCE
+    peer_fp = next(r["perplexity"] for r in peers if r["variant"] == "F32")
+    if args.llamacpp and fp is not None and abs(peer_fp / fp - 1) > FP32_AGREEMENT:
+        raise SystemExit(f"the fp32 perplexities disagree on the same ids: genai {fp:.3f}, llama.cpp {peer_fp:.3f}: "
+                         "the two protocols do not score the same thing")
+    all_rows = list(rows.values()) + peers
     for row in all_rows:
-        row["vs_float"] = round(row["perplexity"] / (fp if row["system"] == "genai" else LLAMACPP_REFERENCE[0]["perplexity"]) - 1, 4)
+        row["vs_float"] = round(row["perplexity"] / (fp if row["system"] == "genai" else peer_fp) - 1, 4)
     print(f"{'system':<10} {'variant':<14} {'MiB':>6} {'ppl':>7} {'vs fp32':>8} {'top-1':>6} {'KL':>6} {'decode':>7} {'prefill':>8}")
     for r in all_rows:
         f = lambda k, fmt: format(r[k], fmt) if r.get(k) is not None else "-"
         print(f"{r['system']:<10} {r['variant']:<14} {f('file_mib', '6.1f'):>6} {r['perplexity']:7.2f} {100 * r['vs_float']:+7.1f}% "
               f"{f('top1_agreement', '6.3f'):>6} {f('kl_divergence', '6.3f'):>6} {f('decode_tokens_per_s', '7.1f'):>7} "
-              f"{f('prefill_tokens_per_s', '8.1f'):>8}" + ("  (reference figures, not re-run)" if r.get("reference") else ""))
+              f"{f('prefill_tokens_per_s', '8.1f'):>8}" + ("  (the issue's figures, not re-run)" if r.get("reference") else ""))
     result = {
         "checkpoint": args.checkpoint, "text": args.text, "max_tokens": args.max_tokens, "window": args.window,
-        "float_perplexity": fp, "threads": args.threads, "repeats": args.repeats,
+        "float_perplexity": fp, "llamacpp_float_perplexity": peer_fp, "threads": args.threads, "repeats": args.repeats,
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "load": os.getloadavg()},
-        "llamacpp": "reference figures from the issue (not re-run)", "rows": all_rows,
+        "llamacpp": "measured on the same ids" if args.llamacpp else "the issue's figures (not re-run)", "rows": all_rows,
     }
     out = Path(args.json)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
     png = out.with_suffix(".png")
-    png.write_bytes(chart([r for r in all_rows if r.get("file_mib")]))
+    png.write_bytes(chart([r for r in all_rows if r.get("file_mib") and r["variant"] != "F32"]))  # fp32 would squash the axis
     print(f"wrote {out} and {png}")
+
+
+# ---- llama.cpp on the same ids (--llamacpp)
+
+def eval_ids(checkpoint: str, text: str, max_tokens: int) -> list[int]:
+    """The ids `genai eval` scores: the checkpoint's tokenizer on the text, the first max_tokens."""
+    from genai_pipeline.checkpoints import infer_checkpoint_spec
+    from genai_pipeline.tokenizer import Tokenizer
+
+    spec, _ = infer_checkpoint_spec(Path(checkpoint))
+    return Tokenizer.from_folder(Path(checkpoint), bos_id=spec.bos_id).encode(Path(text).read_text(encoding="utf-8", errors="replace"))[:max_tokens]
+
+
+def llamacpp_rows(args, work: Path) -> list[dict]:
+    """llama.cpp's F32 and LLAMACPP_FTYPES of the checkpoint, scored on the ids genai eval scores,
+    with decode / prefill speed from compare.py's runner (medians of --repeats)."""
+    import compare
+
+    if not (compare.ENVS / "llamacpp" / "done.json").is_file():
+        raise SystemExit(f"--llamacpp needs llama-cpp-python in {compare.ENVS / 'llamacpp'}, which bench/compare.py builds "
+                         "(its done.json is not there)")
+    (work / "logs").mkdir(parents=True, exist_ok=True)
+    inst = compare.install_llamacpp(work)  # the finished build's record, read from done.json
+    model, out = {"folder": str(Path(args.checkpoint).resolve())}, work / "llamacpp"
+    files = {name: compare.export_llamacpp(model, name, ftype, out, work, inst, args.threads)["file"]
+             for name, ftype in {"F32": None, **LLAMACPP_FTYPES}.items()}
+    ids = eval_ids(args.checkpoint, args.text, args.max_tokens)
+    # scored once per (ids, window, files); one thread: llama.cpp's threads spin-wait, which a shared host punishes
+    key = zlib.crc32(json.dumps([ids, args.window, list(files.values())]).encode())
+    ids_file, scored = work / f"ids-{key:08x}.json", out / f"scores-{key:08x}.json"
+    if not scored.is_file():
+        ids_file.write_text(json.dumps(ids))
+        _, _, stdout = compare.run_child([inst["python"], __file__, "_score-gguf", ids_file, args.window, 1, *files.values()],
+                                         log=work / "logs" / "llamacpp-score.log")
+        scored.write_text(stdout)
+    scores = json.loads(scored.read_text())
+    vocab = json.loads((Path(args.checkpoint) / "config.json").read_text())["vocab_size"]
+    rows = []
+    for name, file in files.items():
+        speed = [json.loads(compare.run_child([inst["python"], compare.__file__, "_run-llamacpp", file, vocab, 128, 128, args.threads])[2])
+                 for _ in range(args.repeats)]
+        rows.append({"system": "llama.cpp", "variant": name, "file_mib": round(Path(file).stat().st_size / 2**20, 1), **scores[file],
+                     "decode_tokens_per_s": statistics.median(s["decode_tokens_per_s"] for s in speed) if speed else None,
+                     "prefill_tokens_per_s": statistics.median(s["prefill_tokens_per_s"] for s in speed) if speed else None})
+        print(f"scored llama.cpp {name}: ppl {rows[-1]['perplexity']}", file=sys.stderr, flush=True)
+    return rows
+
+
+def worker_score_gguf(ids_file: str, window: int, threads: int, files: list[str]) -> None:
+    """In llama.cpp's venv: perplexity of each GGUF on the ids in windows (the cache empty at
+    each), top-1 agreement and KL against the first file's (F32) log-probabilities; prints JSON."""
+    import numpy as np
+    from llama_cpp import Llama
+
+    ids = json.loads(Path(ids_file).read_text())
+    windows = [ids[i : i + window] for i in range(0, len(ids) - 1, window)]
+    reference, out = None, {}
+    for file in files:
+        llm = Llama(model_path=file, n_ctx=window, n_batch=window, n_ubatch=window, logits_all=True,
+                    n_threads=threads, n_threads_batch=threads, verbose=False)
+        nll, count, agree, kl, mine = 0.0, 0, 0, 0.0, []
+        for k, w in enumerate(windows):
+            llm.reset()
+            llm.eval(w)
+            logits = np.array(llm.scores[: len(w) - 1], dtype=np.float64)  # every position's (logits_all)
+            logits -= logits.max(-1, keepdims=True)
+            lp = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+            nll -= float(lp[np.arange(len(w) - 1), w[1:]].sum())
+            count += len(w) - 1
+            if reference is None:
+                mine.append(lp.astype(np.float32))
+            else:
+                agree += int((reference[k].argmax(-1) == lp.argmax(-1)).sum())
+                kl += float((np.exp(reference[k]) * (reference[k] - lp)).sum())
+        reference = reference if reference is not None else mine
+        out[file] = {"perplexity": round(float(np.exp(nll / count)), 3), "tokens": count,
+                     "top1_agreement": round(agree / count, 4) if file != files[0] else 1.0,
+                     "kl_divergence": round(kl / count, 4) if file != files[0] else 0.0}
+        del llm
+    print(json.dumps(out))
 
 
 # ---- the eager fake-quant study: quantize the float model in eager mode and score it (no lowering)
@@ -188,7 +286,30 @@ LEVERS = {  # name -> fake_quantize keyword arguments; weights as the program wo
     "body mse, wv 8-bit + emb 4w": dict(rule="mse", emb="4", eight=("wv",)),
     "8da8w body": dict(rule="mse", emb="float", eight=(".",)),
     "8da8w body, weights only (no act quant)": dict(rule="mse", emb="float", eight=(".",), act=False),
+    # the recipes' own path (quantize.smooth, gptq_weights, quantize_module), with and without smoothing
+    "default 8da4w, not smoothed": dict(recipe="8da4w", smooth=None),
+    "default 8da4w (smoothed, alpha 0.5)": dict(recipe="8da4w", smooth=0.5),
+    "default 8da8w, not smoothed": dict(recipe="8da8w", smooth=None),
+    "default 8da8w (smoothed, alpha 0.5)": dict(recipe="8da8w", smooth=0.5),
+    "default 8da8w, smoothed alpha 0.7": dict(recipe="8da8w", smooth=0.7),
 }
+
+
+def recipe_default(model, calib: list[int], window: int, recipe: str, smooth: float | None):
+    """What `--recipe R` does to the eager model (QuantOptions' defaults but the smoothing strength)."""
+    from torch import nn
+
+    from genai_pipeline import quantize as q
+
+    options = q.QuantOptions(recipe=recipe, smooth=smooth)
+    if smooth is not None:
+        q.smooth(model, q.smoothing_scales(model, q.input_absmax(model, [calib], window), smooth))
+    computed = None
+    if recipe == "8da4w":
+        names = {n for n, m in model.named_modules() if isinstance(m, nn.Linear) and q.recipe_for(n, options, len(model.layers)) == "8da4w"}
+        computed = q.gptq_weights(model, names, [calib], window, options.group_size)
+    q.quantize_module(model, options, computed)
+    return model
 
 
 def _neg_q4_0(w, group_size):
@@ -286,7 +407,10 @@ def levers(args) -> None:
     print(f"float perplexity {fp:.3f} on {n} tokens; calibration (imatrix, GPTQ): {len(calib)} tokens of {args.calib_text}")
     for name in args.levers or LEVERS:
         t = time.perf_counter()
-        ppl, top1, kl = metrics(logprobs(fake_quantize(copy.deepcopy(model), hessians, **LEVERS[name])))
+        lever = LEVERS[name]
+        quantized = (recipe_default(copy.deepcopy(model), calib, args.window, **lever) if "recipe" in lever
+                     else fake_quantize(copy.deepcopy(model), hessians, **lever))
+        ppl, top1, kl = metrics(logprobs(quantized))
         rows.append({"lever": name, "settings": LEVERS[name], "perplexity": ppl, "vs_float": ppl / fp - 1, "top1_agreement": top1, "kl_divergence": kl})
         print(f"{name:<46} ppl {ppl:7.3f} ({100 * (ppl / fp - 1):+6.1f} %)  top-1 {100 * top1:5.1f} %  KL {kl:.4f}  [{time.perf_counter() - t:.0f} s]", flush=True)
     out = Path(args.json).with_name("levers.json")

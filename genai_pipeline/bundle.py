@@ -52,6 +52,8 @@ class Artifact:
     # int4 weights chosen by calibration (gptq) or taken from the checkpoint (a GGUF's Q4_0):
     # {linear weight name: (values, scales)}, kept beside the program for `genai eval`
     int4: Any = None
+    # smoothing factors folded into the float weights before quantization (quantize.smooth): {site: factors}
+    smoothing: Any = None
 
 
 @dataclass(frozen=True)

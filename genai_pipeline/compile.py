@@ -18,7 +18,7 @@ from genai_pipeline.chat_template import read_chat_template
 from genai_pipeline.errors import ExportError
 from genai_pipeline.executorch_program_manager import store_shared_bytes_once
 from genai_pipeline.lowering import lower_grouped, to_edge_transform_and_lower
-from genai_pipeline.quantize import int4_file, save_int4
+from genai_pipeline.quantize import int4_file, save_int4, smoothing_file
 from genai_pipeline.targets import Target
 
 log = logging.getLogger(__name__)
@@ -157,6 +157,8 @@ def compile_artifacts(prepared: PreparedModel, target: Target, out: Path) -> Art
             atomic_write(out / f".{key.value}.qdq.key", artifact.qdq_key or "")  # lets a re-run reuse it
         if artifact.int4:  # int4 weights chosen by calibration or taken from a GGUF, for `genai eval`
             save_int4(int4_file(out, key.value), artifact.int4)
+        if artifact.smoothing:  # for `genai eval`: the float model smoothed as the program's was
+            atomic_write(smoothing_file(out, key.value), lambda f, scales=artifact.smoothing: torch.save(scales, f))
     blocked = target.lowering_blocked()
     programs = {} if blocked else _lower_all(prepared, target, out)
     if prepared.tokenizer_file is not None:  # tokenizer.json or tokenizer.model, under its own name

@@ -31,7 +31,7 @@ from genai_pipeline.errors import InputError
 from genai_pipeline.models.decoder import Decoder, DecoderConfig
 from genai_pipeline.models.vision import VisionLanguageModel
 from genai_pipeline.names import ArtifactKey, GraphName, Mode
-from genai_pipeline.quantize import int4_file, load_int4, quant_options_from, quantize_module
+from genai_pipeline.quantize import int4_file, load_int4, quant_options_from, quantize_module, smooth, smoothing_file
 from genai_pipeline.registry import get_spec
 from genai_pipeline.runtime.program import native_logs_hidden
 from genai_pipeline.runtime.cache_io import CacheIOContract, CacheIOSession, eager_runner
@@ -193,6 +193,9 @@ def quantized_model(folder: Path, manifest: dict, reference: Decoder, in_place: 
         quantize_model(model, quant, load_int4(computed) if computed.is_file() else None)
         return model
     computed = int4_file(folder, "text_decoder")  # int4 weights the export calibrated (gptq)
+    scales = smoothing_file(folder, "text_decoder")
+    if scales.is_file():
+        smooth(model, torch.load(scales, weights_only=True))
     quantize_module(model, quant, load_int4(computed) if computed.is_file() else None)
     return model
 

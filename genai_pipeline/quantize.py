@@ -12,6 +12,10 @@ backend then stores once. Recipes are torchao configs applied in eager mode:
   chosen as XNNPACK stores them: positive, bf16.
   `given` int4 weights (a GGUF's) are taken as they are (`intx_weight`).
 - `8da8w`: dynamic per-token int8 activations, int8 per-channel weights
+- Both dynamic recipes first smooth the float model (`smooth`, SmoothQuant at SMOOTH_ALPHA on the
+  same calibration text as gptq): per-channel factors move activation outliers into the weights
+  where a float op before the linear can absorb them; the graph is unchanged. Under 8da4w, w1 / w3
+  of the first and last EDGE_LAYERS of the blocks stay at 8 bits too.
 - embedding `8w` / `4w`: weight-only int8 per-row / int4 group-wise token embedding. By default
   (`auto`) it follows the linear recipe: `8da4w` -> `4w`, `8da8w` -> `8w`. A tied LM head is
   quantized as a linear layer either way, so an fp32 embedding would be the largest tensor left
@@ -61,11 +65,17 @@ AUTO_HEAD = {"8da4w": "8da8w"}
 # value projection and the MLP's down projection (as llama.cpp's Q4_K_M keeps attn_v and ffn_down at
 # 6 bits); SmolLM2-135M: +12.6 % -> +8.0 % perplexity for 11 MiB (bench/README)
 AUTO_8BIT = {"8da4w": (r"\.attention\.wv$", r"\.feed_forward\.w2$")}
+# ... and the MLP's w1 / w3 of the first and last 1/15 of the layers (SmolLM2-135M: 0, 1, 28, 29; none
+# below 15 layers), the blocks whose outputs lose the most to 4 bits (genai eval's layer SQNR):
+# +7.3 -> +6.8 % perplexity, KL 0.072 -> 0.066, for 3.3 MiB (bench/README)
+EDGE_LAYERS = {"8da4w": 1 / 15}
 WEIGHT_RULES = ("gptq", "mse", "q4_0", "torchao")  # how 4-bit weights are chosen (bench/README: measured)
 # gptq's calibration text when no --calib is given: English prose that ships with the repository
 # (Python's documentation, the reference model's training split; disjoint from heldout.txt)
 DEFAULT_GPTQ_TEXT = Path(__file__).resolve().parent.parent / "assets" / "reference" / "sample.txt"
 GPTQ_TOKENS = 4096  # calibration tokens for gptq (measured on SmolLM2-135M: bench/README)
+# SmoothQuant's migration strength for the dynamic recipes' per-token int8 activations (bench/README)
+SMOOTH_ALPHA = 0.5
 HEAD = "output"
 
 
@@ -79,6 +89,7 @@ class QuantOptions:
     weight_rule: str = "gptq"  # 4-bit weights: gptq (calibrated), mse (least-squares scales), q4_0 (llama.cpp's, positive), torchao
     head: str | None = "auto"  # the LM head's recipe; auto: AUTO_HEAD by recipe, else the recipe's
     keep_8bit: tuple[str, ...] | None = None  # regexes of layers at 8da8w under 8da4w; None: AUTO_8BIT
+    smooth: float | None = SMOOTH_ALPHA  # dynamic recipes: SmoothQuant's alpha on the calibration text; None: off
     calibration: CalibrationOptions = CalibrationOptions()  # static recipes only
     # A vision-language model's image tower and connector (quantize_multimodal.py); None: not given
     # (the export then records the one AUTO_VISION chose). A text model refuses it.
@@ -103,6 +114,10 @@ class QuantOptions:
         if self.keep_8bit is None:
             object.__setattr__(self, "keep_8bit", () if self.is_static else AUTO_8BIT.get(self.recipe, ()))
         object.__setattr__(self, "keep_8bit", tuple(self.keep_8bit))
+        if self.is_static or self.recipe == "fp32":
+            object.__setattr__(self, "smooth", None)
+        if self.smooth is not None and not 0 < self.smooth < 1:
+            raise InputError(f"the smoothing strength must be between 0 and 1, got {self.smooth}")
         if self.weight_rule not in WEIGHT_RULES:
             raise InputError(f"unknown weight rule '{self.weight_rule}'; known: {', '.join(WEIGHT_RULES)}")
         if self.is_static and self.embedding:
@@ -132,11 +147,15 @@ class QuantOptions:
             parts[0] += f"-{self.weight_rule}"
         if self.recipe == "16a4w_block":
             parts[0] += f"-b{self.block_size}"
+        if self.smooth is not None:
+            parts[0] += f"-sq{self.smooth:g}"
         if self.embedding:
             parts.append(f"emb{self.embedding}")
         if self.head:
             parts.append(f"head{self.head}")
         parts += [f"{p.replace(chr(92), '').strip('.$')}=8da8w" for p in self.keep_8bit]
+        if self.recipe in EDGE_LAYERS:
+            parts.append("edges.w1w3=8da8w")
         parts += [f"{p}={r}" for p, r in self.overrides]
         if self.vision_recipe:
             parts.append(f"vision{self.vision_recipe}")
@@ -262,9 +281,17 @@ def torchao_qparams(w: torch.Tensor, group_size: int, bits: int = 4, bf16: bool 
     return q.reshape(w.shape).to(torch.int8), d.squeeze(-1)
 
 
-def recipe_for(name: str, options: QuantOptions) -> str:
+def edge_mlp(name: str, recipe: str, n_layers: int) -> bool:
+    """Whether `name` is w1 or w3 of one of the first or last EDGE_LAYERS[recipe] of n_layers blocks."""
+    k = int(n_layers * EDGE_LAYERS.get(recipe, 0))
+    match = re.fullmatch(r"layers\.(\d+)\.feed_forward\.w[13]", name)
+    return bool(k and match) and (int(match[1]) < k or int(match[1]) >= n_layers - k)
+
+
+def recipe_for(name: str, options: QuantOptions, n_layers: int = 0) -> str:
+    """The recipe of linear layer `name` in a model of n_layers blocks (first matching override wins)."""
     default = options.head if name == HEAD and options.head else options.recipe
-    if options.recipe == "8da4w" and any(re.search(p, name) for p in options.keep_8bit):
+    if options.recipe == "8da4w" and (any(re.search(p, name) for p in options.keep_8bit) or edge_mlp(name, options.recipe, n_layers)):
         default = "8da8w"
     return next((r for pattern, r in options.overrides if re.search(pattern, name)), default)
 
@@ -366,7 +393,8 @@ def gptq_int4(prepared: PreparedModel, decoder: nn.Module, options: QuantOptions
     """GPTQ's int4 weights for the decoder's 8da4w linears, on gptq_samples; the decoder's KV cache
     is left as it was."""
     started = time.perf_counter()
-    names = {n for n, m in decoder.named_modules() if isinstance(m, nn.Linear) and recipe_for(n, options) == "8da4w"}
+    n_layers = len(getattr(decoder, "layers", ()))
+    names = {n for n, m in decoder.named_modules() if isinstance(m, nn.Linear) and recipe_for(n, options, n_layers) == "8da4w"}
     samples = gptq_samples(prepared, options)
     state = {k: v.clone() for k, v in decoder.named_buffers()}  # the KV cache, as it was
     from genai_pipeline.runtime.program import native_logs_hidden
@@ -395,6 +423,96 @@ def gptq_samples(prepared: PreparedModel, options: QuantOptions) -> list[list[in
                                   chat_template=read_chat_template(checkpoint), seed=prepared.options.seed)
     ids = tokenizer.encode(DEFAULT_GPTQ_TEXT.read_text(encoding="utf-8"))[:GPTQ_TOKENS]
     return [ids]
+
+
+@torch.no_grad()
+def input_absmax(module: nn.Module, samples: list[list[int]], window: int) -> dict[str, torch.Tensor]:
+    """Per input channel, the largest magnitude each linear layer's input reaches over `samples`."""
+    absmax = {}
+
+    def hook(name):
+        def record(_, inputs, __):
+            x = inputs[0].detach().reshape(-1, inputs[0].shape[-1]).abs().amax(0).float()
+            absmax[name] = torch.maximum(absmax[name], x) if name in absmax else x
+        return record
+
+    handles = [m.register_forward_hook(hook(n)) for n, m in module.named_modules() if isinstance(m, nn.Linear)]
+    try:
+        for sample in samples:
+            for i in range(0, len(sample), window):
+                module(torch.tensor([sample[i : i + window]]), torch.tensor([0]))
+    finally:
+        for h in handles:
+            h.remove()
+    return absmax
+
+
+def smoothing_scales(module: nn.Module, absmax: dict[str, torch.Tensor], alpha: float = SMOOTH_ALPHA) -> dict[str, torch.Tensor]:
+    """SmoothQuant's per-channel factors s = absmax(x)^alpha / absmax(W)^(1 - alpha) for each
+    input that a float op before it can absorb (see smooth): the norms' outputs, the gate product
+    w2 reads (through w3) and the attention output wo reads (through wv; one factor per KV head's
+    channel, shared by the query heads that read it). {site: s}, sites named by the layer that
+    absorbs 1/s."""
+    scales = {}
+    for i, block in enumerate(getattr(module, "layers", ())):
+        p = f"layers.{i}."
+
+        def factor(names):
+            a = absmax.get(p + names[0])
+            if a is None:
+                return None
+            w = torch.stack([module.get_submodule(p + n).weight.detach().float().abs().amax(0) for n in names]).amax(0)
+            return (a.clamp(min=1e-5) ** alpha / w.clamp(min=1e-5) ** (1 - alpha)).clamp(min=1e-5)
+
+        for site, names in (("attention_norm", ["attention.wq", "attention.wk", "attention.wv"]),
+                            ("ffn_norm", ["feed_forward.w1", "feed_forward.w3"]),
+                            ("feed_forward.w3", ["feed_forward.w2"]), ("attention.wv", ["attention.wo"])):
+            s = factor(names)
+            if s is None:
+                continue
+            if site == "attention.wv":  # wo's input channel (head h, d) is v's (kv head of h, d)
+                att = block.attention
+                s = s.view(att.n_kv_heads, att.n_heads // att.n_kv_heads, att.head_dim).amax(1).reshape(-1)
+            scales[p + site] = s
+    return scales
+
+
+@torch.no_grad()
+def smooth(module: nn.Module, scales: dict[str, torch.Tensor]) -> None:
+    """Fold `scales` (smoothing_scales) into the float weights: the model computes the same function
+    (up to rounding), but the inputs of the linears after each site are divided by s channel by
+    channel and their weights' columns multiplied by s, so that per-token int8 activations lose
+    less to the few channels with outliers. Nothing changes in the graph: the programs run in
+    ExecuTorch's stock runners as before."""
+    for site, s in scales.items():
+        layer = site.split(".")[1]
+        block = module.layers[int(layer)]
+        kind = site.split(".", 2)[2]
+        if kind in ("attention_norm", "ffn_norm"):
+            norm = getattr(block, kind)
+            if norm.unit_offset:  # x * (1 + w)
+                norm.weight.copy_((1 + norm.weight) / s - 1)
+            else:
+                norm.weight.div_(s)
+            readers = [block.attention.wq, block.attention.wk, block.attention.wv] if kind == "attention_norm" else \
+                      [block.feed_forward.w1, block.feed_forward.w3]
+            for linear in readers:
+                linear.weight.mul_(s)
+        elif kind == "feed_forward.w3":
+            block.feed_forward.w3.weight.div_(s[:, None])
+            block.feed_forward.w2.weight.mul_(s)
+        elif kind == "attention.wv":
+            att = block.attention
+            att.wv.weight.div_(s[:, None])
+            if att.wv.bias is not None:
+                att.wv.bias.div_(s)
+            per_head = s.view(att.n_kv_heads, 1, att.head_dim).expand(att.n_kv_heads, att.n_heads // att.n_kv_heads, att.head_dim)
+            att.wo.weight.mul_(per_head.reshape(-1))
+
+
+def smoothing_file(folder: Path, artifact_key: str) -> Path:
+    """Where an export keeps the smoothing factors it folded into the float weights, for `genai eval`."""
+    return Path(folder) / f"{artifact_key}.smoothing.pt"
 
 
 def int4_file(folder: Path, artifact_key: str) -> Path:
@@ -474,7 +592,8 @@ def quantize_module(module: nn.Module, options: QuantOptions, given: Mapping[str
         else:
             quantize_(module, _embedding_config(options.embedding, options.group_size), filter_fn=lambda m, _: isinstance(m, nn.Embedding))
         plan.update({n: f"emb{options.embedding}" for n, m in module.named_modules() if isinstance(m, nn.Embedding)})
-    linears = {n: recipe_for(n, options) for n, m in module.named_modules() if isinstance(m, nn.Linear)}
+    n_layers = len(getattr(module, "layers", ()))
+    linears = {n: recipe_for(n, options, n_layers) for n, m in module.named_modules() if isinstance(m, nn.Linear)}
     for name in linears:  # given int4 weights outrank the automatic 8-bit layers (AUTO_HEAD, AUTO_8BIT), not --quant-override
         if f"{name}.weight" in given and options.recipe == "8da4w" and not any(re.search(p, name) for p, _ in options.overrides):
             linears[name] = "8da4w"
@@ -685,12 +804,22 @@ def quantize(prepared: PreparedModel, options: QuantOptions, target, cache: Path
             graphs = {name: dataclasses.replace(g, module=deploy) for name, g in artifact.graphs.items()}
             artifact = dataclasses.replace(artifact, graphs=graphs, qdq=qdq, qdq_key=stamp)
         else:
-            computed = None
+            computed, scales = None, None
+            if options.smooth is not None and not given:  # a GGUF's given int4 values fit its own float weights only
+                started = time.perf_counter()
+                samples = gptq_samples(prepared, options)
+                state = {k: v.clone() for k, v in artifact.module.named_buffers()}  # the KV cache, as it was
+                scales = smoothing_scales(artifact.module, input_absmax(artifact.module, samples, prepared.options.max_seq_len), options.smooth)
+                for k, v in artifact.module.named_buffers():
+                    v.copy_(state[k])
+                smooth(artifact.module, scales)
+                log.info("smoothed %d activation sites (alpha %g) on %d calibration tokens in %.0f s", len(scales), options.smooth,
+                         sum(map(len, samples)), time.perf_counter() - started)
             if options.recipe == "8da4w" and options.weight_rule == "gptq" and not given:
                 computed = gptq_int4(prepared, artifact.module, options)
             plan = quantize_module(artifact.module, options, computed or given)
             # compile writes them beside the program: `genai eval` rebuilds the quantized model from them
-            artifact = dataclasses.replace(artifact, int4=computed or given or None)
+            artifact = dataclasses.replace(artifact, int4=computed or given or None, smoothing=scales)
             counts = {r: sum(1 for v in plan.values() if v == r) for r in sorted(set(plan.values()))}
             log.info("quantized %s: %s", key.value, ", ".join(f"{n} layers {r}" for r, n in counts.items()))
         artifacts[key] = artifact

@@ -118,7 +118,8 @@ def tower_recipe(options: QuantOptions) -> str:
 def quantize_vision_language(prepared: PreparedModel, options: QuantOptions) -> PreparedModel:
     check_vision_language_quant(options)
     _check_calibration_images(options)
-    options = resolved(options)
+    # not smoothed: the text path's SmoothQuant (quantize.py) is not applied to a vision-language decoder yet
+    options = dataclasses.replace(resolved(options), smooth=None)
     if options.is_float:
         return prepared
     artifact = prepared.artifacts[ArtifactKey.MULTIMODAL]

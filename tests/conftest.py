@@ -173,3 +173,31 @@ def smollm2_fp32(tmp_path_factory) -> Path:
         code = main(["export", "--checkpoint", str(SMOLLM2_GGUF), "--max-seq-len", "384", "--verify-len", "8", "--out", str(out)])
     assert code == 0, err.getvalue()
     return out
+
+
+@pytest.fixture(scope="session")
+def smollm2_default(tmp_path_factory):
+    """smollm2_default(recipe) -> folder: the real SmolLM2-135M-Instruct exported with a recipe's
+    defaults (no other flag but a `kv` program, whose one method lowers faster), once per session."""
+    import io
+    import sys
+
+    from genai_pipeline.cli import main
+
+    if not SMOLLM2_GGUF.is_file():
+        pytest.skip(f"{SMOLLM2_GGUF} is fetched by `make test`")
+    built: dict[str, Path] = {}
+
+    def build(recipe: str) -> Path:
+        if recipe not in built:
+            out = tmp_path_factory.mktemp("smollm2") / recipe
+            err = io.StringIO()
+            with pytest.MonkeyPatch.context() as mp:
+                mp.setattr(sys, "stderr", err)
+                code = main(["export", "--checkpoint", str(SMOLLM2_GGUF), "--recipe", recipe, "--mode", "kv",
+                             "--max-seq-len", "512", "--out", str(out)])
+            assert code == 0, err.getvalue()
+            built[recipe] = out
+        return built[recipe]
+
+    return build

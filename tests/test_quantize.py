@@ -105,7 +105,7 @@ def test_quantized_hybrid_program_stores_the_weights_once_and_is_small(export_re
     # and w2 are at 8 bits under 8da4w (AUTO_8BIT; bench/README): 0.24x of the fp32 program.
     assert hybrid["file_bytes"] <= 0.25 * fp32["file_bytes"], (hybrid["file_bytes"], fp32["file_bytes"])
     manifest = json.loads((export_reference("hybrid", Q4) / "manifest.json").read_text())
-    assert manifest["recipe"] == "8da4w-g32+emb8w+attention.wv=8da8w+feed_forward.w2=8da8w" and manifest["quantization"]["embedding"] == "8w"
+    assert manifest["recipe"] == "8da4w-g32-sq0.5+emb8w+attention.wv=8da8w+feed_forward.w2=8da8w+edges.w1w3=8da8w" and manifest["quantization"]["embedding"] == "8w"
 
 
 def _qparams(graph_module):
@@ -287,3 +287,36 @@ def test_gptq_solves_together_only_the_layers_that_read_one_input(tiny_eager):
         assert (a + "wk", a + "wq", a + "wv") in groups and (a + "wo",) in groups
         assert (f + "w1", f + "w3") in groups and (f + "w2",) in groups
     assert len(groups) == 2 * 4
+
+
+def test_8da4w_keeps_the_mlp_inputs_of_the_edge_layers_at_8_bits():
+    from genai_pipeline.quantize import recipe_for
+
+    options = QuantOptions(recipe="8da4w")
+    eight = {i for i in range(30) for w in ("w1", "w3") if recipe_for(f"layers.{i}.feed_forward.{w}", options, 30) == "8da8w"}
+    assert eight == {0, 1, 28, 29}  # SmolLM2-135M's depth: the first and last 1/15
+    assert recipe_for("layers.0.feed_forward.w1", options, 4) == "8da4w"  # none below 15 layers
+    assert recipe_for("layers.0.feed_forward.w1", QuantOptions(recipe="8da8w"), 30) == "8da8w"
+    assert recipe_for("layers.0.feed_forward.w1", QuantOptions(recipe="8da4w", overrides=(("w1", "8da4w"),)), 30) == "8da4w"
+
+
+def test_smoothing_keeps_the_float_function_and_balances_inputs_and_weights(tiny_eager):
+    from conftest import TINY_MAX_SEQ
+    from genai_pipeline.quantize import input_absmax, smooth, smoothing_scales
+
+    model = tiny_eager().eval()
+    ids = [(7 * i) % 300 + 1 for i in range(48)]
+    with torch.no_grad():
+        before = model(torch.tensor([ids]), torch.tensor([0]))
+    scales = smoothing_scales(model, input_absmax(model, [ids], TINY_MAX_SEQ), alpha=0.5)
+    sites = ("attention_norm", "ffn_norm", "feed_forward.w3", "attention.wv")
+    assert set(scales) == {f"layers.{i}.{s}" for i in range(2) for s in sites}
+    smooth(model, scales)
+    with torch.no_grad():
+        after = model(torch.tensor([ids]), torch.tensor([0]))
+    torch.testing.assert_close(after, before, rtol=1e-4, atol=1e-4)  # the same function
+    # alpha 0.5: each input channel's largest magnitude now equals its weight column's (w2 reads only w3's product)
+    absmax = input_absmax(model, [ids], TINY_MAX_SEQ)
+    for i in range(2):
+        w2 = model.layers[i].feed_forward.w2.weight
+        torch.testing.assert_close(absmax[f"layers.{i}.feed_forward.w2"], w2.detach().abs().amax(0), rtol=1e-3, atol=1e-6)

@@ -108,3 +108,23 @@ def test_eval_perplexity_equals_transformers_on_the_same_ids(smollm2_fp32, trans
     assert ours["tokens"] == count
     assert ours["perplexity"]["float"] == pytest.approx(theirs, rel=1e-3)
     assert ours["perplexity"]["program"] == pytest.approx(theirs, rel=1e-3)
+
+
+# The issue's bound for what `--recipe 8da4w` gives without flags, against the float model on the
+# same ids as llama.cpp's figures (bench/README): 1022 tokens of held-out prose, windows of 512.
+# llama.cpp's Q4_K_M loses 7.8 % there. (8da8w's bound, Q8_0's +0.5 %, is not met: +2.4 %, per-token
+# int8 activations; measured by bench/accuracy.py, not exported here: its export would take minutes
+# of the suite's budget.)
+BOUNDS = {"8da4w": 0.08}
+
+
+@pytest.mark.parametrize("recipe", sorted(BOUNDS))
+def test_default_recipe_meets_its_perplexity_bound(smollm2_default, recipe):
+    folder = smollm2_default(recipe)
+    code, out, err = cli("eval", folder, "--text", REPO / "assets" / "reference" / "heldout.txt",
+                         "--max-tokens", 1024, "--window", 512, "--json")
+    assert code == 0, err
+    result = json.loads(out)
+    change = result["perplexity"]["program"] / result["perplexity"]["float"] - 1
+    assert result["tokens"] == 1022 and result["compared"] == "program"
+    assert change <= BOUNDS[recipe], f"{recipe}: {100 * change:+.2f} % perplexity against fp32 (bound {100 * BOUNDS[recipe]:+.1f} %)"
