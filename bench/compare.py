@@ -74,7 +74,11 @@ SHAPES = {
 # recipe class -> variants per system: (variant name, arguments)
 GENAI_RECIPES = {"fp32": [("fp32", ["--recipe", "fp32"])],
                  "8da8w": [("8da8w", ["--recipe", "8da8w"])],
-                 "8da4w": [("8da4w", ["--recipe", "8da4w"]), ("8da4w+emb8w", ["--recipe", "8da4w", "--embedding", "8w"])]}
+                 "8da4w": [("8da4w", ["--recipe", "8da4w"]), ("8da4w+emb8w", ["--recipe", "8da4w", "--embedding", "8w"]),
+                           # the default keeps attention.wv and feed_forward.w2 at 8 bits (accuracy); this one
+                           # is 4-bit throughout, as the peers' programs: the bytes a token reads, like for like
+                           ("8da4w-all4bit", ["--recipe", "8da4w", "--quant-override", "attention.wv=8da4w",
+                                              "--quant-override", "feed_forward.w2=8da4w"])]}
 LLAMACPP_RECIPES = {"fp32": [("F32", None)], "8da8w": [("Q8_0", 7)], "8da4w": [("Q4_0", 2)]}  # llama_ftype values
 # the builder's int4: blocks of 32 (its default), MatMulNBits with accuracy level 4 (int8 activations, as 8da4w)
 ORTGENAI_RECIPES = {"fp32": [("fp32", ["-p", "fp32"])], "8da8w": [],
@@ -281,16 +285,18 @@ def genai_source(ref: str, work: Path) -> dict:
     return {"ref": ref, "sha": sha, "cwd": str(dest), "env": {"PYTHONPATH": str(dest)}}
 
 
-def export_genai(shape, model, recipe_args, mode, out: Path, work: Path, max_seq_len: int, src: dict) -> dict:
-    def make():
-        wall, rss, _ = run_child([MAIN_PY, "-m", "genai_pipeline.cli", "export", "--checkpoint", model["folder"],
-                                  *recipe_args, "--mode", mode, "--max-seq-len", str(max_seq_len), "--out", out],
-                                 log=work / "logs" / f"{out.parent.parent.name}-{out.name}-export.log",
-                                 cwd=src["cwd"], env=src["env"])
-        return {"file": str(out / "text_decoder.pte"), "export_s": round(wall, 1), "export_peak_rss_mb": round(rss),
-                "genai_sha": src["sha"]}
+def export_genai_program(export_args: list, out: Path, work: Path, src: dict) -> dict:
+    wall, rss, _ = run_child([MAIN_PY, "-m", "genai_pipeline.cli", "export", *export_args],
+                             log=work / "logs" / f"{out.parent.parent.name}-{out.name}-export.log",
+                             cwd=src["cwd"], env=src["env"])
+    return {"file": str(out / "text_decoder.pte"), "export_s": round(wall, 1), "export_peak_rss_mb": round(rss),
+            "genai_sha": src["sha"]}
 
-    return cached(out / "done.json", make)
+
+def export_genai(shape, model, recipe_args, mode, out: Path, work: Path, max_seq_len: int, src: dict) -> dict:
+    return cached(out / "done.json", lambda: export_genai_program(
+        ["--checkpoint", model["folder"], *recipe_args, "--mode", mode, "--max-seq-len", str(max_seq_len), "--out", out],
+        out, work, src))
 
 
 def worker_convert_gguf(tree: str, hf: str, outfile: str) -> None:
@@ -575,8 +581,60 @@ def measure(row: dict, work: Path) -> dict:
     rss = got.get("peak_rss_mb", rss)
     share = {"bandwidth_share": got["bandwidth_share"]} if "bandwidth_share" in got else {}  # genai bench's own figure
     tokens = {k: got[k] for k in ("prompt_tokens", "generated_tokens") if k in got}  # what TextLLMRunner ran
-    return {"prefill_tokens_per_s": got["prefill_tokens_per_s"], "decode_tokens_per_s": got["decode_tokens_per_s"],
-            "load_s": got["load_s"], "run_peak_rss_mb": round(rss), "loadavg_1m_before": load, **share, **tokens}
+    decode = got["decode_tokens_per_s"]
+    ahead = {}
+    if "lookahead" in got:  # the row's decode rate is lookahead's; plain decoding's of the same text beside it
+        la = got["lookahead"]
+        decode = la["decode_tokens_per_s"]
+        ahead = {"plain_decode_tokens_per_s": la["plain_decode_tokens_per_s"], "speedup": la["speedup"],
+                 "tokens_per_call": la["tokens_per_call"], "tokens": la["tokens"], "first_difference": la["first_difference"]}
+    return {"prefill_tokens_per_s": got["prefill_tokens_per_s"], "decode_tokens_per_s": decode,
+            "load_s": got["load_s"], "run_peak_rss_mb": round(rss), "loadavg_1m_before": load, **share, **tokens, **ahead}
+
+
+# ----------------------------------------------------------------------------- lookahead rows
+
+# SmolLM2-135M-Instruct, the real model (`make test` / `make chat` fetch its GGUF): lookahead needs text
+# that repeats, which random weights never write. Prompts as in tests/runtime/test_lookahead_program.py.
+REAL_SMOLLM2 = ROOT / ".cache" / "SmolLM2-135M-Instruct.Q4_1.gguf"
+LOOKAHEAD_TASKS = {
+    "rewrite": lambda: "Rewrite the following text so that it is easier to read.\n\n"
+                       + (ROOT / "assets" / "reference" / "heldout.txt").read_text(encoding="utf-8")[:600],
+    "free chat": lambda: "Write a short story about a robot who learns to paint.",
+}
+
+
+def lookahead_runs(args, work: Path, problems: list) -> list[dict]:
+    """genai bench --lookahead on the real SmolLM2-135M-Instruct, 8da4w dynamic with a `verify` method, per
+    task: plain and lookahead decoding of the same prompt alternate in one process. Its rows sit in the
+    smollm2-135m 8da4w class: the same shapes as the random-weight model the peers run."""
+    if not REAL_SMOLLM2.exists():
+        problems.append({"shape": "smollm2-135m", "system": "genai", "variant": "lookahead", "stage": "model",
+                         "reason": f"{REAL_SMOLLM2} missing (make test fetches it)"})
+        return []
+    src = genai_source(args.genai_ref, work)
+    out = work / "lookahead" / f"genai-{src['sha'][:8]}-smollm2-135m-instruct-8da4w-dynamic-verify8"
+    say("[lookahead] export genai SmolLM2-135M-Instruct 8da4w dynamic --verify-len 8")
+    try:
+        rec = cached(out / "done.json", lambda: export_genai_program(
+            ["--checkpoint", REAL_SMOLLM2, "--recipe", "8da4w", "--mode", "dynamic", "--verify-len", "8",
+             "--max-seq-len", "1024", "--out", out], out, work, src))
+    except ChildFailed as e:
+        problems.append({"shape": "smollm2-135m", "system": "genai", "variant": "lookahead", "stage": "export",
+                         "reason": last_error_line(e), "detail": str(e)[-3000:]})
+        return []
+    runs = []
+    for task, text in LOOKAHEAD_TASKS.items():
+        prompt = work / "lookahead" / f"{task.replace(' ', '-')}.txt"
+        prompt.write_text(text(), encoding="utf-8")
+        argv = [MAIN_PY, "-m", "genai_pipeline.cli", "bench", out, "--json", "--prompt-file", prompt, "--chat",
+                "--gen-len", args.lookahead_gen_len, "--lookahead", args.lookahead, "--repeats", 1, "--threads", args.threads]
+        runs.append({"id": f"smollm2-135m-genai-lookahead/{task}", "shape": "smollm2-135m", "system": "genai",
+                     "recipe_class": "8da4w", "variant": "8da4w/dynamic real", "runner": f"lookahead {args.lookahead}: {task}",
+                     "threads": args.threads, "file_mb": round(Path(rec["file"]).stat().st_size / 2**20, 1),
+                     "export_s": rec["export_s"], "export_peak_rss_mb": rec["export_peak_rss_mb"], "argv": argv,
+                     "run_in": src})
+    return runs
 
 
 # ----------------------------------------------------------------------------- driver
@@ -669,6 +727,11 @@ def summarize(rows_in: list[dict], samples: dict) -> list[dict]:
                 row["bandwidth_share"] = statistics.median(s["bandwidth_share"] for s in ok)
             if "generated_tokens" in ok[0]:
                 row["generated_tokens"] = [s["generated_tokens"] for s in ok]
+            if "speedup" in ok[0]:
+                for key in ("plain_decode_tokens_per_s", "speedup", "tokens_per_call"):
+                    row[key] = round(statistics.median(s[key] for s in ok), 3)
+                row["tokens"] = [s["tokens"] for s in ok]
+                row["first_difference"] = [s["first_difference"] for s in ok]
         errors = [s["error"] for s in got if "error" in s]
         if errors:
             row["run_error"] = errors[0]
@@ -711,6 +774,11 @@ def print_table(rows: list[dict], problems: list[dict]) -> None:
                 print(f"{r['shape']} genai {r['variant']} {r['runner']}: {key.split('_')[0]} best peer = "
                       f"{r['vs_best_peer'][key]['best_peer']}")
     for r in rows:
+        if r.get("speedup") is not None:
+            print(f"{r['shape']} genai {r['runner']}: {r['decode_tokens_per_s']} tok/s vs plain {r['plain_decode_tokens_per_s']} "
+                  f"in the same process ({r['speedup']:.2f}x), {r['tokens_per_call']:.2f} tokens per call, "
+                  f"first token differing from plain decoding: {r['first_difference']}")
+    for r in rows:
         if r.get("bandwidth_share") is not None:
             print(f"{r['shape']} genai {r['variant']}: decode reads weights at {100 * r['bandwidth_share']:.0f} % "
                   "of the machine's measured copy bandwidth")
@@ -747,6 +815,9 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--llamacpp-threads", type=int, nargs="+", default=[1, 2],
                         help="llama.cpp thread settings to try (each with and without flash attention)")
+    parser.add_argument("--lookahead", type=int, default=7,
+                        help="draft length of the lookahead rows (real SmolLM2-135M-Instruct); 0: no lookahead rows")
+    parser.add_argument("--lookahead-gen-len", type=int, default=200)
     parser.add_argument("--prompt-len", type=int, default=128)
     parser.add_argument("--gen-len", type=int, default=128)
     parser.add_argument("--max-seq-len", type=int, default=512)
@@ -782,6 +853,8 @@ def main() -> None:
     for shape in args.shapes:
         variants += prepare_variants(shape, args, work, problems)
     runs = [run for v in variants for run in runs_of(v, args)]
+    if args.lookahead and "genai" in args.systems and "smollm2-135m" in args.shapes and "8da4w" in args.recipes:
+        runs += lookahead_runs(args, work, problems)
 
     samples: dict[str, list] = {}
     measured = time.time()
@@ -799,7 +872,7 @@ def main() -> None:
     result = {
         "machine": {**host, "loadavg_end": os.getloadavg()},
         "settings": {k: getattr(args, k) for k in ("shapes", "systems", "recipes", "modes", "variants", "repeats", "threads",
-                                                    "llamacpp_threads", "prompt_len", "gen_len", "max_seq_len", "seed",
+                                                    "llamacpp_threads", "lookahead", "lookahead_gen_len", "prompt_len", "gen_len", "max_seq_len", "seed",
                                                     "genai_ref")},
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
         "installs": installs,
