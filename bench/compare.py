@@ -477,8 +477,9 @@ def prompt_text(tokenizer_json: str, n: int) -> str:
 def worker_run_textllm(path: str, tokenizer_json: str, prompt_len: int, gen_len: int, threads: int) -> None:
     """ExecuTorch's own C++ LLM runner (`executorch.extension.llm.runner.TextLLMRunner`), as optimum-executorch's
     and ExecuTorch's users run a program: tokenizer, prefill, decode loop and sampling in C++. Rates come from
-    the runner's own stats (milliseconds): prefill = prompt tokens / (prompt evaluated - inference start),
-    decode = (generated - 1) / (last token - first token), as everywhere here the first token excluded."""
+    the runner's own stats (milliseconds), as its own report computes them: prefill = prompt tokens / (prompt
+    evaluated - inference start); decode = generated / (end - prompt evaluated), where `generated` counts the
+    decode steps' tokens only (max_new_tokens = gen_len + 1: the first token comes from prefill)."""
     from executorch.extension.llm.custom_ops import custom_ops  # noqa: F401  custom SDPA and KV-cache update kernels
     from executorch.extension.pybindings import portable_lib
     from executorch.kernels import quantized  # noqa: F401  the quantized ops' kernels
@@ -499,7 +500,7 @@ def worker_run_textllm(path: str, tokenizer_json: str, prompt_len: int, gen_len:
     result = {"load_s": round((s.model_load_end_ms - s.model_load_start_ms) / 1000, 3),
               "prompt_tokens": s.num_prompt_tokens, "generated_tokens": s.num_generated_tokens,
               "prefill_tokens_per_s": round(1000 * s.num_prompt_tokens / max(1, s.prompt_eval_end_ms - s.inference_start_ms), 1),
-              "decode_tokens_per_s": round(1000 * (s.num_generated_tokens - 1) / max(1, s.inference_end_ms - s.first_token_ms), 1)}
+              "decode_tokens_per_s": round(1000 * s.num_generated_tokens / max(1, s.inference_end_ms - s.prompt_eval_end_ms), 1)}
     os.write(out, (json.dumps(result) + "\n").encode())
 
 
