@@ -1,30 +1,42 @@
-"""Side by side: genai vs llama.cpp (llama-cpp-python) vs optimum-executorch, same model, same machine.
+"""Side by side: genai vs llama.cpp, optimum-executorch and onnxruntime-genai, same model, same machine, each at its best.
 
 A benchmark, not a test. For each shape (SmolLM2-135M, Llama-3.2-1B) it builds one seeded
 random-weight Hugging Face folder (fp32 safetensors + a byte-level BPE tokenizer.json of the
 model's vocab size), then for each system:
 
   genai      `genai export --checkpoint` per recipe (fp32, 8da8w, 8da4w -- their embedding follows the
-             recipe: 8-bit, 4-bit -- and 8da4w with an 8-bit embedding)
-             and mode (dynamic, hybrid); measured by `genai bench --json`.
+             recipe: 8-bit, 4-bit --, 8da4w with an 8-bit embedding, 8da4w 4-bit throughout)
+             and mode (dynamic, hybrid); run by `genai bench --json` and, for the dynamic program
+             (one `forward`), by ExecuTorch's own C++ `TextLLMRunner`.
   llamacpp   a venv bench/.envs/llamacpp with llama-cpp-python built from its sdist
              (-DGGML_NATIVE=ON, no AMX); the sdist's convert_hf_to_gguf.py -> F32 GGUF, then
-             llama_cpp.llama_model_quantize -> Q8_0, Q4_0; measured through llama_cpp.Llama.
+             llama_cpp.llama_model_quantize -> Q8_0, Q4_0; run through llama_cpp.Llama with each of
+             `--llamacpp-threads`, with and without flash attention.
   optimum    a venv bench/.envs/optimum with optimum-executorch; `optimum-cli export executorch`
              (xnnpack, custom SDPA + KV cache) fp32, --qlinear 8da8w, 8da4w, 8da4w + --qembedding 8w;
-             measured through ExecuTorch's python runtime (the program's `forward(tokens, input_pos)`).
+             run by `TextLLMRunner` (as its users run it) and by a Python loop over the program's
+             `forward(tokens, input_pos)`.
+  ortgenai   a venv bench/.envs/ortgenai with onnxruntime-genai and its model builder
+             (`python -m onnxruntime_genai.models.builder -p int4|fp32 -e cpu`); run by its generator loop.
+
+Every ExecuTorch run has OMP_NUM_THREADS=1 (`genai run`/`bench` set it for themselves; see ONE_OMP_THREAD).
+With `--lookahead N` (default 7) and the real SmolLM2-135M-Instruct GGUF in .cache/, rows of
+`genai bench --lookahead N` on a rewrite prompt and a free-chat prompt join the 8da4w SmolLM2 rows.
 
 Every export/convert/install and every measurement runs in a child process (wall time; peak RSS
-from os.wait4). Measurements go round-robin over all variants, `--repeats` rounds; each child
-does one warm-up round and one timed round (a `--prompt-len` prefill of random token ids, seeded
-as in `genai bench`, then `--gen-len` greedy decode steps, the first generated token excluded);
-the table shows medians over rounds. Stages cache their outputs (a done.json beside them) in
-`--work`, so a re-run resumes. A peer that cannot be installed, exported or run is recorded with
-the reason and the others go on. Prints a table and writes bench/results/compare.json.
+from os.wait4). Measurements go round-robin over all rows, `--repeats` rounds; each child does one
+warm-up round and one timed round (a `--prompt-len` prefill -- seeded random token ids, or for
+TextLLMRunner, which takes text, prose of exactly that many tokens -- then `--gen-len` greedy decode
+steps, the first generated token excluded); the table shows medians over rounds, and each genai
+row's ratio to the best peer row (any peer, runner or thread setting) of its shape and recipe class.
+Stages cache their outputs (a done.json beside them) in `--work`, so a re-run resumes. A peer that
+cannot be installed, exported or run is recorded with the reason and the others go on. Prints a
+table and its own run time, and writes bench/results/compare.json (with the CPU's model and flags
+and the host's load averages).
 
-    .venv/bin/python bench/compare.py [--shapes smollm2-135m llama3_2-1b] [--systems genai llamacpp optimum]
+    .venv/bin/python bench/compare.py [--shapes smollm2-135m llama3_2-1b] [--systems genai llamacpp optimum ortgenai]
         [--recipes fp32 8da8w 8da4w] [--modes dynamic hybrid] [--variants 8da4w Q4_0 ...] [--repeats 3]
-        [--threads 2] [--skip-install]
+        [--threads 2] [--llamacpp-threads 1 2] [--lookahead 7] [--skip-install]
 """
 
 from __future__ import annotations
