@@ -42,6 +42,7 @@ and the host's load averages).
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import platform
@@ -284,9 +285,14 @@ def genai_source(ref: str, work: Path) -> dict:
     if ref == "worktree":
         dirty = subprocess.run(["git", "status", "--porcelain", "genai_pipeline"], cwd=ROOT, capture_output=True,
                                text=True).stdout.strip()
-        return {"ref": "worktree", "sha": head + ("-dirty" if dirty else ""), "cwd": str(ROOT), "env": {}}
+        return {"ref": "worktree", "sha": head + ("-dirty" if dirty else ""), "key": "worktree", "cwd": str(ROOT), "env": {}}
     sha = subprocess.run(["git", "rev-parse", ref], cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
-    dest = work / "genai-src" / sha[:12]
+    # exports are named by the content of genai_pipeline/ and assets/ (their git tree ids), not by the commit:
+    # a commit elsewhere (bench/, tests/) reuses them
+    trees = subprocess.run(["git", "rev-parse", f"{sha}:genai_pipeline", f"{sha}:assets"], cwd=ROOT, capture_output=True,
+                           text=True, check=True).stdout.split()
+    key = hashlib.sha1(" ".join(trees).encode()).hexdigest()[:12]
+    dest = work / "genai-src" / key
     if not (dest / "assets").exists():
         dest.mkdir(parents=True, exist_ok=True)
         # assets/: the calibration text the 8da4w recipe's GPTQ reads, beside the package
@@ -294,7 +300,7 @@ def genai_source(ref: str, work: Path) -> dict:
                                  check=True).stdout
         subprocess.run(["tar", "-x", "-C", dest], input=archive, check=True)
     # `python -m` puts the current directory first on sys.path: run from the snapshot
-    return {"ref": ref, "sha": sha, "cwd": str(dest), "env": {"PYTHONPATH": str(dest)}}
+    return {"ref": ref, "sha": sha, "key": key, "cwd": str(dest), "env": {"PYTHONPATH": str(dest)}}
 
 
 def export_genai_program(export_args: list, out: Path, work: Path, src: dict) -> dict:
@@ -626,7 +632,7 @@ def lookahead_runs(args, work: Path, problems: list) -> list[dict]:
                          "reason": f"{REAL_SMOLLM2} missing (make test fetches it)"})
         return []
     src = genai_source(args.genai_ref, work)
-    out = work / "lookahead" / f"genai-{src['sha'][:8]}-smollm2-135m-instruct-8da4w-dynamic-verify8"
+    out = work / "lookahead" / f"genai-{src['key'][:8]}-smollm2-135m-instruct-8da4w-dynamic-verify8"
     say("[lookahead] export genai SmolLM2-135M-Instruct 8da4w dynamic --verify-len 8")
     try:
         rec = cached(out / "done.json", lambda: export_genai_program(
@@ -679,7 +685,7 @@ def prepare_variants(shape: str, args, work: Path, problems: list) -> list[dict]
                 if args.variants and name not in args.variants:
                     continue
                 for mode in args.modes:
-                    out = base / f"genai-{src['sha'][:8]}-{name}-{mode}"
+                    out = base / f"genai-{src['key'][:8]}-{name}-{mode}"
                     add("genai", recipe, f"{name}/{mode}",
                         lambda: export_genai(shape, model, rargs, mode, out, work, args.max_seq_len, src),
                         {"genai_src": src})
