@@ -805,6 +805,22 @@ def print_table(rows: list[dict], problems: list[dict]) -> None:
         print(f"NOT RUN  {p.get('shape', '')} {p['system']} {p.get('variant', '')} [{p['stage']}]: {p['reason']}")
 
 
+def markdown_table(rows: list[dict], host: dict) -> str:
+    """The table as bench/README.md shows it."""
+    lines = ["| shape | system | variant | runner | MB | prefill tok/s | decode tok/s | prefill / best peer | decode / best peer |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        vs = r.get("vs_best_peer", {})
+        ratio_of = lambda k: f"{vs[k]['ratio']:.2f}" if k in vs and vs[k]["ratio"] is not None else ""
+        num = lambda k: f"{r[k]:.1f}" if r.get(k) is not None else (r.get("run_error", "")[:40] if k.startswith("decode") else "")
+        lines.append(f"| {r['shape']} | {r['system']} | {r['variant']} | {r['runner']} | {r.get('file_mb') or ''} | "
+                     f"{num('prefill_tokens_per_s')} | {num('decode_tokens_per_s')} | {ratio_of('prefill_tokens_per_s')} | "
+                     f"{ratio_of('decode_tokens_per_s')} |")
+    lines.append(f"\n{host['cpu_model']}, {host['cpus']} cpus, AMX: {', '.join(host['amx']) or 'none'}; "
+                 f"load average at start {', '.join(f'{x:.1f}' for x in host['loadavg_start'])}")
+    return "\n".join(lines) + "\n"
+
+
 def machine() -> dict:
     """What ran this: the CPU's model and flags (AMX, AVX-512 VNNI, ... decide which kernels run) and how busy
     the shared host was."""
@@ -905,7 +921,8 @@ def main() -> None:
     }
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {args.json}; {(time.time() - started) / 60:.1f} min in all, {(time.time() - measured) / 60:.1f} "
+    Path(args.json).with_suffix(".md").write_text(markdown_table(rows, host))
+    print(f"wrote {args.json} and its table as {Path(args.json).with_suffix('.md').name}; {(time.time() - started) / 60:.1f} min in all, {(time.time() - measured) / 60:.1f} "
           f"of them measuring; load average now {os.getloadavg()}")
 
 
