@@ -1,35 +1,48 @@
-"""Side by side: genai vs llama.cpp (llama-cpp-python) vs optimum-executorch, same model, same machine.
+"""Side by side: genai vs llama.cpp, optimum-executorch and onnxruntime-genai, same model, same machine, each at its best.
 
 A benchmark, not a test. For each shape (SmolLM2-135M, Llama-3.2-1B) it builds one seeded
 random-weight Hugging Face folder (fp32 safetensors + a byte-level BPE tokenizer.json of the
 model's vocab size), then for each system:
 
   genai      `genai export --checkpoint` per recipe (fp32, 8da8w, 8da4w -- their embedding follows the
-             recipe: 8-bit, 4-bit -- and 8da4w with an 8-bit embedding)
-             and mode (dynamic, hybrid); measured by `genai bench --json`.
+             recipe: 8-bit, 4-bit --, 8da4w with an 8-bit embedding, 8da4w 4-bit throughout)
+             and mode (dynamic, hybrid); run by `genai bench --json` and, for the dynamic program
+             (one `forward`), by ExecuTorch's own C++ `TextLLMRunner`.
   llamacpp   a venv bench/.envs/llamacpp with llama-cpp-python built from its sdist
              (-DGGML_NATIVE=ON, no AMX); the sdist's convert_hf_to_gguf.py -> F32 GGUF, then
-             llama_cpp.llama_model_quantize -> Q8_0, Q4_0; measured through llama_cpp.Llama.
+             llama_cpp.llama_model_quantize -> Q8_0, Q4_0; run through llama_cpp.Llama with each of
+             `--llamacpp-threads`, with and without flash attention.
   optimum    a venv bench/.envs/optimum with optimum-executorch; `optimum-cli export executorch`
              (xnnpack, custom SDPA + KV cache) fp32, --qlinear 8da8w, 8da4w, 8da4w + --qembedding 8w;
-             measured through ExecuTorch's python runtime (the program's `forward(tokens, input_pos)`).
+             run by `TextLLMRunner` (as its users run it) and by a Python loop over the program's
+             `forward(tokens, input_pos)`.
+  ortgenai   a venv bench/.envs/ortgenai with onnxruntime-genai and its model builder
+             (`python -m onnxruntime_genai.models.builder -p int4|fp32 -e cpu`); run by its generator loop.
+
+Every ExecuTorch run has OMP_NUM_THREADS=1 (`genai run`/`bench` set it for themselves; see ONE_OMP_THREAD).
+With `--lookahead N` (default 7) and the real SmolLM2-135M-Instruct GGUF in .cache/, rows of
+`genai bench --lookahead N` on a rewrite prompt and a free-chat prompt join the 8da4w SmolLM2 rows.
 
 Every export/convert/install and every measurement runs in a child process (wall time; peak RSS
-from os.wait4). Measurements go round-robin over all variants, `--repeats` rounds; each child
-does one warm-up round and one timed round (a `--prompt-len` prefill of random token ids, seeded
-as in `genai bench`, then `--gen-len` greedy decode steps, the first generated token excluded);
-the table shows medians over rounds. Stages cache their outputs (a done.json beside them) in
-`--work`, so a re-run resumes. A peer that cannot be installed, exported or run is recorded with
-the reason and the others go on. Prints a table and writes bench/results/compare.json.
+from os.wait4). Measurements go round-robin over all rows, `--repeats` rounds; each child does one
+warm-up round and one timed round (a `--prompt-len` prefill -- seeded random token ids, or for
+TextLLMRunner, which takes text, prose of exactly that many tokens -- then `--gen-len` greedy decode
+steps, the first generated token excluded); the table shows medians over rounds, and each genai
+row's ratio to the best peer row (any peer, runner or thread setting) of its shape and recipe class.
+Stages cache their outputs (a done.json beside them) in `--work`, so a re-run resumes. A peer that
+cannot be installed, exported or run is recorded with the reason and the others go on. Prints a
+table and its own run time, and writes bench/results/compare.json (with the CPU's model and flags
+and the host's load averages).
 
-    .venv/bin/python bench/compare.py [--shapes smollm2-135m llama3_2-1b] [--systems genai llamacpp optimum]
+    .venv/bin/python bench/compare.py [--shapes smollm2-135m llama3_2-1b] [--systems genai llamacpp optimum ortgenai]
         [--recipes fp32 8da8w 8da4w] [--modes dynamic hybrid] [--variants 8da4w Q4_0 ...] [--repeats 3]
-        [--threads 2] [--skip-install]
+        [--threads 2] [--llamacpp-threads 1 2] [--lookahead 7] [--skip-install]
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import platform
@@ -42,11 +55,14 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-MAIN_PY = ROOT / ".venv" / "bin" / "python"
-ENVS = HERE / ".envs"
+MAIN_PY = Path(sys.executable)  # compare.py runs under the main venv (genai, torch, transformers)
+ENVS = (HERE / ".envs").resolve()  # may be a link to venvs shared between work trees
 
 LLAMACPP_VERSION = "0.3.36"
 OPTIMUM_VERSION = "1.1.0"
+# onnxruntime-genai and its model builder (onnxruntime_genai.models.builder), with what the builder imports
+ORTGENAI_PINNED = ["onnxruntime-genai==0.18.0", "onnxruntime==1.31.1", "onnx==1.23.2", "onnx-ir==1.1.0",
+                   "onnxscript==0.7.2", "torch==2.13.0", "transformers>=5,<6", "safetensors", "numpy"]
 PINNED = ["torch==2.13.0", "executorch==1.5.1", "torchao==0.18.0"]  # the main venv's, for the optimum venv
 # llama.cpp built for this CPU, except AMX: on this machine (a Firecracker VM with AMX in its CPUID) ggml's AMX
 # matmul segfaults on the first Q4_0 prefill (ggml_backend_amx_mul_mat, 0.3.36), so its AVX-512 VNNI kernels
@@ -71,8 +87,15 @@ SHAPES = {
 # recipe class -> variants per system: (variant name, arguments)
 GENAI_RECIPES = {"fp32": [("fp32", ["--recipe", "fp32"])],
                  "8da8w": [("8da8w", ["--recipe", "8da8w"])],
-                 "8da4w": [("8da4w", ["--recipe", "8da4w"]), ("8da4w+emb8w", ["--recipe", "8da4w", "--embedding", "8w"])]}
+                 "8da4w": [("8da4w", ["--recipe", "8da4w"]), ("8da4w+emb8w", ["--recipe", "8da4w", "--embedding", "8w"]),
+                           # the default keeps attention.wv and feed_forward.w2 at 8 bits (accuracy); this one
+                           # is 4-bit throughout, as the peers' programs: the bytes a token reads, like for like
+                           ("8da4w-all4bit", ["--recipe", "8da4w", "--quant-override", "attention.wv=8da4w",
+                                              "--quant-override", "feed_forward.w2=8da4w"])]}
 LLAMACPP_RECIPES = {"fp32": [("F32", None)], "8da8w": [("Q8_0", 7)], "8da4w": [("Q4_0", 2)]}  # llama_ftype values
+# the builder's int4: blocks of 32 (its default), MatMulNBits with accuracy level 4 (int8 activations, as 8da4w)
+ORTGENAI_RECIPES = {"fp32": [("fp32", ["-p", "fp32"])], "8da8w": [],
+                    "8da4w": [("int4", ["-p", "int4", "--extra_options", "int4_block_size=32", "int4_accuracy_level=4"])]}
 OPTIMUM_RECIPES = {"fp32": [("fp32", [])],
                    "8da8w": [("8da8w", ["--qlinear", "8da8w"])],
                    "8da4w": [("8da4w", ["--qlinear", "8da4w"]), ("8da4w+emb8w", ["--qlinear", "8da4w", "--qembedding", "8w"])]}
@@ -236,36 +259,62 @@ def install_optimum(work: Path) -> dict:
     return cached(env / "done.json", make)
 
 
+def install_ortgenai(work: Path) -> dict:
+    env = ENVS / "ortgenai"
+    py = env / "bin" / "python"
+
+    def make():
+        log = work / "logs" / "ortgenai-install.log"
+        t = time.perf_counter()
+        if not py.exists():
+            run_child(["python3", "-m", "venv", env])
+        run_child([py, "-m", "pip", "install", *ORTGENAI_PINNED], log=log)
+        _, _, out = run_child([py, "-c", "import importlib.metadata as m; import json; print(json.dumps({p: m.version(p) for p in "
+                               "('onnxruntime-genai', 'onnxruntime', 'onnx', 'torch', 'transformers')}))"])
+        return {"python": str(py), "versions": json.loads(out), "install_s": round(time.perf_counter() - t)}
+
+    return cached(env / "done.json", make)
+
+
 # ----------------------------------------------------------------------------- stage 3: exports
 
 def genai_source(ref: str, work: Path) -> dict:
     """Where `genai` runs from: a snapshot of git `ref`'s genai_pipeline/ (other engineers edit the
-    working tree while this runs), or the working tree itself with ref 'worktree'."""
+    working tree while this runs) and its assets/, or the working tree itself with ref 'worktree'."""
     head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
     if ref == "worktree":
         dirty = subprocess.run(["git", "status", "--porcelain", "genai_pipeline"], cwd=ROOT, capture_output=True,
                                text=True).stdout.strip()
-        return {"ref": "worktree", "sha": head + ("-dirty" if dirty else ""), "cwd": str(ROOT), "env": {}}
+        return {"ref": "worktree", "sha": head + ("-dirty" if dirty else ""), "key": "worktree", "cwd": str(ROOT), "env": {}}
     sha = subprocess.run(["git", "rev-parse", ref], cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
-    dest = work / "genai-src" / sha[:12]
-    if not (dest / "genai_pipeline").exists():
+    # exports are named by the content of genai_pipeline/ and assets/ (their git tree ids), not by the commit:
+    # a commit elsewhere (bench/, tests/) reuses them
+    trees = subprocess.run(["git", "rev-parse", f"{sha}:genai_pipeline", f"{sha}:assets"], cwd=ROOT, capture_output=True,
+                           text=True, check=True).stdout.split()
+    key = hashlib.sha1(" ".join(trees).encode()).hexdigest()[:12]
+    dest = work / "genai-src" / key
+    if not (dest / "assets").exists():
         dest.mkdir(parents=True, exist_ok=True)
-        archive = subprocess.run(["git", "archive", sha, "genai_pipeline"], cwd=ROOT, capture_output=True, check=True).stdout
+        # assets/: the calibration text the 8da4w recipe's GPTQ reads, beside the package
+        archive = subprocess.run(["git", "archive", sha, "genai_pipeline", "assets"], cwd=ROOT, capture_output=True,
+                                 check=True).stdout
         subprocess.run(["tar", "-x", "-C", dest], input=archive, check=True)
     # `python -m` puts the current directory first on sys.path: run from the snapshot
-    return {"ref": ref, "sha": sha, "cwd": str(dest), "env": {"PYTHONPATH": str(dest)}}
+    return {"ref": ref, "sha": sha, "key": key, "cwd": str(dest), "env": {"PYTHONPATH": str(dest)}}
+
+
+def export_genai_program(export_args: list, out: Path, work: Path, src: dict) -> dict:
+    wall, rss, _ = run_child([MAIN_PY, "-m", "genai_pipeline.cli", "export", *export_args],
+                             log=work / "logs" / f"{out.parent.parent.name}-{out.name}-export.log",
+                             cwd=src["cwd"], env=src["env"])
+    return {"file": str(out / "text_decoder.pte"), "export_s": round(wall, 1), "export_peak_rss_mb": round(rss),
+            "genai_sha": src["sha"]}
 
 
 def export_genai(shape, model, recipe_args, mode, out: Path, work: Path, max_seq_len: int, src: dict) -> dict:
-    def make():
-        wall, rss, _ = run_child([MAIN_PY, "-m", "genai_pipeline.cli", "export", "--checkpoint", model["folder"],
-                                  *recipe_args, "--mode", mode, "--max-seq-len", str(max_seq_len), "--out", out],
-                                 log=work / "logs" / f"{out.parent.parent.name}-{out.name}-export.log",
-                                 cwd=src["cwd"], env=src["env"])
-        return {"file": str(out / "text_decoder.pte"), "export_s": round(wall, 1), "export_peak_rss_mb": round(rss),
-                "genai_sha": src["sha"]}
-
-    return cached(out / "done.json", make)
+    return cached(out / "done.json", lambda: export_genai_program(
+        ["--checkpoint", model["folder"], *recipe_args, "--mode", mode, "--max-seq-len", str(max_seq_len), "--out", out],
+        out, work, src))
 
 
 def worker_convert_gguf(tree: str, hf: str, outfile: str) -> None:
@@ -335,6 +384,23 @@ def export_optimum(model, args, out: Path, work: Path, inst: dict, max_seq_len: 
     return cached(out / "done.json", make)
 
 
+def export_ortgenai(model, args, out: Path, work: Path, inst: dict) -> dict:
+    def make():
+        argv = [inst["python"], "-m", "onnxruntime_genai.models.builder", "-i", model["folder"], "-o", out,
+                "-e", "cpu", "-c", out.parent / f"{out.name}-cache", *args]
+        wall, rss, _ = run_child(argv, log=work / "logs" / f"{out.parent.parent.name}-{out.name}-export.log",
+                                 env={"HF_HUB_OFFLINE": "1"})
+        onnx = out / "model.onnx"
+        if not onnx.exists():
+            raise ChildFailed(f"no model.onnx in {out}")
+        # what a decode step reads: the graph and its external weights
+        mb = sum(f.stat().st_size for f in out.iterdir() if f.name.startswith("model.onnx"))
+        return {"file": str(onnx), "export_s": round(wall, 1), "export_peak_rss_mb": round(rss),
+                "weights_mb": round(mb / 2**20, 1), "command": " ".join(map(str, argv))}
+
+    return cached(out / "done.json", make)
+
+
 # ----------------------------------------------------------------------------- stage 4: measurements
 
 def prompt_ids(vocab: int, n: int) -> list[int]:
@@ -357,13 +423,13 @@ def timed_rounds(prefill, step, reset, prompt: list[int], gen_len: int) -> dict:
     return {"prefill_tokens_per_s": round(prefill_rate, 1), "decode_tokens_per_s": round(decode_rate, 1)}
 
 
-def worker_run_llamacpp(path: str, vocab: int, prompt_len: int, gen_len: int, threads: int) -> None:
+def worker_run_llamacpp(path: str, vocab: int, prompt_len: int, gen_len: int, threads: int, flash_attn: bool) -> None:
     import numpy as np
     from llama_cpp import Llama
 
     t = time.perf_counter()
     llm = Llama(model_path=path, n_ctx=prompt_len + gen_len + 8, n_batch=512, n_ubatch=512, n_threads=threads,
-                n_threads_batch=threads, verbose=False)
+                n_threads_batch=threads, flash_attn=flash_attn, verbose=False)
     load_s = time.perf_counter() - t
 
     n_vocab = llm.n_vocab()
@@ -411,25 +477,183 @@ def worker_run_optimum(path: str, vocab: int, prompt_len: int, gen_len: int, thr
     print(json.dumps({"load_s": round(load_s, 3), **rates}))
 
 
-def measure(variant: dict, args, work: Path) -> dict:
-    log = work / "logs" / f"run-{variant['id'].replace('/', '-')}.log"
-    load = round(os.getloadavg()[0], 2)  # the machine is shared: how busy it was
-    if variant["system"] == "genai":
-        argv = [MAIN_PY, "-m", "genai_pipeline.cli", "bench", Path(variant["file"]).parent, "--json",
-                "--prompt-len", args.prompt_len, "--gen-len", args.gen_len, "--repeats", 1, "--threads", args.threads]
+def prompt_text(tokenizer_json: str, n: int) -> str:
+    """Prose that the model's tokenizer makes `n` tokens of, for runners that take text (ExecuTorch's
+    TextLLMRunner): the first n tokens of Python's own topic help, decoded."""
+    import pydoc_data.topics
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(tokenizer_json)
+    ids = tok.encode(" ".join(pydoc_data.topics.topics.values())).ids
+    for m in range(n, n + 16):  # a cut between two tokens that merge again: take one more
+        text = tok.decode(ids[:m])
+        if len(tok.encode(text).ids) == n:
+            return text
+    raise SystemExit(f"no {n}-token prompt text for {tokenizer_json}")
+
+
+def worker_run_textllm(path: str, tokenizer_json: str, prompt_len: int, gen_len: int, threads: int) -> None:
+    """ExecuTorch's own C++ LLM runner (`executorch.extension.llm.runner.TextLLMRunner`), as optimum-executorch's
+    and ExecuTorch's users run a program: tokenizer, prefill, decode loop and sampling in C++. Rates come from
+    the runner's own stats (milliseconds), as its own report computes them: prefill = prompt tokens / (prompt
+    evaluated - inference start); decode = generated / (end - prompt evaluated), where `generated` counts the
+    decode steps' tokens only (max_new_tokens = gen_len + 1: the first token comes from prefill)."""
+    from executorch.extension.llm.custom_ops import custom_ops  # noqa: F401  custom SDPA and KV-cache update kernels
+    from executorch.extension.pybindings import portable_lib
+    from executorch.kernels import quantized  # noqa: F401  the quantized ops' kernels
+    from executorch.extension.llm.runner import GenerationConfig, TextLLMRunner
+
+    text = prompt_text(tokenizer_json, prompt_len)
+    out = os.dup(1)  # the runner prints the tokens it generates to stdout; the result line is ours
+    os.dup2(os.open(os.devnull, os.O_WRONLY), 1)
+    portable_lib._unsafe_reset_threadpool(threads)
+    runner = TextLLMRunner(path, tokenizer_json)
+    stats = []
+    for warming in (True, False):
+        runner.reset()
+        stats.clear()
+        runner.generate(text, GenerationConfig(echo=False, max_new_tokens=gen_len + 1, temperature=0.0, warming=warming),
+                        stats_callback=stats.append)
+    s = stats[-1]
+    result = {"load_s": round((s.model_load_end_ms - s.model_load_start_ms) / 1000, 3),
+              "prompt_tokens": s.num_prompt_tokens, "generated_tokens": s.num_generated_tokens,
+              "prefill_tokens_per_s": round(1000 * s.num_prompt_tokens / max(1, s.prompt_eval_end_ms - s.inference_start_ms), 1),
+              "decode_tokens_per_s": round(1000 * s.num_generated_tokens / max(1, s.inference_end_ms - s.prompt_eval_end_ms), 1)}
+    os.write(out, (json.dumps(result) + "\n").encode())
+
+
+def worker_run_ortgenai(folder: str, vocab: int, prompt_len: int, gen_len: int, threads: int) -> None:
+    """onnxruntime-genai's generator loop: append_tokens runs the prompt, each generate_next_token after
+    the first (which samples prefill's logits) runs one decode step; greedy, EOS held off by min_length."""
+    config_path = Path(folder) / "genai_config.json"
+    config = json.loads(config_path.read_text())
+    session = config["model"]["decoder"].setdefault("session_options", {})
+    if session.get("intra_op_num_threads") != threads:  # threads are a session option of the config file
+        session["intra_op_num_threads"] = threads
+        config_path.write_text(json.dumps(config, indent=4))
+    import onnxruntime_genai as og
+
+    t = time.perf_counter()
+    model = og.Model(folder)
+    load_s = time.perf_counter() - t
+    prompt = prompt_ids(vocab, prompt_len)
+    total = prompt_len + gen_len + 1
+    for _ in range(2):  # a warm-up round, then the timed one
+        params = og.GeneratorParams(model)
+        params.set_search_options(max_length=total, min_length=total, do_sample=False)
+        generator = og.Generator(model, params)
+        t = time.perf_counter()
+        generator.append_tokens(prompt)
+        generator.generate_next_token()  # samples prefill's logits: the first token
+        prefill_rate = prompt_len / (time.perf_counter() - t)
+        t = time.perf_counter()
+        for _ in range(gen_len):
+            generator.generate_next_token()
+        decode_rate = gen_len / (time.perf_counter() - t)
+        del generator
+    print(json.dumps({"load_s": round(load_s, 3), "prefill_tokens_per_s": round(prefill_rate, 1),
+                      "decode_tokens_per_s": round(decode_rate, 1)}))
+
+
+# ExecuTorch's custom SDPA kernel calls MKL from inside ExecuTorch's thread pool: with OpenMP's default team
+# size its idle threads spin on the cores XNNPACK needs (bench/README.md). `genai run`/`bench` set this for
+# themselves; every ExecuTorch program here runs with it, ours and optimum's alike.
+ONE_OMP_THREAD = {"OMP_NUM_THREADS": "1"}
+
+
+def runs_of(variant: dict, args) -> list[dict]:
+    """The ways one exported variant is run: each is a row of the table."""
+    v, n = variant, [args.prompt_len, args.gen_len]
+    here = {"cwd": str(ROOT), "env": {}}
+    if v["system"] == "genai":
+        src = v["genai_src"]
+        runs = [("genai bench", args.threads, [MAIN_PY, "-m", "genai_pipeline.cli", "bench", Path(v["file"]).parent, "--json",
+                                               "--prompt-len", args.prompt_len, "--gen-len", args.gen_len, "--repeats", 1,
+                                               "--threads", args.threads], src)]
+        if v["variant"].endswith("/dynamic"):  # one `forward`: the program ExecuTorch's runner takes
+            runs.append(("TextLLMRunner", args.threads, [MAIN_PY, __file__, "_run-textllm", v["file"],
+                                                         Path(v["file"]).parent / "tokenizer.json", *n, args.threads],
+                         {"cwd": src["cwd"], "env": {**src["env"], **ONE_OMP_THREAD}}))
+    elif v["system"] == "optimum":
+        runs = [("TextLLMRunner", args.threads, [v["python"], __file__, "_run-textllm", v["file"], v["tokenizer"], *n,
+                                                 args.threads], {**here, "env": ONE_OMP_THREAD}),
+                ("python loop", args.threads, [v["python"], __file__, "_run-optimum", v["file"], v["vocab"], *n,
+                                               args.threads], {**here, "env": ONE_OMP_THREAD})]
+    elif v["system"] == "llamacpp":
+        runs = [(f"{t} thr{' flash-attn' if fa else ''}", t,
+                 [v["python"], __file__, "_run-llamacpp", v["file"], v["vocab"], *n, t, int(fa)], here)
+                for t in args.llamacpp_threads for fa in (False, True)]
     else:
-        worker = {"llamacpp": "_run-llamacpp", "optimum": "_run-optimum"}[variant["system"]]
-        argv = [variant["python"], __file__, worker, variant["file"], variant["vocab"], args.prompt_len, args.gen_len,
-                args.threads]
-    src = variant.get("genai_src") or {"cwd": str(ROOT), "env": {}}
-    _, rss, out = run_child(argv, log=log, cwd=src["cwd"], env=src["env"])
+        runs = [("generator loop", args.threads, [v["python"], __file__, "_run-ortgenai", Path(v["file"]).parent,
+                                                  v["vocab"], *n, args.threads], here)]
+    return [{**v, "id": f"{v['id']}/{name}", "runner": name, "threads": t, "argv": argv, "run_in": where}
+            for name, t, argv, where in runs]
+
+
+def measure(row: dict, work: Path) -> dict:
+    log = work / "logs" / f"run-{row['id'].replace('/', '-').replace(' ', '_')}.log"
+    load = round(os.getloadavg()[0], 2)  # the machine is shared: how busy it was
+    _, rss, out = run_child(row["argv"], log=log, cwd=row["run_in"]["cwd"], env=row["run_in"]["env"])
     got = json.loads(out.strip().splitlines()[-1])
     # `genai bench` goes on to probe memory bandwidth (512 MB of buffers) after its timed rounds, so
     # its own peak, taken before that, is the runtime's; the peer workers do nothing but run.
     rss = got.get("peak_rss_mb", rss)
     share = {"bandwidth_share": got["bandwidth_share"]} if "bandwidth_share" in got else {}  # genai bench's own figure
-    return {"prefill_tokens_per_s": got["prefill_tokens_per_s"], "decode_tokens_per_s": got["decode_tokens_per_s"],
-            "load_s": got["load_s"], "run_peak_rss_mb": round(rss), "loadavg_1m_before": load, **share}
+    tokens = {k: got[k] for k in ("prompt_tokens", "generated_tokens") if k in got}  # what TextLLMRunner ran
+    decode = got["decode_tokens_per_s"]
+    ahead = {}
+    if "lookahead" in got:  # the row's decode rate is lookahead's; plain decoding's of the same text beside it
+        la = got["lookahead"]
+        decode = la["decode_tokens_per_s"]
+        ahead = {"plain_decode_tokens_per_s": la["plain_decode_tokens_per_s"], "speedup": la["speedup"],
+                 "tokens_per_call": la["tokens_per_call"], "tokens": la["tokens"], "first_difference": la["first_difference"]}
+    return {"prefill_tokens_per_s": got["prefill_tokens_per_s"], "decode_tokens_per_s": decode,
+            "load_s": got["load_s"], "run_peak_rss_mb": round(rss), "loadavg_1m_before": load, **share, **tokens, **ahead}
+
+
+# ----------------------------------------------------------------------------- lookahead rows
+
+# SmolLM2-135M-Instruct, the real model (`make test` / `make chat` fetch its GGUF): lookahead needs text
+# that repeats, which random weights never write. Prompts as in tests/runtime/test_lookahead_program.py.
+REAL_SMOLLM2 = ROOT / ".cache" / "SmolLM2-135M-Instruct.Q4_1.gguf"
+LOOKAHEAD_TASKS = {
+    "rewrite": lambda: "Rewrite the following text so that it is easier to read.\n\n"
+                       + (ROOT / "assets" / "reference" / "heldout.txt").read_text(encoding="utf-8")[:600],
+    "free chat": lambda: "Write a short story about a robot who learns to paint.",
+}
+
+
+def lookahead_runs(args, work: Path, problems: list) -> list[dict]:
+    """genai bench --lookahead on the real SmolLM2-135M-Instruct, 8da4w dynamic with a `verify` method, per
+    task: plain and lookahead decoding of the same prompt alternate in one process. Its rows sit in the
+    smollm2-135m 8da4w class: the same shapes as the random-weight model the peers run."""
+    if not REAL_SMOLLM2.exists():
+        problems.append({"shape": "smollm2-135m", "system": "genai", "variant": "lookahead", "stage": "model",
+                         "reason": f"{REAL_SMOLLM2} missing (make test fetches it)"})
+        return []
+    src = genai_source(args.genai_ref, work)
+    out = work / "lookahead" / f"genai-{src['key'][:8]}-smollm2-135m-instruct-8da4w-dynamic-verify8"
+    say("[lookahead] export genai SmolLM2-135M-Instruct 8da4w dynamic --verify-len 8")
+    try:
+        rec = cached(out / "done.json", lambda: export_genai_program(
+            ["--checkpoint", REAL_SMOLLM2, "--recipe", "8da4w", "--mode", "dynamic", "--verify-len", "8",
+             "--max-seq-len", "1024", "--out", out], out, work, src))
+    except ChildFailed as e:
+        problems.append({"shape": "smollm2-135m", "system": "genai", "variant": "lookahead", "stage": "export",
+                         "reason": last_error_line(e), "detail": str(e)[-3000:]})
+        return []
+    runs = []
+    for task, text in LOOKAHEAD_TASKS.items():
+        prompt = work / "lookahead" / f"{task.replace(' ', '-')}.txt"
+        prompt.write_text(text(), encoding="utf-8")
+        argv = [MAIN_PY, "-m", "genai_pipeline.cli", "bench", out, "--json", "--prompt-file", prompt, "--chat",
+                "--gen-len", args.lookahead_gen_len, "--lookahead", args.lookahead, "--repeats", 1, "--threads", args.threads]
+        runs.append({"id": f"smollm2-135m-genai-lookahead/{task}", "shape": "smollm2-135m", "system": "genai",
+                     "recipe_class": "8da4w", "variant": "8da4w/dynamic real", "runner": f"lookahead {args.lookahead}: {task}",
+                     "threads": args.threads, "file_mb": round(Path(rec["file"]).stat().st_size / 2**20, 1),
+                     "export_s": rec["export_s"], "export_peak_rss_mb": rec["export_peak_rss_mb"], "argv": argv,
+                     "run_in": src})
+    return runs
 
 
 # ----------------------------------------------------------------------------- driver
@@ -445,9 +669,9 @@ def prepare_variants(shape: str, args, work: Path, problems: list) -> list[dict]
         try:
             say(f"[{shape}] export {system} {name}")
             rec = make()
+            mb = rec.get("weights_mb") or round(Path(rec["file"]).stat().st_size / 2**20, 1)
             variants.append({"id": vid, "shape": shape, "system": system, "recipe_class": recipe, "variant": name,
-                             "vocab": vocab, "file_mb": round(Path(rec["file"]).stat().st_size / 2**20, 1), **rec,
-                             **(extra or {})})
+                             "vocab": vocab, "file_mb": mb, **rec, **(extra or {})})
         except ChildFailed as e:
             problems.append({"shape": shape, "system": system, "variant": name, "stage": "export",
                              "reason": last_error_line(e), "detail": str(e)[-3000:]})
@@ -461,7 +685,7 @@ def prepare_variants(shape: str, args, work: Path, problems: list) -> list[dict]
                 if args.variants and name not in args.variants:
                     continue
                 for mode in args.modes:
-                    out = base / f"genai-{src['sha'][:8]}-{name}-{mode}"
+                    out = base / f"genai-{src['key'][:8]}-{name}-{mode}"
                     add("genai", recipe, f"{name}/{mode}",
                         lambda: export_genai(shape, model, rargs, mode, out, work, args.max_seq_len, src),
                         {"genai_src": src})
@@ -484,6 +708,16 @@ def prepare_variants(shape: str, args, work: Path, problems: list) -> list[dict]
                         continue
                     add("optimum", recipe, name,
                         lambda: export_optimum(model, oargs, base / f"optimum-{name}", work, inst, args.max_seq_len),
+                        {"python": inst["python"], "tokenizer": str(Path(model["folder"]) / "tokenizer.json")})
+    if "ortgenai" in args.systems:
+        inst = installs.get("ortgenai")
+        if isinstance(inst, dict) and "python" in inst:
+            for recipe in args.recipes:
+                for name, bargs in ORTGENAI_RECIPES[recipe]:
+                    if args.variants and name not in args.variants:
+                        continue
+                    add("ortgenai", recipe, name,
+                        lambda: export_ortgenai(model, bargs, base / f"ortgenai-{name}", work, inst),
                         {"python": inst["python"]})
     return variants
 
@@ -495,12 +729,13 @@ def ratio(ours, best):
     return round(ours / best, 2) if ours and best else None
 
 
-def summarize(variants: list[dict], samples: dict) -> list[dict]:
+def summarize(rows_in: list[dict], samples: dict) -> list[dict]:
     rows = []
-    for v in variants:
+    for v in rows_in:
         got = samples.get(v["id"], [])
         ok = [s for s in got if "error" not in s]
-        row = {k: v[k] for k in ("shape", "system", "recipe_class", "variant", "file_mb", "export_s", "export_peak_rss_mb")}
+        row = {k: v.get(k) for k in ("shape", "system", "recipe_class", "variant", "runner", "threads", "file_mb",
+                                     "export_s", "export_peak_rss_mb")}
         if ok:
             for key in ("prefill_tokens_per_s", "decode_tokens_per_s", "load_s", "run_peak_rss_mb"):
                 row[key] = round(statistics.median(s[key] for s in ok), 1 if key != "load_s" else 3)
@@ -509,11 +744,19 @@ def summarize(variants: list[dict], samples: dict) -> list[dict]:
             row["loadavg_1m_samples"] = [s["loadavg_1m_before"] for s in ok]
             if all("bandwidth_share" in s for s in ok):
                 row["bandwidth_share"] = statistics.median(s["bandwidth_share"] for s in ok)
+            if "generated_tokens" in ok[0]:
+                row["generated_tokens"] = [s["generated_tokens"] for s in ok]
+            if "speedup" in ok[0]:
+                for key in ("plain_decode_tokens_per_s", "speedup", "tokens_per_call"):
+                    row[key] = round(statistics.median(s[key] for s in ok), 3)
+                row["tokens"] = [s["tokens"] for s in ok]
+                row["first_difference"] = [s["first_difference"] for s in ok]
         errors = [s["error"] for s in got if "error" in s]
         if errors:
             row["run_error"] = errors[0]
         rows.append(row)
-    # ours / best peer, within one shape and one recipe class
+    # ours / the best peer row (any system but genai, any runner or thread setting: each peer at its
+    # best), within one shape and one recipe class
     for row in rows:
         if row["system"] != "genai":
             continue
@@ -525,24 +768,35 @@ def summarize(variants: list[dict], samples: dict) -> list[dict]:
             vals = [(r[key], r) for r in peers if r.get(key)]
             if vals and row.get(key):
                 val, who = better(vals, key=lambda x: x[0])
-                ratios[key] = {"ratio": ratio(row[key], val), "best_peer": f"{who['system']} {who['variant']}"}
+                ratios[key] = {"ratio": ratio(row[key], val), "best_peer": f"{who['system']} {who['variant']} {who['runner']}"}
         row["vs_best_peer"] = ratios
     return rows
 
 
 def print_table(rows: list[dict], problems: list[dict]) -> None:
-    head = (f"{'shape':<13} {'system':<9} {'variant':<19} {'file MB':>8} {'export s':>8} {'exp RSS':>8} "
+    head = (f"{'shape':<13} {'system':<9} {'variant':<19} {'runner':<17} {'file MB':>8} {'export s':>8} {'exp RSS':>8} "
             f"{'prefill t/s':>11} {'decode t/s':>10} {'load s':>7} {'run RSS':>8}  {'prefill/best':>12} {'decode/best':>11}")
     print("\n" + head + "\n" + "-" * len(head))
     for r in rows:
         vs = r.get("vs_best_peer", {})
         fmt = lambda k: f"{vs[k]['ratio']:.2f}" if k in vs and vs[k]["ratio"] is not None else "-"
         num = lambda k, w, p=1: f"{r[k]:>{w}.{p}f}" if r.get(k) is not None else f"{'-':>{w}}"
-        print(f"{r['shape']:<13} {r['system']:<9} {r['variant']:<19} {num('file_mb', 8)} {num('export_s', 8)} "
+        print(f"{r['shape']:<13} {r['system']:<9} {r['variant']:<19} {r['runner']:<17} {num('file_mb', 8)} {num('export_s', 8)} "
               f"{num('export_peak_rss_mb', 8, 0)} {num('prefill_tokens_per_s', 11)} {num('decode_tokens_per_s', 10)} "
               f"{num('load_s', 7, 2)} {num('run_peak_rss_mb', 8, 0)}  {fmt('prefill_tokens_per_s'):>12} "
               f"{fmt('decode_tokens_per_s'):>11}" + (f"  run failed: {r['run_error'][:80]}" if r.get("run_error") else ""))
-    print("(ratios: genai / best peer of the same recipe class; fp32 ~ F32, 8da8w ~ Q8_0, 8da4w ~ Q4_0)")
+    print("(ratios: genai / the best peer row of the same shape and recipe class; fp32 ~ F32, 8da8w ~ Q8_0, "
+          "8da4w ~ Q4_0 ~ onnxruntime-genai int4)")
+    for r in rows:
+        for key in ("decode_tokens_per_s", "prefill_tokens_per_s"):
+            if key in r.get("vs_best_peer", {}):
+                print(f"{r['shape']} genai {r['variant']} {r['runner']}: {key.split('_')[0]} best peer = "
+                      f"{r['vs_best_peer'][key]['best_peer']}")
+    for r in rows:
+        if r.get("speedup") is not None:
+            print(f"{r['shape']} genai {r['runner']}: {r['decode_tokens_per_s']} tok/s vs plain {r['plain_decode_tokens_per_s']} "
+                  f"in the same process ({r['speedup']:.2f}x), {r['tokens_per_call']:.2f} tokens per call, "
+                  f"first token differing from plain decoding: {r['first_difference']}")
     for r in rows:
         if r.get("bandwidth_share") is not None:
             print(f"{r['shape']} genai {r['variant']}: decode reads weights at {100 * r['bandwidth_share']:.0f} % "
@@ -551,17 +805,54 @@ def print_table(rows: list[dict], problems: list[dict]) -> None:
         print(f"NOT RUN  {p.get('shape', '')} {p['system']} {p.get('variant', '')} [{p['stage']}]: {p['reason']}")
 
 
+def markdown_table(rows: list[dict], host: dict) -> str:
+    """The table as bench/README.md shows it."""
+    lines = ["| shape | system | variant | runner | MB | prefill tok/s | decode tok/s | prefill / best peer | decode / best peer |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        vs = r.get("vs_best_peer", {})
+        ratio_of = lambda k: f"{vs[k]['ratio']:.2f}" if k in vs and vs[k]["ratio"] is not None else ""
+        num = lambda k: f"{r[k]:.1f}" if r.get(k) is not None else (r.get("run_error", "")[:40] if k.startswith("decode") else "")
+        lines.append(f"| {r['shape']} | {r['system']} | {r['variant']} | {r['runner']} | {r.get('file_mb') or ''} | "
+                     f"{num('prefill_tokens_per_s')} | {num('decode_tokens_per_s')} | {ratio_of('prefill_tokens_per_s')} | "
+                     f"{ratio_of('decode_tokens_per_s')} |")
+    lines.append(f"\n{host['cpu_model']}, {host['cpus']} cpus, AMX: {', '.join(host['amx']) or 'none'}; "
+                 f"load average at start {', '.join(f'{x:.1f}' for x in host['loadavg_start'])}")
+    return "\n".join(lines) + "\n"
+
+
+def machine() -> dict:
+    """What ran this: the CPU's model and flags (AMX, AVX-512 VNNI, ... decide which kernels run) and how busy
+    the shared host was."""
+    cpu = {}
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() in ("model name", "flags", "cpu family", "model") and key.strip() not in cpu:
+            cpu[key.strip()] = value.strip()
+    flags = cpu.get("flags", "").split()
+    return {"cpus": os.cpu_count(), "platform": platform.platform(), "cpu_model": cpu.get("model name"),
+            "cpu_family": cpu.get("cpu family"), "cpu_model_number": cpu.get("model"),
+            "amx": [f for f in flags if f.startswith("amx")],
+            "avx512": [f for f in flags if f.startswith("avx512") or f in ("avx_vnni", "avx2", "fma", "f16c")],
+            "cpu_flags": flags, "loadavg_start": os.getloadavg()}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shapes", nargs="+", default=["smollm2-135m"], choices=list(SHAPES))
-    parser.add_argument("--systems", nargs="+", default=["genai", "llamacpp", "optimum"],
-                        choices=["genai", "llamacpp", "optimum"])
+    parser.add_argument("--systems", nargs="+", default=["genai", "llamacpp", "optimum", "ortgenai"],
+                        choices=["genai", "llamacpp", "optimum", "ortgenai"])
     parser.add_argument("--recipes", nargs="+", default=["fp32", "8da8w", "8da4w"], choices=list(GENAI_RECIPES))
     parser.add_argument("--modes", nargs="+", default=["dynamic", "hybrid"], help="genai modes")
     parser.add_argument("--variants", nargs="+", default=[],
                         help="only these variant names (e.g. 8da4w Q4_0), for any system; default: every one")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--llamacpp-threads", type=int, nargs="+", default=[1, 2],
+                        help="llama.cpp thread settings to try (each with and without flash attention)")
+    parser.add_argument("--lookahead", type=int, default=7,
+                        help="draft length of the lookahead rows (real SmolLM2-135M-Instruct); 0: no lookahead rows")
+    parser.add_argument("--lookahead-gen-len", type=int, default=200)
     parser.add_argument("--prompt-len", type=int, default=128)
     parser.add_argument("--gen-len", type=int, default=128)
     parser.add_argument("--max-seq-len", type=int, default=512)
@@ -577,7 +868,9 @@ def main() -> None:
     started = time.time()
     problems: list[dict] = []
 
-    for system, install in (("llamacpp", install_llamacpp), ("optimum", install_optimum)):
+    host = machine()
+    say(f"{host['cpu_model']}, {host['cpus']} cpus, AMX: {host['amx'] or 'none'}, load average {host['loadavg_start']}")
+    for system, install in (("llamacpp", install_llamacpp), ("optimum", install_optimum), ("ortgenai", install_ortgenai)):
         if system not in args.systems:
             continue
         say(f"install {system}")
@@ -594,23 +887,28 @@ def main() -> None:
     variants = []
     for shape in args.shapes:
         variants += prepare_variants(shape, args, work, problems)
+    runs = [run for v in variants for run in runs_of(v, args)]
+    if args.lookahead and "genai" in args.systems and "smollm2-135m" in args.shapes and "8da4w" in args.recipes:
+        runs += lookahead_runs(args, work, problems)
 
     samples: dict[str, list] = {}
-    for r in range(args.repeats):  # round-robin: every variant once per round
-        for v in variants:
+    measured = time.time()
+    for r in range(args.repeats):  # round-robin: every row once per round, so all share the host's moods
+        for run in runs:
             try:
-                s = measure(v, args, work)
+                s = measure(run, work)
             except (ChildFailed, ValueError, KeyError) as e:
                 s = {"error": last_error_line(e)}
-            samples.setdefault(v["id"], []).append(s)
-            say(f"round {r + 1}/{args.repeats} {v['id']}: {s}")
+            samples.setdefault(run["id"], []).append(s)
+            say(f"round {r + 1}/{args.repeats} {run['id']}: {s}")
 
-    rows = summarize(variants, samples)
+    rows = summarize(runs, samples)
     print_table(rows, problems)
     result = {
-        "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
+        "machine": {**host, "loadavg_end": os.getloadavg()},
         "settings": {k: getattr(args, k) for k in ("shapes", "systems", "recipes", "modes", "variants", "repeats", "threads",
-                                                    "prompt_len", "gen_len", "max_seq_len", "seed", "genai_ref")},
+                                                    "llamacpp_threads", "lookahead", "lookahead_gen_len", "prompt_len", "gen_len", "max_seq_len", "seed",
+                                                    "genai_ref")},
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
         "installs": installs,
         "models": {s: json.loads((work / s / "hf" / "done.json").read_text()) for s in args.shapes
@@ -619,17 +917,22 @@ def main() -> None:
         "samples": samples,
         "not_run": problems,
         "wall_s": round(time.time() - started),
+        "measure_s": round(time.time() - measured),
     }
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {args.json}")
+    Path(args.json).with_suffix(".md").write_text(markdown_table(rows, host))
+    print(f"wrote {args.json} and its table as {Path(args.json).with_suffix('.md').name}; {(time.time() - started) / 60:.1f} min in all, {(time.time() - measured) / 60:.1f} "
+          f"of them measuring; load average now {os.getloadavg()}")
 
 
 WORKERS = {
     "_build-model": lambda a: worker_build_model(a[0], a[1], int(a[2])),
     "_convert-gguf": lambda a: worker_convert_gguf(a[0], a[1], a[2]),
     "_quantize": lambda a: worker_quantize(a[0], a[1], int(a[2]), int(a[3])),
-    "_run-llamacpp": lambda a: worker_run_llamacpp(a[0], int(a[1]), int(a[2]), int(a[3]), int(a[4])),
+    "_run-llamacpp": lambda a: worker_run_llamacpp(a[0], int(a[1]), int(a[2]), int(a[3]), int(a[4]), bool(int(a[5]))),
+    "_run-textllm": lambda a: worker_run_textllm(a[0], a[1], int(a[2]), int(a[3]), int(a[4])),
+    "_run-ortgenai": lambda a: worker_run_ortgenai(a[0], int(a[1]), int(a[2]), int(a[3]), int(a[4])),
     "_run-optimum": lambda a: worker_run_optimum(a[0], int(a[1]), int(a[2]), int(a[3]), int(a[4])),
 }
 
