@@ -82,6 +82,7 @@ def executorch_runner(folder: Path, data: Path, limit: int, max_new_tokens: int 
         inputs = [make_token_input(ids[:first]), make_image_input(__import__("torch").from_numpy(np.ascontiguousarray(frame))),
                   make_token_input(ids[last:])]
         pieces = []
+        runner.reset()  # else the KV cache keeps every earlier question: the runner continues a conversation
         runner.generate(inputs, GenerationConfig(echo=False, max_new_tokens=max_new_tokens, temperature=0.0),
                         token_callback=pieces.append)
         text = "".join(pieces)

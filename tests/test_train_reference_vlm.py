@@ -41,7 +41,7 @@ def test_dataset_is_seeded(script):
 def test_heldout_written_as_genai_reads_it(script, tmp_path):
     import json
 
-    rows = script.write_heldout(tmp_path, 6, seed=1)
+    rows = script.write_heldout(tmp_path, len(script.KINDS), seed=1)
     lines = [json.loads(line) for line in (tmp_path / "heldout.jsonl").read_text().splitlines()]
     assert lines == rows and [r["kind"] for r in rows] == script.KINDS
     assert all((tmp_path / r["image"]).is_file() and {"image", "prompt", "answer"} <= r.keys() for r in rows)
@@ -81,6 +81,36 @@ def test_a_few_steps_lower_the_loss(script):
     model = script.build_model(tok.get_vocab_size(), seed=0)
     assert sum(p.numel() for p in model.parameters()) <= 10_000_000
     rng = random.Random(0)
-    data = [script.sample(rng) for _ in range(4)]
-    curve = script.train(model, tok, steps=8, batch_size=4, lr=1e-3, seed=0, warmup=1, log_every=1, data=data)
+    data = [script.sample_with_items(rng) for _ in range(4)]
+    curve = script.train(model, tok, steps=8, batch_size=4, lr=1e-3, seed=0, warmup=1, log_every=1, data=data,
+                         vision_lr=2e-3, cell_weight=1.0)
     assert curve[-1]["loss"] < 0.5 * curve[0]["loss"], curve
+    assert curve[-1]["cell_loss"] < curve[0]["cell_loss"], curve
+
+
+def test_cell_targets_follow_the_image_tokens(script):
+    """Image token k (pixel shuffle's row-major order) covers grid cell k: the auxiliary loss's targets."""
+    items = [script.Item("star", "red", 0), script.Item("circle", "blue", 5)]
+    colours, shapes = script.cell_targets(items)
+    assert colours == [1 + list(script.COLOURS).index("red"), 0, 0, 0, 0, 1 + list(script.COLOURS).index("blue"), 0, 0, 0]
+    assert shapes == [1 + script.SHAPES.index("star"), 0, 0, 0, 0, 1 + script.SHAPES.index("circle"), 0, 0, 0]
+    assert script.TOKENS_PER_IMAGE == 9 and script.IMAGE // script.PATCH == 2 * 3
+    model = script.build_model(script.make_tokenizer().get_vocab_size(), seed=0)
+    patches = torch.arange(36.0).reshape(1, 36, 1).repeat(1, 1, 128)  # patch i (row-major 6x6) carries the value i
+    shuffled = model.model.connector.pixel_shuffle(patches, script.SCALE)[0, :, ::128]  # the 4 patches per token
+    for k in range(9):
+        rows, cols = {int(v) // 6 for v in shuffled[k]}, {int(v) % 6 for v in shuffled[k]}
+        assert rows == {2 * (k // 3), 2 * (k // 3) + 1} and cols == {2 * (k % 3), 2 * (k % 3) + 1}
+
+
+def test_a_shape_stays_inside_its_cell(script):
+    """"Where is the red star?" has one answer: every drawn pixel lies in the item's grid cell."""
+    rng = random.Random(0)
+    cell = script.IMAGE / 3
+    for k in range(45):
+        item = script.Item(script.SHAPES[k % len(script.SHAPES)], "red", k % 9)
+        blank = np.full((script.IMAGE, script.IMAGE, 3), 128, np.uint8)
+        ys, xs = np.nonzero((script._draw(blank, item, rng) != 128).any(-1))
+        row, col = divmod(item.cell, 3)
+        assert row * cell <= ys.min() and ys.max() < (row + 1) * cell, item
+        assert col * cell <= xs.min() and xs.max() < (col + 1) * cell, item
