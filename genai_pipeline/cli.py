@@ -594,6 +594,8 @@ def _default(where: str, name: str):
         if isinstance(target, ast.Name) and target.id == name:
             if isinstance(node.value, ast.Attribute) and isinstance(node.value.value, ast.Name):  # an enum member, e.g. Mode.HYBRID
                 return getattr(getattr(names, node.value.value.id), node.value.attr)
+            if isinstance(node.value, ast.Name) and cls:  # a module constant, e.g. SMOOTH_ALPHA
+                return _default(module, node.value.id)
             return ast.literal_eval(node.value)
     raise LookupError(f"{where} has no {name}")
 
