@@ -4,6 +4,10 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PROMPT ?= The list object
+# The first question of reference-vlm's held-out split (assets/reference-vlm/heldout.jsonl)
+VLM_IMAGE := assets/reference-vlm/heldout/0000.png
+VLM_QUESTION := What colour is the diamond?
+VLM_ANSWER := orange
 
 .PHONY: demo test chat bench clean
 
@@ -29,6 +33,9 @@ demo: $(STAMP)
 	$(BIN)/genai export reference --out out/reference
 	$(BIN)/genai inspect out/reference/text_decoder.pte
 	$(BIN)/genai run out/reference --prompt "$(PROMPT)" --max-new-tokens 80 --temperature 0.7 --top-p 0.9
+	$(BIN)/genai export reference-vlm --out out/reference-vlm
+	@echo "image: $(VLM_IMAGE)"; echo "question: $(VLM_QUESTION)   (held-out answer: $(VLM_ANSWER))"; printf "answer:"
+	@$(BIN)/genai run out/reference-vlm --image $(VLM_IMAGE) --prompt "$(VLM_QUESTION)" --max-new-tokens 8
 
 test: $(STAMP) $(SMOLLM2_GGUF)
 	$(BIN)/python -m pytest -q
