@@ -39,7 +39,7 @@ import json
 import logging
 import re
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -341,17 +341,13 @@ def gptq_qparams(w: torch.Tensor, hessian: torch.Tensor, group_size: int, block:
 
 
 @torch.no_grad()
-def input_hessians(module: nn.Module, names: set[str], samples: list[list[int]], window: int) -> tuple[dict, dict]:
-    """X^T X of each named linear's inputs over `samples` (token lists, run from position 0 in
-    windows), and which layers of one parent read the same input (q, k, v; w1, w3): bit-identical
-    sums over the same tensors (a tensor's address is no test: the allocator reuses memory)."""
-    hessians = {}
+def observe_inputs(module: nn.Module, names: set[str], samples: list[list[int]], window: int,
+                   record: Callable[[str, torch.Tensor], None]) -> None:
+    """Run `samples` (token lists) through `module` from position 0 in windows, calling
+    record(name, x) with each named layer's input as float rows, [tokens, in_features]."""
 
     def hook(name):
-        def record(_, inputs, __):
-            x = inputs[0].detach().reshape(-1, inputs[0].shape[-1]).float()
-            hessians[name] = hessians.get(name, 0) + x.T @ x
-        return record
+        return lambda _, inputs, __: record(name, inputs[0].detach().reshape(-1, inputs[0].shape[-1]).float())
 
     handles = [m.register_forward_hook(hook(n)) for n, m in module.named_modules() if n in names]
     try:
@@ -361,6 +357,19 @@ def input_hessians(module: nn.Module, names: set[str], samples: list[list[int]],
     finally:
         for h in handles:
             h.remove()
+
+
+@torch.no_grad()
+def input_hessians(module: nn.Module, names: set[str], samples: list[list[int]], window: int) -> tuple[dict, dict]:
+    """X^T X of each named linear's inputs over `samples` (token lists, run from position 0 in
+    windows), and which layers of one parent read the same input (q, k, v; w1, w3): bit-identical
+    sums over the same tensors (a tensor's address is no test: the allocator reuses memory)."""
+    hessians = {}
+
+    def record(name: str, x: torch.Tensor) -> None:
+        hessians[name] = hessians.get(name, 0) + x.T @ x
+
+    observe_inputs(module, names, samples, window, record)
     shared = {}
     for name in sorted(hessians):
         parent = name.rpartition(".")[0]
@@ -430,20 +439,11 @@ def input_absmax(module: nn.Module, samples: list[list[int]], window: int) -> di
     """Per input channel, the largest magnitude each linear layer's input reaches over `samples`."""
     absmax = {}
 
-    def hook(name):
-        def record(_, inputs, __):
-            x = inputs[0].detach().reshape(-1, inputs[0].shape[-1]).abs().amax(0).float()
-            absmax[name] = torch.maximum(absmax[name], x) if name in absmax else x
-        return record
+    def record(name: str, x: torch.Tensor) -> None:
+        x = x.abs().amax(0)
+        absmax[name] = torch.maximum(absmax[name], x) if name in absmax else x
 
-    handles = [m.register_forward_hook(hook(n)) for n, m in module.named_modules() if isinstance(m, nn.Linear)]
-    try:
-        for sample in samples:
-            for i in range(0, len(sample), window):
-                module(torch.tensor([sample[i : i + window]]), torch.tensor([0]))
-    finally:
-        for h in handles:
-            h.remove()
+    observe_inputs(module, {n for n, m in module.named_modules() if isinstance(m, nn.Linear)}, samples, window, record)
     return absmax
 
 

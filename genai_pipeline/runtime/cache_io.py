@@ -29,6 +29,7 @@ import torch
 from genai_pipeline.errors import InputError
 from genai_pipeline.models.decoder import MASK_HIDDEN
 from genai_pipeline.names import GraphName
+from genai_pipeline.runtime.session import check_room
 
 FORM = "cache-io"  # the manifest's `decoder_form` of a program in this form
 
@@ -139,11 +140,7 @@ class CacheIOSession:
         return logits.reshape(-1, logits.shape[-1])[-1].clone()
 
     def _check_room(self, n: int) -> None:
-        if self.pos + n > self.max_seq_len:
-            raise InputError(
-                f"{self.pos + n} tokens do not fit the program's context of {self.max_seq_len}; "
-                "use a shorter prompt / fewer new tokens, or re-export with a larger --max-seq-len"
-            )
+        check_room(self.pos + n, self.max_seq_len)
 
     def prefill(self, tokens: list[int]) -> torch.Tensor:
         """Feed `tokens` at the cursor, in chunks of the prefill length (the last one left-padded),

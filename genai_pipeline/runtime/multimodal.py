@@ -22,6 +22,7 @@ from genai_pipeline.errors import InputError, ProgramError
 from genai_pipeline.names import ArtifactKey, GraphName, Mode
 from genai_pipeline.image_processing import Frames, ImageProcessing, expand_prompt, image_frames, read_image
 from genai_pipeline.runtime.program import load_program, native_logs_hidden
+from genai_pipeline.runtime.session import check_room
 
 
 def is_multimodal(manifest: dict) -> bool:
@@ -91,8 +92,7 @@ class MultimodalSession:
             return self._methods[graph].execute(inputs)[0].clone()
 
     def _check_room(self, n: int) -> None:
-        if self.pos + n > self.max_seq_len:
-            raise InputError(f"{self.pos + n} tokens do not fit the program's context of {self.max_seq_len}")
+        check_room(self.pos + n, self.max_seq_len)
 
     def _decode(self, embeddings: torch.Tensor) -> torch.Tensor:
         """Embeddings [1, T, D] fed at the cursor; the next-token logits, [vocab]. A hybrid text

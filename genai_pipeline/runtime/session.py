@@ -56,6 +56,15 @@ def _load_decoder_program(folder: Path, manifest: dict, verify: bool):
     return load_program(folder / entry["file"], expected["bytes"], expected["sha256"] if verify else None)
 
 
+
+def check_room(positions: int, max_seq_len: int) -> None:
+    """One line when a session would run past the program's context (every session's check)."""
+    if positions > max_seq_len:
+        raise InputError(
+            f"{positions} tokens do not fit the program's context of {max_seq_len}; "
+            "use a shorter prompt / fewer new tokens, or re-export with a larger --max-seq-len"
+        )
+
 class DecoderSession:
     def __init__(self, folder: Path, verify: bool = False):
         folder = Path(folder)
@@ -97,11 +106,7 @@ class DecoderSession:
         return out.reshape(-1, out.shape[-1])[-1].clone()
 
     def _check_room(self, n: int) -> None:
-        if self.pos + n > self.max_seq_len:
-            raise InputError(
-                f"{self.pos + n} tokens do not fit the program's context of {self.max_seq_len}; "
-                "use a shorter prompt / fewer new tokens, or re-export with a larger --max-seq-len"
-            )
+        check_room(self.pos + n, self.max_seq_len)
 
     def prefill(self, tokens: list[int]) -> torch.Tensor:
         """Feed `tokens` at the cursor; returns the next-token logits, [vocab]."""
