@@ -81,5 +81,11 @@ def warning(v: Verification, recipe: str) -> str | None:
         return None
     family = recipe.split("+")[0].split("-")[0]
     better = BETTER.get(family, "a recipe with more bits")
-    return (f"this program loses {100 * v.perplexity_change:.0f} % perplexity against its float model "
-            f"(top-1 agreement {100 * v.top1_agreement:.0f} %); try {better}")
+    # name what tripped it: a program can agree on too few next tokens with no perplexity lost
+    lost = []
+    if v.perplexity_change > WARN_PERPLEXITY:
+        lost.append(f"{100 * v.perplexity_change:.0f} % perplexity")
+    if v.top1_agreement < WARN_TOP1:
+        lost.append(f"{100 * (1 - v.top1_agreement):.0f} % of its float model's next tokens")
+    return (f"this program loses {' and '.join(lost)} against its float model (perplexity "
+            f"{100 * v.perplexity_change:+.1f} %, top-1 agreement {100 * v.top1_agreement:.0f} %); try {better}")
