@@ -88,10 +88,13 @@ SHAPES = {
 GENAI_RECIPES = {"fp32": [("fp32", ["--recipe", "fp32"])],
                  "8da8w": [("8da8w", ["--recipe", "8da8w"])],
                  "8da4w": [("8da4w", ["--recipe", "8da4w"]), ("8da4w+emb8w", ["--recipe", "8da4w", "--embedding", "8w"]),
-                           # the default keeps attention.wv and feed_forward.w2 at 8 bits (accuracy); this one
-                           # is 4-bit throughout, as the peers' programs: the bytes a token reads, like for like
+                           # the default keeps attention.wv, feed_forward.w2 and the edge layers' w1/w3 at 8 bits
+                           # (accuracy); this one is 4-bit throughout, as the peers' programs: the bytes a token
+                           # reads, like for like
                            ("8da4w-all4bit", ["--recipe", "8da4w", "--quant-override", "attention.wv=8da4w",
-                                              "--quant-override", "feed_forward.w2=8da4w"])]}
+                                              "--quant-override", r"feed_forward.w[123]=8da4w"]),
+                           # the Q4_0-size program of the accuracy table (bench/accuracy.py's 8da4w-head4)
+                           ("8da4w-w2at4", ["--recipe", "8da4w", "--quant-override", "feed_forward.w2=8da4w"])]}
 LLAMACPP_RECIPES = {"fp32": [("F32", None)], "8da8w": [("Q8_0", 7)], "8da4w": [("Q4_0", 2)]}  # llama_ftype values
 # the builder's int4: blocks of 32 (its default), MatMulNBits with accuracy level 4 (int8 activations, as 8da4w)
 ORTGENAI_RECIPES = {"fp32": [("fp32", ["-p", "fp32"])], "8da8w": [],
