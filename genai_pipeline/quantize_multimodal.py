@@ -17,8 +17,8 @@ functions (the text path's, not copies).
   program, through quantize.py's `calibrated_graph`: the tower on the frames of the `--calib`
   chats' images (preprocessed as the runtime does), then the text decoder on each chat's whole
   prompt embedded with those frames' features spliced in, the features of the calibrated QDQ tower
-  (what the program's decoder will see). The token embedding stays float, as the text path's
-  static recipe leaves it. QNN's static recipes need the decoder's cache-I/O form, which the
+  (what the program's decoder will see); the decoder's adds and multiplies stay float
+  (FLOAT_DECODER_OPS). The token embedding stays float, as the text path's static recipe leaves it. QNN's static recipes need the decoder's cache-I/O form, which the
   vision-language path does not have yet: refused.
 """
 
@@ -105,12 +105,15 @@ def quantize_model(model: nn.Module, options: QuantOptions, int4=None) -> dict[s
 
 
 def calibration_samples(options: QuantOptions, with_images: bool = False) -> list:
-    """The chats of --calib's image-capable datasets (messages, hf-chat), the first
-    `--calib-limit` of them; `with_images`: only those holding images. data.Sample each."""
+    """The samples of --calib's file-backed datasets (chats, text), the first `--calib-limit` of
+    them; `with_images`: only the chats holding images. data.Sample each."""
     from genai_pipeline.data.calibration import load_dataset
 
-    limit = options.calibration.limit
-    samples = [s for spec in options.calibration.datasets if spec.kind in IMAGE_DATA for s in load_dataset(spec, limit)]
+    samples = []
+    for spec in options.calibration.datasets:
+        wanted = None if options.calibration.limit is None else options.calibration.limit - len(samples)
+        if spec.kind != "random" and wanted != 0:
+            samples += load_dataset(spec, wanted)
     return [s for s in samples if s.images or not with_images]
 
 
@@ -183,6 +186,22 @@ def quantize_vision_language(prepared: PreparedModel, options: QuantOptions, tar
 # ---------------------------------------------------------------- static recipes (8a8w)
 
 
+# The text decoder's adds and multiplies (the residual stream, the norms' scaling, the MLP's gate)
+# stay float; its linears keep static int8 inputs (after the norms, row by row comparable). The
+# spliced image rows are ~30x the token embeddings (reference-vlm: std 3.0 vs 0.10), so one
+# per-tensor int8 scale over the residual stream left the text rows about one step: reference-vlm's
+# answer perplexity was 1.677 with them quantized, 1.4635 without (float 1.4638; README).
+FLOAT_DECODER_OPS = {"add": torch.ops.aten.add.Tensor, "mul": torch.ops.aten.mul.Tensor}
+
+
+def _linears_quantized(quantizer):
+    """The target's quantizer (XNNPACKQuantizer: only xnnpack reaches here) with FLOAT_DECODER_OPS
+    left float."""
+    float_ops = set(FLOAT_DECODER_OPS.values())
+    quantizer.set_filter_function(lambda node: node.target not in float_ops)
+    return quantizer
+
+
 class DecoderOnEmbeddings(nn.Module):
     """The text decoder on embeddings, every position's logits: the decoder's quantize graph. Its
     module paths are the text path's (`decoder.*`), so the target's quantizer finds the LM head by
@@ -203,7 +222,7 @@ class CalibrationChat:
 
 
 def calibration_chats(prepared: PreparedModel, options: QuantOptions) -> list[CalibrationChat]:
-    """Each --calib chat as the runtime feeds it (runtime/chat.py): rendered by the model's chat
+    """Each --calib chat as the runtime feeds it (runtime/chat.py; a text sample: its text's ids): rendered by the model's chat
     template (the checkpoint's, else the entry's), each image read and preprocessed by the family's processor (image_processing.py) and
     expanded where the template marks it, tokenized without added special tokens. A chat longer
     than the context is cut there; a frame whose run of image tokens the cut splits is left out
@@ -222,9 +241,14 @@ def calibration_chats(prepared: PreparedModel, options: QuantOptions) -> list[Ca
     vision = prepared.manifest_extra["vision"]
     processing = ImageProcessing.from_dict(vision["preprocessing"])
     n, image_token, context = processing.tokens_per_image, vision["image_token_id"], prepared.options.max_seq_len
+    if any(spec.kind == "random" for spec in options.calibration.datasets):
+        log.warning("--calib random is not used for a vision-language model: random ids carry no image")
     chats = []
     for sample in calibration_samples(options):
         images = [image_frames(read_image(path), processing) for path in sample.images]
+        if sample.text is not None:  # plain text: the text decoder alone, as the text path feeds it
+            chats.append(CalibrationChat(tokenizer.encode(sample.text, add_special_tokens=True)[:context], []))
+            continue
         if template is None:  # "role: content" lines mark no image: the images go first, as `genai run --image` puts them
             text = expand_prompt(render_chat(sample.messages, None), images, processing)
         else:
@@ -279,7 +303,7 @@ def quantize_static(prepared: PreparedModel, options: QuantOptions, target) -> P
             with native_logs_hidden():  # ExecuTorch's custom ops log from C++ in eager mode too
                 observed(spliced_embeddings(model.decoder.embed, qdq_tower, chat.ids, chat.frames, image_token_id), torch.tensor([0]))
 
-    decoder_qdq = calibrated_graph(graph, quantizer, see_chats)
+    decoder_qdq = calibrated_graph(graph, lambda gm: _linears_quantized(quantizer(gm)), see_chats)
     graphs = dict(artifact.graphs)
     graphs[GraphName.VISION_ENCODER] = dataclasses.replace(tower, module=qdq_tower)
     # the next token's logits only, as TextDecoderGraph returns them (the text path's deploy graph)
@@ -289,7 +313,7 @@ def quantize_static(prepared: PreparedModel, options: QuantOptions, target) -> P
     recipes = {
         "vision_encoder": {"recipe": options.recipe, "layers": _counts(plans["vision_encoder"])},
         "token_embedding": {"recipe": "fp32", "layers": {}},
-        "text_decoder": {"recipe": options.describe(), "layers": _counts(plans["text_decoder"])},
+        "text_decoder": {"recipe": options.describe(), "layers": _counts(plans["text_decoder"]), "float_ops": sorted(FLOAT_DECODER_OPS)},
     }
     for component, entry in recipes.items():
         log.info("quantized %s: %s (%s)", component, entry["recipe"],
