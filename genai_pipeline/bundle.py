@@ -47,7 +47,9 @@ class Artifact:
     # Calibrated by static quantization (dynamic length, every position's output); its
     # encodings then serve every deploy graph. Never a method of the program.
     quantize_graph: GraphBundle | None = None
-    qdq: Any = None  # the calibrated QDQ model (an ExportedProgram), once quantized statically
+    # the calibrated QDQ model (an ExportedProgram), once quantized statically; a vision-language
+    # program's: {graph name: ExportedProgram} of its calibrated graphs (tower, text decoder)
+    qdq: Any = None
     qdq_key: str | None = None  # hash of everything its calibration depended on
     # int4 weights chosen by calibration (gptq) or taken from the checkpoint (a GGUF's Q4_0):
     # {linear weight name: (values, scales)}, kept beside the program for `genai eval`

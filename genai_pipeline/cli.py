@@ -107,7 +107,7 @@ def _export(args, out: Path, staging: Path) -> ExportError | None:
     if spec.vision is not None:
         from genai_pipeline.quantize_multimodal import check_vision_language_quant
 
-        check_vision_language_quant(quant, split=args.split)
+        check_vision_language_quant(quant, split=args.split, target=target)
     elif quant.vision_recipe is not None:
         from genai_pipeline.errors import InputError
 

@@ -138,6 +138,22 @@ def _is_a(obj, cls) -> bool:
         return False
 
 
+def _qdq_files(key, qdq) -> dict:
+    """Where an artifact's QDQ models go: `<artifact>.qdq.pt2`, or with one per calibrated graph
+    (a vision-language program: its tower and its text decoder) `<artifact>.<graph>.qdq.pt2`."""
+    if not isinstance(qdq, dict):
+        return {None: f"{key.value}.qdq.pt2"}
+    return {graph: f"{key.value}.{graph.value}.qdq.pt2" for graph in qdq}
+
+
+def _qdq_manifest(key, qdq):
+    """The manifest's `qdq` of an artifact: a file name, {graph: file name}, or None."""
+    if qdq is None:
+        return None
+    files = _qdq_files(key, qdq)
+    return files[None] if None in files else {graph.value: file for graph, file in files.items()}
+
+
 def compile_artifacts(prepared: PreparedModel, target: Target, out: Path) -> ArtifactSet:
     """Writes `<artifact>.pte` (+ `<artifact>.qdq.pt2` when calibrated), the tokenizer, and the
     manifest last, into `out`: a new or empty folder (`genai export` passes its staging folder, see
@@ -150,11 +166,14 @@ def compile_artifacts(prepared: PreparedModel, target: Target, out: Path) -> Art
         raise ExportError(f"{out} is not empty: an export is written into a new folder (genai export builds one, then swaps it in)")
     started = time.perf_counter()
     for key, artifact in prepared.artifacts.items():
-        if artifact.qdq is not None:  # the calibrated model, for `genai eval`
-            tmp = out / f".{key.value}.qdq.pt2.partial"
-            torch.export.save(artifact.qdq, tmp)
-            tmp.replace(out / f"{key.value}.qdq.pt2")
-            atomic_write(out / f".{key.value}.qdq.key", artifact.qdq_key or "")  # lets a re-run reuse it
+        if artifact.qdq is not None:  # the calibrated model(s), for `genai eval`
+            qdq = artifact.qdq if isinstance(artifact.qdq, dict) else {None: artifact.qdq}
+            for graph, file in _qdq_files(key, artifact.qdq).items():
+                tmp = out / f".{file.removesuffix('.pt2')}.partial.pt2"  # torch.export.save warns on a name not ending in .pt2
+                torch.export.save(qdq[graph], tmp)
+                tmp.replace(out / file)
+            if artifact.qdq_key:  # lets a re-run reuse it
+                atomic_write(out / f".{key.value}.qdq.key", artifact.qdq_key)
         if artifact.int4:  # int4 weights chosen by calibration or taken from a GGUF, for `genai eval`
             save_int4(int4_file(out, key.value), artifact.int4)
         if artifact.smoothing:  # for `genai eval`: the float model smoothed as the program's was
@@ -200,7 +219,7 @@ def compile_artifacts(prepared: PreparedModel, target: Target, out: Path) -> Art
         "artifacts": {
             key.value: {
                 "file": programs[key].name if key in programs else None,
-                "qdq": f"{key.value}.qdq.pt2" if artifact.qdq is not None else None,
+                "qdq": _qdq_manifest(key, artifact.qdq),
                 "methods": [g.value for g in artifact.graphs],
                 "constant_methods": dict(artifact.constant_methods),
             }

@@ -16,6 +16,7 @@ chunk is left out (its logits would be its padding's).
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 import re
 from dataclasses import dataclass
@@ -81,7 +82,12 @@ def _float_vision_language_model(spec, manifest: dict):
 
 
 def text_decoder(model):
-    """The text decoder of a float or quantized model (a VisionLanguageModel's `decoder`)."""
+    """The text decoder of a float or quantized model (a VisionLanguageModel's `decoder`; a static
+    recipe's QDQ model without its tower)."""
+    from genai_pipeline.quantize_multimodal import StaticVisionLanguage
+
+    if isinstance(model, StaticVisionLanguage):
+        return dataclasses.replace(model, vision=None)
     return model.decoder if isinstance(model, VisionLanguageModel) else model  # a QDQ graph has a `decoder` too
 
 
@@ -101,9 +107,13 @@ def block_outputs(model, tokens: list[int], contract: CacheIOContract | None = N
     A QDQ model from `.qdq.pt2` is a flat graph: its block outputs are the residual adds that
     end each block, recognisable by the `layers.<i>` module path torch.export records. `contract`:
     the QDQ model is in the cache-I/O form and takes that form's inputs (an empty cache)."""
+    from genai_pipeline.quantize_multimodal import StaticVisionLanguage
+
     with torch.no_grad(), native_logs_hidden():
         if isinstance(model, VisionLanguageModel):
             return _vision_language_blocks(model, tokens)
+        if isinstance(model, StaticVisionLanguage):
+            return _static_vision_language_blocks(model, tokens)
         return _capture_blocks(model, tokens, contract)
 
 
@@ -136,6 +146,28 @@ def _vision_language_blocks(model: VisionLanguageModel, tokens: list[int]) -> di
     return outputs
 
 
+def _static_vision_language_blocks(model, tokens: list[int]) -> dict[str, torch.Tensor]:
+    """`_vision_language_blocks`' outputs, under the same names, of a static recipe's QDQ graphs
+    (quantize_multimodal.StaticVisionLanguage); without its tower, the text decoder's as a text
+    model's (`layers.<i>`)."""
+    embeddings = model.embed(torch.tensor([tokens]))
+    decoder = _graph_blocks(model.decoder, embeddings, torch.tensor([0]))[0]
+    if model.vision is None:
+        return decoder
+    outputs = {"token_embedding": embeddings}
+    layers, features = _graph_blocks(model.vision, report_image(_image_size(model.vision)))
+    outputs.update({f"vision_encoder.{name}": t for name, t in layers.items()})
+    outputs["vision_encoder.connector"] = features
+    outputs.update({f"text_decoder.{name}": t for name, t in decoder.items()})
+    return outputs
+
+
+def _image_size(graph) -> int:
+    """The side of the images a QDQ tower graph takes (uint8 [1, 3, S, S])."""
+    pixels = next(n for n in graph.graph.nodes if n.op == "placeholder")
+    return int(pixels.meta["val"].shape[-1])
+
+
 def _capture_blocks(model, tokens: list[int], contract: CacheIOContract | None) -> dict[str, torch.Tensor]:
     outputs = {}
     if isinstance(model, Decoder):
@@ -147,20 +179,23 @@ def _capture_blocks(model, tokens: list[int], contract: CacheIOContract | None) 
         for h in hooks:
             h.remove()
         return outputs
-    last_add = {}  # layers.<i> -> the last add node of that block in graph order
+    if contract is None:
+        return _graph_blocks(model, torch.tensor([tokens]), torch.tensor([0]))[0]
+    empty = [torch.zeros(1, contract.n_kv_heads, contract.max_seq_len, contract.head_dim) for _ in range(contract.n_layers)]
+    return _graph_blocks(model, *contract.call_inputs(tokens, 0, len(tokens), empty, empty))[0]
+
+
+def _graph_blocks(model, *inputs) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    """Every block's output (`layers.<i>`) of a flat QDQ graph run on `inputs`, and its output."""
+    outputs, last_add = {}, {}  # layers.<i> -> the last add node of that block in graph order
     for node in model.graph.nodes:
         stack = node.meta.get("nn_module_stack") or {}
         paths = [path for path, _ in stack.values()]
         block = next((p for p in paths if re.fullmatch(r"(?:.*\.)?layers\.\d+", p)), None)
         if block and node.op == "call_function" and "add" in str(node.target):
             last_add["layers." + block.rsplit("layers.", 1)[1]] = node
-    interp = _Recorder(model, {n: name for name, n in last_add.items()}, outputs)
-    if contract is None:
-        interp.run(torch.tensor([tokens]), torch.tensor([0]))
-    else:
-        empty = [torch.zeros(1, contract.n_kv_heads, contract.max_seq_len, contract.head_dim) for _ in range(contract.n_layers)]
-        interp.run(*contract.call_inputs(tokens, 0, len(tokens), empty, empty))
-    return outputs
+    result = _Recorder(model, {n: name for name, n in last_add.items()}, outputs).run(*inputs)
+    return outputs, result[0] if isinstance(result, (tuple, list)) else result
 
 
 class _Recorder(torch.fx.Interpreter):
@@ -182,6 +217,12 @@ def quantized_model(folder: Path, manifest: dict, reference: Decoder, in_place: 
     quant = quant_options_from(manifest.get("quantization", {}))
     if quant.is_float:
         return None
+    if quant.is_static and "vision" in manifest:  # the calibrated tower and text decoder, the float token embedding
+        from genai_pipeline.quantize_multimodal import StaticVisionLanguage
+
+        files = manifest["artifacts"][ArtifactKey.MULTIMODAL.value]["qdq"]
+        graphs = {name: torch.export.load(Path(folder) / file).module() for name, file in files.items()}
+        return StaticVisionLanguage(reference.decoder.embed, graphs[GraphName.VISION_ENCODER.value], graphs[GraphName.TEXT_DECODER.value])
     if quant.is_static:
         qdq_file = manifest["artifacts"]["text_decoder"]["qdq"]
         return torch.export.load(Path(folder) / qdq_file).module()

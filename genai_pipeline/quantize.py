@@ -46,7 +46,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from genai_pipeline.bundle import Artifact, PreparedModel, tool_versions
+from genai_pipeline.bundle import Artifact, GraphBundle, PreparedModel, tool_versions
 from genai_pipeline.chat_template import read_chat_template
 from genai_pipeline.data import CalibrationOptions, DatasetSpec, calibration_steps, iterate_with_progress
 from genai_pipeline.errors import InputError
@@ -631,14 +631,10 @@ def with_default_data(calibration: CalibrationOptions) -> CalibrationOptions:
 
 def _calibrate(prepared: PreparedModel, artifact: Artifact, options: QuantOptions, quantizer):
     """PT2E on the quantize graph: observe activations over the calibration data, then convert."""
-    from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
-
     from genai_pipeline.runtime.program import native_logs_hidden
     from genai_pipeline.tokenizer import Tokenizer
 
     graph = artifact.quantize_graph
-    exported = torch.export.export(graph.module, graph.example_inputs, dynamic_shapes=graph.dynamic_shapes, strict=False)
-    observed = prepare_pt2e(exported.module(), quantizer(exported.graph_module))
     checkpoint = prepared.tokenizer_file.parent if prepared.tokenizer_file else None
     tokenizer = Tokenizer.from_folder(checkpoint, bos_id=prepared.spec.bos_id) if checkpoint else None
     data = with_default_data(options.calibration)
@@ -654,8 +650,9 @@ def _calibrate(prepared: PreparedModel, artifact: Artifact, options: QuantOption
         chat_template=read_chat_template(checkpoint) if checkpoint else None,
         seed=prepared.options.seed,
     )
-    feed = _cache_io_feed(observed, graph.metadata["cache_io"]) if "cache_io" in graph.metadata else None
-    with torch.no_grad():
+
+    def run(observed) -> None:
+        feed = _cache_io_feed(observed, graph.metadata["cache_io"]) if "cache_io" in graph.metadata else None
         for step in iterate_with_progress(steps, f"calibrating {artifact.key.value}"):
             # A new sample restarts at position 0: causal attention never reads the stale rows.
             with native_logs_hidden():  # ExecuTorch's custom ops log from C++ in eager mode too
@@ -663,6 +660,20 @@ def _calibrate(prepared: PreparedModel, artifact: Artifact, options: QuantOption
                     feed(step)
                 else:
                     observed(step.tokens[:, : step.n_real], step.input_pos)
+
+    return calibrated_graph(graph, quantizer, run)
+
+
+def calibrated_graph(graph: GraphBundle, quantizer, run: Callable[[nn.Module], None]):
+    """PT2E on one graph: exported, annotated by `quantizer` (the exported graph module -> a PT2E
+    quantizer), `run(observed)` feeds the calibration data through the observed module, then
+    converted; the QDQ model, exported again (an ExportedProgram) with the graph's inputs."""
+    from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
+
+    exported = torch.export.export(graph.module, graph.example_inputs, dynamic_shapes=graph.dynamic_shapes, strict=False)
+    observed = prepare_pt2e(exported.module(), quantizer(exported.graph_module))
+    with torch.no_grad():
+        run(observed)
     qdq = convert_pt2e(observed)
     return torch.export.export(qdq, graph.example_inputs, dynamic_shapes=graph.dynamic_shapes, strict=False)
 
@@ -784,7 +795,7 @@ def quantize(prepared: PreparedModel, options: QuantOptions, target, cache: Path
     if prepared.spec.vision is not None:
         from genai_pipeline.quantize_multimodal import quantize_vision_language
 
-        return quantize_vision_language(prepared, options)
+        return quantize_vision_language(prepared, options, target)
     if options.vision_recipe is not None:
         raise InputError(f"--vision-recipe applies to vision-language models; {prepared.spec.name} is a text model")
     if options.is_float:
