@@ -242,41 +242,31 @@ def install_llamacpp(work: Path) -> dict:
     return cached(env / "done.json", make)
 
 
-def install_optimum(work: Path) -> dict:
-    env = ENVS / "optimum"
+def pip_venv(name: str, work: Path, requirements: list[str], report: tuple[str, ...]) -> dict:
+    """A venv under bench/.envs with `requirements` pip-installed (a no-op when they are there), and
+    the versions of the `report` packages."""
+    env = ENVS / name
     py = env / "bin" / "python"
 
     def make():
-        log = work / "logs" / "optimum-install.log"
         t = time.perf_counter()
         if not py.exists():
             run_child(["python3", "-m", "venv", env])
-        have = subprocess.run([py, "-c", "import importlib.metadata as m; print(m.version('optimum-executorch'))"],
-                              capture_output=True, text=True)
-        if have.stdout.strip() != OPTIMUM_VERSION:
-            run_child([py, "-m", "pip", "install", f"optimum-executorch=={OPTIMUM_VERSION}", *PINNED], log=log)
-        _, _, out = run_child([py, "-c", "import importlib.metadata as m; import json; print(json.dumps({p: m.version(p) for p in "
-                               "('optimum-executorch', 'optimum', 'executorch', 'torch', 'torchao', 'transformers')}))"])
+        run_child([py, "-m", "pip", "install", *requirements], log=work / "logs" / f"{name}-install.log")
+        _, _, out = run_child([py, "-c", "import importlib.metadata as m; import json, sys; "
+                               "print(json.dumps({p: m.version(p) for p in sys.argv[1:]}))", *report])
         return {"python": str(py), "versions": json.loads(out), "install_s": round(time.perf_counter() - t)}
 
     return cached(env / "done.json", make)
+
+
+def install_optimum(work: Path) -> dict:
+    return pip_venv("optimum", work, [f"optimum-executorch=={OPTIMUM_VERSION}", *PINNED],
+                    ("optimum-executorch", "optimum", "executorch", "torch", "torchao", "transformers"))
 
 
 def install_ortgenai(work: Path) -> dict:
-    env = ENVS / "ortgenai"
-    py = env / "bin" / "python"
-
-    def make():
-        log = work / "logs" / "ortgenai-install.log"
-        t = time.perf_counter()
-        if not py.exists():
-            run_child(["python3", "-m", "venv", env])
-        run_child([py, "-m", "pip", "install", *ORTGENAI_PINNED], log=log)
-        _, _, out = run_child([py, "-c", "import importlib.metadata as m; import json; print(json.dumps({p: m.version(p) for p in "
-                               "('onnxruntime-genai', 'onnxruntime', 'onnx', 'torch', 'transformers')}))"])
-        return {"python": str(py), "versions": json.loads(out), "install_s": round(time.perf_counter() - t)}
-
-    return cached(env / "done.json", make)
+    return pip_venv("ortgenai", work, ORTGENAI_PINNED, ("onnxruntime-genai", "onnxruntime", "onnx", "torch", "transformers"))
 
 
 # ----------------------------------------------------------------------------- stage 3: exports

@@ -112,6 +112,14 @@ def weight_bytes_per_token(folder: Path, manifest: dict) -> int:
     return stored - embedding_table_bytes(manifest)
 
 
+def timed_decode(session, token: int, gen_len: int) -> float:
+    """Tokens per second of `gen_len` greedy decode steps from `token`."""
+    t = time.perf_counter()
+    for _ in range(gen_len):
+        token = greedy_token(session.step(token))
+    return gen_len / (time.perf_counter() - t)
+
+
 def bench(folder: Path, options: BenchOptions) -> dict:
     if options.threads:
         from executorch.extension.pybindings import portable_lib
@@ -134,11 +142,7 @@ def bench(folder: Path, options: BenchOptions) -> dict:
         t = time.perf_counter()
         logits = session.prefill(prompt)
         prefill.append(len(prompt) / (time.perf_counter() - t))
-        token = greedy_token(logits)
-        t = time.perf_counter()
-        for _ in range(options.gen_len):
-            token = greedy_token(session.step(token))
-        decode.append(options.gen_len / (time.perf_counter() - t))
+        decode.append(timed_decode(session, greedy_token(logits), options.gen_len))
         if lookahead is not None:
             rounds.append([_generate(session, prompt, options.gen_len, stop_ids, o) for o in (LookaheadOptions(), lookahead)])
     decode_rate = statistics.median(decode[1:])

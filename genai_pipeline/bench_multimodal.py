@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from genai_pipeline.bench import BenchOptions, current_rss_mb, peak_rss_mb
+from genai_pipeline.bench import BenchOptions, current_rss_mb, peak_rss_mb, timed_decode
 from genai_pipeline.errors import InputError
 from genai_pipeline.image_processing import Frames, expand_prompt
 from genai_pipeline.runtime.generate import greedy_token
@@ -61,10 +61,7 @@ def bench_multimodal(folder: Path, options: BenchOptions) -> dict:
         token = greedy_token(session.prefill(prompt))
         first_token.append(time.perf_counter() - t)
         encode.append(session.vision_seconds)
-        t = time.perf_counter()
-        for _ in range(options.gen_len):
-            token = greedy_token(session.step(token))
-        decode.append(options.gen_len / (time.perf_counter() - t))
+        decode.append(timed_decode(session, token, options.gen_len))
     peak_rss = peak_rss_mb()
     return {
         "model": session.manifest["model"],

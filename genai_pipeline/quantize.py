@@ -696,7 +696,7 @@ def _cache_io_feed(observed, contract):
     return feed
 
 
-def _next_token_only(qdq) -> nn.Module:
+def next_token_only(qdq) -> nn.Module:
     """The calibrated QDQ model as a deploy graph: the next token's logits only, [1, vocab], as
     every deploy graph returns them (prepare's DecoderGraph(last_only=True)). The quantize graph
     computes every position's logits so that calibration sees every position; here the rows are
@@ -811,7 +811,7 @@ def quantize(prepared: PreparedModel, options: QuantOptions, target, cache: Path
                 qdq = _calibrate(prepared, artifact, options, lambda gm: target.static_quantizer(options, gm))
                 log.info("quantized %s statically (%s), calibrated on %s", key.value, options.recipe,
                          ", ".join(map(str, with_default_data(options.calibration).datasets)))
-            deploy = _next_token_only(qdq)
+            deploy = next_token_only(qdq)
             graphs = {name: dataclasses.replace(g, module=deploy) for name, g in artifact.graphs.items()}
             artifact = dataclasses.replace(artifact, graphs=graphs, qdq=qdq, qdq_key=stamp)
         else:

@@ -38,7 +38,7 @@ from torch.export import Dim
 from genai_pipeline.bundle import GraphBundle, PreparedModel
 from genai_pipeline.errors import InputError
 from genai_pipeline.names import ArtifactKey, GraphName
-from genai_pipeline.quantize import HEAD, QuantOptions, _next_token_only, calibrated_graph, gptq_int4, quantize_module
+from genai_pipeline.quantize import HEAD, QuantOptions, next_token_only, calibrated_graph, gptq_int4, quantize_module
 
 log = logging.getLogger(__name__)
 
@@ -205,7 +205,7 @@ def _linears_quantized(quantizer):
 class DecoderOnEmbeddings(nn.Module):
     """The text decoder on embeddings, every position's logits: the decoder's quantize graph. Its
     module paths are the text path's (`decoder.*`), so the target's quantizer finds the LM head by
-    name and quantize._next_token_only the final norm."""
+    name and quantize.next_token_only the final norm."""
 
     def __init__(self, decoder: nn.Module):
         super().__init__()
@@ -307,7 +307,7 @@ def quantize_static(prepared: PreparedModel, options: QuantOptions, target) -> P
     graphs = dict(artifact.graphs)
     graphs[GraphName.VISION_ENCODER] = dataclasses.replace(tower, module=qdq_tower)
     # the next token's logits only, as TextDecoderGraph returns them (the text path's deploy graph)
-    graphs[GraphName.TEXT_DECODER] = dataclasses.replace(graphs[GraphName.TEXT_DECODER], module=_next_token_only(decoder_qdq))
+    graphs[GraphName.TEXT_DECODER] = dataclasses.replace(graphs[GraphName.TEXT_DECODER], module=next_token_only(decoder_qdq))
     plans = {"vision_encoder": static_plan(vision_qdq, options.recipe), "text_decoder": static_plan(decoder_qdq, options.recipe)}
     frames = sum(len(c.frames) for c in chats)
     recipes = {

@@ -508,21 +508,16 @@ class Decoder(nn.Module):
     def _rope_at(self, start, seq_len: int) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
         """The RoPE tables' rows for positions [start, start + seq_len), per kind in use."""
         # Shaped [1, S, 1, R] once here, not in every layer: every q and k broadcasts against them.
-        ropes = {}
-        for kind, prefix in (("global", "rope"), ("local", "rope_local")):
-            if kind in self.layer_rope:
-                cos, sin = getattr(self, f"{prefix}_cos"), getattr(self, f"{prefix}_sin")
-                ropes[kind] = (cos.narrow(0, start, seq_len)[None, :, None], sin.narrow(0, start, seq_len)[None, :, None])
-        return ropes
+        return self._rope_rows(lambda table: table.narrow(0, start, seq_len)[None, :, None])
 
     def _rope_gathered(self, positions: torch.Tensor) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
         """The RoPE tables' rows at `positions` ([1, T]) as a gather: no position becomes a shape."""
-        ropes = {}
-        for kind, prefix in (("global", "rope"), ("local", "rope_local")):
-            if kind in self.layer_rope:
-                cos, sin = getattr(self, f"{prefix}_cos"), getattr(self, f"{prefix}_sin")
-                ropes[kind] = (cos[positions][:, :, None], sin[positions][:, :, None])  # [1, T, 1, R]
-        return ropes
+        return self._rope_rows(lambda table: table[positions][:, :, None])  # [1, T, 1, R]
+
+    def _rope_rows(self, rows) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+        """`rows` of each kind's cos and sin tables, for the kinds in use."""
+        return {kind: (rows(getattr(self, f"{prefix}_cos")), rows(getattr(self, f"{prefix}_sin")))
+                for kind, prefix in (("global", "rope"), ("local", "rope_local")) if kind in self.layer_rope}
 
     def _softcap(self, logits: torch.Tensor) -> torch.Tensor:
         cap = self.config.final_logit_softcap
