@@ -2,7 +2,7 @@
 On a shared, loaded machine side-by-side runs of `genai bench` vary 2x; steps interleaved this
 finely see the same load.
 
-    .venv/bin/python bench/ab_decode.py A/text_decoder.pte B/text_decoder.pte [--steps 4000]
+    .venv/bin/python bench/ab_decode.py A/text_decoder.pte B/text_decoder.pte [--steps 4000] [--threads 2]
 """
 
 import argparse
@@ -17,13 +17,17 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("programs", nargs=2)
     parser.add_argument("--steps", type=int, default=4000)
+    parser.add_argument("--threads", type=int, default=1, help="ExecuTorch's threadpool (as genai bench --threads)")
     args = parser.parse_args()
 
     import torch
 
     import executorch.extension.llm.custom_ops.custom_ops  # noqa: F401  kernels the programs call
     import executorch.kernels.quantized  # noqa: F401
+    from executorch.extension.pybindings import portable_lib
     from executorch.runtime import Runtime
+
+    portable_lib._unsafe_reset_threadpool(args.threads)
 
     methods = [Runtime.get().load_program(p).load_method("decode") for p in args.programs]
     times = [[], []]

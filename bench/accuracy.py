@@ -40,18 +40,22 @@ REPO = HERE.parent
 
 # name -> QuantOptions keyword arguments
 VARIANTS = {
-    "8da4w": {"recipe": "8da4w"},  # the default: smoothed, gptq (head too), wv and w2 8da8w, embedding 4w
-    "8da4w-nosq": {"recipe": "8da4w", "smooth": None},  # the default before smoothing
+    "8da4w": {"recipe": "8da4w"},  # the default: rotated, smoothed, gptq (head too), wv and w2 8da8w, embedding 4w
+    "8da4w-norot": {"recipe": "8da4w", "rotate": False},  # the default before rotation
+    "8da4w-nosq": {"recipe": "8da4w", "smooth": None, "rotate": False},  # the default before smoothing
     "8da4w-head8": {"recipe": "8da4w", "head": "8da8w", "keep_8bit": ["\\.attention\\.wv$"]},  # gptq, head and wv 8-bit
     "8da4w-mse": {"recipe": "8da4w", "weight_rule": "mse", "keep_8bit": []},  # no calibration: mse scales, head 8da8w
     "8da4w-nowv8": {"recipe": "8da4w", "keep_8bit": []},  # gptq, all 4-bit
     "8da4w-today": {"recipe": "8da4w", "weight_rule": "torchao", "head": "8da4w", "keep_8bit": []},  # the default before
     "8da4w-head4": {"recipe": "8da4w", "keep_8bit": ["\\.attention\\.wv$"]},  # gptq, wv 8-bit: <= 92 MiB
+    "8da4w-head4-norot": {"recipe": "8da4w", "keep_8bit": ["\\.attention\\.wv$"], "rotate": False},
+    "8da4w-wv4": {"recipe": "8da4w", "keep_8bit": ["\\.feed_forward\\.w2$"]},  # wv at 4 bits (2-thread decode: bench/README)
     "8da4w-mse-head4": {"recipe": "8da4w", "weight_rule": "mse", "head": "8da4w", "keep_8bit": []},
     "8da4w-q4_0": {"recipe": "8da4w", "weight_rule": "q4_0"},
     "8da4w-emb8w": {"recipe": "8da4w", "embedding": "8w"},
-    "8da8w": {"recipe": "8da8w"},  # the default: smoothed, embedding 8w
-    "8da8w-nosq": {"recipe": "8da8w", "smooth": None},  # the default before smoothing
+    "8da8w": {"recipe": "8da8w"},  # the default: rotated, smoothed, embedding 8w
+    "8da8w-norot": {"recipe": "8da8w", "rotate": False},  # the default before rotation
+    "8da8w-nosq": {"recipe": "8da8w", "smooth": None, "rotate": False},  # the default before smoothing
     "8da8w-emb4w": {"recipe": "8da8w", "embedding": "4w"},
 }
 
@@ -292,16 +296,25 @@ LEVERS = {  # name -> fake_quantize keyword arguments; weights as the program wo
     "default 8da8w, not smoothed": dict(recipe="8da8w", smooth=None),
     "default 8da8w (smoothed, alpha 0.5)": dict(recipe="8da8w", smooth=0.5),
     "default 8da8w, smoothed alpha 0.7": dict(recipe="8da8w", smooth=0.7),
+    "default 8da4w, rotated (smoothed)": dict(recipe="8da4w", smooth=0.5, rotated=True),
+    "default 8da8w, rotated (smoothed)": dict(recipe="8da8w", smooth=0.5, rotated=True),
+    "default 8da8w, rotated, not smoothed": dict(recipe="8da8w", smooth=None, rotated=True),
+    "default 8da8w, rotated, smoothed alpha 0.3": dict(recipe="8da8w", smooth=0.3, rotated=True),
+    "default 8da8w, rotated, smoothed alpha 0.7": dict(recipe="8da8w", smooth=0.7, rotated=True),
 }
 
 
-def recipe_default(model, calib: list[int], window: int, recipe: str, smooth: float | None):
+def recipe_default(model, calib: list[int], window: int, recipe: str, smooth: float | None, rotated: bool = False):
     """What `--recipe R` does to the eager model (QuantOptions' defaults but the smoothing strength)."""
     from torch import nn
 
     from genai_pipeline import quantize as q
 
-    options = q.QuantOptions(recipe=recipe, smooth=smooth)
+    from genai_pipeline.rotation import rotate
+
+    options = q.QuantOptions(recipe=recipe, smooth=smooth, rotate=rotated)
+    if rotated:
+        rotate(model)
     if smooth is not None:
         q.smooth(model, q.smoothing_scales(model, q.input_absmax(model, [calib], window), smooth))
     computed = None

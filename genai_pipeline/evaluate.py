@@ -34,6 +34,7 @@ from genai_pipeline.models.vision import VisionLanguageModel
 from genai_pipeline.names import ArtifactKey, GraphName, Mode
 from genai_pipeline.quantize import int4_file, load_int4, quant_options_from, quantize_module, smooth, smoothing_file
 from genai_pipeline.registry import get_spec
+from genai_pipeline.rotation import rotate, unrotated
 from genai_pipeline.runtime.program import native_logs_hidden
 from genai_pipeline.runtime.cache_io import CacheIOContract, CacheIOSession, eager_runner
 from genai_pipeline.runtime.multimodal import MultimodalSession, is_multimodal
@@ -178,7 +179,7 @@ def _capture_blocks(model, tokens: list[int], contract: CacheIOContract | None) 
         model(torch.tensor([tokens]), torch.tensor([0]))
         for h in hooks:
             h.remove()
-        return outputs
+        return {name: unrotated(model, x) for name, x in outputs.items()}
     if contract is None:
         return _graph_blocks(model, torch.tensor([tokens]), torch.tensor([0]))[0]
     empty = [torch.zeros(1, contract.n_kv_heads, contract.max_seq_len, contract.head_dim) for _ in range(contract.n_layers)]
@@ -234,6 +235,8 @@ def quantized_model(folder: Path, manifest: dict, reference: Decoder, in_place: 
         quantize_model(model, quant, load_int4(computed) if computed.is_file() else None)
         return model
     computed = int4_file(folder, "text_decoder")  # int4 weights the export calibrated (gptq)
+    if quant.rotate:  # seeded: the same rotation as the export's
+        rotate(model)
     scales = smoothing_file(folder, "text_decoder")
     if scales.is_file():
         smooth(model, torch.load(scales, weights_only=True))

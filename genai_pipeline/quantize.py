@@ -12,7 +12,9 @@ backend then stores once. Recipes are torchao configs applied in eager mode:
   chosen as XNNPACK stores them: positive, bf16.
   `given` int4 weights (a GGUF's) are taken as they are (`intx_weight`).
 - `8da8w`: dynamic per-token int8 activations, int8 per-channel weights
-- Both dynamic recipes first smooth the float model (`smooth`, SmoothQuant at SMOOTH_ALPHA on the
+- Both dynamic recipes first rotate the residual stream of the float model (rotation.py: an
+  orthogonal change of basis folded into the weights; a tied head gains a float d x d linear before
+  it), then smooth it (`smooth`, SmoothQuant at SMOOTH_ALPHA on the
   same calibration text as gptq): per-channel factors move activation outliers into the weights
   where a float op before the linear can absorb them; the graph is unchanged. Under 8da4w, w1 / w3
   of the first and last EDGE_LAYERS of the blocks stay at 8 bits too.
@@ -50,6 +52,7 @@ from genai_pipeline.bundle import Artifact, GraphBundle, PreparedModel, tool_ver
 from genai_pipeline.chat_template import read_chat_template
 from genai_pipeline.data import CalibrationOptions, DatasetSpec, calibration_steps, iterate_with_progress
 from genai_pipeline.errors import InputError
+from genai_pipeline.rotation import can_rotate, rotate
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +80,7 @@ GPTQ_TOKENS = 4096  # calibration tokens for gptq (measured on SmolLM2-135M: ben
 # SmoothQuant's migration strength for the dynamic recipes' per-token int8 activations (bench/README)
 SMOOTH_ALPHA = 0.5
 HEAD = "output"
+HEAD_ROTATION = "head_rotation"
 
 
 @dataclass(frozen=True)
@@ -90,6 +94,7 @@ class QuantOptions:
     head: str | None = "auto"  # the LM head's recipe; auto: AUTO_HEAD by recipe, else the recipe's
     keep_8bit: tuple[str, ...] | None = None  # regexes of layers at 8da8w under 8da4w; None: AUTO_8BIT
     smooth: float | None = SMOOTH_ALPHA  # dynamic recipes: SmoothQuant's alpha on the calibration text; None: off
+    rotate: bool = True  # dynamic recipes: rotate the residual stream first (rotation.py)
     calibration: CalibrationOptions = CalibrationOptions()  # static recipes only
     # A vision-language model's image tower and connector (quantize_multimodal.py); None: not given
     # (the export then records the one AUTO_VISION chose). A text model refuses it.
@@ -116,6 +121,7 @@ class QuantOptions:
         object.__setattr__(self, "keep_8bit", tuple(self.keep_8bit))
         if self.is_static or self.recipe == "fp32":
             object.__setattr__(self, "smooth", None)
+            object.__setattr__(self, "rotate", False)
         if self.smooth is not None and not 0 < self.smooth < 1:
             raise InputError(f"the smoothing strength must be between 0 and 1, got {self.smooth}")
         if self.weight_rule not in WEIGHT_RULES:
@@ -147,6 +153,8 @@ class QuantOptions:
             parts[0] += f"-{self.weight_rule}"
         if self.recipe == "16a4w_block":
             parts[0] += f"-b{self.block_size}"
+        if self.rotate:
+            parts[0] += "-rot"
         if self.smooth is not None:
             parts[0] += f"-sq{self.smooth:g}"
         if self.embedding:
@@ -173,7 +181,8 @@ def quant_options_from(data: dict) -> QuantOptions:
         seq_len=calibration.get("seq_len", CalibrationOptions().seq_len),
     )
     overrides = tuple(tuple(o) for o in data.get("overrides", ()))
-    return QuantOptions(**{**data, "overrides": overrides, "calibration": calibration})
+    # exports made before rotation (0.x) record no `rotate`: they were not rotated
+    return QuantOptions(**{"rotate": False, **data, "overrides": overrides, "calibration": calibration})
 
 
 def parse_override(text: str) -> tuple[str, str]:
@@ -291,6 +300,8 @@ def edge_mlp(name: str, recipe: str, n_layers: int) -> bool:
 def recipe_for(name: str, options: QuantOptions, n_layers: int = 0) -> str:
     """The recipe of linear layer `name` in a model of n_layers blocks (first matching override wins)."""
     default = options.head if name == HEAD and options.head else options.recipe
+    if name == HEAD_ROTATION:  # rotation's float linear before a tied head (rotation.py)
+        default = "fp32"
     if options.recipe == "8da4w" and (any(re.search(p, name) for p in options.keep_8bit) or edge_mlp(name, options.recipe, n_layers)):
         default = "8da8w"
     return next((r for pattern, r in options.overrides if re.search(pattern, name)), default)
@@ -802,6 +813,8 @@ def quantize(prepared: PreparedModel, options: QuantOptions, target, cache: Path
         return prepared
     if given is None:
         given = checkpoint_int4(prepared, options)
+    if options.rotate and (given or not all(can_rotate(a.module) for a in prepared.artifacts.values())):
+        options = dataclasses.replace(options, rotate=False)  # a GGUF's given int4 values fit its own basis only
     artifacts = {}
     for key, artifact in prepared.artifacts.items():
         if options.is_static:
@@ -816,6 +829,9 @@ def quantize(prepared: PreparedModel, options: QuantOptions, target, cache: Path
             artifact = dataclasses.replace(artifact, graphs=graphs, qdq=qdq, qdq_key=stamp)
         else:
             computed, scales = None, None
+            if options.rotate:
+                rotate(artifact.module)
+                log.info("rotated the residual stream (%s)", "head rotation added" if artifact.module.head_rotation is not None else "no head rotation")
             if options.smooth is not None and not given:  # a GGUF's given int4 values fit its own float weights only
                 started = time.perf_counter()
                 samples = gptq_samples(prepared, options)

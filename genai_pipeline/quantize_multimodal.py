@@ -154,8 +154,9 @@ def quantize_vision_language(prepared: PreparedModel, options: QuantOptions, tar
     _check_calibration_images(options)
     if options.is_static:
         return quantize_static(prepared, options, target)
-    # not smoothed: the text path's SmoothQuant (quantize.py) is not applied to a vision-language decoder yet
-    options = dataclasses.replace(resolved(options), smooth=None)
+    # neither rotated nor smoothed: the text path's rotation and SmoothQuant (quantize.py) are not
+    # applied to a vision-language decoder yet (its image features enter the residual stream unrotated)
+    options = dataclasses.replace(resolved(options), smooth=None, rotate=False)
     if options.is_float:
         return prepared
     artifact = prepared.artifacts[ArtifactKey.MULTIMODAL]

@@ -101,11 +101,12 @@ def _inspect(folder):
 def test_quantized_hybrid_program_stores_the_weights_once_and_is_small(export_reference):
     hybrid, kv, fp32 = (_inspect(export_reference(m, q)) for m, q in (("hybrid", Q4), ("kv", Q4), ("hybrid", QuantOptions())))
     assert hybrid["file_bytes"] <= 1.02 * kv["file_bytes"], (hybrid["file_bytes"], kv["file_bytes"])
-    # fp32 stores its tied table once; here the int4 head and the int8 lookup are two tables, and wv
-    # and w2 are at 8 bits under 8da4w (AUTO_8BIT; bench/README): 0.24x of the fp32 program.
-    assert hybrid["file_bytes"] <= 0.25 * fp32["file_bytes"], (hybrid["file_bytes"], fp32["file_bytes"])
+    # fp32 stores its tied table once; here the int4 head and the int8 lookup are two tables, wv
+    # and w2 are at 8 bits under 8da4w (AUTO_8BIT; bench/README), and rotation adds a float 256 x 256
+    # linear before the tied head (1.5 % of the fp32 program): 0.25x of the fp32 program.
+    assert hybrid["file_bytes"] <= 0.26 * fp32["file_bytes"], (hybrid["file_bytes"], fp32["file_bytes"])
     manifest = json.loads((export_reference("hybrid", Q4) / "manifest.json").read_text())
-    assert manifest["recipe"] == "8da4w-g32-sq0.5+emb8w+attention.wv=8da8w+feed_forward.w2=8da8w+edges.w1w3=8da8w" and manifest["quantization"]["embedding"] == "8w"
+    assert manifest["recipe"] == "8da4w-g32-rot-sq0.5+emb8w+attention.wv=8da8w+feed_forward.w2=8da8w+edges.w1w3=8da8w" and manifest["quantization"]["embedding"] == "8w"
 
 
 def _qparams(graph_module):
@@ -214,6 +215,7 @@ def test_given_int4_weights_and_scales_are_what_the_program_stores(tiny_checkpoi
     names = ["layers.0.attention.wq.weight", "layers.1.feed_forward.w2.weight", "layers.1.attention.wv.weight"]  # wv: 8-bit unless given
     given = {n: _given_int4(module.get_parameter(n).shape, i) for i, n in enumerate(names)}
     q_quant = quantize(prepared, QuantOptions(recipe="8da4w", embedding="8w"), get_target("xnnpack"), given=given)
+    assert q_quant.quantization["rotate"] is False and "-rot" not in q_quant.recipe  # given values fit their own basis only
     # What it stores: a negative scale's block negated (XNNPACK takes positive scales), -8 -> +7 there.
     want = {}
     for n, (q, d) in given.items():

@@ -110,12 +110,13 @@ def test_eval_perplexity_equals_transformers_on_the_same_ids(smollm2_fp32, trans
     assert ours["perplexity"]["program"] == pytest.approx(theirs, rel=1e-3)
 
 
-# The issue's bound for what `--recipe 8da4w` gives without flags, against the float model on the
+# The issue's bounds for what `--recipe R` gives without flags, against the float model on the
 # same ids as llama.cpp's figures (bench/README): 1022 tokens of held-out prose, windows of 512.
-# llama.cpp's Q4_K_M loses 7.8 % there. (8da8w's bound, Q8_0's +0.5 %, is not met: +2.4 %, per-token
-# int8 activations; measured by bench/accuracy.py, not exported here: its export would take minutes
-# of the suite's budget.)
-BOUNDS = {"8da4w": 0.08}
+# 8da4w: llama.cpp's Q4_K_M loses 7.8 % there (ours: +4.2 %). 8da8w: the goal is +0.5 %; ours is
+# +0.49 % (rotated and smoothed; +2.4 % before rotation). The bound is +0.6 %: another host's float
+# kernels move the figure by hundredths, and a bound a hundredth away would fail on noise, not on a
+# regression (the +2.4 % of an unrotated program would still fail it).
+BOUNDS = {"8da4w": 0.08, "8da8w": 0.006}
 
 
 @pytest.mark.parametrize("recipe", sorted(BOUNDS))

@@ -426,6 +426,10 @@ class Decoder(nn.Module):
         self.layers = nn.ModuleList(Block(config, max_seq_len) for _ in range(config.n_layers))
         self.norm = RMSNorm(config.dim, config.norm_eps, config.norm_unit_offset)
         self.output = nn.Linear(config.dim, config.vocab_size, bias=False)
+        # Set by rotation.rotate: the residual stream is x Q (Q = rotation.random_hadamard(dim, seed)),
+        # and a tied head reads it through a float d x d linear; None: not rotated
+        self.rotation_seed: int | None = None
+        self.head_rotation: nn.Linear | None = None
         self.layer_rope = tuple(config.layer_rope(i) for i in range(config.n_layers))
         # A window as long as the cache never hides anything: those layers stay plainly causal.
         windowed = config.sliding_window is not None and config.sliding_window < max_seq_len
@@ -503,7 +507,10 @@ class Decoder(nn.Module):
     def _logits(self, h: torch.Tensor, last_only: bool) -> torch.Tensor:
         if last_only:  # only the next-token logits: skips the LM head for the other positions
             h = h[:, -1, :]
-        return self._softcap(self.output(self.norm(h)))
+        h = self.norm(h)
+        if self.head_rotation is not None:
+            h = self.head_rotation(h)
+        return self._softcap(self.output(h))
 
     def _rope_at(self, start, seq_len: int) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
         """The RoPE tables' rows for positions [start, start + seq_len), per kind in use."""

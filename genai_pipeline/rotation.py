@@ -1,0 +1,93 @@
+"""rotation: an orthogonal change of basis of the decoder's residual stream, folded into the weights
+before quantization (QuaRot / SpinQuant's R1), so that the linears reading the residual stream see
+inputs without outlier channels and per-token int8 activations lose less.
+
+The model computes the same function (up to float rounding): with Q orthogonal, the residual x
+becomes x Q everywhere. An RMSNorm without weights commutes with Q (it keeps every vector's
+length), so each norm's scale is first folded into the linears that read it; then the embedding
+table becomes E Q, every linear reading the residual (wq, wk, wv, w1, w3) W Q and every linear
+writing it (wo, w2) Q^T W.
+
+The LM head reads the final norm's output x_hat * g. Untied, it becomes W diag(g) Q. Tied to the
+embedding, it must keep reading the table E Q (one table in the program), so a d x d float linear
+before it, `Decoder.head_rotation` = Q^T diag(g) Q, turns x_hat Q into (x_hat * g) Q, whose
+product with (E Q)^T is the original logits. It stays float: at 8 bits it cost SmolLM2-135M more
+than the rotation gave (bench/README).
+
+Q is a randomized Hadamard matrix (random signs times H_{2^k} (x) a random orthogonal matrix of the
+odd part of d), seeded: `genai eval` rebuilds the same quantized model from the float one.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from genai_pipeline.errors import InputError
+
+SEED = 0
+
+
+def random_hadamard(dim: int, seed: int = SEED) -> torch.Tensor:
+    """An orthogonal [dim, dim] float64 matrix that spreads every coordinate over all of them."""
+    g = torch.Generator().manual_seed(seed)
+    power = dim & -dim  # the largest power of two dividing dim
+    h = torch.ones(1, 1, dtype=torch.float64)
+    while h.shape[0] < power:
+        h = torch.cat([torch.cat([h, h], 1), torch.cat([h, -h], 1)], 0)
+    odd, r = torch.linalg.qr(torch.randn(dim // power, dim // power, generator=g, dtype=torch.float64))
+    odd = (odd * torch.sign(torch.diagonal(r))).contiguous()
+    signs = torch.randint(0, 2, (dim,), generator=g).double() * 2 - 1
+    return signs[:, None] * torch.kron(h / math.sqrt(power), odd)
+
+
+def can_rotate(decoder: nn.Module) -> bool:
+    """A text decoder whose norms all sit before a linear: a sandwich norm (Gemma 2/3) normalises
+    a block's output before the residual add, where no linear follows to take its scale."""
+    config = getattr(decoder, "config", None)
+    return config is not None and hasattr(decoder, "layers") and not config.sandwich_norms
+
+
+@torch.no_grad()
+def rotate(decoder: nn.Module, seed: int = SEED) -> None:
+    """Rotate `decoder` (a models.decoder.Decoder) in place; see the module doc."""
+    if not can_rotate(decoder):
+        raise InputError("this decoder cannot be rotated (sandwich norms): quantize it without rotation")
+    q = random_hadamard(decoder.config.dim, seed)
+
+    def scale_of(norm) -> torch.Tensor:
+        g = norm.weight.double()
+        norm.weight.fill_(0.0 if norm.unit_offset else 1.0)
+        return 1 + g if norm.unit_offset else g
+
+    def set_(linear: nn.Linear, w: torch.Tensor) -> None:
+        linear.weight.copy_(w.to(linear.weight.dtype))
+
+    for block in decoder.layers:
+        att, ffn = block.attention, block.feed_forward
+        for norm, readers in ((block.attention_norm, (att.wq, att.wk, att.wv)), (block.ffn_norm, (ffn.w1, ffn.w3))):
+            g = scale_of(norm)
+            for linear in readers:
+                set_(linear, linear.weight.double() * g @ q)
+        for linear in (att.wo, ffn.w2):
+            set_(linear, q.T @ linear.weight.double())
+    g = scale_of(decoder.norm)
+    table = decoder.tok_embeddings.weight
+    table.copy_((table.double() @ q).to(table.dtype))
+    if not decoder.config.tie_embeddings:
+        set_(decoder.output, decoder.output.weight.double() * g @ q)
+    else:
+        decoder.tie_weights()  # the head reads the rotated table
+        pre = nn.Linear(q.shape[0], q.shape[0], bias=False, dtype=table.dtype)
+        set_(pre, q.T @ torch.diag(g) @ q)  # symmetric: its own transpose
+        decoder.head_rotation = pre
+    decoder.rotation_seed = seed
+
+
+def unrotated(decoder: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """`x`, a residual-stream tensor of `decoder` ([..., dim]), in the basis of the model before rotation."""
+    if getattr(decoder, "rotation_seed", None) is None:
+        return x
+    return x @ random_hadamard(decoder.config.dim, decoder.rotation_seed).T.to(x.dtype)

@@ -1,0 +1,104 @@
+"""rotation.py: the rotated decoder computes what the float one does, in every family the decoder
+serves; per-token int8 activations lose less after it; what `genai eval` and the quant report
+read of a rotated model is in the float model's basis."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from genai_pipeline.errors import InputError
+from genai_pipeline.evaluate import block_outputs
+from genai_pipeline.models.decoder import Decoder, DecoderConfig
+from genai_pipeline.quantize import QuantOptions, quantize_module
+from genai_pipeline.rotation import can_rotate, random_hadamard, rotate
+
+
+def _decoder(seed: int = 0, **config) -> Decoder:
+    torch.manual_seed(seed)
+    c = DecoderConfig(**{"vocab_size": 97, "dim": 96, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2, "hidden_dim": 192, **config})
+    model = Decoder(c, 32).eval()
+    with torch.no_grad():
+        for p in model.parameters():  # norms away from 1, so folding them is tested
+            p.add_(torch.randn_like(p) * 0.2)
+    model.tie_weights()
+    return model
+
+
+def _logits(model, tokens):
+    return model(torch.tensor([tokens]), torch.tensor([0]))
+
+
+@pytest.mark.parametrize("dim", [64, 96, 576])
+def test_random_hadamard_is_orthogonal_and_spreads_every_coordinate(dim):
+    q = random_hadamard(dim)
+    assert torch.allclose(q @ q.T, torch.eye(dim, dtype=torch.float64), atol=1e-12)
+    # a one-hot (an outlier channel) comes out spread: no coordinate keeps much of it
+    assert q.abs().max() < 4 / dim**0.5
+    assert torch.equal(q, random_hadamard(dim))  # seeded: genai eval rebuilds the export's
+
+
+@pytest.mark.parametrize("config", [
+    dict(tie_embeddings=True),  # SmolLM2 / Llama 3.2: the head reads the rotated table through head_rotation
+    dict(qkv_bias=True),  # Qwen 2: biases of the linears that read the residual stream
+    dict(tie_embeddings=True, norm_unit_offset=True, scale_embeddings=True, activation="gelu_tanh", qk_norm=True,
+         final_logit_softcap=30.0),  # Gemma-like: x * (1 + w) norms
+])
+def test_rotated_decoder_computes_the_same_logits(config):
+    model = _decoder(**config)
+    rotated = copy.deepcopy(model)
+    rotate(rotated)
+    tokens = list(range(3, 40, 3))
+    want, got = _logits(model, tokens), _logits(rotated, tokens)
+    assert (got - want).abs().max() < 1e-4 * want.abs().max()
+    tied = config.get("tie_embeddings", False)
+    assert (rotated.head_rotation is not None) == tied
+    if tied:  # still one table for lookup and head
+        assert rotated.output.weight.data_ptr() == rotated.tok_embeddings.weight.data_ptr()
+    assert not torch.allclose(rotated.tok_embeddings.weight, model.tok_embeddings.weight)
+    # the residual stream really is in another basis, and block_outputs reads it back in the float one
+    inside = rotated.layers[0](rotated.embed(torch.tensor([tokens])), 0, rotated._rope_at(0, len(tokens)).get("global"), None)
+    want_blocks, got_blocks = block_outputs(model, tokens), block_outputs(rotated, tokens)
+    assert not torch.allclose(inside, want_blocks["layers.0"], atol=1e-3)
+    for name, x in want_blocks.items():
+        assert (got_blocks[name] - x).abs().max() < 1e-4 * x.abs().max(), name
+
+
+def test_sandwich_norms_are_not_rotated():
+    model = _decoder(sandwich_norms=True, norm_unit_offset=True)
+    assert not can_rotate(model)
+    with pytest.raises(InputError, match="sandwich"):
+        rotate(model)
+
+
+def test_rotation_lowers_the_loss_of_per_token_int8_activations():
+    """A residual stream with an outlier channel (as real LLMs have): 8da8w's per-token int8
+    activations spend their range on it; after rotation the error of the logits is smaller."""
+    model = _decoder(seed=1, tie_embeddings=True)
+    with torch.no_grad():
+        model.tok_embeddings.weight[:, 5] += 25.0
+        for block in model.layers:
+            block.attention_norm.weight[5] = 30.0
+            block.ffn_norm.weight[5] = 30.0
+    tokens = list(range(2, 62, 2))
+    want = _logits(model, tokens)
+
+    def error(rotated: bool) -> float:
+        m = copy.deepcopy(model)
+        if rotated:
+            rotate(m)
+        quantize_module(m, QuantOptions(recipe="8da8w", embedding=None, smooth=None, rotate=rotated))
+        return float((_logits(m, tokens) - want).pow(2).mean())
+
+    plain, rotated = error(False), error(True)
+    assert rotated < 0.5 * plain, (rotated, plain)
+
+
+def test_rotation_is_recorded_and_off_where_it_does_not_apply():
+    assert QuantOptions(recipe="8da4w").rotate and "-rot" in QuantOptions(recipe="8da4w").describe()
+    assert not QuantOptions(recipe="8a8w").rotate and not QuantOptions().rotate  # static and float: not rotated
+    from genai_pipeline.quantize import quant_options_from
+
+    assert quant_options_from({"recipe": "8da4w"}).rotate is False  # a manifest from before rotation
