@@ -1,12 +1,19 @@
-"""Compatibility: the `dynamic` program runs in ExecuTorch's own LLM runner, token for token."""
+"""Compatibility: the `dynamic` program runs in ExecuTorch's own LLM runner, token for token,
+float and quantized (the default 8da4w: rotated, with its float head rotation before the head)."""
 
 import json
 import subprocess
 import sys
 
+import pytest
+from conftest import Q4
 
-def test_dynamic_program_runs_in_executorch_text_llm_runner(export_reference):
-    folder = export_reference("dynamic")
+from genai_pipeline.quantize import QuantOptions
+
+
+@pytest.mark.parametrize("quant", [QuantOptions(), Q4], ids=["fp32", "8da4w"])
+def test_dynamic_program_runs_in_executorch_text_llm_runner(export_reference, quant):
+    folder = export_reference("dynamic", quant)
     prompt, n = "The list object", 40
     ours = subprocess.run(
         [sys.executable, "-m", "genai_pipeline.cli", "run", str(folder), "--prompt", prompt,
