@@ -46,7 +46,7 @@ VARIANTS = {
     "8da4w-head8": {"recipe": "8da4w", "head": "8da8w", "keep_8bit": ["\\.attention\\.wv$"]},  # gptq, head and wv 8-bit
     "8da4w-mse": {"recipe": "8da4w", "weight_rule": "mse", "keep_8bit": []},  # no calibration: mse scales, head 8da8w
     "8da4w-nowv8": {"recipe": "8da4w", "keep_8bit": []},  # gptq, all 4-bit
-    "8da4w-today": {"recipe": "8da4w", "weight_rule": "torchao", "head": "8da4w", "keep_8bit": []},  # the default before
+    "8da4w-today": {"recipe": "8da4w", "weight_rule": "torchao", "head": "8da4w", "keep_8bit": [], "smooth": None, "rotate": False},  # the default before
     "8da4w-head4": {"recipe": "8da4w", "keep_8bit": ["\\.attention\\.wv$"]},  # gptq, wv 8-bit: <= 92 MiB
     "8da4w-head4-norot": {"recipe": "8da4w", "keep_8bit": ["\\.attention\\.wv$"], "rotate": False},
     "8da4w-wv4": {"recipe": "8da4w", "keep_8bit": ["\\.feed_forward\\.w2$"]},  # wv at 4 bits (2-thread decode: bench/README)
