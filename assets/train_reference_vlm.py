@@ -25,8 +25,8 @@ whose accuracy can be measured offline, so the multimodal path's figures mean so
 * Prompt: exactly what ``genai run DIR --image IMG --prompt QUESTION`` feeds the program:
   ``<|endoftext|>`` + ``<fake_token_around_image><global-img><image>x9<fake_token_around_image>``
   + the question; the target is `` answer`` + ``<|endoftext|>``. The loss is on the target only.
-* Training: AdamW, warmup then cosine, grad clip 1.0, fixed step count (reproducible), 1 thread;
-  the image tower and connector at twice the decoder's LR, plus an auxiliary loss on the image
+* Training: AdamW, warmup then cosine down to ``--lr-floor`` (0) of the peak, grad clip 1.0, fixed
+  step count (reproducible), 1 thread; the image tower and connector at twice the decoder's LR, plus an auxiliary loss on the image
   tokens (see ``train``) that makes the image side see from the first steps. Each training image
   carries ``--questions`` (5) different questions packed into one row (``packed_batch``): the image
   once, then ``Q1 A1<eos>Q2 A2<eos>...``; a 4D attention mask lets every question see the image and
@@ -451,7 +451,7 @@ def lr_at(step: int, steps: int, lr: float, warmup: int, floor: float = 0.1) -> 
 
 def train(model, tok, steps: int, batch_size: int, lr: float, seed: int, warmup: int = 50, log_every: int = 25,
           data: list | None = None, on_log=None, minutes: float = 0.0, vision_lr: float = 0.0,
-          cell_weight: float = 0.0, questions_per_image: int = 1) -> list[dict]:
+          cell_weight: float = 0.0, questions_per_image: int = 1, lr_floor: float = 0.1) -> list[dict]:
     """Up to `steps` AdamW steps on fresh samples of seed `seed` (or on `data`, `sample_with_items` or
     `sample_many` tuples, again and again); the loss curve. `questions_per_image` > 1: each fresh image
     comes with up to that many questions, packed in one row (`packed_batch`), the loss on every answer. With `minutes`, the run also stops at that wall-clock budget and the
@@ -490,7 +490,7 @@ def train(model, tok, steps: int, batch_size: int, lr: float, seed: int, warmup:
             if progress >= 1:
                 break
         for g in opt.param_groups:
-            g["lr"] = lr_at(int(progress * steps), steps, g["base_lr"], warmup)
+            g["lr"] = lr_at(int(progress * steps), steps, g["base_lr"], warmup, lr_floor)
         if data is not None:  # `sample_many` tuples, or `sample_with_items` ones (one question each)
             samples = [d if len(d) == 3 else (d[0], d[1], [(d[2], d[3])]) for d in data]
         elif questions_per_image > 1:
@@ -516,7 +516,7 @@ def train(model, tok, steps: int, batch_size: int, lr: float, seed: int, warmup:
         opt.step()
         running.append(answer_loss.item())
         if (step + 1) % log_every == 0 or step == 0 or step + 1 == steps:
-            curve_lr = lr_at(int(progress * steps), steps, lr, warmup)  # the decoder's
+            curve_lr = lr_at(int(progress * steps), steps, lr, warmup, lr_floor)  # the decoder's
             point = {"step": step + 1, "loss": round(sum(running) / len(running), 4), "lr": round(curve_lr, 6),
                      "minutes": round((time.perf_counter() - start) / 60, 2)}
             if running_cells:
@@ -526,7 +526,7 @@ def train(model, tok, steps: int, batch_size: int, lr: float, seed: int, warmup:
             if on_log:
                 on_log(point)
     if running:  # stopped by the clock between two log points
-        curve.append({"step": step, "loss": round(sum(running) / len(running), 4), "lr": round(lr_at(int(progress * steps), steps, lr, warmup), 6),
+        curve.append({"step": step, "loss": round(sum(running) / len(running), 4), "lr": round(lr_at(int(progress * steps), steps, lr, warmup, lr_floor), 6),
                       "minutes": round((time.perf_counter() - start) / 60, 2)})
         if on_log:
             on_log(curve[-1])
@@ -542,6 +542,7 @@ def main(argv=None) -> int:
     p.add_argument("--minutes", type=float, default=0.0, help="also stop at this wall-clock budget (0: none; the default run is a fixed step count)")
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--lr", type=float, default=1e-3, help="peak LR of the decoder")
+    p.add_argument("--lr-floor", type=float, default=0.0, help="the cosine schedule ends at this fraction of the peak LRs")
     p.add_argument("--vision-lr", type=float, default=2e-3, help="peak LR of the image tower and connector")
     p.add_argument("--cell-weight", type=float, default=1.0, help="weight of the per-cell colour/shape/place loss on the image tokens")
     p.add_argument("--questions", type=int, default=5, help="questions per training image, packed in one row (each sees the image and itself only)")
@@ -574,7 +575,7 @@ def main(argv=None) -> int:
     print(f"{params / 1e6:.2f} M parameters; vocab {tok.get_vocab_size()}; {len(rows)} held-out questions", flush=True)
     start, cpu = time.perf_counter(), time.process_time()
     curve = train(model, tok, args.steps, args.batch_size, args.lr, args.seed, minutes=args.minutes,
-                  vision_lr=args.vision_lr, cell_weight=args.cell_weight, questions_per_image=args.questions, on_log=lambda pt: print(json.dumps(pt), flush=True))
+                  vision_lr=args.vision_lr, cell_weight=args.cell_weight, questions_per_image=args.questions, lr_floor=args.lr_floor, on_log=lambda pt: print(json.dumps(pt), flush=True))
     minutes = (time.perf_counter() - start) / 60
     cpu_minutes = (time.process_time() - cpu) / 60  # what the run needs of the machine; wall time also counts its other jobs
     result = exact_match(model, tok, rows, out)
@@ -586,7 +587,7 @@ def main(argv=None) -> int:
     (out / "generation_config.json").write_text(json.dumps({"bos_token_id": EOS, "eos_token_id": EOS}, indent=2) + "\n")
     report = {
         "params": params, "vocab_size": tok.get_vocab_size(), "image_tokens": TOKENS_PER_IMAGE,
-        "steps": curve[-1]["step"], "step_cap": args.steps, "minutes_budget": args.minutes, "batch_size": args.batch_size, "lr": args.lr,
+        "steps": curve[-1]["step"], "step_cap": args.steps, "minutes_budget": args.minutes, "batch_size": args.batch_size, "lr": args.lr, "lr_floor": args.lr_floor,
         "vision_lr": args.vision_lr, "cell_weight": args.cell_weight, "questions_per_image": args.questions, "seed": args.seed,
         "train_minutes": round(minutes, 2), "train_cpu_minutes": round(cpu_minutes, 2), "wall_minutes": round((time.perf_counter() - wall) / 60, 2),
         "threads": args.threads, "init": str(args.init) if args.init else "assets/reference (decoder) + random image tower", "final_loss": curve[-1]["loss"], "loss_curve": curve,

@@ -170,3 +170,10 @@ def test_packed_questions_are_the_single_question_samples(script):
     target = labels[labels != -100].tolist()
     assert target.count(script.EOS) == len(answers)
     assert tok.decode([t for t in target if t != script.EOS]).split() == " ".join(answers).split()
+
+
+def test_schedule_ends_at_its_floor(script):
+    assert script.lr_at(0, 2000, 1e-3, 50) == pytest.approx(1e-3 / 50)
+    assert script.lr_at(50, 2000, 1e-3, 50) == pytest.approx(1e-3)
+    assert script.lr_at(1999, 2000, 1e-3, 50, floor=0.0) < 1e-8
+    assert script.lr_at(1999, 2000, 1e-3, 50, floor=0.1) == pytest.approx(1e-4, rel=1e-3)
