@@ -25,17 +25,22 @@ whose accuracy can be measured offline, so the multimodal path's figures mean so
 * Prompt: exactly what ``genai run DIR --image IMG --prompt QUESTION`` feeds the program:
   ``<|endoftext|>`` + ``<fake_token_around_image><global-img><image>x9<fake_token_around_image>``
   + the question; the target is `` answer`` + ``<|endoftext|>``. The loss is on the target only.
-* Training: AdamW, warmup then cosine, grad clip 1.0, fixed step count (reproducible), 1 thread;
-  the image tower and connector at twice the decoder's LR, plus an auxiliary loss on the image
-  tokens (see ``train``) that makes the image side see from the first steps. ``--init`` continues
-  from a checkpoint this script saved (a second stage, fresh seed).
+* Training: AdamW, warmup then cosine down to ``--lr-floor`` (0) of the peak, grad clip 1.0, fixed
+  step count (reproducible), 1 thread; the image tower and connector at twice the decoder's LR, plus an auxiliary loss on the image
+  tokens (see ``train``) that makes the image side see from the first steps. Each training image
+  carries ``--questions`` (5) different questions packed into one row (``packed_batch``): the image
+  once, then ``Q1 A1<eos>Q2 A2<eos>...``; a 4D attention mask lets every question see the image and
+  itself only, and its positions restart right after the image, so each question is exactly the
+  one-question sample the program is asked (tested: the same losses), with the answer loss on every
+  answer: five answers of supervision per image for about twice a one-question step's time.
+  ``--init`` continues from a checkpoint this script saved (a second stage, fresh seed).
 * Evaluation: greedy decoding (eager, transformers) on the held-out questions, exact match of the
   stripped answer; written to ``train_report.json`` with the loss curve. The exported program is
   measured by ``bench/vlm_exact_match.py``.
 
 Usage::
 
-    PYTHONPATH=. .venv/bin/python assets/train_reference_vlm.py            # writes assets/reference-vlm/
+    PYTHONPATH=. .venv/bin/python assets/train_reference_vlm.py            # 2000 steps; writes assets/reference-vlm/
 """
 
 from __future__ import annotations
@@ -206,6 +211,21 @@ def sample(rng: random.Random, kind: str | None = None) -> tuple[np.ndarray, str
     return image, question, answer
 
 
+def sample_many(rng: random.Random, n: int) -> tuple[np.ndarray, list[Item], list[tuple[str, str]]]:
+    """An image, what is in it, and up to `n` different questions about it (kinds shuffled, every kind that
+    applies once, then again with other picks); at least one."""
+    image, items = scene(rng)
+    qas: list[tuple[str, str]] = []
+    for _ in range(3):
+        for k in rng.sample(KINDS, len(KINDS)):
+            qa = questions(items, k, rng)
+            if qa and qa[0] not in {q for q, _ in qas}:
+                qas.append(qa)
+            if len(qas) == n:
+                return image, items, qas
+    return image, items, qas
+
+
 def cell_targets(items: list[Item]) -> tuple[list[int], list[int]]:
     """Per grid cell (= per image token), the colour and the shape in it; 0 for an empty cell."""
     colours, shapes = [0] * 9, [0] * 9
@@ -343,10 +363,45 @@ def batch(tok, samples: list[tuple[np.ndarray, str, str]]):
     return ids, mask, labels, pixels([img for img, _, _ in samples])
 
 
-def loss_of(model, ids, mask, labels, pix):
+def packed_batch(tok, samples: list[tuple[np.ndarray, list[tuple[str, str]]]]):
+    """Several questions per image in one row: BOS + the image + Q1 A1 EOS + Q2 A2 EOS + ...; every
+    question sees the image and itself only (a 4D mask) and starts at the position it has when asked alone,
+    so each (question, answer) is exactly the single-question sample `batch` makes, the image encoded once."""
+    import torch
+
+    prefix = tok.encode(prompt_text("")).ids  # BOS + the image block
+    p = len(prefix)
+    rows = []
+    for _, qas in samples:
+        ids, labels, pos, seg = list(prefix), [-100] * p, list(range(p)), [0] * p
+        for j, (q, a) in enumerate(qas):
+            full, n = encode(tok, q, a)
+            assert full[:p] == prefix
+            part = full[p:]
+            ids += part
+            labels += [-100] * (n - p) + part[n - p:]
+            pos += list(range(p, p + len(part)))
+            seg += [j + 1] * len(part)
+        rows.append((ids, labels, pos, seg))
+    width = max(len(r[0]) for r in rows)
+    B = len(rows)
+    ids = torch.full((B, width), EOS, dtype=torch.long)
+    labels = torch.full((B, width), -100, dtype=torch.long)
+    pos = torch.zeros((B, width), dtype=torch.long)
+    seg = torch.full((B, width), -1, dtype=torch.long)
+    for b, (i, l, q, s_) in enumerate(rows):
+        ids[b, : len(i)], labels[b, : len(i)], pos[b, : len(i)], seg[b, : len(i)] = (torch.tensor(x) for x in (i, l, q, s_))
+    causal = torch.ones(width, width, dtype=torch.bool).tril()
+    allowed = causal & ((seg[:, :, None] == seg[:, None, :]) | (seg[:, None, :] == 0))
+    allowed |= torch.eye(width, dtype=torch.bool)  # padding attends to itself (no empty rows)
+    mask = torch.zeros((B, 1, width, width)).masked_fill(~allowed[:, None], torch.finfo(torch.float32).min)
+    return ids, mask, labels, pixels([img for img, _ in samples]), pos
+
+
+def loss_of(model, ids, mask, labels, pix, pos=None):
     import torch.nn.functional as F
 
-    hidden = model.model(input_ids=ids, attention_mask=mask, pixel_values=pix).last_hidden_state
+    hidden = model.model(input_ids=ids, attention_mask=mask, pixel_values=pix, position_ids=pos).last_hidden_state
     # The head only where there is a target (the answer): a third of a step's time went to 4099-wide logits
     # of prompt positions that the loss ignores.
     targets = labels[:, 1:]
@@ -396,9 +451,10 @@ def lr_at(step: int, steps: int, lr: float, warmup: int, floor: float = 0.1) -> 
 
 def train(model, tok, steps: int, batch_size: int, lr: float, seed: int, warmup: int = 50, log_every: int = 25,
           data: list | None = None, on_log=None, minutes: float = 0.0, vision_lr: float = 0.0,
-          cell_weight: float = 0.0) -> list[dict]:
-    """Up to `steps` AdamW steps on fresh samples of seed `seed` (or on `data`, `sample_with_items` tuples,
-    again and again); the loss curve. With `minutes`, the run also stops at that wall-clock budget and the
+          cell_weight: float = 0.0, questions_per_image: int = 1, lr_floor: float = 0.1) -> list[dict]:
+    """Up to `steps` AdamW steps on fresh samples of seed `seed` (or on `data`, `sample_with_items` or
+    `sample_many` tuples, again and again); the loss curve. `questions_per_image` > 1: each fresh image
+    comes with up to that many questions, packed in one row (`packed_batch`), the loss on every answer. With `minutes`, the run also stops at that wall-clock budget and the
     cosine schedule follows whichever of the two is closer to completion, so the LR reaches its floor when
     the run stops. `vision_lr`: the image tower's and connector's own peak LR (0: `lr`).
 
@@ -434,13 +490,21 @@ def train(model, tok, steps: int, batch_size: int, lr: float, seed: int, warmup:
             if progress >= 1:
                 break
         for g in opt.param_groups:
-            g["lr"] = lr_at(int(progress * steps), steps, g["base_lr"], warmup)
-        samples = data if data is not None else [sample_with_items(rng) for _ in range(batch_size)]
+            g["lr"] = lr_at(int(progress * steps), steps, g["base_lr"], warmup, lr_floor)
+        if data is not None:  # `sample_many` tuples, or `sample_with_items` ones (one question each)
+            samples = [d if len(d) == 3 else (d[0], d[1], [(d[2], d[3])]) for d in data]
+        elif questions_per_image > 1:
+            samples = [sample_many(rng, questions_per_image) for _ in range(batch_size)]
+        else:
+            samples = [(img, items, [(q, a)]) for img, items, q, a in (sample_with_items(rng) for _ in range(batch_size))]
         image_tokens.clear()
-        loss = answer_loss = loss_of(model, *batch(tok, [(img, q, a) for img, _, q, a in samples]))
+        if questions_per_image > 1 or any(len(qas) > 1 for _, _, qas in samples):
+            loss = answer_loss = loss_of(model, *packed_batch(tok, [(img, qas) for img, _, qas in samples]))
+        else:
+            loss = answer_loss = loss_of(model, *batch(tok, [(img, *qas[0]) for img, _, qas in samples]))
         if cell_weight:
             (tokens,) = image_tokens  # [B, 9, width]
-            colours, shapes = (torch.tensor(t) for t in zip(*(cell_targets(items) for _, items, _, _ in samples)))
+            colours, shapes = (torch.tensor(t) for t in zip(*(cell_targets(items) for _, items, _ in samples)))
             places = torch.arange(9).expand(len(samples), 9)
             cells = sum(F.cross_entropy(heads[name](tokens).flatten(0, 1), target.flatten())
                         for name, target in (("colour", colours), ("shape", shapes), ("place", places)))
@@ -452,7 +516,7 @@ def train(model, tok, steps: int, batch_size: int, lr: float, seed: int, warmup:
         opt.step()
         running.append(answer_loss.item())
         if (step + 1) % log_every == 0 or step == 0 or step + 1 == steps:
-            curve_lr = lr_at(int(progress * steps), steps, lr, warmup)  # the decoder's
+            curve_lr = lr_at(int(progress * steps), steps, lr, warmup, lr_floor)  # the decoder's
             point = {"step": step + 1, "loss": round(sum(running) / len(running), 4), "lr": round(curve_lr, 6),
                      "minutes": round((time.perf_counter() - start) / 60, 2)}
             if running_cells:
@@ -462,7 +526,7 @@ def train(model, tok, steps: int, batch_size: int, lr: float, seed: int, warmup:
             if on_log:
                 on_log(point)
     if running:  # stopped by the clock between two log points
-        curve.append({"step": step, "loss": round(sum(running) / len(running), 4), "lr": round(lr_at(int(progress * steps), steps, lr, warmup), 6),
+        curve.append({"step": step, "loss": round(sum(running) / len(running), 4), "lr": round(lr_at(int(progress * steps), steps, lr, warmup, lr_floor), 6),
                       "minutes": round((time.perf_counter() - start) / 60, 2)})
         if on_log:
             on_log(curve[-1])
@@ -474,12 +538,14 @@ def main(argv=None) -> int:
     import torch
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--steps", type=int, default=800)
+    p.add_argument("--steps", type=int, default=2000)
     p.add_argument("--minutes", type=float, default=0.0, help="also stop at this wall-clock budget (0: none; the default run is a fixed step count)")
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--lr", type=float, default=1e-3, help="peak LR of the decoder")
+    p.add_argument("--lr-floor", type=float, default=0.0, help="the cosine schedule ends at this fraction of the peak LRs")
     p.add_argument("--vision-lr", type=float, default=2e-3, help="peak LR of the image tower and connector")
     p.add_argument("--cell-weight", type=float, default=1.0, help="weight of the per-cell colour/shape/place loss on the image tokens")
+    p.add_argument("--questions", type=int, default=5, help="questions per training image, packed in one row (each sees the image and itself only)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--heldout", type=int, default=240)
     p.add_argument("--heldout-seed", type=int, default=1, help="seed of the held-out images (never a training seed)")
@@ -509,7 +575,7 @@ def main(argv=None) -> int:
     print(f"{params / 1e6:.2f} M parameters; vocab {tok.get_vocab_size()}; {len(rows)} held-out questions", flush=True)
     start, cpu = time.perf_counter(), time.process_time()
     curve = train(model, tok, args.steps, args.batch_size, args.lr, args.seed, minutes=args.minutes,
-                  vision_lr=args.vision_lr, cell_weight=args.cell_weight, on_log=lambda pt: print(json.dumps(pt), flush=True))
+                  vision_lr=args.vision_lr, cell_weight=args.cell_weight, questions_per_image=args.questions, lr_floor=args.lr_floor, on_log=lambda pt: print(json.dumps(pt), flush=True))
     minutes = (time.perf_counter() - start) / 60
     cpu_minutes = (time.process_time() - cpu) / 60  # what the run needs of the machine; wall time also counts its other jobs
     result = exact_match(model, tok, rows, out)
@@ -521,8 +587,8 @@ def main(argv=None) -> int:
     (out / "generation_config.json").write_text(json.dumps({"bos_token_id": EOS, "eos_token_id": EOS}, indent=2) + "\n")
     report = {
         "params": params, "vocab_size": tok.get_vocab_size(), "image_tokens": TOKENS_PER_IMAGE,
-        "steps": curve[-1]["step"], "step_cap": args.steps, "minutes_budget": args.minutes, "batch_size": args.batch_size, "lr": args.lr,
-        "vision_lr": args.vision_lr, "cell_weight": args.cell_weight, "seed": args.seed,
+        "steps": curve[-1]["step"], "step_cap": args.steps, "minutes_budget": args.minutes, "batch_size": args.batch_size, "lr": args.lr, "lr_floor": args.lr_floor,
+        "vision_lr": args.vision_lr, "cell_weight": args.cell_weight, "questions_per_image": args.questions, "seed": args.seed,
         "train_minutes": round(minutes, 2), "train_cpu_minutes": round(cpu_minutes, 2), "wall_minutes": round((time.perf_counter() - wall) / 60, 2),
         "threads": args.threads, "init": str(args.init) if args.init else "assets/reference (decoder) + random image tower", "final_loss": curve[-1]["loss"], "loss_curve": curve,
         "heldout_eager_greedy": result,

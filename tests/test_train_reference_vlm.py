@@ -86,6 +86,14 @@ def test_a_few_steps_lower_the_loss(script):
                          vision_lr=2e-3, cell_weight=1.0)
     assert curve[-1]["loss"] < 0.5 * curve[0]["loss"], curve
     assert curve[-1]["cell_loss"] < curve[0]["cell_loss"], curve
+    # the same with several questions per image, packed (the default recipe)
+    model = script.build_model(tok.get_vocab_size(), seed=0)
+    rng = random.Random(0)
+    data = [script.sample_many(rng, 5) for _ in range(2)]
+    curve = script.train(model, tok, steps=8, batch_size=2, lr=1e-3, seed=0, warmup=1, log_every=1, data=data,
+                         vision_lr=2e-3, cell_weight=1.0, questions_per_image=5)
+    assert curve[-1]["loss"] < 0.5 * curve[0]["loss"], curve
+    assert curve[-1]["cell_loss"] < curve[0]["cell_loss"], curve
 
 
 def test_cell_targets_follow_the_image_tokens(script):
@@ -114,3 +122,58 @@ def test_a_shape_stays_inside_its_cell(script):
         row, col = divmod(item.cell, 3)
         assert row * cell <= ys.min() and ys.max() < (row + 1) * cell, item
         assert col * cell <= xs.min() and xs.max() < (col + 1) * cell, item
+
+
+def test_sample_many_asks_different_questions(script):
+    rng = random.Random(0)
+    for _ in range(20):
+        image, items, qas = script.sample_many(rng, 5)
+        assert 1 <= len(qas) <= 5 and len({q for q, _ in qas}) == len(qas)
+        assert image.shape == (script.IMAGE, script.IMAGE, 3) and items
+    # one item: every kind applies, so five different kinds
+    rng = random.Random(1)
+    while True:
+        image, items, qas = script.sample_many(rng, 5)
+        if len(items) == 1:
+            break
+    assert len(qas) == 5 and qas[0][0] != qas[1][0]
+    assert {q.split()[0] + q.split()[1] for q, _ in qas} >= {"Whatcolour", "Whatshape", "Whereis"}
+
+
+def test_packed_questions_are_the_single_question_samples(script):
+    """Several questions packed behind one image: each answer's loss is what the one-question sample
+    (the program's prompt) gives, so no question sees another (a 4D mask, positions restarting)."""
+    import torch.nn.functional as F
+
+    torch.manual_seed(0)
+    tok = script.make_tokenizer()
+    model = script.build_model(tok.get_vocab_size(), seed=0).eval()
+    rng = random.Random(5)
+    samples = [script.sample_many(rng, 5) for _ in range(2)]
+    assert all(len(qas) > 1 for _, _, qas in samples)
+
+    def per_token(ids, mask, labels, pix, pos=None):
+        hidden = model.model(input_ids=ids, attention_mask=mask, pixel_values=pix, position_ids=pos).last_hidden_state
+        keep = labels[:, 1:] != -100
+        return F.cross_entropy(model.lm_head(hidden[:, :-1][keep]), labels[:, 1:][keep], reduction="none")
+
+    with torch.no_grad():
+        packed = script.packed_batch(tok, [(image, qas) for image, _, qas in samples])
+        assert packed[0].shape[0] == 2 and packed[1].shape[:2] == (2, 1)
+        packed_losses = per_token(*packed)
+        single = torch.cat([per_token(*script.batch(tok, [(image, q, a)])) for image, _, qas in samples for q, a in qas])
+    assert packed_losses.shape == single.shape and packed_losses.shape[0] > 2 * len(samples)
+    assert torch.allclose(packed_losses, single, atol=1e-4), (packed_losses - single).abs().max()
+    # and the targets are every answer + its EOS
+    labels = packed[2][0]
+    answers = [a for _, a in samples[0][2]]
+    target = labels[labels != -100].tolist()
+    assert target.count(script.EOS) == len(answers)
+    assert tok.decode([t for t in target if t != script.EOS]).split() == " ".join(answers).split()
+
+
+def test_schedule_ends_at_its_floor(script):
+    assert script.lr_at(0, 2000, 1e-3, 50) == pytest.approx(1e-3 / 50)
+    assert script.lr_at(50, 2000, 1e-3, 50) == pytest.approx(1e-3)
+    assert script.lr_at(1999, 2000, 1e-3, 50, floor=0.0) < 1e-8
+    assert script.lr_at(1999, 2000, 1e-3, 50, floor=0.1) == pytest.approx(1e-4, rel=1e-3)
