@@ -75,7 +75,7 @@ COLOURS = {
 }
 PLACES = ["top left", "top", "top right", "left", "centre", "right", "bottom left", "bottom", "bottom right"]
 KINDS = ["colour", "shape", "count", "count_all", "where"]
-DEMO = 4  # the held-out question `make demo` asks (a "where" question)
+DEMO = 4  # held-out row written also as demo.ppm (a "where" question; `make demo` asks row 0, from its PNG)
 
 
 # ---------------------------------------------------------------- the synthetic dataset
