@@ -75,15 +75,22 @@ def rotate(decoder: nn.Module, seed: int = SEED) -> None:
             set_(linear, q.T @ linear.weight.double())
     g = scale_of(decoder.norm)
     table = decoder.tok_embeddings.weight
-    table.copy_((table.double() @ q).to(table.dtype))
+    _times(table, q)
     if not decoder.config.tie_embeddings:
-        set_(decoder.output, decoder.output.weight.double() * g @ q)
+        decoder.output.weight.mul_(g.to(decoder.output.weight.dtype))
+        _times(decoder.output.weight, q)
     else:
         decoder.tie_weights()  # the head reads the rotated table
         pre = nn.Linear(q.shape[0], q.shape[0], bias=False, dtype=table.dtype)
         set_(pre, q.T @ torch.diag(g) @ q)  # symmetric: its own transpose
         decoder.head_rotation = pre
     decoder.rotation_seed = seed
+
+
+def _times(w: torch.Tensor, q: torch.Tensor, rows: int = 16384) -> None:
+    """w <- w @ q in place, in float64 a block of rows at a time (a 128k-row table at once would take GBs)."""
+    for i in range(0, w.shape[0], rows):
+        w[i : i + rows] = (w[i : i + rows].double() @ q).to(w.dtype)
 
 
 def unrotated(decoder: nn.Module, x: torch.Tensor) -> torch.Tensor:
