@@ -309,7 +309,6 @@ def recipe_default(model, calib: list[int], window: int, recipe: str, smooth: fl
     from torch import nn
 
     from genai_pipeline import quantize as q
-
     from genai_pipeline.rotation import rotate
 
     options = q.QuantOptions(recipe=recipe, smooth=smooth, rotate=rotated)

@@ -635,6 +635,11 @@ def quantize_module(module: nn.Module, options: QuantOptions, given: Mapping[str
     return plan
 
 
+def recipe_counts(plan: Mapping[str, str]) -> dict[str, int]:
+    """{recipe: how many layers of `plan` ({layer: recipe}, quantize_module's) took it}, by recipe."""
+    return {r: sum(1 for v in plan.values() if v == r) for r in sorted(set(plan.values()))}
+
+
 def with_default_data(calibration: CalibrationOptions) -> CalibrationOptions:
     """No --calib given: random tokens (calibrating on them warns that accuracy will suffer)."""
     return calibration if calibration.datasets else dataclasses.replace(calibration, datasets=("random",))
@@ -847,8 +852,7 @@ def quantize(prepared: PreparedModel, options: QuantOptions, target, cache: Path
             plan = quantize_module(artifact.module, options, computed or given)
             # compile writes them beside the program: `genai eval` rebuilds the quantized model from them
             artifact = dataclasses.replace(artifact, int4=computed or given or None, smoothing=scales)
-            counts = {r: sum(1 for v in plan.values() if v == r) for r in sorted(set(plan.values()))}
-            log.info("quantized %s: %s", key.value, ", ".join(f"{n} layers {r}" for r, n in counts.items()))
+            log.info("quantized %s: %s", key.value, ", ".join(f"{n} layers {r}" for r, n in recipe_counts(plan).items()))
         artifacts[key] = artifact
     return dataclasses.replace(
         prepared, artifacts=artifacts, recipe=options.describe(), quantization=dataclasses.asdict(options)

@@ -38,7 +38,7 @@ from torch.export import Dim
 from genai_pipeline.bundle import GraphBundle, PreparedModel
 from genai_pipeline.errors import InputError
 from genai_pipeline.names import ArtifactKey, GraphName
-from genai_pipeline.quantize import HEAD, QuantOptions, next_token_only, calibrated_graph, gptq_int4, quantize_module
+from genai_pipeline.quantize import HEAD, QuantOptions, calibrated_graph, gptq_int4, next_token_only, quantize_module, recipe_counts
 
 log = logging.getLogger(__name__)
 
@@ -134,10 +134,10 @@ def component_recipes(options: QuantOptions, plans: dict[str, dict[str, str]]) -
     decoder_plan = plans["text_decoder"]
     embedding = {n: r for n, r in decoder_plan.items() if r.startswith("emb")}
     return {
-        "vision_encoder": {"recipe": tower_recipe(options), "layers": _counts(plans["vision_encoder"])},
-        "token_embedding": {"recipe": options.embedding or "fp32", "layers": _counts(embedding)},
+        "vision_encoder": {"recipe": tower_recipe(options), "layers": recipe_counts(plans["vision_encoder"])},
+        "token_embedding": {"recipe": options.embedding or "fp32", "layers": recipe_counts(embedding)},
         "text_decoder": {"recipe": decoder_options(options).describe(),
-                         "layers": _counts({n: r for n, r in decoder_plan.items() if n not in embedding})},
+                         "layers": recipe_counts({n: r for n, r in decoder_plan.items() if n not in embedding})},
     }
 
 
@@ -312,9 +312,9 @@ def quantize_static(prepared: PreparedModel, options: QuantOptions, target) -> P
     plans = {"vision_encoder": static_plan(vision_qdq, options.recipe), "text_decoder": static_plan(decoder_qdq, options.recipe)}
     frames = sum(len(c.frames) for c in chats)
     recipes = {
-        "vision_encoder": {"recipe": options.recipe, "layers": _counts(plans["vision_encoder"])},
+        "vision_encoder": {"recipe": options.recipe, "layers": recipe_counts(plans["vision_encoder"])},
         "token_embedding": {"recipe": "fp32", "layers": {}},
-        "text_decoder": {"recipe": options.describe(), "layers": _counts(plans["text_decoder"]), "float_ops": sorted(FLOAT_DECODER_OPS)},
+        "text_decoder": {"recipe": options.describe(), "layers": recipe_counts(plans["text_decoder"]), "float_ops": sorted(FLOAT_DECODER_OPS)},
     }
     for component, entry in recipes.items():
         log.info("quantized %s: %s (%s)", component, entry["recipe"],
@@ -356,10 +356,6 @@ def static_plan(qdq, recipe: str) -> dict[str, str]:
 
 def _user_inputs(qdq) -> set[str]:
     return {s.arg.name for s in qdq.graph_signature.input_specs if s.kind.name == "USER_INPUT"}
-
-
-def _counts(plan: dict[str, str]) -> dict[str, int]:
-    return {r: sum(1 for v in plan.values() if v == r) for r in sorted(set(plan.values()))}
 
 
 @dataclass(frozen=True)
