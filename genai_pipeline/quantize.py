@@ -234,6 +234,21 @@ def intx_weight(qdata: torch.Tensor, scale: torch.Tensor, bits: int, dtype: torc
     )
 
 
+def concat_rows(weights: list[torch.Tensor]) -> torch.Tensor | None:
+    """The rows of `weights` as one weight when they are all float of one dtype, or all torchao
+    int weights of one format (bits, groups, activation quantization); else None."""
+    first = weights[0]
+    if any(type(w) is not type(first) or w.dtype != first.dtype for w in weights):
+        return None
+    if type(first).__name__ != "IntxUnpackedToInt8Tensor":
+        return torch.cat([w.detach() for w in weights]) if all(type(w) in (torch.Tensor, nn.Parameter) for w in weights) else None
+    same = lambda w: (w.target_dtype, tuple(w.block_size), w.activation_quantization)  # noqa: E731
+    if any(same(w) != same(first) for w in weights):
+        return None
+    return type(first)(*(torch.cat([getattr(w, f) for w in weights]) for f in ("qdata", "scale", "zero_point")),
+                       first.target_dtype, first.block_size, first.dtype, first.activation_quantization)
+
+
 def _groups(w: torch.Tensor, group_size: int) -> torch.Tensor:
     return w.detach().float().reshape(w.shape[0], w.shape[1] // group_size, group_size)
 

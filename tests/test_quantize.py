@@ -230,9 +230,10 @@ def test_given_int4_weights_and_scales_are_what_the_program_stores(tiny_checkpoi
     program, segment = _read_program(tmp_path / "text_decoder.pte")
     stored = {entry.key: segment(entry.segment_index) for entry in program.named_data}
     blobs = set(stored.values())
+    holds = lambda part: any(part in blob for blob in blobs)  # noqa: E731  wq and wv are rows of a fused weight
     for n, (q, d) in want.items():
-        assert _xnnpack_int4(q) in blobs, f"{n}: the program does not hold the given integers"
-        assert d.to(torch.bfloat16).view(torch.int16).numpy().tobytes() in blobs, f"{n}: the program does not hold the given scales"
+        assert holds(_xnnpack_int4(q)), f"{n}: the program does not hold the given integers"
+        assert holds(d.to(torch.bfloat16).view(torch.int16).numpy().tobytes()), f"{n}: the program does not hold the given scales"
 
 
 def test_given_weights_are_checked(tiny_eager):

@@ -36,6 +36,7 @@ Family switches (all off by default: a Llama config is unchanged by them):
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -319,6 +320,22 @@ class CacheRows:
     v_new: torch.Tensor | None = None
 
 
+def fused_linear(linears: list[nn.Linear], concat: Callable) -> nn.Linear | None:
+    """One linear whose output is the outputs of `linears` (which read the same input) side by
+    side, or None. concat(weights) -> their rows as one weight (float or quantized alike), or None
+    when they cannot share one kernel. Fusing them saves a matmul and its activation quantization
+    per token (XNNPACK, measured: bench/README "Projection order and fused projections")."""
+    weight = concat([m.weight for m in linears])
+    if weight is None:
+        return None
+    with torch.device("meta"):
+        fused = nn.Linear(linears[0].in_features, sum(m.out_features for m in linears), bias=linears[0].bias is not None)
+    fused.weight = nn.Parameter(weight, requires_grad=False)
+    if fused.bias is not None:
+        fused.bias = nn.Parameter(torch.cat([m.bias.detach() for m in linears]), requires_grad=False)
+    return fused
+
+
 def repeat_kv(x: torch.Tensor, n_rep: int) -> torch.Tensor:
     """[1, n_kv_heads, S, D] -> [1, n_kv_heads * n_rep, S, D], each KV head serving n_rep query heads.
     Static slices and one cat: expand + reshape (Qualcomm's form) leaves torch.export a guard on a
@@ -340,6 +357,30 @@ class Attention(nn.Module):
         self.q_norm = RMSNorm(hd, c.norm_eps, c.norm_unit_offset) if c.qk_norm else None
         self.k_norm = RMSNorm(hd, c.norm_eps, c.norm_unit_offset) if c.qk_norm else None
         self.kv_cache = KVCache(max_seq_len, c.n_kv_heads, hd)
+        self.fused: nn.Linear | None = None  # see fuse
+
+    def fuse(self, concat: Callable) -> None:
+        """wq and wk as one linear, with wv too when its weight takes the same kernel: one matmul
+        where there were two or three (see fused_linear). Prefill and decode share the module:
+        a second call finds nothing left to fuse."""
+        if self.wq is None:
+            return
+        for names in (("wq", "wk", "wv"), ("wq", "wk")):
+            self.fused = fused_linear([getattr(self, n) for n in names], concat)
+            if self.fused is not None:
+                for n in names:
+                    setattr(self, n, None)
+                return
+
+    def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q, k and v of x, [B, S, features] each."""
+        # v first: the graph runs in this order, and an 8-bit matmul as the last one before
+        # custom_sdpa slows the attention at 2 threads (bench/README: "Projection order ...")
+        v = self.wv(x) if self.wv is not None else None
+        if self.fused is None:
+            return self.wq(x), self.wk(x), v
+        y, n_q, n_kv = self.fused(x), self.n_heads * self.head_dim, self.n_kv_heads * self.head_dim
+        return y[..., :n_q], y[..., n_q : n_q + n_kv], y[..., n_q + n_kv :] if v is None else v
 
     def forward(self, x: torch.Tensor, start, rope: tuple | None, mask: torch.Tensor | None,
                 rows: CacheRows | None = None) -> torch.Tensor:
@@ -347,9 +388,10 @@ class Attention(nn.Module):
         mask: the sliding-window mask, None for causal attention over the whole prefix.
         rows: the cache-I/O form (start and mask unused: the cache and mask are in `rows`)."""
         b, s, _ = x.shape
-        q = self.wq(x).view(b, s, self.n_heads, self.head_dim)
-        k = self.wk(x).view(b, s, self.n_kv_heads, self.head_dim)
-        v = self.wv(x).view(b, s, self.n_kv_heads, self.head_dim)
+        q, k, v = self.project(x)  # slices of one matmul's output when fused: reshape copies them
+        q = q.reshape(b, s, self.n_heads, self.head_dim)
+        k = k.reshape(b, s, self.n_kv_heads, self.head_dim)
+        v = v.reshape(b, s, self.n_kv_heads, self.head_dim)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         if rope is not None:
@@ -386,9 +428,19 @@ class FeedForward(nn.Module):
         self.w1 = nn.Linear(config.dim, config.hidden_dim, bias=False)
         self.w2 = nn.Linear(config.hidden_dim, config.dim, bias=False)
         self.w3 = nn.Linear(config.dim, config.hidden_dim, bias=False)
+        self.w13: nn.Linear | None = None  # see fuse
+
+    def fuse(self, concat: Callable) -> None:
+        """w1 and w3 as one linear when their weights take the same kernel (see fused_linear)."""
+        if self.w1 is not None and (fused := fused_linear([self.w1, self.w3], concat)) is not None:
+            self.w13, self.w1, self.w3 = fused, None, None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.w2(self.act(self.w1(x)) * self.w3(x))
+        if self.w13 is None:
+            return self.w2(self.act(self.w1(x)) * self.w3(x))
+        y = self.w13(x)
+        n = y.shape[-1] // 2
+        return self.w2(self.act(y[..., :n]) * y[..., n:])
 
 
 class Block(nn.Module):
@@ -443,6 +495,14 @@ class Decoder(nn.Module):
             # memory, two graph inputs. With a single shared input, lowering a delegated head beside
             # the portable embedding lookup deep-copies the table once per method (GBs for a 1B model).
             self.output.weight = nn.Parameter(self.tok_embeddings.weight.detach(), requires_grad=False)
+
+    def fuse_projections(self, concat: Callable) -> None:
+        """In every block, the linears that read the same input as one linear where their weights
+        take the same kernel (Attention.fuse, FeedForward.fuse); the same function, computed in
+        fewer matmuls. Names like `attention.wq` are gone afterwards: for lowering only."""
+        for layer in self.layers:
+            layer.attention.fuse(concat)
+            layer.feed_forward.fuse(concat)
 
     def use_cache_io(self) -> None:
         """Drop the KV-cache buffers for the cache-I/O form (`forward_cache_io`): there the runtime

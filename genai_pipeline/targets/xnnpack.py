@@ -212,12 +212,14 @@ def _swap_tied_int4_lookup(decoder) -> None:
 
 def _adapt_for_lowering(module) -> None:
     from genai_pipeline.models.decoder import Decoder, RMSNorm
+    from genai_pipeline.quantize import concat_rows
 
     for norm in module.modules():
         if isinstance(norm, RMSNorm):
             norm.mean_by_matmul()
     for decoder in [m for m in module.modules() if isinstance(m, Decoder)]:
         _swap_tied_int4_lookup(decoder)
+        decoder.fuse_projections(concat_rows)
 
 
 TARGET = Target(

@@ -1,9 +1,11 @@
 """Our eager decoder against transformers' reference models, loaded through our HF loader."""
 
+import dataclasses
+
 import pytest
 import torch
 
-from conftest import TINY_VOCAB, save_hf_checkpoint
+from conftest import TINY_MAX_SEQ, TINY_VOCAB, save_hf_checkpoint
 from genai_pipeline.models.decoder import DecoderConfig, LongRopeScaling
 from tiny_hf import max_diff_to_transformers
 
@@ -95,3 +97,51 @@ def test_tied_head_is_its_own_graph_input_over_the_same_storage(tmp_path):
     assert {"decoder.output.weight", "decoder.tok_embeddings.weight"} <= inputs
     state = program.state_dict
     assert state["decoder.output.weight"].data_ptr() == state["decoder.tok_embeddings.weight"].data_ptr()
+
+
+@pytest.mark.parametrize("recipe, qkv_bias, fused", [
+    ("fp32", False, "qkv"), ("fp32", True, "qkv"), ("8da8w", True, "qkv"),
+    ("8da4w", False, "qk"),  # the default keeps wv at 8 bits: it cannot share the 4-bit kernel
+])
+def test_fused_projections_compute_the_same(tiny_eager, recipe, qkv_bias, fused):
+    """XNNPACK's lowering fuses the linears that read one input (targets/xnnpack.py): the same
+    logits, prefill then a decode step, from one matmul per group."""
+    from genai_pipeline.models.decoder import Decoder
+    from genai_pipeline.quantize import QuantOptions, concat_rows, quantize_module
+
+    torch.manual_seed(0)
+    model = tiny_eager()
+    if qkv_bias:
+        model = Decoder(dataclasses.replace(model.config, qkv_bias=True), TINY_MAX_SEQ)
+    if recipe != "fp32":
+        quantize_module(model, QuantOptions(recipe=recipe, weight_rule="mse", rotate=False, smooth=None))
+    ids, step = torch.randint(0, TINY_VOCAB, (1, 9)), torch.tensor([[3]])
+
+    def run():
+        model.reset_buffers()
+        return torch.cat([model(ids, torch.tensor([0])), model(step, torch.tensor([9]))], dim=1)
+
+    with torch.no_grad():
+        before = run()
+        model.fuse_projections(concat_rows)
+        model.fuse_projections(concat_rows)  # prefill and decode share the module: a second call is a no-op
+        after = run()
+    attention, ffn = model.layers[0].attention, model.layers[0].feed_forward
+    head_dim = model.config.head_dim
+    n_q, n_kv = model.config.n_heads * head_dim, model.config.n_kv_heads * head_dim
+    assert attention.fused.out_features == n_q + n_kv * (2 if fused == "qkv" else 1)
+    assert (attention.wv is None) == (fused == "qkv") and attention.wq is None and attention.wk is None
+    assert ffn.w13 is not None and ffn.w1 is None and ffn.w3 is None
+    torch.testing.assert_close(after, before, rtol=1e-5, atol=1e-5)
+
+
+def test_v_is_projected_first(tiny_eager):
+    """The exported graph runs in the order of the eager calls: v before q and k (bench/README,
+    "Projection order and fused projections": an 8-bit v last slows the attention at 2 threads)."""
+    model, order = tiny_eager(), []
+    attention = model.layers[0].attention
+    for name in ("wq", "wk", "wv"):
+        getattr(attention, name).register_forward_hook(lambda *_, name=name: order.append(name))
+    with torch.no_grad():
+        model(torch.tensor([[1, 2]]), torch.tensor([0]))
+    assert order == ["wv", "wq", "wk"]
