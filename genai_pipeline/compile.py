@@ -32,7 +32,7 @@ def lower(artifact: Artifact, target: Target, progress: tqdm):
     programs = {}
     for name, graph in artifact.graphs.items():
         progress.set_description(f"export {artifact.key.value}.{name.value}")
-        target.adapt_for_lowering(graph.module)
+        target.adapt_for_lowering(graph.module, graph.dynamic_shapes is None)
         programs[name.value] = torch.export.export(
             graph.module, graph.example_inputs, dynamic_shapes=graph.dynamic_shapes, strict=False
         )

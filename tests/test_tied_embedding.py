@@ -94,5 +94,5 @@ def test_an_untied_int4_lookup_is_left_alone(tiny_checkpoint):
 
     decoder = load_decoder(get_spec("smollm2-135m"), tiny_checkpoint, 32)
     quantize_module(decoder, QuantOptions(recipe="8da4w", embedding="4w"))
-    _adapt_for_lowering(decoder)
+    _adapt_for_lowering(decoder, True)
     assert isinstance(decoder.tok_embeddings, torch.nn.Embedding)

@@ -38,8 +38,9 @@ class Target:
     # Why programs cannot be lowered on this host (a missing vendor SDK), or None when they can.
     lowering_blocked: Callable[[], str | None] = lambda: None
     # Rewrites an eager graph module in place into the form this backend lowers best, right
-    # before it is exported for lowering (calibrated QDQ graphs pass through unchanged).
-    adapt_for_lowering: Callable[[object], None] = lambda module: None
+    # before it is exported for lowering (calibrated QDQ graphs pass through unchanged); the
+    # flag: the graph's shapes are all static (no dynamic sequence length).
+    adapt_for_lowering: Callable[[object, bool], None] = lambda module, static_shapes: None
     # For a backend that lowers several methods into one payload (lowering.lower_grouped): the
     # program's method names -> how they are grouped, partitioned and checked.
     grouped: Callable[[tuple[str, ...]], GroupedLowering] | None = None

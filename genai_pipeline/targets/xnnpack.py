@@ -210,7 +210,7 @@ def _swap_tied_int4_lookup(decoder) -> None:
     decoder.tok_embeddings = _PairSwappedEmbedding(lookup)
 
 
-def _adapt_for_lowering(module) -> None:
+def _adapt_for_lowering(module, static_shapes: bool) -> None:
     from genai_pipeline.models.decoder import Decoder, RMSNorm
     from genai_pipeline.quantize import concat_rows
 
@@ -219,7 +219,8 @@ def _adapt_for_lowering(module) -> None:
             norm.mean_by_matmul()
     for decoder in [m for m in module.modules() if isinstance(m, Decoder)]:
         _swap_tied_int4_lookup(decoder)
-        decoder.fuse_projections(concat_rows)
+        if static_shapes:  # XNNPACK delegates no slice of a dynamic-length tensor: they would split its delegates
+            decoder.fuse_projections(concat_rows)
 
 
 TARGET = Target(

@@ -50,6 +50,14 @@ def test_each_layer_is_one_delegate_call_and_methods_share_weight_bytes(tiny_che
     assert all(all(b is blobs[0] for b in blobs) for blobs in shared)
 
 
+def test_dynamic_length_graph_is_not_fused(tiny_checkpoint):
+    """Fusing the projections slices their joint output, and XNNPACK delegates no slice of a
+    dynamic-length tensor: the dynamic `forward` keeps its linears apart, and its two delegates a
+    layer (fused, a third one: bench/README "Projection order and fused projections")."""
+    methods, config = lower_tiny(tiny_checkpoint, Mode.DYNAMIC.value)
+    assert len(delegates(methods["forward"])) <= 2 * config.n_layers + 2
+
+
 def test_partition_copied_for_preprocess_shares_its_weights(tiny_eager):
     """ExecuTorch's default copy holds every weight twice more while a hybrid program is lowered;
     ours copies the graph only (XNNPACK's preprocess never writes into a weight: the programs'
