@@ -490,9 +490,7 @@ def smoothing_scales(module: nn.Module, absmax: dict[str, torch.Tensor], alpha: 
             w = torch.stack([module.get_submodule(p + n).weight.detach().float().abs().amax(0) for n in names]).amax(0)
             return (a.clamp(min=1e-5) ** alpha / w.clamp(min=1e-5) ** (1 - alpha)).clamp(min=1e-5)
 
-        for site, names in (("attention_norm", ["attention.wq", "attention.wk", "attention.wv"]),
-                            ("ffn_norm", ["feed_forward.w1", "feed_forward.w3"]),
-                            ("feed_forward.w3", ["feed_forward.w2"]), ("attention.wv", ["attention.wo"])):
+        for site, names in (*block.NORM_READERS.items(), ("feed_forward.w3", ["feed_forward.w2"]), ("attention.wv", ["attention.wo"])):
             s = factor(names)
             if s is None:
                 continue
@@ -520,9 +518,7 @@ def smooth(module: nn.Module, scales: dict[str, torch.Tensor]) -> None:
                 norm.weight.copy_((1 + norm.weight) / s - 1)
             else:
                 norm.weight.div_(s)
-            readers = [block.attention.wq, block.attention.wk, block.attention.wv] if kind == "attention_norm" else \
-                      [block.feed_forward.w1, block.feed_forward.w3]
-            for linear in readers:
+            for linear in map(block.get_submodule, block.NORM_READERS[kind]):
                 linear.weight.mul_(s)
         elif kind == "feed_forward.w3":
             block.feed_forward.w3.weight.div_(s[:, None])

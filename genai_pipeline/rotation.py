@@ -66,12 +66,11 @@ def rotate(decoder: nn.Module, seed: int = SEED) -> None:
         linear.weight.copy_(w.to(linear.weight.dtype))
 
     for block in decoder.layers:
-        att, ffn = block.attention, block.feed_forward
-        for norm, readers in ((block.attention_norm, (att.wq, att.wk, att.wv)), (block.ffn_norm, (ffn.w1, ffn.w3))):
-            g = scale_of(norm)
-            for linear in readers:
+        for norm, readers in block.NORM_READERS.items():
+            g = scale_of(getattr(block, norm))
+            for linear in map(block.get_submodule, readers):
                 set_(linear, linear.weight.double() * g @ q)
-        for linear in (att.wo, ffn.w2):
+        for linear in (block.attention.wo, block.feed_forward.w2):
             set_(linear, q.T @ linear.weight.double())
     g = scale_of(decoder.norm)
     table = decoder.tok_embeddings.weight
