@@ -1,4 +1,4 @@
-"""Decode steps of two programs interleaved in one process (A, B, B, A, ...): median step times.
+"""Decode steps (hybrid: `decode`, dynamic: `forward`) of two programs interleaved in one process (A, B, B, A, ...): median step times.
 On a shared, loaded machine side-by-side runs of `genai bench` vary 2x; steps interleaved this
 finely see the same load.
 
@@ -29,7 +29,9 @@ def main() -> None:
 
     portable_lib._unsafe_reset_threadpool(args.threads)
 
-    methods = [Runtime.get().load_program(p).load_method("decode") for p in args.programs]
+    programs = [Runtime.get().load_program(p) for p in args.programs]
+    # a hybrid program's decode method, a dynamic one's forward
+    methods = [p.load_method("decode" if "decode" in p.method_names else "forward") for p in programs]
     times = [[], []]
     token = torch.tensor([[7]])
     for step in range(args.steps):

@@ -241,15 +241,27 @@ def rope_tables(config: DecoderConfig, max_seq_len: int, local: bool = False) ->
     return (angles.cos() * factor).float(), (angles.sin() * factor).float()
 
 
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x: [B, S, H, D]; cos, sin: [1, S, 1, R]. Rotates the first R dims of each head; the rest pass."""
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, swap: torch.Tensor | None = None) -> torch.Tensor:
+    """x: [B, S, H, D]; cos, sin: [1, S, 1, R]. Rotates the first R dims of each head; the rest pass.
+    swap: None, or half_swap_matrix(D) to swap the halves as a matmul instead of slices."""
     r, d = cos.size(-1), x.size(-1)
     if r < d:  # partial rotary (Phi): a static shape check, not data
-        return torch.cat([apply_rope(x[..., :r], cos, sin), x[..., r:]], dim=-1)
+        return torch.cat([apply_rope(x[..., :r], cos, sin, swap), x[..., r:]], dim=-1)
+    if swap is not None:
+        return x * cos + F.linear(x, swap) * sin
     # Slices, not chunk/split: XNNPACK takes static slices into the delegate, where a split
     # would end it and cost a delegate call per q and k in every layer.
     rotated = torch.cat([-x[..., d // 2 :], x[..., : d // 2]], dim=-1)
     return x * cos + rotated * sin
+
+
+def half_swap_matrix(d: int) -> torch.Tensor:
+    """W with F.linear(x, W) = cat(-x[d/2:], x[:d/2]), exactly (one +-1 per row, zeros elsewhere)."""
+    h = d // 2
+    w = torch.zeros(d, d)
+    w[torch.arange(h), torch.arange(h) + h] = -1.0
+    w[torch.arange(h) + h, torch.arange(h)] = 1.0
+    return w
 
 
 class RMSNorm(nn.Module):
@@ -389,9 +401,10 @@ class Attention(nn.Module):
         rows: the cache-I/O form (start and mask unused: the cache and mask are in `rows`)."""
         b, s, _ = x.shape
         q, k, v = self.project(x)  # slices of one matmul's output when fused: reshape copies them
-        q = q.reshape(b, s, self.n_heads, self.head_dim)
-        k = k.reshape(b, s, self.n_kv_heads, self.head_dim)
-        v = v.reshape(b, s, self.n_kv_heads, self.head_dim)
+        # -1 for the length: XNNPACK delegates no reshape to a symbolic size (a dynamic-length graph)
+        q = q.reshape(b, -1, self.n_heads, self.head_dim)
+        k = k.reshape(b, -1, self.n_kv_heads, self.head_dim)
+        v = v.reshape(b, -1, self.n_kv_heads, self.head_dim)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         if rope is not None:
@@ -404,7 +417,7 @@ class Attention(nn.Module):
             y = torch.ops.llama.custom_sdpa(q, k_cache, v_cache, start, None, 0.0, True, self.scale)
         else:  # the mask spans the whole cache and hides the rows past each token too
             y = torch.ops.llama.custom_sdpa(q, k_cache, v_cache, start, mask, 0.0, False, self.scale)
-        return self.wo(y.reshape(b, s, -1))
+        return self.wo(y.reshape(b, -1, self.n_heads * self.head_dim))
 
     def _attend_cache_io(self, q, k, v, rows: CacheRows) -> torch.Tensor:
         """Attention over the past rows and this call's, as matmuls and a softmax; returns
@@ -488,6 +501,7 @@ class Decoder(nn.Module):
         self.rotation_seed: int | None = None
         self.head_rotation: nn.Linear | None = None
         self.layer_rope = tuple(config.layer_rope(i) for i in range(config.n_layers))
+        self.register_buffer("rope_swap", None, persistent=False)  # see swap_rope_halves_by_matmul
         # A window as long as the cache never hides anything: those layers stay plainly causal.
         windowed = config.sliding_window is not None and config.sliding_window < max_seq_len
         self.layer_windowed = tuple(windowed and i in config.sliding_window_layers for i in range(config.n_layers))
@@ -508,6 +522,12 @@ class Decoder(nn.Module):
         for layer in self.layers:
             layer.attention.fuse(concat)
             layer.feed_forward.fuse(concat)
+
+    def swap_rope_halves_by_matmul(self) -> None:
+        """RoPE's half swap as a product with a constant +-1 matrix instead of two slices and a
+        cat: XNNPACK delegates no slice of a dynamic-length tensor, so in a dynamic graph the
+        slices end the delegate in every layer, and the delegate after them takes v's matmul."""
+        self.rope_swap = half_swap_matrix(self.config.rope_dim)
 
     def use_cache_io(self) -> None:
         """Drop the KV-cache buffers for the cache-I/O form (`forward_cache_io`): there the runtime
@@ -586,9 +606,9 @@ class Decoder(nn.Module):
         """The RoPE tables' rows at `positions` ([1, T]) as a gather: no position becomes a shape."""
         return self._rope_rows(lambda table: table[positions][:, :, None])  # [1, T, 1, R]
 
-    def _rope_rows(self, rows) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
-        """`rows` of each kind's cos and sin tables, for the kinds in use."""
-        return {kind: (rows(getattr(self, f"{prefix}_cos")), rows(getattr(self, f"{prefix}_sin")))
+    def _rope_rows(self, rows) -> dict[str, tuple]:
+        """`rows` of each kind's cos and sin tables, for the kinds in use, and the half swap."""
+        return {kind: (rows(getattr(self, f"{prefix}_cos")), rows(getattr(self, f"{prefix}_sin")), self.rope_swap)
                 for kind, prefix in (("global", "rope"), ("local", "rope_local")) if kind in self.layer_rope}
 
     def _softcap(self, logits: torch.Tensor) -> torch.Tensor:

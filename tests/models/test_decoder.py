@@ -99,6 +99,29 @@ def test_tied_head_is_its_own_graph_input_over_the_same_storage(tmp_path):
     assert state["decoder.output.weight"].data_ptr() == state["decoder.tok_embeddings.weight"].data_ptr()
 
 
+@pytest.mark.parametrize("rope_dim", [16, 8], ids=["full", "partial"])
+def test_rope_half_swap_by_matmul_computes_the_same(tiny_eager, rope_dim):
+    """The dynamic graphs' RoPE (Decoder.swap_rope_halves_by_matmul: XNNPACK delegates no slice of
+    a dynamic-length tensor) is the slices' RoPE, bit for bit: one +-1 per row of the matrix."""
+    from genai_pipeline.models.decoder import Decoder
+
+    torch.manual_seed(0)
+    config = dataclasses.replace(tiny_eager().config, rope_dim=rope_dim)
+    model = Decoder(config, TINY_MAX_SEQ)
+    ids, step = torch.randint(0, TINY_VOCAB, (1, 9)), torch.tensor([[3]])
+
+    def run():
+        model.reset_buffers()
+        return torch.cat([model(ids, torch.tensor([0])), model(step, torch.tensor([9]))], dim=1)
+
+    with torch.no_grad():
+        before = run()
+        model.swap_rope_halves_by_matmul()
+        after = run()
+    assert model.rope_swap.shape == (rope_dim, rope_dim)
+    assert torch.equal(after, before)
+
+
 @pytest.mark.parametrize("recipe, qkv_bias, fused", [
     ("fp32", False, "qkv"), ("fp32", True, "qkv"), ("8da8w", True, "qkv"),
     ("8da4w", False, "qk"),  # the default keeps wv at 8 bits: it cannot share the 4-bit kernel
