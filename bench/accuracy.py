@@ -50,6 +50,9 @@ VARIANTS = {
     "8da4w-head4": {"recipe": "8da4w", "keep_8bit": ["\\.attention\\.wv$"]},  # gptq, wv 8-bit: <= 92 MiB
     "8da4w-head4-norot": {"recipe": "8da4w", "keep_8bit": ["\\.attention\\.wv$"], "rotate": False},
     "8da4w-wv4": {"recipe": "8da4w", "keep_8bit": ["\\.feed_forward\\.w2$"]},  # wv at 4 bits (2-thread decode: bench/README)
+    # w2 8-bit only in the layers llama.cpp's Q4_K_M gives more bits (use_more_bits: the first and last
+    # eighth, every third between; SmolLM2-135M's 30 layers)
+    "8da4w-w2mix": {"recipe": "8da4w", "keep_8bit": ["\\.attention\\.wv$", "layers\\.(0|1|2|5|8|11|14|17|20|23|26|27|28|29)\\.feed_forward\\.w2$"]},
     "8da4w-mse-head4": {"recipe": "8da4w", "weight_rule": "mse", "head": "8da4w", "keep_8bit": []},
     "8da4w-q4_0": {"recipe": "8da4w", "weight_rule": "q4_0"},
     "8da4w-emb8w": {"recipe": "8da4w", "embedding": "8w"},

@@ -30,9 +30,11 @@ RUNTIME_FILES = ("tokenizer_config.json", "special_tokens_map.json", "chat_templ
 def lower(artifact: Artifact, target: Target, progress: tqdm):
     """The artifact's graphs exported and lowered to the target (an EdgeProgramManager)."""
     programs = {}
+    # One form for all methods: they share their weights only if they take them alike
+    static_shapes = all(graph.dynamic_shapes is None for graph in artifact.graphs.values())
     for name, graph in artifact.graphs.items():
         progress.set_description(f"export {artifact.key.value}.{name.value}")
-        target.adapt_for_lowering(graph.module, graph.dynamic_shapes is None)
+        target.adapt_for_lowering(graph.module, static_shapes)
         programs[name.value] = torch.export.export(
             graph.module, graph.example_inputs, dynamic_shapes=graph.dynamic_shapes, strict=False
         )

@@ -39,7 +39,7 @@ class Target:
     lowering_blocked: Callable[[], str | None] = lambda: None
     # Rewrites an eager graph module in place into the form this backend lowers best, right
     # before it is exported for lowering (calibrated QDQ graphs pass through unchanged); the
-    # flag: the graph's shapes are all static (no dynamic sequence length).
+    # flag: the shapes of all the program's graphs are static (no dynamic sequence length).
     adapt_for_lowering: Callable[[object, bool], None] = lambda module, static_shapes: None
     # For a backend that lowers several methods into one payload (lowering.lower_grouped): the
     # program's method names -> how they are grouped, partitioned and checked.
