@@ -7,9 +7,10 @@ backend then stores once. Recipes are torchao configs applied in eager mode:
 - `8da4w`: dynamic per-token int8 activations, int4 group-wise weights (`group_size`). Weights by
   `weight_rule`: `gptq` (default; calibrated on --calib's text, else DEFAULT_GPTQ_TEXT), `mse` (a
   least-squares scale search per group, no data), `q4_0` (llama.cpp's rule with positive scales),
-  `torchao` (absmax / 7.5, the rule before). The attention's value and the MLP's down projections
-  (AUTO_8BIT) stay at 8 bits, and the LM head too unless GPTQ quantizes it (AUTO_HEAD). Scales are
-  chosen as XNNPACK stores them: positive, bf16.
+  `torchao` (absmax / 7.5, the rule before). The attention's value projection (AUTO_8BIT) and the
+  MLP's down projection in llama.cpp's `use_more_bits` layers (more_bits_layer) stay at 8 bits, and
+  the LM head too unless GPTQ quantizes it (AUTO_HEAD). Scales are chosen as XNNPACK stores them:
+  positive, bf16.
   `given` int4 weights (a GGUF's) are taken as they are (`intx_weight`).
 - `8da8w`: dynamic per-token int8 activations, int8 per-channel weights
 - Both dynamic recipes first rotate the residual stream of the float model (rotation.py: an
@@ -65,12 +66,13 @@ AUTO_EMBEDDING = {"8da4w": "4w", "8da8w": "8w"}  # --embedding auto, by --recipe
 # ~1 point, less than the 8-bit w2 its 12 MiB buy (bench/README)
 AUTO_HEAD = {"8da4w": "8da8w"}
 # Layers kept at 8 bits (8da8w) under a 4-bit recipe, unless an override names them: the attention's
-# value projection and the MLP's down projection (as llama.cpp's Q4_K_M keeps attn_v and ffn_down at
-# 6 bits); SmolLM2-135M: +12.6 % -> +8.0 % perplexity for 11 MiB (bench/README)
-AUTO_8BIT = {"8da4w": (r"\.attention\.wv$", r"\.feed_forward\.w2$")}
-# ... and the MLP's w1 / w3 of the first and last 1/15 of the layers (SmolLM2-135M: 0, 1, 28, 29; none
-# below 15 layers), the blocks whose outputs lose the most to 4 bits (genai eval's layer SQNR):
-# +7.3 -> +6.8 % perplexity, KL 0.072 -> 0.066, for 3.3 MiB (bench/README)
+# value projection (as llama.cpp's Q4_K_M keeps attn_v at 6 bits; bench/README)
+AUTO_8BIT = {"8da4w": (r"\.attention\.wv$",)}
+# ... and by layer (auto_8bit_mlp): the MLP's down projection w2 where Q4_K_M gives ffn_down more bits
+# (more_bits_layer; every w2 at 8 bits decoded 7 % slower than the all-4-bit program at 1 thread, this
+# mix 3.5 %: bench/README), and w1 / w3 of the first and last 1/15 of the layers (SmolLM2-135M: 0, 1,
+# 28, 29; none below 15 layers), the blocks whose outputs lose the most to 4 bits (genai eval's layer
+# SQNR): +7.3 -> +6.8 % perplexity, KL 0.072 -> 0.066, for 3.3 MiB (bench/README)
 EDGE_LAYERS = {"8da4w": 1 / 15}
 WEIGHT_RULES = ("gptq", "mse", "q4_0", "torchao")  # how 4-bit weights are chosen (bench/README: measured)
 # gptq's calibration text when no --calib is given: English prose that ships with the repository
@@ -119,6 +121,7 @@ class QuantOptions:
         if self.keep_8bit is None:
             object.__setattr__(self, "keep_8bit", () if self.is_static else AUTO_8BIT.get(self.recipe, ()))
         object.__setattr__(self, "keep_8bit", tuple(self.keep_8bit))
+        object.__setattr__(self, "overrides", tuple(tuple(o) for o in self.overrides))  # e.g. lists from JSON
         if self.is_static or self.recipe == "fp32":
             object.__setattr__(self, "smooth", None)
             object.__setattr__(self, "rotate", False)
@@ -163,7 +166,7 @@ class QuantOptions:
             parts.append(f"head{self.head}")
         parts += [f"{p.replace(chr(92), '').strip('.$')}=8da8w" for p in self.keep_8bit]
         if self.recipe in EDGE_LAYERS:
-            parts.append("edges.w1w3=8da8w")
+            parts += ["more_bits.w2=8da8w", "edges.w1w3=8da8w"]
         parts += [f"{p}={r}" for p, r in self.overrides]
         if self.vision_recipe:
             parts.append(f"vision{self.vision_recipe}")
@@ -305,19 +308,28 @@ def torchao_qparams(w: torch.Tensor, group_size: int, bits: int = 4, bf16: bool 
     return q.reshape(w.shape).to(torch.int8), d.squeeze(-1)
 
 
-def edge_mlp(name: str, recipe: str, n_layers: int) -> bool:
-    """Whether `name` is w1 or w3 of one of the first or last EDGE_LAYERS[recipe] of n_layers blocks."""
-    k = int(n_layers * EDGE_LAYERS.get(recipe, 0))
-    match = re.fullmatch(r"layers\.(\d+)\.feed_forward\.w[13]", name)
-    return bool(k and match) and (int(match[1]) < k or int(match[1]) >= n_layers - k)
+def more_bits_layer(i: int, n_layers: int) -> bool:
+    """llama.cpp's `use_more_bits` (the layers whose ffn_down and attn_v Q4_K_M stores at 6 bits):
+    the first and last eighth of the blocks, and every third block between them."""
+    return i < n_layers // 8 or i >= 7 * n_layers // 8 or (i - n_layers // 8) % 3 == 2
 
 
-def recipe_for(name: str, options: QuantOptions, n_layers: int = 0) -> str:
+def auto_8bit_mlp(name: str, recipe: str, n_layers: int) -> bool:
+    """Whether `name`, an MLP projection of block i of n_layers, stays at 8 bits under `recipe`: w2
+    where more_bits_layer(i), w1 and w3 in the first and last EDGE_LAYERS[recipe] of the blocks."""
+    match = re.fullmatch(r"layers\.(\d+)\.feed_forward\.(w[123])", name)
+    if recipe not in EDGE_LAYERS or not match:
+        return False
+    i, k = int(match[1]), int(n_layers * EDGE_LAYERS[recipe])
+    return more_bits_layer(i, n_layers) if match[2] == "w2" else i < k or i >= n_layers - k
+
+
+def recipe_for(name: str, options: QuantOptions, n_layers: int) -> str:
     """The recipe of linear layer `name` in a model of n_layers blocks (first matching override wins)."""
     default = options.head if name == HEAD and options.head else options.recipe
     if name == HEAD_ROTATION:  # rotation's float linear before a tied head (rotation.py)
         default = "fp32"
-    if options.recipe == "8da4w" and (any(re.search(p, name) for p in options.keep_8bit) or edge_mlp(name, options.recipe, n_layers)):
+    if options.recipe == "8da4w" and (any(re.search(p, name) for p in options.keep_8bit) or auto_8bit_mlp(name, options.recipe, n_layers)):
         default = "8da8w"
     return next((r for pattern, r in options.overrides if re.search(pattern, name)), default)
 

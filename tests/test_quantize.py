@@ -78,7 +78,8 @@ def test_embedding_follows_the_recipe_unless_told(recipe, embedding, want):
 def test_auto_embedding_is_quantized_with_the_linear_layers(tiny_eager):
     plan = quantize_module(tiny_eager(), QuantOptions(recipe="8da4w"))
     assert plan["tok_embeddings"] == "emb4w" and plan["output"] == "8da4w"  # GPTQ quantizes the head to 4 bits
-    assert plan["layers.0.attention.wv"] == plan["layers.1.feed_forward.w2"] == "8da8w"  # AUTO_8BIT
+    assert plan["layers.0.attention.wv"] == plan["layers.1.feed_forward.w2"] == "8da8w"  # AUTO_8BIT, more_bits_layer
+    assert plan["layers.0.feed_forward.w2"] == "8da4w"
     assert plan["layers.0.attention.wq"] == plan["layers.0.feed_forward.w1"] == "8da4w"
     plan = quantize_module(tiny_eager(), QuantOptions(recipe="8da4w", weight_rule="mse"))
     assert plan["output"] == "8da8w"  # uncalibrated, the LM head stays at 8 bits (AUTO_HEAD)
@@ -102,11 +103,11 @@ def test_quantized_hybrid_program_stores_the_weights_once_and_is_small(export_re
     hybrid, kv, fp32 = (_inspect(export_reference(m, q)) for m, q in (("hybrid", Q4), ("kv", Q4), ("hybrid", QuantOptions())))
     assert hybrid["file_bytes"] <= 1.02 * kv["file_bytes"], (hybrid["file_bytes"], kv["file_bytes"])
     # fp32 stores its tied table once; here the int4 head and the int8 lookup are two tables, wv
-    # and w2 are at 8 bits under 8da4w (AUTO_8BIT; bench/README), and rotation adds a float 256 x 256
+    # and some w2 are at 8 bits under 8da4w (AUTO_8BIT, more_bits_layer; bench/README), and rotation adds a float 256 x 256
     # linear before the tied head (1.5 % of the fp32 program): 0.25x of the fp32 program.
     assert hybrid["file_bytes"] <= 0.26 * fp32["file_bytes"], (hybrid["file_bytes"], fp32["file_bytes"])
     manifest = json.loads((export_reference("hybrid", Q4) / "manifest.json").read_text())
-    assert manifest["recipe"] == "8da4w-g32-rot-sq0.5+emb8w+attention.wv=8da8w+feed_forward.w2=8da8w+edges.w1w3=8da8w" and manifest["quantization"]["embedding"] == "8w"
+    assert manifest["recipe"] == "8da4w-g32-rot-sq0.5+emb8w+attention.wv=8da8w+more_bits.w2=8da8w+edges.w1w3=8da8w" and manifest["quantization"]["embedding"] == "8w"
 
 
 def _qparams(graph_module):
@@ -301,6 +302,21 @@ def test_8da4w_keeps_the_mlp_inputs_of_the_edge_layers_at_8_bits():
     assert recipe_for("layers.0.feed_forward.w1", options, 4) == "8da4w"  # none below 15 layers
     assert recipe_for("layers.0.feed_forward.w1", QuantOptions(recipe="8da8w"), 30) == "8da8w"
     assert recipe_for("layers.0.feed_forward.w1", QuantOptions(recipe="8da4w", overrides=(("w1", "8da4w"),)), 30) == "8da4w"
+
+
+def test_8da4w_keeps_w2_at_8_bits_in_llama_cpps_more_bits_layers():
+    """llama.cpp's use_more_bits (Q4_K_M's ffn_down): the first and last eighth, every third between."""
+    from genai_pipeline.quantize import recipe_for
+
+    def eight(n_layers, options=QuantOptions(recipe="8da4w")):
+        return {i for i in range(n_layers) if recipe_for(f"layers.{i}.feed_forward.w2", options, n_layers) == "8da8w"}
+
+    assert eight(30) == {0, 1, 2, 5, 8, 11, 14, 17, 20, 23, 26, 27, 28, 29}  # SmolLM2-135M
+    assert eight(16) == {0, 1, 4, 7, 10, 13, 14, 15}  # Llama-3.2-1B
+    assert eight(2) == {1}
+    assert eight(30, QuantOptions(recipe="8da4w", overrides=((r"feed_forward\.w2$", "8da8w"),))) == set(range(30))
+    assert eight(30, QuantOptions(recipe="8da8w")) == set(range(30))
+    assert recipe_for("layers.2.attention.wv", QuantOptions(recipe="8da4w"), 30) == "8da8w"  # AUTO_8BIT: every layer
 
 
 def test_smoothing_keeps_the_float_function_and_balances_inputs_and_weights(tiny_eager):
