@@ -99,6 +99,12 @@ def test_tied_head_is_its_own_graph_input_over_the_same_storage(tmp_path):
     assert state["decoder.output.weight"].data_ptr() == state["decoder.tok_embeddings.weight"].data_ptr()
 
 
+def prefill_then_step(model, ids: torch.Tensor, step: torch.Tensor) -> torch.Tensor:
+    """The logits of `ids` prefilled from position 0, then of one decode step, from empty caches."""
+    model.reset_buffers()
+    return torch.cat([model(ids, torch.tensor([0])), model(step, torch.tensor([ids.shape[1]]))], dim=1)
+
+
 @pytest.mark.parametrize("rope_dim", [16, 8], ids=["full", "partial"])
 def test_rope_half_swap_by_matmul_computes_the_same(tiny_eager, rope_dim):
     """The dynamic graphs' RoPE (Decoder.swap_rope_halves_by_matmul: XNNPACK delegates no slice of
@@ -109,15 +115,10 @@ def test_rope_half_swap_by_matmul_computes_the_same(tiny_eager, rope_dim):
     config = dataclasses.replace(tiny_eager().config, rope_dim=rope_dim)
     model = Decoder(config, TINY_MAX_SEQ)
     ids, step = torch.randint(0, TINY_VOCAB, (1, 9)), torch.tensor([[3]])
-
-    def run():
-        model.reset_buffers()
-        return torch.cat([model(ids, torch.tensor([0])), model(step, torch.tensor([9]))], dim=1)
-
     with torch.no_grad():
-        before = run()
+        before = prefill_then_step(model, ids, step)
         model.swap_rope_halves_by_matmul()
-        after = run()
+        after = prefill_then_step(model, ids, step)
     assert model.rope_swap.shape == (rope_dim, rope_dim)
     assert torch.equal(after, before)
 
@@ -139,16 +140,11 @@ def test_fused_projections_compute_the_same(tiny_eager, recipe, qkv_bias, fused)
     if recipe != "fp32":
         quantize_module(model, QuantOptions(recipe=recipe, weight_rule="mse", rotate=False, smooth=None))
     ids, step = torch.randint(0, TINY_VOCAB, (1, 9)), torch.tensor([[3]])
-
-    def run():
-        model.reset_buffers()
-        return torch.cat([model(ids, torch.tensor([0])), model(step, torch.tensor([9]))], dim=1)
-
     with torch.no_grad():
-        before = run()
+        before = prefill_then_step(model, ids, step)
         model.fuse_projections(concat_rows)
         model.fuse_projections(concat_rows)  # prefill and decode share the module: a second call is a no-op
-        after = run()
+        after = prefill_then_step(model, ids, step)
     attention, ffn = model.layers[0].attention, model.layers[0].feed_forward
     head_dim = model.config.head_dim
     n_q, n_kv = model.config.n_heads * head_dim, model.config.n_kv_heads * head_dim
