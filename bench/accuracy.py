@@ -58,6 +58,9 @@ VARIANTS = {
     "8da4w-wv4": {"recipe": "8da4w", "keep_8bit": [], "overrides": W2_8BIT},  # wv at 4 bits (2-thread decode: bench/README)
     "8da4w-mse-head4": {"recipe": "8da4w", "weight_rule": "mse", "head": "8da4w", "keep_8bit": [], "overrides": W2_4BIT},
     "8da4w-q4_0": {"recipe": "8da4w", "weight_rule": "q4_0"},
+    "8da4w-budget": {"recipe": "8da4w", "size_budget": 91.6},  # --size-budget at the default's size (87.4 MiB)
+    "8da4w-budget105": {"recipe": "8da4w", "size_budget": 105},  # llama.cpp Q4_K_M's size
+    "8da4w-budget120": {"recipe": "8da4w", "size_budget": 120},
     "8da4w-emb8w": {"recipe": "8da4w", "embedding": "8w"},
     "8da8w": {"recipe": "8da8w"},  # the default: rotated, smoothed, embedding 8w
     "8da8w-norot": {"recipe": "8da8w", "rotate": False},  # the default before rotation

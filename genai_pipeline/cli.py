@@ -15,7 +15,7 @@ import warnings
 from pathlib import Path
 
 from genai_pipeline import names
-from genai_pipeline.errors import ExportError, GenAIError
+from genai_pipeline.errors import ExportError, GenAIError, InputError
 
 log = logging.getLogger("genai_pipeline")
 
@@ -102,21 +102,23 @@ def _export(args, out: Path, staging: Path) -> ExportError | None:
         block_size=args.block_size,
         calibration=CalibrationOptions(datasets=tuple(args.calib), limit=args.calib_limit, seq_len=args.calib_seq_len),
         vision_recipe=args.vision_recipe,
+        size_budget=args.size_budget,
     )
     check_recipe(target, quant)  # refused before any work starts
     if spec.vision is not None:
         from genai_pipeline.quantize_multimodal import check_vision_language_quant
 
         check_vision_language_quant(quant, split=args.split, target=target)
+        if args.long_prefill_len:
+            raise InputError("--long-prefill-len applies to text models; a vision-language program prefills in --prefill-len chunks")
     elif quant.vision_recipe is not None:
-        from genai_pipeline.errors import InputError
-
         raise InputError(f"--vision-recipe applies to vision-language models; {spec.name} is a text model")
     options = PrepareOptions(
         mode=args.mode,
         max_seq_len=args.max_seq_len,
         prefill_len=args.prefill_len,
         verify_len=args.verify_len,
+        long_prefill_len=args.long_prefill_len,
         checkpoint=Path(args.checkpoint) if args.checkpoint else None,
         seed=args.seed,
         split=args.split,
@@ -171,7 +173,6 @@ def _verify(staging: Path, recipe: str, quant):
 
 def _qnn_configured(target, args):
     """The target with the QNN options applied; a QNN option given for another target is refused."""
-    from genai_pipeline.errors import InputError
     from genai_pipeline.names import Mode
     from genai_pipeline.targets import qnn
 
@@ -205,7 +206,6 @@ def _report_tokens(prepared, quant) -> tuple[list[int], str]:
 
 
 def cmd_run(args) -> int:
-    from genai_pipeline.errors import InputError
     from genai_pipeline.runtime.generate import Sampler, SamplingOptions, generate
     from genai_pipeline.bundle import read_manifest
     from genai_pipeline.runtime.multimodal import MultimodalSession, is_multimodal
@@ -352,7 +352,6 @@ def _user_messages(first: str | None, interactive: bool):
 
 
 def cmd_eval(args) -> int:
-    from genai_pipeline.errors import InputError
     from genai_pipeline.evaluate import EvalOptions, evaluate
 
     if (args.text is None) == (args.images is None):
@@ -502,6 +501,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "embeddings stay float); default: 8da8w under --recipe 8da4w, else --recipe's")
     p.add_argument("--quant-override", action="append", default=[], metavar="REGEX=RECIPE",
                    help="recipe for linear layers whose name matches REGEX (first match wins), e.g. output=8da8w")
+    p.add_argument("--size-budget", type=float, metavar="MB",
+                   help="8da4w: the program's size in MB (10^6 bytes); which block linears keep 8 bits is then chosen by their "
+                        "measured gain per byte on the calibration text, instead of by the fixed rules")
     p.add_argument("--block-size", type=int, default=_default(quant, "block_size"), help="16a4w_block block size")
     p.add_argument("--calib", action="append", default=[], metavar="NAME:ARG",
                    help="calibration data for static recipes (repeatable): random, text:FILE, messages:FILE.json, "
@@ -512,6 +514,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="hybrid: prefill + decode methods; kv: decode only; dynamic: one forward of any length")
     p.add_argument("--max-seq-len", type=int, default=_default(prepare, "max_seq_len"), help="KV cache length: prompt + generated tokens")
     p.add_argument("--prefill-len", type=int, default=_default(prepare, "prefill_len"), help="tokens per prefill call (hybrid mode)")
+    p.add_argument("--long-prefill-len", type=int, metavar="N",
+                   help=f"hybrid: add a `prefill_long` method of N tokens, taken while a prompt has N tokens left (0: none; "
+                        f"default: {_default('prepare', 'LONG_PREFILL_CHUNKS')} x --prefill-len where the cache holds it)")
     p.add_argument("--verify-len", type=int, default=_default(prepare, "verify_len"),
                    help="add a `verify` method of N tokens returning every token's logits, for `genai run --lookahead` (0: none)")
     p.add_argument("--cache-io", action="store_true",

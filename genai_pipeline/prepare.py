@@ -24,12 +24,18 @@ from genai_pipeline.tokenizer import find_tokenizer_file, tokenizer_kind
 
 log = logging.getLogger(__name__)
 
+LONG_PREFILL_CHUNKS = 4  # the default `prefill_long` length, in `prefill` lengths
+
 
 @dataclass(frozen=True)
 class PrepareOptions:
     mode: Mode = Mode.HYBRID
     max_seq_len: int = 512  # KV cache length: prompt + generated tokens
     prefill_len: int = 32  # tokens per `prefill` call in hybrid mode
+    # Hybrid: tokens per `prefill_long` call, a second static prefill method the runtime takes while
+    # a prompt has that many tokens left (fewer, larger calls: each reads every weight once; bench/README);
+    # None: LONG_PREFILL_CHUNKS x prefill_len where the cache holds it; 0: none
+    long_prefill_len: int | None = None
     # Tokens per `verify` call, an extra method returning the logits after EVERY token ([1, N,
     # vocab]) for lookahead decoding (the last accepted token + up to N - 1 drafts); 0: none.
     # Static length in every mode (see _graphs).
@@ -56,6 +62,13 @@ class PrepareOptions:
             raise InputError(f"--prefill-len must be between 1 and --max-seq-len ({self.max_seq_len}), got {self.prefill_len}")
         if self.verify_len and not 2 <= self.verify_len <= self.max_seq_len:
             raise InputError(f"--verify-len must be 0 (no verify method) or between 2 and --max-seq-len ({self.max_seq_len}), got {self.verify_len}")
+        with_long = self.mode is Mode.HYBRID and not self.cache_io
+        if self.long_prefill_len is None:
+            long = LONG_PREFILL_CHUNKS * self.prefill_len
+            object.__setattr__(self, "long_prefill_len", long if with_long and long <= self.max_seq_len else 0)
+        elif self.long_prefill_len and not (with_long and self.prefill_len < self.long_prefill_len <= self.max_seq_len):
+            raise InputError(f"--long-prefill-len takes 0 (none) or, in --mode hybrid without --cache-io, a length between --prefill-len "
+                             f"({self.prefill_len}) and --max-seq-len ({self.max_seq_len}); got {self.long_prefill_len}")
 
 
 class DecoderGraph(nn.Module):
@@ -113,6 +126,8 @@ def _graphs(decoder: Decoder, options: PrepareOptions) -> dict[GraphName, GraphB
         ),
     }
     graphs = {name: graphs[name] for name in options.mode.graphs}
+    if options.long_prefill_len:
+        graphs[GraphName.PREFILL_LONG] = GraphBundle(GraphName.PREFILL_LONG, next_token, (tokens(options.long_prefill_len), pos))
     if options.verify_len:
         # Lookahead decoding checks drafted tokens in one call and needs the logits at every one
         # of them. Same wrapped decoder: the weights and the KV cache stay shared with the others.

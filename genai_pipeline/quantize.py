@@ -10,7 +10,8 @@ backend then stores once. Recipes are torchao configs applied in eager mode:
   `torchao` (absmax / 7.5, the rule before). The attention's value projection (AUTO_8BIT) and the
   MLP's down projection in llama.cpp's `use_more_bits` layers (more_bits_layer) stay at 8 bits, and
   the LM head too unless GPTQ quantizes it (AUTO_HEAD). Scales are chosen as XNNPACK stores them:
-  positive, bf16.
+  positive, bf16. With a size budget (`--size-budget MB`) size_budget.py chooses the 8-bit layers
+  by measurement instead of those rules.
   `given` int4 weights (a GGUF's) are taken as they are (`intx_weight`).
 - `8da8w`: dynamic per-token int8 activations, int8 per-channel weights
 - Both dynamic recipes first rotate the residual stream of the float model (rotation.py: an
@@ -101,6 +102,10 @@ class QuantOptions:
     # A vision-language model's image tower and connector (quantize_multimodal.py); None: not given
     # (the export then records the one AUTO_VISION chose). A text model refuses it.
     vision_recipe: str | None = None
+    # 8da4w: the program's size in MB (10^6 bytes); the block linears kept at 8 bits are then measured
+    # and chosen (size_budget.py) instead of by the fixed rules (keep_8bit, auto_8bit_mlp)
+    size_budget: float | None = None
+    promoted: tuple[str, ...] | None = None  # with size_budget: the linears it chose (None: not yet chosen)
 
     def __post_init__(self):
         if self.recipe not in LINEAR_RECIPES + STATIC_RECIPES:
@@ -118,8 +123,12 @@ class QuantOptions:
             object.__setattr__(self, "head", None if self.is_static or self.weight_rule == "gptq" else AUTO_HEAD.get(self.recipe))
         if self.head is not None and (self.head not in LINEAR_RECIPES or self.is_static):
             raise InputError(f"the LM head takes {', '.join(LINEAR_RECIPES)} with a dynamic --recipe, got '{self.head}'")
+        if self.size_budget is not None and (self.recipe != "8da4w" or not self.size_budget > 0):
+            raise InputError(f"--size-budget takes a size in MB above 0 with --recipe 8da4w, got {self.size_budget:g} with {self.recipe}")
         if self.keep_8bit is None:
-            object.__setattr__(self, "keep_8bit", () if self.is_static else AUTO_8BIT.get(self.recipe, ()))
+            object.__setattr__(self, "keep_8bit", () if self.is_static or self.size_budget else AUTO_8BIT.get(self.recipe, ()))
+        if self.promoted is not None:
+            object.__setattr__(self, "promoted", tuple(self.promoted))
         object.__setattr__(self, "keep_8bit", tuple(self.keep_8bit))
         object.__setattr__(self, "overrides", tuple(tuple(o) for o in self.overrides))  # e.g. lists from JSON
         if self.is_static or self.recipe == "fp32":
@@ -165,7 +174,9 @@ class QuantOptions:
         if self.head:
             parts.append(f"head{self.head}")
         parts += [f"{p.replace(chr(92), '').strip('.$')}=8da8w" for p in self.keep_8bit]
-        if self.recipe in EDGE_LAYERS:
+        if self.size_budget is not None:
+            parts.append(f"budget{self.size_budget:g}MB")
+        elif self.recipe in EDGE_LAYERS:
             parts += ["more_bits.w2=8da8w", "edges.w1w3=8da8w"]
         parts += [f"{p}={r}" for p, r in self.overrides]
         if self.vision_recipe:
@@ -329,7 +340,8 @@ def recipe_for(name: str, options: QuantOptions, n_layers: int) -> str:
     default = options.head if name == HEAD and options.head else options.recipe
     if name == HEAD_ROTATION:  # rotation's float linear before a tied head (rotation.py)
         default = "fp32"
-    if options.recipe == "8da4w" and (any(re.search(p, name) for p in options.keep_8bit) or auto_8bit_mlp(name, options.recipe, n_layers)):
+    if options.recipe == "8da4w" and (any(re.search(p, name) for p in options.keep_8bit) or name in (options.promoted or ())
+                                      or options.size_budget is None and auto_8bit_mlp(name, options.recipe, n_layers)):
         default = "8da8w"
     return next((r for pattern, r in options.overrides if re.search(pattern, name)), default)
 
@@ -454,8 +466,53 @@ def gptq_int4(prepared: PreparedModel, decoder: nn.Module, options: QuantOptions
     return computed
 
 
+def budget_room(decoder: nn.Module, options: QuantOptions, n_methods: int) -> float:
+    """The bytes a size budget leaves for 8-bit layers beyond a program of n_methods methods with
+    every candidate at 4 bits (size_budget.program_bytes, graph_bytes); a budget below it is refused."""
+    from genai_pipeline import size_budget
+
+    n_layers = len(decoder.layers)
+    smallest = dataclasses.replace(options, promoted=())
+    floor = (size_budget.program_bytes(decoder, lambda n: recipe_for(n, smallest, n_layers), options.embedding, options.group_size)
+             + size_budget.graph_bytes(n_layers, n_methods))
+    if floor > options.size_budget * 1e6:
+        raise InputError(f"--size-budget {options.size_budget:g} MB is too small: with every layer at 4 bits this program takes "
+                         f"{floor / 1e6:.2f} MB; raise the budget")
+    return options.size_budget * 1e6 - floor
+
+
+def with_promoted(prepared: PreparedModel, decoder: nn.Module, options: QuantOptions, int4: Mapping, room: float) -> QuantOptions:
+    """`options` with the linears its size budget keeps at 8 bits within `room` more bytes
+    (budget_room; size_budget.py), measured on held_out_tokens with each candidate at the 4-bit
+    values the export stores (`int4`: gptq's or a GGUF's, else the weight rule's)."""
+    from genai_pipeline import size_budget
+
+    n_layers = len(decoder.layers)
+    smallest = dataclasses.replace(options, promoted=())
+    four_bit = {}
+    for name, m in decoder.named_modules():
+        if isinstance(m, nn.Linear) and name.startswith("layers.") and recipe_for(name, smallest, n_layers) == "8da4w":
+            q, d = int4.get(f"{name}.weight") or {**RULES, "torchao": torchao_qparams}[options.weight_rule](m.weight, options.group_size)
+            four_bit[name] = q.float() * d.float().repeat_interleave(options.group_size, dim=1)
+    tokens, window = held_out_tokens(prepared, options), min(size_budget.SENSITIVITY_WINDOW, prepared.options.max_seq_len)
+    windows = [tokens[i : i + window] for i in range(0, len(tokens), window)]
+    return dataclasses.replace(options, promoted=size_budget.promote(decoder, four_bit, windows, room, options.group_size))
+
+
 def gptq_samples(prepared: PreparedModel, options: QuantOptions) -> list[list[int]]:
-    """gptq's calibration tokens: --calib's samples, else the first GPTQ_TOKENS of DEFAULT_GPTQ_TEXT."""
+    """gptq's (and smoothing's) calibration tokens: --calib's samples, else the first GPTQ_TOKENS of
+    DEFAULT_GPTQ_TEXT; with a size budget, without the tokens held out for it (held_out_tokens)."""
+    return _calibration_split(prepared, options)[0]
+
+
+def held_out_tokens(prepared: PreparedModel, options: QuantOptions) -> list[int]:
+    """A size budget's measuring text (size_budget.SENSITIVITY_TOKENS): DEFAULT_GPTQ_TEXT's tokens
+    after gptq's, or the last tokens of --calib's samples, which gptq then does not fit."""
+    return _calibration_split(prepared, options)[1]
+
+
+def _calibration_split(prepared: PreparedModel, options: QuantOptions) -> tuple[list[list[int]], list[int]]:
+    from genai_pipeline.size_budget import SENSITIVITY_TOKENS
     from genai_pipeline.tokenizer import Tokenizer
 
     checkpoint = prepared.tokenizer_file.parent if prepared.tokenizer_file else None
@@ -466,10 +523,23 @@ def gptq_samples(prepared: PreparedModel, options: QuantOptions) -> list[list[in
     if options.calibration.datasets:
         from genai_pipeline.data.calibration import calibration_tokens
 
-        return calibration_tokens(options.calibration, tokenizer, vocab_size=prepared.config.vocab_size,
-                                  chat_template=read_chat_template(checkpoint), seed=prepared.options.seed)
-    ids = tokenizer.encode(DEFAULT_GPTQ_TEXT.read_text(encoding="utf-8"))[:GPTQ_TOKENS]
-    return [ids]
+        samples = calibration_tokens(options.calibration, tokenizer, vocab_size=prepared.config.vocab_size,
+                                     chat_template=read_chat_template(checkpoint), seed=prepared.options.seed)
+        if options.size_budget is None:
+            return samples, []
+        held, fit = [], [list(sample) for sample in samples]
+        while fit and len(held) < SENSITIVITY_TOKENS:  # from the end, splitting the last sample it needs
+            take = min(SENSITIVITY_TOKENS - len(held), len(fit[-1]))
+            held = fit[-1][len(fit[-1]) - take :] + held
+            fit[-1] = fit[-1][: len(fit[-1]) - take]
+            if not fit[-1]:
+                fit.pop()
+        if sum(map(len, fit)) < SENSITIVITY_TOKENS:
+            raise InputError(f"--size-budget measures layers on {SENSITIVITY_TOKENS} calibration tokens that gptq does not fit: "
+                             f"give --calib data of at least {2 * SENSITIVITY_TOKENS} tokens, or no --calib")
+        return fit, held
+    ids = tokenizer.encode(DEFAULT_GPTQ_TEXT.read_text(encoding="utf-8"))
+    return [ids[:GPTQ_TOKENS]], ids[GPTQ_TOKENS : GPTQ_TOKENS + SENSITIVITY_TOKENS]
 
 
 @torch.no_grad()
@@ -837,6 +907,8 @@ def quantize(prepared: PreparedModel, options: QuantOptions, target, cache: Path
         return quantize_vision_language(prepared, options, target)
     if options.vision_recipe is not None:
         raise InputError(f"--vision-recipe applies to vision-language models; {prepared.spec.name} is a text model")
+    if options.size_budget is not None and prepared.options.cache_io:
+        raise InputError("--size-budget needs the decoder's own KV cache to measure layers; drop --cache-io")
     if options.is_float:
         return prepared
     if given is None:
@@ -864,14 +936,24 @@ def quantize(prepared: PreparedModel, options: QuantOptions, target, cache: Path
                 started = time.perf_counter()
                 samples = gptq_samples(prepared, options)
                 state = {k: v.clone() for k, v in artifact.module.named_buffers()}  # the KV cache, as it was
-                scales = smoothing_scales(artifact.module, input_absmax(artifact.module, samples, prepared.options.max_seq_len), options.smooth)
+                from genai_pipeline.runtime.program import native_logs_hidden
+
+                with native_logs_hidden():  # ExecuTorch's custom ops log from C++ in eager mode too
+                    absmax = input_absmax(artifact.module, samples, prepared.options.max_seq_len)
+                scales = smoothing_scales(artifact.module, absmax, options.smooth)
                 for k, v in artifact.module.named_buffers():
                     v.copy_(state[k])
                 smooth(artifact.module, scales)
                 log.info("smoothed %d activation sites (alpha %g) on %d calibration tokens in %.0f s", len(scales), options.smooth,
                          sum(map(len, samples)), time.perf_counter() - started)
+            room = budget_room(artifact.module, options, len(artifact.graphs)) if options.size_budget is not None and options.promoted is None else None
             if options.recipe == "8da4w" and options.weight_rule == "gptq" and not given:
-                computed = gptq_int4(prepared, artifact.module, options)
+                computed = gptq_int4(prepared, artifact.module, options)  # every candidate of a size budget, too
+            if room is not None:
+                options = with_promoted(prepared, artifact.module, options, computed or given or {}, room)
+                chosen = {f"{n}.weight" for n in options.promoted}  # these are stored at 8 bits instead
+                computed = computed and {k: v for k, v in computed.items() if k not in chosen}
+                given = given and {k: v for k, v in given.items() if k not in chosen}
             plan = quantize_module(artifact.module, options, computed or given)
             # compile writes them beside the program: `genai eval` rebuilds the quantized model from them
             artifact = dataclasses.replace(artifact, int4=computed or given or None, smoothing=scales)

@@ -60,6 +60,8 @@ def resolved(options: QuantOptions) -> QuantOptions:
 def check_vision_language_quant(options: QuantOptions, split: bool = False, target=None) -> None:
     """Refuse, before any work, what a vision-language export cannot do yet. `target`: a
     targets.Target (its recipes are checked by targets.check_recipe)."""
+    if options.size_budget is not None:
+        raise InputError("--size-budget chooses the layers of a text decoder; vision-language models take --recipe and --vision-recipe")
     if split and not (options.is_float and options.vision_recipe in (None, "fp32")):
         raise InputError("--split exports float programs only so far; drop --split for a quantized vision-language export "
                          "(one program, the layout ExecuTorch's MultimodalRunner runs)")

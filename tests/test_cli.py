@@ -208,9 +208,10 @@ def test_inspect_json_describes_a_hybrid_program(export_tiny):
     result = genai("inspect", export_tiny("hybrid") / "text_decoder.pte", "--json")
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
-    assert set(report["methods"]) == {"prefill", "decode"}
+    assert set(report["methods"]) == {"prefill", "prefill_long", "decode"}
     prefill, decode = report["methods"]["prefill"], report["methods"]["decode"]
     assert [i["shape"] for i in prefill["inputs"]] == [[1, 8], [1]]
+    assert [i["shape"] for i in report["methods"]["prefill_long"]["inputs"]] == [[1, 32], [1]]
     assert [i["shape"] for i in decode["inputs"]] == [[1, 1], [1]]
     assert prefill["outputs"][0]["shape"] == decode["outputs"][0]["shape"] == [1, 384]  # the next token's logits
     assert prefill["delegates"]["XnnpackBackend"] > 0

@@ -4,6 +4,9 @@ import pytest
 import torch
 
 from conftest import TINY_PREFILL, TINY_VOCAB, manifest
+from genai_pipeline.cli import main
+from genai_pipeline.errors import InputError
+from genai_pipeline.prepare import PrepareOptions
 from genai_pipeline.runtime.generate import Sampler, SamplingOptions, generate
 from genai_pipeline.runtime.session import DecoderSession, EagerSession
 
@@ -53,6 +56,27 @@ def test_logits_do_not_depend_on_chunking(export_tiny, tiny_eager, length):
         assert (got - want).abs().max().item() <= 1e-3, mode
 
 
+def test_long_prompts_take_the_long_prefill_chunk_while_it_fits(export_tiny, tiny_eager):
+    program = DecoderSession(export_tiny("hybrid"))
+    assert program.long_prefill_len == 4 * TINY_PREFILL  # prepare.LONG_PREFILL_CHUNKS
+    prompt = (PROMPT * 4)[: 2 * program.long_prefill_len + 5]
+    calls, run = [], program._run
+    program._run = lambda graph, tokens: calls.append(graph.value) or run(graph, tokens)
+    got, want = program.prefill(prompt), EagerSession(tiny_eager()).prefill(prompt)
+    assert (got - want).abs().max().item() <= 1e-3
+    assert calls == ["prefill_long", "prefill_long", "prefill", "decode"]  # 32 + 32 + 5 (padded to 8, its last token again)
+
+
+def test_the_long_prefill_length_defaults_where_it_fits_and_is_checked(tmp_path):
+    assert PrepareOptions().long_prefill_len == 128 and PrepareOptions(max_seq_len=100).long_prefill_len == 0
+    assert PrepareOptions(mode="dynamic").long_prefill_len == PrepareOptions(cache_io=True).long_prefill_len == 0
+    assert PrepareOptions(long_prefill_len=0).long_prefill_len == 0
+    for bad in (dict(long_prefill_len=32), dict(long_prefill_len=1024), dict(mode="kv", long_prefill_len=64)):
+        with pytest.raises(InputError, match="--long-prefill-len"):
+            PrepareOptions(**bad)
+    assert main(["export", "reference-vlm", "--long-prefill-len", "128", "--out", str(tmp_path / "vlm")]) == 2
+
+
 def test_decode_continues_from_the_cache_prefill_wrote(export_tiny, tiny_eager):
     folder = export_tiny("hybrid")
     session = DecoderSession(folder)
@@ -69,7 +93,7 @@ def test_decode_continues_from_the_cache_prefill_wrote(export_tiny, tiny_eager):
 def test_manifest_describes_the_program(export_tiny, tiny_checkpoint):
     m = manifest(export_tiny("hybrid"))
     assert m["mode"] == "hybrid" and m["target"] == "xnnpack" and m["recipe"] == "fp32"
-    assert m["artifacts"]["text_decoder"]["methods"] == ["prefill", "decode"]
+    assert m["artifacts"]["text_decoder"]["methods"] == ["prefill", "decode", "prefill_long"]
     assert m["weights"] == str(tiny_checkpoint)
     # the checkpoint's files, and the entry's chat template standing in for the one it lacks
     assert set(m["files"]) == {"text_decoder.pte", "tokenizer.json", "generation_config.json", "chat_template.jinja"}

@@ -17,6 +17,7 @@ from genai_pipeline.errors import InputError
 from genai_pipeline.prepare import PrepareOptions, prepare
 from genai_pipeline.quantize import QuantOptions, quantize, quantize_module
 from genai_pipeline.registry import get_spec
+from genai_pipeline.size_budget import graph_bytes
 from genai_pipeline.targets import get_target
 
 
@@ -101,7 +102,8 @@ def _inspect(folder):
 
 def test_quantized_hybrid_program_stores_the_weights_once_and_is_small(export_reference):
     hybrid, kv, fp32 = (_inspect(export_reference(m, q)) for m, q in (("hybrid", Q4), ("kv", Q4), ("hybrid", QuantOptions())))
-    assert hybrid["file_bytes"] <= 1.02 * kv["file_bytes"], (hybrid["file_bytes"], kv["file_bytes"])
+    # hybrid's two more methods (prefill, prefill_long) add their graphs, not a weight (the table: 1 MB)
+    assert hybrid["file_bytes"] - kv["file_bytes"] <= graph_bytes(4, 2), (hybrid["file_bytes"], kv["file_bytes"])
     # fp32 stores its tied table once; here the int4 head and the int8 lookup are two tables, wv
     # and some w2 are at 8 bits under 8da4w (AUTO_8BIT, more_bits_layer; bench/README), and rotation adds a float 256 x 256
     # linear before the tied head (1.5 % of the fp32 program): 0.25x of the fp32 program.

@@ -563,6 +563,11 @@ class Decoder(nn.Module):
         return h
 
     def forward_embeddings(self, h: torch.Tensor, input_pos: torch.Tensor, last_only: bool = False) -> torch.Tensor:
+        return self.head(self.forward_blocks(h, input_pos), last_only)
+
+    def forward_blocks(self, h: torch.Tensor, input_pos: torch.Tensor, first: int = 0) -> torch.Tensor:
+        """h [1, T, dim] at positions input_pos[0] ... through blocks `first` to the last: the hidden
+        states the head takes (size_budget.py resumes at a block to measure a change after it)."""
         seq_len = h.size(1)
         start = input_pos[0].item()
         torch._check(start >= 0)
@@ -571,9 +576,9 @@ class Decoder(nn.Module):
         mask = None
         if any(self.layer_windowed):
             mask = sliding_window_mask(start, seq_len, self.max_seq_len, self.config.sliding_window, h.dtype)
-        for layer, rope, windowed in zip(self.layers, self.layer_rope, self.layer_windowed):
+        for layer, rope, windowed in list(zip(self.layers, self.layer_rope, self.layer_windowed))[first:]:
             h = layer(h, start, ropes.get(rope), mask if windowed else None)  # rope None: no RoPE
-        return self._logits(h, last_only)
+        return h
 
     def forward_cache_io(self, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor,
                          window_mask: torch.Tensor | None, k_past: list, v_past: list, last_only: bool = True):
@@ -587,9 +592,10 @@ class Decoder(nn.Module):
                 for k, v, windowed in zip(k_past, v_past, self.layer_windowed)]
         for layer, rope, layer_rows in zip(self.layers, self.layer_rope, rows):
             h = layer(h, None, ropes.get(rope), None, layer_rows)
-        return self._logits(h, last_only), [r.k_new for r in rows], [r.v_new for r in rows]
+        return self.head(h, last_only), [r.k_new for r in rows], [r.v_new for r in rows]
 
-    def _logits(self, h: torch.Tensor, last_only: bool) -> torch.Tensor:
+    def head(self, h: torch.Tensor, last_only: bool = False) -> torch.Tensor:
+        """The final norm and the LM head: hidden states [1, T, dim] -> logits [1, T, vocab]."""
         if last_only:  # only the next-token logits: skips the LM head for the other positions
             h = h[:, -1, :]
         h = self.norm(h)

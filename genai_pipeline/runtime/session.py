@@ -89,6 +89,11 @@ class DecoderSession:
             if GraphName.VERIFY.value in self.program.method_names:
                 self._methods[GraphName.VERIFY] = self.program.load_method(GraphName.VERIFY.value)
                 self.verify_len = int(self.program.metadata(GraphName.VERIFY.value).input_tensor_meta(0).sizes()[1])
+            # `prefill_long` (hybrid, --long-prefill-len): a longer static chunk, taken while a prompt has that many tokens left
+            self.long_prefill_len = 0
+            if GraphName.PREFILL_LONG.value in self.program.method_names:
+                self._methods[GraphName.PREFILL_LONG] = self.program.load_method(GraphName.PREFILL_LONG.value)
+                self.long_prefill_len = int(self.program.metadata(GraphName.PREFILL_LONG.value).input_tensor_meta(0).sizes()[1])
         self.pos = 0
 
     def reset(self) -> None:
@@ -119,6 +124,11 @@ class DecoderSession:
             return logits
         i, n = 0, self.prefill_len
         if self.mode is Mode.HYBRID:
+            long = self.long_prefill_len
+            while long and len(tokens) - i >= long and self.pos + long <= self.max_seq_len:
+                logits = self._run(GraphName.PREFILL_LONG, tokens[i : i + long])
+                self.pos += long
+                i += long
             while i < len(tokens) and self.pos + n <= self.max_seq_len:
                 chunk = tokens[i : i + n]
                 logits = self._run(GraphName.PREFILL, chunk + [0] * (n - len(chunk)))

@@ -1,0 +1,167 @@
+"""size_budget: which linear layers of a 4-bit recipe keep 8 bits, from measured sensitivity under
+a byte budget (`--size-budget MB`).
+
+The candidates are the linears of the decoder's blocks that the recipe would store at 4 bits, in
+groups of one kind (wq, ..., w2) over a band of adjacent blocks (layer_groups). With every
+candidate at its 4-bit values (those the export stores: gptq's, or the weight rule's), a group's
+gain is how much the KL divergence of the model's next-token distribution from the float model's
+falls when that group alone takes 8-bit values, on calibration text that GPTQ did not fit (on the
+text it fitted, w2's 4-bit loss measured a quarter of its loss elsewhere; bench/README). Groups are
+then promoted greedily by gain per byte until the program's estimated size reaches the budget. The
+fixed rules of the default (AUTO_8BIT, more_bits_layer, EDGE_LAYERS in quantize.py) are not
+applied: the measurement replaces them. The weights' bytes are estimated as the program stores
+them (program_bytes); what the graphs and delegate payloads add is bounded by graph_bytes.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+from genai_pipeline.data import iterate_with_progress
+
+log = logging.getLogger(__name__)
+
+# What a program holds beside its weights (graphs, delegate payloads), by block and method: the
+# hybrid 8da4w programs of the reference model (4 blocks) and SmolLM2-135M (30) hold 94 KB and 618 KB
+# more than program_bytes counts
+GRAPH_BYTES_PER_BLOCK_AND_METHOD = 12_000
+GRAPH_BYTES = 32_000
+SENSITIVITY_TOKENS = 2048  # held-out calibration tokens the gains are measured on
+SENSITIVITY_WINDOW = 512  # tokens per run from position 0
+BANDS = 10  # layer_groups: bands of adjacent blocks
+
+
+def linear_bytes(out_features: int, in_features: int, recipe: str, group_size: int) -> int:
+    """A linear weight's bytes in an XNNPACK program: int4 values two to a byte and one bf16 scale
+    per group (8da4w), int8 values and one fp32 scale per row (8da8w), or fp32."""
+    n = out_features * in_features
+    return {"8da4w": n // 2 + n // group_size * 2, "8da8w": n + out_features * 4, "fp32": n * 4}[recipe]
+
+
+def program_bytes(module: nn.Module, recipe_of: Callable[[str], str], embedding: str | None, group_size: int) -> int:
+    """The weights' bytes of a program of `module` (a Decoder) whose linears take recipe_of(name)
+    and whose token embedding is `embedding` (4w, 8w, None: fp32; an int4 table's scales are fp32:
+    it runs outside the delegate), with the float rest (norms, RoPE tables, a head rotation). A tied
+    head shares the embedding's integers when their widths match (compile)."""
+    tied = getattr(getattr(module, "config", None), "tie_embeddings", False)
+    total, counted = 0, set()
+    for name, m in module.named_modules():
+        if isinstance(m, nn.Linear):
+            recipe = recipe_of(name)
+            out_features, in_features = m.weight.shape
+            size = linear_bytes(out_features, in_features, recipe, group_size)
+            if name == "output" and tied and (recipe, embedding) in (("8da4w", "4w"), ("8da8w", "8w"), ("fp32", None)):
+                size = m.weight.numel() // group_size * 2 if recipe == "8da4w" else 0  # int4: its own bf16 scales
+            total += size + (m.bias.numel() * 4 if m.bias is not None else 0)
+        elif isinstance(m, nn.Embedding):
+            n, rows = m.weight.numel(), m.weight.shape[0]
+            total += {"4w": n // 2 + n // group_size * 4, "8w": n + rows * 4, None: n * 4}[embedding]
+        else:
+            continue
+        counted.update(id(p) for p in m.parameters(recurse=False))
+    total += sum(p.numel() * p.element_size() for p in module.parameters() if id(p) not in counted)
+    total += sum(b.numel() * b.element_size() for name, b in module.named_buffers() if "_cache" not in name)  # not the KV cache
+    return total
+
+
+def graph_bytes(n_layers: int, n_methods: int) -> int:
+    """A bound on what a program of n_layers blocks and n_methods methods holds beside its weights."""
+    return GRAPH_BYTES + GRAPH_BYTES_PER_BLOCK_AND_METHOD * n_layers * n_methods
+
+
+def eight_bit(w: torch.Tensor) -> torch.Tensor:
+    """8da8w's weight as float: symmetric int8 per row, absmax / 127.5 (torchao's rule)."""
+    d = (w.detach().float().abs().amax(1, keepdim=True) / 127.5).clamp(min=torch.finfo(torch.float32).tiny)
+    return torch.clamp(torch.round(w.detach().float() / d), -128, 127) * d
+
+
+def layer_groups(names: list[str], n_layers: int) -> dict[str, tuple[str, ...]]:
+    """The candidates grouped by kind (wq, ..., w2) and by band of about n_layers / BANDS adjacent
+    blocks, the unit a budget promotes: a gain measured for one linear alone is mostly noise."""
+    width = max(1, round(n_layers / BANDS))
+    groups = {}
+    for name in names:
+        block = int(name.split(".")[1])
+        first = block // width * width
+        groups.setdefault(f"{name.rpartition('.')[2]}@{first}-{min(first + width, n_layers) - 1}", []).append(name)
+    return {g: tuple(members) for g, members in groups.items()}
+
+
+@torch.no_grad()
+def promotion_gains(module: nn.Module, four_bit: dict[str, torch.Tensor], groups: dict[str, tuple[str, ...]],
+                    windows: list[list[int]]) -> dict[str, float]:
+    """For each group of `groups` (of the layers of `four_bit`, {linear name: its 4-bit weight as
+    float}): KL(float || every layer at 4 bits) minus the same with that group's layers at 8 bits
+    (eight_bit), in nats per token over `windows` (token lists, each from position 0). A group's
+    change is measured by running the blocks from its first on, from the hidden states the 4-bit
+    model gives that block. The module (weights, KV cache) is left as it was."""
+    from genai_pipeline.runtime.program import native_logs_hidden
+
+    state = {k: v.clone() for k, v in module.named_buffers()}
+    linears = {n: module.get_submodule(n) for n in four_bit}
+    originals = {n: m.weight.data for n, m in linears.items()}
+
+    def take(weights: dict[str, torch.Tensor]) -> None:
+        for n, w in weights.items():
+            linears[n].weight.data = w.to(originals[n].dtype)
+
+    gains, tokens = dict.fromkeys(groups, 0.0), 0
+    try:
+        for window in iterate_with_progress(windows, f"measuring {len(groups)} layer groups' gain from 8 bits"):
+            x, pos = torch.tensor([window]), torch.tensor([0])
+            with native_logs_hidden():  # ExecuTorch's custom ops log from C++ in eager mode too
+                take(originals)
+                reference = torch.log_softmax(module(x, pos)[0].float(), -1)
+                take(four_bit)
+
+                def kl(hidden: torch.Tensor) -> float:
+                    logp = torch.log_softmax(module.head(hidden)[0].float(), -1)
+                    return float((reference.exp() * (reference - logp)).sum())
+
+                inputs = []  # each block's input in the all-4-bit model
+                hooks = [b.register_forward_pre_hook(lambda _, args: inputs.append(args[0])) for b in module.layers]
+                try:
+                    base = kl(module.forward_blocks(module.embed(x), pos))
+                finally:
+                    for hook in hooks:
+                        hook.remove()
+                for g, members in groups.items():
+                    take({n: eight_bit(originals[n]) for n in members})
+                    first = min(int(n.split(".")[1]) for n in members)
+                    gains[g] += base - kl(module.forward_blocks(inputs[first], pos, first=first))
+                    take({n: four_bit[n] for n in members})
+            tokens += len(window)
+        return {g: v / tokens for g, v in gains.items()}
+    finally:
+        take(originals)
+        for k, v in module.named_buffers():
+            v.copy_(state[k])
+
+
+def promote(module: nn.Module, four_bit: dict[str, torch.Tensor], windows: list[list[int]], room: float, group_size: int) -> tuple[str, ...]:
+    """The layers of `four_bit` (see promotion_gains) to store at 8 bits within `room` more bytes:
+    by layer_groups, greedily by measured gain per extra byte; groups that gain nothing stay at 4 bits."""
+    started = time.perf_counter()
+    groups = layer_groups(list(four_bit), len(module.layers))
+    gains = promotion_gains(module, four_bit, groups, windows)
+
+    def extra(n: str) -> int:
+        out_features, in_features = module.get_submodule(n).weight.shape
+        return linear_bytes(out_features, in_features, "8da8w", group_size) - linear_bytes(out_features, in_features, "8da4w", group_size)
+
+    cost = {g: sum(map(extra, members)) for g, members in groups.items()}
+    chosen, left = [], room
+    for g in sorted(gains, key=lambda g: gains[g] / cost[g], reverse=True):
+        if gains[g] > 0 and cost[g] <= left:
+            chosen.append(g)
+            left -= cost[g]
+    log.info("size budget: %d of %d layer groups at 8 bits (%s; %.1f of %.1f MB to spare), measured on %d tokens in %.0f s",
+             len(chosen), len(groups), " ".join(sorted(chosen)), (room - left) / 1e6, room / 1e6,
+             sum(map(len, windows)), time.perf_counter() - started)
+    promoted = {n for g in chosen for n in groups[g]}
+    return tuple(n for n in four_bit if n in promoted)

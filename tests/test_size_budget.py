@@ -1,0 +1,123 @@
+"""size_budget: per-layer precision under a byte budget, chosen from measured gains."""
+
+import dataclasses
+import json
+
+import pytest
+import torch
+
+from conftest import Q4, REFERENCE
+from genai_pipeline.cli import main
+from genai_pipeline.data import CalibrationOptions
+from genai_pipeline.errors import InputError
+from genai_pipeline.evaluate import float_model, quantized_model
+from genai_pipeline.prepare import PrepareOptions, prepare
+from genai_pipeline.quantize import QuantOptions, gptq_samples, held_out_tokens, recipe_for
+from genai_pipeline.quantize_multimodal import check_vision_language_quant
+from genai_pipeline.registry import get_spec
+from genai_pipeline.rotation import rotate
+from genai_pipeline.size_budget import SENSITIVITY_TOKENS, eight_bit, graph_bytes, layer_groups, linear_bytes, program_bytes, promote, promotion_gains
+
+
+def _reference_decoder(rotated: bool):
+    decoder = next(iter(prepare(get_spec("reference"), PrepareOptions(max_seq_len=256, prefill_len=32)).artifacts.values())).module
+    if rotated:
+        rotate(decoder)  # as quantize does first: the tied head gains a float linear
+    return decoder
+
+
+def _bytes(decoder, quant: QuantOptions) -> int:
+    return program_bytes(decoder, lambda name: recipe_for(name, quant, len(decoder.layers)), quant.embedding, quant.group_size)
+
+
+@pytest.mark.parametrize("quant", [Q4, QuantOptions(recipe="8da4w"), QuantOptions()], ids=["8da4w-emb8w", "8da4w", "fp32"])
+def test_program_bytes_counts_what_the_program_stores_but_its_graphs(export_reference, quant):
+    folder = export_reference("hybrid", quant)
+    size = (folder / "text_decoder.pte").stat().st_size
+    methods = json.loads((folder / "manifest.json").read_text())["artifacts"]["text_decoder"]["methods"]
+    estimate = _bytes(_reference_decoder(quant.rotate), quant)
+    assert len(methods) == 3 and 0 <= size - estimate <= graph_bytes(4, len(methods)), (size, estimate)
+
+
+def test_layer_groups_are_one_kind_over_a_band_of_blocks():
+    names = [f"layers.{i}.{kind}" for i in range(30) for kind in ("attention.wk", "feed_forward.w2")]
+    groups = layer_groups(names, 30)
+    assert len(groups) == 20 and groups["w2@27-29"] == ("layers.27.feed_forward.w2", "layers.28.feed_forward.w2", "layers.29.feed_forward.w2")
+    assert layer_groups(names[:8], 4) == {f"{k}@{i}-{i}": (f"layers.{i}.{p}.{k}",) for i in range(4) for p, k in (("attention", "wk"), ("feed_forward", "w2"))}
+
+
+@torch.no_grad()
+def test_the_measurement_finds_a_broken_layer_and_leaves_the_model_as_it_was():
+    decoder = _reference_decoder(rotated=False)
+    names = [n for n, m in decoder.named_modules() if isinstance(m, torch.nn.Linear) and n.startswith("layers.")]
+    four_bit = {n: eight_bit(decoder.get_submodule(n).weight) for n in names}  # as good as 8 bits: nothing to gain
+    broken = "layers.2.feed_forward.w1"
+    four_bit[broken] = four_bit[broken] + 0.05 * torch.randn_like(four_bit[broken])
+    before = {k: v.clone() for k, v in decoder.state_dict().items()}
+    tokens = [t % decoder.config.vocab_size for t in range(7, 7 + 2 * 96)]
+    windows = [tokens[:96], tokens[96:]]
+    gains = promotion_gains(decoder, four_bit, layer_groups(names, len(decoder.layers)), windows)
+    assert max(gains, key=gains.get) == "w1@2-2" and gains["w1@2-2"] > 100 * max(abs(g) for k, g in gains.items() if k != "w1@2-2")
+    after = decoder.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)  # weights and KV cache
+    extra = linear_bytes(768, 256, "8da8w", 32) - linear_bytes(768, 256, "8da4w", 32)
+    assert promote(decoder, four_bit, windows, extra, 32) == (broken,)
+    assert promote(decoder, four_bit, windows, extra - 1, 32) == ()  # it does not fit
+
+
+def test_an_export_under_a_budget_fits_it_and_eval_rebuilds_its_mix(tmp_path, capsys):
+    decoder = _reference_decoder(rotated=True)
+    smallest = _bytes(decoder, QuantOptions(recipe="8da4w", size_budget=1, promoted=()))
+    largest = _bytes(decoder, QuantOptions(recipe="8da4w", overrides=((r"^layers\.", "8da8w"),)))
+    budget = round((smallest + (largest - smallest) / 3 + graph_bytes(4, 3)) / 1e6, 3)
+    out = tmp_path / "budget"
+    assert main(["export", "reference", "--recipe", "8da4w", "--size-budget", str(budget), "--max-seq-len", "256", "--out", str(out)]) == 0
+    assert "layer groups at 8 bits" in capsys.readouterr().err
+    assert (out / "text_decoder.pte").stat().st_size <= budget * 1e6
+    manifest = json.loads((out / "manifest.json").read_text())
+    promoted = manifest["quantization"]["promoted"]
+    assert manifest["recipe"].endswith(f"+emb4w+budget{budget:g}MB") and 0 < len(promoted) < 4 * 7
+    quant = QuantOptions(recipe="8da4w", size_budget=budget, promoted=promoted)
+    assert _bytes(decoder, quant) + graph_bytes(4, 3) <= budget * 1e6
+    rebuilt = quantized_model(out, manifest, float_model(manifest))
+    eight = {n for n, m in rebuilt.named_modules() if n.startswith("layers.") and isinstance(m, torch.nn.Linear)
+             and m.weight.target_dtype == torch.int8}
+    assert eight == set(promoted)
+    assert main(["eval", str(out), "--text", str(REFERENCE / "heldout.txt"), "--max-tokens", "300", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["top1_agreement"] > 0.8
+
+
+def test_a_budget_measures_on_calibration_tokens_gptq_does_not_fit(tmp_path):
+    prepared = prepare(get_spec("reference"), PrepareOptions(max_seq_len=256))
+    default = QuantOptions(recipe="8da4w", size_budget=5)
+    assert gptq_samples(prepared, default) == gptq_samples(prepared, QuantOptions(recipe="8da4w"))  # the first 4096 tokens
+    fit, held = gptq_samples(prepared, default)[0], held_out_tokens(prepared, default)
+    assert len(held) == SENSITIVITY_TOKENS and held[:8] != fit[:8]
+    text = tmp_path / "calib.txt"
+    text.write_text((REFERENCE / "sample.txt").read_text())
+    quant = dataclasses.replace(default, calibration=CalibrationOptions(datasets=(f"text:{text}",)))
+    everything = gptq_samples(prepared, dataclasses.replace(quant, size_budget=None))
+    fit, held = gptq_samples(prepared, quant), held_out_tokens(prepared, quant)
+    assert len(held) == SENSITIVITY_TOKENS and [t for s in fit for t in s] + held == [t for s in everything for t in s]
+    text.write_text("a few words of calibration text\n" * 20)
+    with pytest.raises(InputError, match=f"at least {2 * SENSITIVITY_TOKENS} tokens"):
+        gptq_samples(prepared, quant)
+
+
+def test_a_budget_below_the_all_4_bit_program_is_one_line_before_any_work(tmp_path, capsys):
+    out = tmp_path / "small"
+    assert main(["export", "reference", "--recipe", "8da4w", "--size-budget", "0.5", "--max-seq-len", "256", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "--size-budget 0.5 MB is too small: with every layer at 4 bits" in err and "gptq" not in err and "Traceback" not in err
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("bad", [dict(recipe="8da8w", size_budget=100), dict(recipe="8da4w", size_budget=0)])
+def test_a_budget_takes_the_4_bit_recipe_and_a_positive_size(bad):
+    with pytest.raises(InputError, match="--size-budget"):
+        QuantOptions(**bad)
+
+
+def test_vision_language_models_refuse_a_budget():
+    with pytest.raises(InputError, match="--size-budget"):
+        check_vision_language_quant(QuantOptions(recipe="8da4w", size_budget=100))
