@@ -62,13 +62,22 @@ class PrepareOptions:
             raise InputError(f"--prefill-len must be between 1 and --max-seq-len ({self.max_seq_len}), got {self.prefill_len}")
         if self.verify_len and not 2 <= self.verify_len <= self.max_seq_len:
             raise InputError(f"--verify-len must be 0 (no verify method) or between 2 and --max-seq-len ({self.max_seq_len}), got {self.verify_len}")
-        with_long = self.mode is Mode.HYBRID and not self.cache_io
-        if self.long_prefill_len is None:
-            long = LONG_PREFILL_CHUNKS * self.prefill_len
-            object.__setattr__(self, "long_prefill_len", long if with_long and long <= self.max_seq_len else 0)
-        elif self.long_prefill_len and not (with_long and self.prefill_len < self.long_prefill_len <= self.max_seq_len):
+        if self.long_prefill_len and not (self._with_long and self.prefill_len < self.long_prefill_len <= self.max_seq_len):
             raise InputError(f"--long-prefill-len takes 0 (none) or, in --mode hybrid without --cache-io, a length between --prefill-len "
                              f"({self.prefill_len}) and --max-seq-len ({self.max_seq_len}); got {self.long_prefill_len}")
+
+
+    @property
+    def _with_long(self) -> bool:
+        return self.mode is Mode.HYBRID and not self.cache_io
+
+    @property
+    def long_prefill(self) -> int:
+        """The `prefill_long` length in effect (long_prefill_len, or its default); 0: no such method."""
+        if self.long_prefill_len is not None:
+            return self.long_prefill_len
+        long = LONG_PREFILL_CHUNKS * self.prefill_len
+        return long if self._with_long and long <= self.max_seq_len else 0
 
 
 class DecoderGraph(nn.Module):
@@ -126,8 +135,8 @@ def _graphs(decoder: Decoder, options: PrepareOptions) -> dict[GraphName, GraphB
         ),
     }
     graphs = {name: graphs[name] for name in options.mode.graphs}
-    if options.long_prefill_len:
-        graphs[GraphName.PREFILL_LONG] = GraphBundle(GraphName.PREFILL_LONG, next_token, (tokens(options.long_prefill_len), pos))
+    if options.long_prefill:
+        graphs[GraphName.PREFILL_LONG] = GraphBundle(GraphName.PREFILL_LONG, next_token, (tokens(options.long_prefill), pos))
     if options.verify_len:
         # Lookahead decoding checks drafted tokens in one call and needs the logits at every one
         # of them. Same wrapped decoder: the weights and the KV cache stay shared with the others.

@@ -171,7 +171,8 @@ def smollm2_fp32(tmp_path_factory) -> Path:
     err = io.StringIO()
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(sys, "stderr", err)
-        code = main(["export", "--checkpoint", str(SMOLLM2_GGUF), "--max-seq-len", "384", "--verify-len", "8", "--out", str(out)])
+        code = main(["export", "--checkpoint", str(SMOLLM2_GGUF), "--max-seq-len", "384", "--verify-len", "8", "--long-prefill-len", "0",
+                     "--out", str(out)])
     assert code == 0, err.getvalue()
     return out
 

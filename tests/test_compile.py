@@ -1,5 +1,7 @@
 """Programs against the eager model: logits and greedy generations, every mode and target."""
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -68,9 +70,10 @@ def test_long_prompts_take_the_long_prefill_chunk_while_it_fits(export_tiny, tin
 
 
 def test_the_long_prefill_length_defaults_where_it_fits_and_is_checked(tmp_path):
-    assert PrepareOptions().long_prefill_len == 128 and PrepareOptions(max_seq_len=100).long_prefill_len == 0
-    assert PrepareOptions(mode="dynamic").long_prefill_len == PrepareOptions(cache_io=True).long_prefill_len == 0
-    assert PrepareOptions(long_prefill_len=0).long_prefill_len == 0
+    assert PrepareOptions().long_prefill == 128 and PrepareOptions(max_seq_len=100).long_prefill == 0
+    assert PrepareOptions(mode="dynamic").long_prefill == PrepareOptions(cache_io=True).long_prefill == 0
+    assert PrepareOptions(long_prefill_len=0).long_prefill == 0
+    assert dataclasses.replace(PrepareOptions(), mode="dynamic").long_prefill == 0  # the default follows the mode
     for bad in (dict(long_prefill_len=32), dict(long_prefill_len=1024), dict(mode="kv", long_prefill_len=64)):
         with pytest.raises(InputError, match="--long-prefill-len"):
             PrepareOptions(**bad)
