@@ -23,7 +23,7 @@ def gemma3_shape():
 
 
 def export(spec, quant: QuantOptions, out):
-    prepared = quantize(prepare(spec, PrepareOptions(max_seq_len=64, prefill_len=8)), quant, get_target("xnnpack"))
+    prepared = quantize(prepare(spec, PrepareOptions(max_seq_len=64, prefill_len=8, long_prefill_len=0)), quant, get_target("xnnpack"))
     compile_artifacts(prepared, get_target("xnnpack"), out)
     return prepared, out / "text_decoder.pte"
 

@@ -32,7 +32,7 @@ def export_reference_verify(tmp_path_factory):
     def build(mode: str, quant: QuantOptions = QuantOptions()) -> Path:
         if (mode, quant) not in built:
             out = tmp_path_factory.mktemp(f"reference_verify_{mode}_{quant.describe()}")
-            options = PrepareOptions(mode=mode, max_seq_len=REFERENCE_MAX_SEQ, prefill_len=32, verify_len=VERIFY_LEN)
+            options = PrepareOptions(mode=mode, max_seq_len=REFERENCE_MAX_SEQ, prefill_len=32, verify_len=VERIFY_LEN, long_prefill_len=0)
             prepared = quantize(prepare(get_spec("reference"), options), quant, get_target("xnnpack"))
             compile_artifacts(prepared, get_target("xnnpack"), out)
             built[mode, quant] = out
