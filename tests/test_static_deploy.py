@@ -19,7 +19,8 @@ PROMPT = torch.randint(1, TINY_VOCAB, (19,), generator=torch.Generator().manual_
 def test_hybrid_8a8w_program_returns_the_next_token_only_and_matches_its_qdq_model(capsys, tmp_path, tiny_checkpoint):
     out = tmp_path / "8a8w"
     argv = ["export", "--checkpoint", str(tiny_checkpoint), "--mode", "hybrid", "--recipe", "8a8w", "--calib", "random",
-            "--calib-limit", "2", "--calib-seq-len", "16", "--max-seq-len", "64", "--prefill-len", "8", "--long-prefill-len", "0", "--out", str(out)]
+            "--calib-limit", "2", "--calib-seq-len", "16", "--max-seq-len", "64", "--prefill-len", "8", "--long-prefill-len", "0",
+            "--out", str(out)]
     assert main(argv) == 0
     err = capsys.readouterr().err
     assert "calibrating text_decoder on RANDOM tokens" in err  # a static recipe really calibrates on them
