@@ -12,10 +12,11 @@ from genai_pipeline.data import CalibrationOptions
 from genai_pipeline.errors import InputError
 from genai_pipeline.evaluate import float_model, quantized_model
 from genai_pipeline.prepare import PrepareOptions, prepare
-from genai_pipeline.quantize import QuantOptions, gptq_samples, held_out_tokens, recipe_for
+from genai_pipeline.quantize import QuantOptions, gptq_samples, held_out_tokens, q4_0_qparams, quantize, recipe_for
 from genai_pipeline.quantize_multimodal import check_vision_language_quant
 from genai_pipeline.registry import get_spec
 from genai_pipeline.rotation import rotate
+from genai_pipeline.targets import get_target
 from genai_pipeline.size_budget import (SENSITIVITY_TOKENS, eight_bit, graph_bytes, layer_groups, linear_bytes, program_bytes, promote,
                                         promotion_gains)
 
@@ -88,6 +89,26 @@ def test_an_export_under_a_budget_fits_it_and_eval_rebuilds_its_mix(tmp_path, ca
     assert eight == set(promoted)
     assert main(["eval", str(out), "--text", str(REFERENCE / "heldout.txt"), "--max-tokens", "300", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["top1_agreement"] > 0.8
+
+
+def test_a_budget_over_given_int4_weights_keeps_them_where_it_promotes_nothing():
+    """A GGUF's Q4_0 tensors (here: llama.cpp's rule on the reference model's weights): the layers the
+    budget promotes take 8 bits, the others the given integers as they are."""
+    prepared = prepare(get_spec("reference"), PrepareOptions(mode="kv", max_seq_len=256))
+    decoder = next(iter(prepared.artifacts.values())).module
+    given = {f"{n}.weight": q4_0_qparams(m.weight, 32) for n, m in decoder.named_modules()
+             if isinstance(m, torch.nn.Linear) and n.startswith("layers.")}
+    smallest = _bytes(decoder, QuantOptions(recipe="8da4w", size_budget=1, promoted=(), rotate=False))
+    budget = (smallest + 400_000 + graph_bytes(4, 1)) / 1e6
+    quantized = quantize(prepared, QuantOptions(recipe="8da4w", size_budget=budget), get_target("xnnpack"), given=dict(given))
+    promoted, module = quantized.quantization["promoted"], next(iter(quantized.artifacts.values())).module
+    assert 0 < len(promoted) < len(given)
+    for name, (q, _) in given.items():
+        weight = module.get_submodule(name.removesuffix(".weight")).weight
+        if name.removesuffix(".weight") in promoted:
+            assert weight.target_dtype == torch.int8
+        else:
+            assert weight.target_dtype == torch.int4 and torch.equal(weight.qdata, q)
 
 
 def test_a_budget_measures_on_calibration_tokens_gptq_does_not_fit(tmp_path):
