@@ -484,19 +484,23 @@ def budget_room(decoder: nn.Module, options: QuantOptions, n_methods: int) -> fl
 def with_promoted(prepared: PreparedModel, decoder: nn.Module, options: QuantOptions, int4: Mapping, room: float) -> QuantOptions:
     """`options` with the linears its size budget keeps at 8 bits within `room` more bytes
     (budget_room; size_budget.py), measured on held_out_tokens with each candidate at the 4-bit
-    values the export stores (`int4`: gptq's or a GGUF's, else the weight rule's)."""
+    values the export stores (`int4`: gptq's or a GGUF's, else the weight rule's) or at 8da8w's."""
     from genai_pipeline import size_budget
+
+    def dequantized(q: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
+        return q.float() * d.float().repeat_interleave(q.shape[1] // d.shape[1], dim=1)
 
     n_layers = len(decoder.layers)
     smallest = dataclasses.replace(options, promoted=())
-    four_bit = {}
+    four_bit, eight_bit = {}, {}
     for name, m in decoder.named_modules():
         if isinstance(m, nn.Linear) and name.startswith("layers.") and recipe_for(name, smallest, n_layers) == "8da4w":
-            q, d = int4.get(f"{name}.weight") or {**RULES, "torchao": torchao_qparams}[options.weight_rule](m.weight, options.group_size)
-            four_bit[name] = q.float() * d.float().repeat_interleave(options.group_size, dim=1)
+            rule = {**RULES, "torchao": torchao_qparams}[options.weight_rule]
+            four_bit[name] = dequantized(*(int4.get(f"{name}.weight") or rule(m.weight, options.group_size)))
+            eight_bit[name] = dequantized(*torchao_qparams(m.weight, m.in_features, bits=8, bf16=False))  # torchao's 8da8w rule
     tokens, window = held_out_tokens(prepared, options), min(size_budget.SENSITIVITY_WINDOW, prepared.options.max_seq_len)
     windows = [tokens[i : i + window] for i in range(0, len(tokens), window)]
-    return dataclasses.replace(options, promoted=size_budget.promote(decoder, four_bit, windows, room, options.group_size))
+    return dataclasses.replace(options, promoted=size_budget.promote(decoder, four_bit, eight_bit, windows, room, options.group_size))
 
 
 def gptq_samples(prepared: PreparedModel, options: QuantOptions) -> list[list[int]]:

@@ -74,12 +74,6 @@ def graph_bytes(n_layers: int, n_methods: int) -> int:
     return GRAPH_BYTES + GRAPH_BYTES_PER_BLOCK_AND_METHOD * n_layers * n_methods
 
 
-def eight_bit(w: torch.Tensor) -> torch.Tensor:
-    """8da8w's weight as float: symmetric int8 per row, absmax / 127.5 (torchao's rule)."""
-    d = (w.detach().float().abs().amax(1, keepdim=True) / 127.5).clamp(min=torch.finfo(torch.float32).tiny)
-    return torch.clamp(torch.round(w.detach().float() / d), -128, 127) * d
-
-
 def layer_groups(names: list[str], n_layers: int) -> dict[str, tuple[str, ...]]:
     """The candidates grouped by kind (wq, ..., w2) and by band of about n_layers / BANDS adjacent
     blocks, the unit a budget promotes: a gain measured for one linear alone is mostly noise."""
@@ -93,11 +87,11 @@ def layer_groups(names: list[str], n_layers: int) -> dict[str, tuple[str, ...]]:
 
 
 @torch.no_grad()
-def promotion_gains(module: nn.Module, four_bit: dict[str, torch.Tensor], groups: dict[str, tuple[str, ...]],
-                    windows: list[list[int]]) -> dict[str, float]:
+def promotion_gains(module: nn.Module, four_bit: dict[str, torch.Tensor], eight_bit: dict[str, torch.Tensor],
+                    groups: dict[str, tuple[str, ...]], windows: list[list[int]]) -> dict[str, float]:
     """For each group of `groups` (of the layers of `four_bit`, {linear name: its 4-bit weight as
     float}): KL(float || every layer at 4 bits) minus the same with that group's layers at 8 bits
-    (eight_bit), in nats per token over `windows` (token lists, each from position 0). A group's
+    (`eight_bit`, the same as float), in nats per token over `windows` (token lists, each from position 0). A group's
     change is measured by running the blocks from its first on, from the hidden states the 4-bit
     model gives that block. The module (weights, KV cache) is left as it was."""
     from genai_pipeline.runtime.program import native_logs_hidden
@@ -131,7 +125,7 @@ def promotion_gains(module: nn.Module, four_bit: dict[str, torch.Tensor], groups
                     for hook in hooks:
                         hook.remove()
                 for g, members in groups.items():
-                    take({n: eight_bit(originals[n]) for n in members})
+                    take({n: eight_bit[n] for n in members})
                     first = min(int(n.split(".")[1]) for n in members)
                     gains[g] += base - kl(module.forward_blocks(inputs[first], pos, first=first))
                     take({n: four_bit[n] for n in members})
@@ -143,12 +137,13 @@ def promotion_gains(module: nn.Module, four_bit: dict[str, torch.Tensor], groups
             v.copy_(state[k])
 
 
-def promote(module: nn.Module, four_bit: dict[str, torch.Tensor], windows: list[list[int]], room: float, group_size: int) -> tuple[str, ...]:
+def promote(module: nn.Module, four_bit: dict[str, torch.Tensor], eight_bit: dict[str, torch.Tensor], windows: list[list[int]],
+            room: float, group_size: int) -> tuple[str, ...]:
     """The layers of `four_bit` (see promotion_gains) to store at 8 bits within `room` more bytes:
     by layer_groups, greedily by measured gain per extra byte; groups that gain nothing stay at 4 bits."""
     started = time.perf_counter()
     groups = layer_groups(list(four_bit), len(module.layers))
-    gains = promotion_gains(module, four_bit, groups, windows)
+    gains = promotion_gains(module, four_bit, eight_bit, groups, windows)
 
     def extra(n: str) -> int:
         out_features, in_features = module.get_submodule(n).weight.shape

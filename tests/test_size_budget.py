@@ -12,13 +12,12 @@ from genai_pipeline.data import CalibrationOptions
 from genai_pipeline.errors import InputError
 from genai_pipeline.evaluate import float_model, quantized_model
 from genai_pipeline.prepare import PrepareOptions, prepare
-from genai_pipeline.quantize import QuantOptions, gptq_samples, held_out_tokens, q4_0_qparams, quantize, recipe_for
+from genai_pipeline.quantize import QuantOptions, gptq_samples, held_out_tokens, q4_0_qparams, quantize, recipe_for, torchao_qparams
 from genai_pipeline.quantize_multimodal import check_vision_language_quant
 from genai_pipeline.registry import get_spec
 from genai_pipeline.rotation import rotate
 from genai_pipeline.targets import get_target
-from genai_pipeline.size_budget import (SENSITIVITY_TOKENS, eight_bit, graph_bytes, layer_groups, linear_bytes, program_bytes, promote,
-                                        promotion_gains)
+from genai_pipeline.size_budget import SENSITIVITY_TOKENS, graph_bytes, layer_groups, linear_bytes, program_bytes, promote, promotion_gains
 
 
 def _reference_decoder(rotated: bool):
@@ -53,19 +52,24 @@ def test_layer_groups_are_one_kind_over_a_band_of_blocks():
 def test_the_measurement_finds_a_broken_layer_and_leaves_the_model_as_it_was():
     decoder = _reference_decoder(rotated=False)
     names = [n for n, m in decoder.named_modules() if isinstance(m, torch.nn.Linear) and n.startswith("layers.")]
-    four_bit = {n: eight_bit(decoder.get_submodule(n).weight) for n in names}  # as good as 8 bits: nothing to gain
+    eight_bit = {}
+    for n in names:
+        weight = decoder.get_submodule(n).weight
+        q, d = torchao_qparams(weight, weight.shape[1], bits=8, bf16=False)  # one scale per row: 8da8w's
+        eight_bit[n] = q.float() * d
+    four_bit = dict(eight_bit)  # as good as 8 bits: nothing to gain
     broken = "layers.2.feed_forward.w1"
     four_bit[broken] = four_bit[broken] + 0.05 * torch.randn_like(four_bit[broken])
     before = {k: v.clone() for k, v in decoder.state_dict().items()}
     tokens = [t % decoder.config.vocab_size for t in range(7, 7 + 2 * 96)]
     windows = [tokens[:96], tokens[96:]]
-    gains = promotion_gains(decoder, four_bit, layer_groups(names, len(decoder.layers)), windows)
+    gains = promotion_gains(decoder, four_bit, eight_bit, layer_groups(names, len(decoder.layers)), windows)
     assert max(gains, key=gains.get) == "w1@2-2" and gains["w1@2-2"] > 100 * max(abs(g) for k, g in gains.items() if k != "w1@2-2")
     after = decoder.state_dict()
     assert all(torch.equal(before[k], after[k]) for k in before)  # weights and KV cache
     extra = linear_bytes(768, 256, "8da8w", 32) - linear_bytes(768, 256, "8da4w", 32)
-    assert promote(decoder, four_bit, windows, extra, 32) == (broken,)
-    assert promote(decoder, four_bit, windows, extra - 1, 32) == ()  # it does not fit
+    assert promote(decoder, four_bit, eight_bit, windows, extra, 32) == (broken,)
+    assert promote(decoder, four_bit, eight_bit, windows, extra - 1, 32) == ()  # it does not fit
 
 
 def test_an_export_under_a_budget_fits_it_and_eval_rebuilds_its_mix(tmp_path, capsys):

@@ -576,7 +576,7 @@ class Decoder(nn.Module):
         mask = None
         if any(self.layer_windowed):
             mask = sliding_window_mask(start, seq_len, self.max_seq_len, self.config.sliding_window, h.dtype)
-        for layer, rope, windowed in list(zip(self.layers, self.layer_rope, self.layer_windowed))[first:]:
+        for layer, rope, windowed in zip(self.layers[first:], self.layer_rope[first:], self.layer_windowed[first:]):
             h = layer(h, start, ropes.get(rope), mask if windowed else None)  # rope None: no RoPE
         return h
 
