@@ -384,15 +384,29 @@ class Attention(nn.Module):
                     setattr(self, n, None)
                 return
 
-    def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """q, k and v of x, [B, S, features] each."""
+    def project(self, x: torch.Tensor, rope: tuple | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q, k and v of x, [B, S, heads, head_dim] each; q and k normed and rotated."""
+        b, n_q, n_kv, hd = x.size(0), self.n_heads, self.n_kv_heads, self.head_dim
         # v first: the graph runs in this order, and an 8-bit matmul as the last one before
         # custom_sdpa slows the attention at 2 threads (bench/README: "Projection order ...")
         v = self.wv(x) if self.wv is not None else None
         if self.fused is None:
-            return self.wq(x), self.wk(x), v
-        y, n_q, n_kv = self.fused(x), self.n_heads * self.head_dim, self.n_kv_heads * self.head_dim
-        return y[..., :n_q], y[..., n_q : n_q + n_kv], y[..., n_q + n_kv :] if v is None else v
+            q, k = self.wq(x), self.wk(x)
+        else:  # slices of one matmul's output: reshape copies them
+            y = self.fused(x)
+            qk, v = (y, v) if v is not None else (y[..., : (n_q + n_kv) * hd], y[..., (n_q + n_kv) * hd :])
+            if self.q_norm is None:  # q and k rotated as one tensor (the same angles), then split: fewer ops
+                qk = qk.reshape(b, -1, n_q + n_kv, hd)
+                qk = apply_rope(qk, *rope) if rope is not None else qk
+                return qk[:, :, :n_q], qk[:, :, n_q:], v.reshape(b, -1, n_kv, hd)
+            q, k = qk[..., : n_q * hd], qk[..., n_q * hd :]
+        # -1 for the length: XNNPACK delegates no reshape to a symbolic size (a dynamic-length graph)
+        q, k, v = q.reshape(b, -1, n_q, hd), k.reshape(b, -1, n_kv, hd), v.reshape(b, -1, n_kv, hd)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        if rope is not None:
+            q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+        return q, k, v
 
     def forward(self, x: torch.Tensor, start, rope: tuple | None, mask: torch.Tensor | None,
                 rows: CacheRows | None = None) -> torch.Tensor:
@@ -400,15 +414,7 @@ class Attention(nn.Module):
         mask: the sliding-window mask, None for causal attention over the whole prefix.
         rows: the cache-I/O form (start and mask unused: the cache and mask are in `rows`)."""
         b, s, _ = x.shape
-        q, k, v = self.project(x)  # slices of one matmul's output when fused: reshape copies them
-        # -1 for the length: XNNPACK delegates no reshape to a symbolic size (a dynamic-length graph)
-        q = q.reshape(b, -1, self.n_heads, self.head_dim)
-        k = k.reshape(b, -1, self.n_kv_heads, self.head_dim)
-        v = v.reshape(b, -1, self.n_kv_heads, self.head_dim)
-        if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        if rope is not None:
-            q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+        q, k, v = self.project(x, rope)
         if rows is not None:
             return self.wo(self._attend_cache_io(q, k, v, rows).reshape(b, s, -1))
         self.kv_cache.update(k, v, start)
@@ -526,7 +532,9 @@ class Decoder(nn.Module):
     def swap_rope_halves_by_matmul(self) -> None:
         """RoPE's half swap as a product with a constant +-1 matrix instead of two slices and a
         cat: XNNPACK delegates no slice of a dynamic-length tensor, so in a dynamic graph the
-        slices end the delegate in every layer, and the delegate after them takes v's matmul."""
+        slices end the delegate in every layer, and the delegate after them takes v's matmul; in
+        a static graph XNNPACK's slices are slower at 2 threads than the product (bench/README,
+        "Hybrid prefill: a long static chunk")."""
         self.rope_swap = half_swap_matrix(self.config.rope_dim)
 
     def use_cache_io(self) -> None:

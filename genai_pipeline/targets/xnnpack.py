@@ -219,11 +219,10 @@ def _adapt_for_lowering(module, static_shapes: bool) -> None:
             norm.mean_by_matmul()
     for decoder in [m for m in module.modules() if isinstance(m, Decoder)]:
         _swap_tied_int4_lookup(decoder)
+        decoder.swap_rope_halves_by_matmul()
         # XNNPACK delegates no slice of a dynamic-length tensor: they would split its delegates
         if static_shapes:
             decoder.fuse_projections(concat_rows)
-        else:
-            decoder.swap_rope_halves_by_matmul()
 
 
 TARGET = Target(

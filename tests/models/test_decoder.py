@@ -107,8 +107,8 @@ def prefill_then_step(model, ids: torch.Tensor, step: torch.Tensor) -> torch.Ten
 
 @pytest.mark.parametrize("rope_dim", [16, 8], ids=["full", "partial"])
 def test_rope_half_swap_by_matmul_computes_the_same(tiny_eager, rope_dim):
-    """The dynamic graphs' RoPE (Decoder.swap_rope_halves_by_matmul: XNNPACK delegates no slice of
-    a dynamic-length tensor) is the slices' RoPE, bit for bit: one +-1 per row of the matrix."""
+    """XNNPACK graphs' RoPE (Decoder.swap_rope_halves_by_matmul: no slices, which XNNPACK does not
+    delegate in a dynamic-length graph) is the slices' RoPE, bit for bit: one +-1 per row."""
     from genai_pipeline.models.decoder import Decoder
 
     torch.manual_seed(0)
@@ -123,20 +123,21 @@ def test_rope_half_swap_by_matmul_computes_the_same(tiny_eager, rope_dim):
     assert torch.equal(after, before)
 
 
-@pytest.mark.parametrize("recipe, qkv_bias, fused", [
-    ("fp32", False, "qkv"), ("fp32", True, "qkv"), ("8da8w", True, "qkv"),
-    ("8da4w", False, "qk"),  # the default keeps wv at 8 bits: it cannot share the 4-bit kernel
+@pytest.mark.parametrize("recipe, change, fused", [
+    ("fp32", {}, "qkv"), ("fp32", {"qkv_bias": True}, "qkv"), ("8da8w", {"qkv_bias": True}, "qkv"),
+    ("fp32", {"qk_norm": True}, "qkv"),  # q and k normed per head before RoPE: rotated apart
+    ("8da4w", {}, "qk"),  # the default keeps wv at 8 bits: it cannot share the 4-bit kernel
 ])
-def test_fused_projections_compute_the_same(tiny_eager, recipe, qkv_bias, fused):
-    """XNNPACK's lowering fuses the linears that read one input (targets/xnnpack.py): the same
-    logits, prefill then a decode step, from one matmul per group."""
+def test_fused_projections_compute_the_same(tiny_eager, recipe, change, fused):
+    """XNNPACK's lowering fuses the linears that read one input (targets/xnnpack.py), and RoPE
+    rotates q and k as one tensor: the same logits, prefill then a decode step."""
     from genai_pipeline.models.decoder import Decoder
     from genai_pipeline.quantize import QuantOptions, concat_rows, quantize_module
 
     torch.manual_seed(0)
     model = tiny_eager()
-    if qkv_bias:
-        model = Decoder(dataclasses.replace(model.config, qkv_bias=True), TINY_MAX_SEQ)
+    if change:
+        model = Decoder(dataclasses.replace(model.config, **change), TINY_MAX_SEQ)
     if recipe != "fp32":
         quantize_module(model, QuantOptions(recipe=recipe, weight_rule="mse", rotate=False, smooth=None))
     ids, step = torch.randint(0, TINY_VOCAB, (1, 9)), torch.tensor([[3]])
