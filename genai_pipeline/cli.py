@@ -515,7 +515,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-seq-len", type=int, default=_default(prepare, "max_seq_len"), help="KV cache length: prompt + generated tokens")
     p.add_argument("--prefill-len", type=int, default=_default(prepare, "prefill_len"), help="tokens per prefill call (hybrid mode)")
     p.add_argument("--long-prefill-len", type=int, metavar="N",
-                   help=f"hybrid: add a `prefill_long` method of N tokens, taken while a prompt has N tokens left (0: none; "
+                   help=f"hybrid: add a `prefill_long` method of 1 to N tokens, which prompts then go through in chunks of up to N (0: none; "
                         f"default: {_default('prepare', 'LONG_PREFILL_CHUNKS')} x --prefill-len where the cache holds it)")
     p.add_argument("--verify-len", type=int, default=_default(prepare, "verify_len"),
                    help="add a `verify` method of N tokens returning every token's logits, for `genai run --lookahead` (0: none)")

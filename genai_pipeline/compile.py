@@ -18,6 +18,7 @@ from genai_pipeline.chat_template import read_chat_template
 from genai_pipeline.errors import ExportError
 from genai_pipeline.executorch_program_manager import store_shared_bytes_once
 from genai_pipeline.lowering import lower_grouped, to_edge_transform_and_lower
+from genai_pipeline.names import GraphName
 from genai_pipeline.quantize import int4_file, save_int4, smoothing_file
 from genai_pipeline.targets import Target
 
@@ -30,8 +31,9 @@ RUNTIME_FILES = ("tokenizer_config.json", "special_tokens_map.json", "chat_templ
 def lower(artifact: Artifact, target: Target, progress: tqdm):
     """The artifact's graphs exported and lowered to the target (an EdgeProgramManager)."""
     programs = {}
-    # One form for all methods: they share their weights only if they take them alike
-    static_shapes = all(graph.dynamic_shapes is None for graph in artifact.graphs.values())
+    # One form for all methods: they share their weights only if they take them alike. A hybrid
+    # program's `prefill_long` (any length) takes the static methods' form
+    static_shapes = all(graph.dynamic_shapes is None for name, graph in artifact.graphs.items() if name is not GraphName.PREFILL_LONG)
     for name, graph in artifact.graphs.items():
         progress.set_description(f"export {artifact.key.value}.{name.value}")
         target.adapt_for_lowering(graph.module, static_shapes)

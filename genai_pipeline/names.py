@@ -24,7 +24,7 @@ class GraphName(str, Enum):
     TEXT_DECODER = "text_decoder"  # embeddings [1, T, D] + input_pos [1] -> next-token logits [1, V]
     VISION_ENCODER = "vision_encoder"  # uint8 RGB [1, 3, S, S] -> image embeddings [1, N, D]
     VERIFY = "verify"  # optional (`--verify-len`): logits after every token, for lookahead decoding
-    PREFILL_LONG = "prefill_long"  # hybrid, optional (`--long-prefill-len`): a longer static chunk for long prompts
+    PREFILL_LONG = "prefill_long"  # hybrid, optional (`--long-prefill-len N`): a chunk of 1 to N tokens
 
 
 class Mode(str, Enum):

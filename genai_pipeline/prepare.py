@@ -32,8 +32,9 @@ class PrepareOptions:
     mode: Mode = Mode.HYBRID
     max_seq_len: int = 512  # KV cache length: prompt + generated tokens
     prefill_len: int = 32  # tokens per `prefill` call in hybrid mode
-    # Hybrid: tokens per `prefill_long` call, a second static prefill method the runtime takes while
-    # a prompt has that many tokens left (fewer, larger calls: each reads every weight once; bench/README);
+    # Hybrid: the most tokens per `prefill_long` call, a second prefill method of any length up to it,
+    # which prompts go through in chunks (no padding; fewer, larger calls: each reads every weight once;
+    # longer chunks prefill slower per token at 135M: bench/README);
     # None: LONG_PREFILL_CHUNKS x prefill_len where the cache holds it; 0: none
     long_prefill_len: int | None = None
     # Tokens per `verify` call, an extra method returning the logits after EVERY token ([1, N,
@@ -136,7 +137,11 @@ def _graphs(decoder: Decoder, options: PrepareOptions) -> dict[GraphName, GraphB
     }
     graphs = {name: graphs[name] for name in options.mode.graphs}
     if options.long_prefill:
-        graphs[GraphName.PREFILL_LONG] = GraphBundle(GraphName.PREFILL_LONG, next_token, (tokens(options.long_prefill), pos))
+        # Any length up to its own: a prompt's tail or a short chat turn in one call, no padding
+        # (static chunks of 32 cost a 20-token prompt 0.59x dynamic's prefill: bench/README)
+        graphs[GraphName.PREFILL_LONG] = GraphBundle(
+            GraphName.PREFILL_LONG, next_token, (tokens(2), pos),
+            dynamic_shapes=({1: Dim("chunk", min=1, max=options.long_prefill)}, None))
     if options.verify_len:
         # Lookahead decoding checks drafted tokens in one call and needs the logits at every one
         # of them. Same wrapped decoder: the weights and the KV cache stay shared with the others.

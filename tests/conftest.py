@@ -96,17 +96,19 @@ def tiny_eager(tiny_checkpoint):
 
 @pytest.fixture(scope="session")
 def export_tiny(tiny_checkpoint, tmp_path_factory):
-    """export_tiny(mode, target, cache_io) -> folder; each combination is lowered once per session."""
-    built: dict[tuple[str, str, bool], Path] = {}
+    """export_tiny(mode, target, cache_io, long_prefill_len) -> folder; each combination is lowered
+    once per session (long_prefill_len None: its default, a `prefill_long` in hybrid programs)."""
+    built: dict[tuple, Path] = {}
 
-    def build(mode: str, target: str = "xnnpack", cache_io: bool = False) -> Path:
-        if (mode, target, cache_io) not in built:
+    def build(mode: str, target: str = "xnnpack", cache_io: bool = False, long_prefill_len: int | None = None) -> Path:
+        key = mode, target, cache_io, long_prefill_len
+        if key not in built:
             out = tmp_path_factory.mktemp(f"tiny_{mode}_{target}{'_cache_io' if cache_io else ''}")
             options = PrepareOptions(mode=mode, max_seq_len=TINY_MAX_SEQ, prefill_len=TINY_PREFILL, checkpoint=tiny_checkpoint,
-                                     cache_io=cache_io)
+                                     cache_io=cache_io, long_prefill_len=long_prefill_len)
             compile_artifacts(prepare(get_spec("smollm2-135m"), options), get_target(target), out)
-            built[mode, target, cache_io] = out
-        return built[mode, target, cache_io]
+            built[key] = out
+        return built[key]
 
     return build
 

@@ -50,23 +50,30 @@ def test_score_gives_every_position(export_tiny, tiny_eager, mode):
 
 @pytest.mark.parametrize("length", [1, 7, 8, 9, 17])
 def test_logits_do_not_depend_on_chunking(export_tiny, tiny_eager, length):
-    """Padded last chunks are exact: hybrid (chunks of 8) and kv (one token at a time) agree."""
+    """Padded last chunks are exact: hybrid without `prefill_long` (chunks of 8, the last padded)
+    and kv (one token at a time) agree with the eager model."""
     prompt = PROMPT[:length]
     want = EagerSession(tiny_eager()).prefill(prompt)
-    for mode in ("hybrid", "kv"):
-        got = DecoderSession(export_tiny(mode)).prefill(prompt)
-        assert (got - want).abs().max().item() <= 1e-3, mode
+    for folder in (export_tiny("hybrid", long_prefill_len=0), export_tiny("kv")):
+        session = DecoderSession(folder)
+        assert session.long_prefill_len == 0
+        got = session.prefill(prompt)
+        assert (got - want).abs().max().item() <= 1e-3, folder
 
 
-def test_long_prompts_take_the_long_prefill_chunk_while_it_fits(export_tiny, tiny_eager):
+@pytest.mark.parametrize("length", [1, 5, 32, 69])
+def test_prompts_go_through_prefill_long_in_chunks_of_any_length(export_tiny, tiny_eager, length):
+    """`prefill_long` takes 1 to N tokens (N = 4 x --prefill-len): no padding, no token fed twice."""
     program = DecoderSession(export_tiny("hybrid"))
     assert program.long_prefill_len == 4 * TINY_PREFILL  # prepare.LONG_PREFILL_CHUNKS
-    prompt = (PROMPT * 4)[: 2 * program.long_prefill_len + 5]
+    prompt = (PROMPT * 4)[:length]
     calls, run = [], program._run
-    program._run = lambda graph, tokens: calls.append(graph.value) or run(graph, tokens)
+    program._run = lambda graph, tokens: calls.append((graph.value, len(tokens))) or run(graph, tokens)
     got, want = program.prefill(prompt), EagerSession(tiny_eager()).prefill(prompt)
     assert (got - want).abs().max().item() <= 1e-3
-    assert calls == ["prefill_long", "prefill_long", "prefill", "decode"]  # 32 + 32 + 5 (padded to 8, its last token again)
+    n = program.long_prefill_len
+    assert calls == [("prefill_long", min(n, length - i)) for i in range(0, length, n)]
+    assert program.pos == length
 
 
 def test_the_long_prefill_length_defaults_where_it_fits_and_is_checked(tmp_path):
@@ -83,7 +90,7 @@ def test_the_long_prefill_length_defaults_where_it_fits_and_is_checked(tmp_path)
 def test_decode_continues_from_the_cache_prefill_wrote(export_tiny, tiny_eager):
     folder = export_tiny("hybrid")
     session = DecoderSession(folder)
-    session.prefill(PROMPT[:16])  # two prefill chunks fill cache rows 0..15
+    session.prefill(PROMPT[:16])  # prefill_long fills cache rows 0..15
     after_prefill = session.step(PROMPT[16])  # decode at position 16
     want = EagerSession(tiny_eager()).prefill(PROMPT[:17])
     assert (after_prefill - want).abs().max().item() <= 1e-3

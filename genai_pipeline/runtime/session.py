@@ -89,7 +89,7 @@ class DecoderSession:
             if GraphName.VERIFY.value in self.program.method_names:
                 self._methods[GraphName.VERIFY] = self.program.load_method(GraphName.VERIFY.value)
                 self.verify_len = int(self.program.metadata(GraphName.VERIFY.value).input_tensor_meta(0).sizes()[1])
-            # `prefill_long` (hybrid, --long-prefill-len): a longer static chunk, taken while a prompt has that many tokens left
+            # `prefill_long` (hybrid, --long-prefill-len N): chunks of 1 to N tokens
             self.long_prefill_len = 0
             if GraphName.PREFILL_LONG.value in self.program.method_names:
                 self._methods[GraphName.PREFILL_LONG] = self.program.load_method(GraphName.PREFILL_LONG.value)
@@ -122,13 +122,14 @@ class DecoderSession:
             logits = self._run(GraphName.FORWARD, tokens)
             self.pos += len(tokens)
             return logits
+        if self.long_prefill_len:  # hybrid: chunks of any length, no padding
+            for i in range(0, len(tokens), self.long_prefill_len):
+                chunk = tokens[i : i + self.long_prefill_len]
+                logits = self._run(GraphName.PREFILL_LONG, chunk)
+                self.pos += len(chunk)
+            return logits
         i, n = 0, self.prefill_len
         if self.mode is Mode.HYBRID:
-            long = self.long_prefill_len
-            while long and len(tokens) - i >= long and self.pos + long <= self.max_seq_len:
-                logits = self._run(GraphName.PREFILL_LONG, tokens[i : i + long])
-                self.pos += long
-                i += long
             while i < len(tokens) and self.pos + n <= self.max_seq_len:
                 chunk = tokens[i : i + n]
                 logits = self._run(GraphName.PREFILL, chunk + [0] * (n - len(chunk)))
