@@ -29,6 +29,7 @@ from genai_pipeline.errors import InputError
 from genai_pipeline.inspect import inspect_program
 from genai_pipeline.runtime.generate import generate, greedy_token
 from genai_pipeline.runtime.lookahead import LookaheadOptions, lookahead_options
+from genai_pipeline.runtime.program import set_threads
 from genai_pipeline.runtime.session import DecoderSession, open_session
 
 
@@ -122,9 +123,7 @@ def timed_decode(session, token: int, gen_len: int) -> float:
 
 def bench(folder: Path, options: BenchOptions) -> dict:
     if options.threads:
-        from executorch.extension.pybindings import portable_lib
-
-        portable_lib._unsafe_reset_threadpool(options.threads)
+        set_threads(options.threads)
     rss_before_load_mb = current_rss_mb()  # the libraries: what the program adds is peak_rss_mb minus this
     start = time.perf_counter()
     session = open_session(Path(folder))

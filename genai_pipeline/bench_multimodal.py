@@ -22,6 +22,7 @@ from genai_pipeline.errors import InputError
 from genai_pipeline.image_processing import Frames, expand_prompt
 from genai_pipeline.runtime.generate import greedy_token
 from genai_pipeline.runtime.multimodal import MultimodalSession
+from genai_pipeline.runtime.program import set_threads
 from genai_pipeline.tokenizer import Tokenizer
 
 
@@ -40,9 +41,7 @@ def bench_multimodal(folder: Path, options: BenchOptions) -> dict:
     if options.lookahead or options.prompt_file is not None:
         raise InputError("--lookahead and --prompt-file are for text programs; a vision-language bench takes --prompt-len text ids")
     if options.threads:
-        from executorch.extension.pybindings import portable_lib
-
-        portable_lib._unsafe_reset_threadpool(options.threads)
+        set_threads(options.threads)
     folder = Path(folder)
     rss_before_load_mb = current_rss_mb()
     start = time.perf_counter()

@@ -43,8 +43,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-import executorch.extension.llm.custom_ops.custom_ops  # noqa: F401  registers torch.ops.llama.*
-
 
 def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
     """GeLU, tanh approximation (transformers' `gelu_pytorch_tanh`), spelled out: ExecuTorch 1.5.1's
@@ -306,6 +304,11 @@ class KVCache(nn.Module):
 
     def __init__(self, max_seq_len: int, n_kv_heads: int, head_dim: int):
         super().__init__()
+        # torch.ops.llama.update_cache / custom_sdpa (here and in Attention), registered with the first
+        # cache, not on import: they bring torch._inductor, which a process that only runs programs
+        # (and imports this module for the configs) does not need
+        import executorch.extension.llm.custom_ops.custom_ops  # noqa: F401
+
         shape = (1, max_seq_len, n_kv_heads, head_dim)
         self.register_buffer("k_cache", torch.zeros(shape), persistent=False)
         self.register_buffer("v_cache", torch.zeros(shape), persistent=False)

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from genai_pipeline.bundle import sha256
 from genai_pipeline.errors import ProgramError
+from genai_pipeline.runtime.executorch_runtime_import import import_executorch_runtime
 from genai_pipeline.runtime.xnnpack_weights_cache import share_packed_weights
 
 # ExecuTorch's flatbuffer file identifier sits at bytes 4..8 of every .pte.
@@ -38,8 +39,7 @@ def check_pte_file(path: Path, expected_bytes: int | None = None, expected_sha25
 def load_program(path: Path, expected_bytes: int | None = None, expected_sha256: str | None = None):
     """An `executorch.runtime.Program`, with the kernels our programs use registered first."""
     check_pte_file(path, expected_bytes, expected_sha256)
-    import executorch.extension.llm.custom_ops.custom_ops  # noqa: F401  llama.update_cache / custom_sdpa kernels
-    import executorch.kernels.quantized  # noqa: F401  quantized embedding kernels
+    import_executorch_runtime()
     from executorch.runtime import Runtime
 
     share_packed_weights()
@@ -52,6 +52,14 @@ def load_program(path: Path, expected_bytes: int | None = None, expected_sha256:
     except (RuntimeError, ValueError) as e:
         raise ProgramError(f"'{path}' cannot be loaded by the ExecuTorch runtime ({e}); it is corrupt or truncated, re-export it") from None
     return program
+
+
+def set_threads(n: int) -> None:
+    """ExecuTorch's threadpool size (XNNPACK's and the custom kernels' threads) for this process."""
+    import_executorch_runtime()
+    from executorch.extension.pybindings import portable_lib
+
+    portable_lib._unsafe_reset_threadpool(n)
 
 
 @contextmanager
