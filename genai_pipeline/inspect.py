@@ -13,7 +13,10 @@ def _tensor_desc(value) -> dict | None:
     t = value.val
     if type(t).__name__ != "Tensor":
         return {"type": type(t).__name__}
-    return {"shape": list(t.sizes), "dtype": t.scalar_type.name.lower()}
+    desc = {"shape": list(t.sizes), "dtype": t.scalar_type.name.lower()}
+    if int(t.shape_dynamism) != 0:  # not STATIC: `shape` is the bound (a dynamic-length method)
+        desc["dynamic"] = True
+    return desc
 
 
 def _scalar(value):
@@ -181,7 +184,8 @@ def format_report(r: dict) -> str:
     mb = 1 << 20
     lines = [f"{r['file']}  {r['file_bytes'] / mb:.2f} MB"]
     for name, m in r["methods"].items():
-        io = lambda ts: ", ".join(f"{t.get('dtype', t.get('type'))}{t.get('shape', '')}" for t in ts)  # noqa: E731
+        io = lambda ts: ", ".join(f"{t.get('dtype', t.get('type'))}{t.get('shape', '')}{' at most' if t.get('dynamic') else ''}"  # noqa: E731
+                                  for t in ts)
         delegates = ", ".join(f"{n}x {b}" for b, n in m["delegates"].items()) or "none"
         lines.append(f"method {name}: ({io(m['inputs'])}) -> ({io(m['outputs'])})")
         lines.append(f"    delegates: {delegates} ({m['delegate_bytes'] / 1024:.1f} KB); {m['operators']} operator kinds; arenas {m['planned_arena_bytes']} B")

@@ -212,6 +212,8 @@ def test_inspect_json_describes_a_hybrid_program(export_tiny):
     prefill, decode = report["methods"]["prefill"], report["methods"]["decode"]
     assert [i["shape"] for i in prefill["inputs"]] == [[1, 8], [1]]
     assert [i["shape"] for i in report["methods"]["prefill_long"]["inputs"]] == [[1, 32], [1]]
+    assert report["methods"]["prefill_long"]["inputs"][0]["dynamic"]  # 1 to 32 tokens
+    assert not any("dynamic" in i for i in prefill["inputs"] + decode["inputs"])
     assert [i["shape"] for i in decode["inputs"]] == [[1, 1], [1]]
     assert prefill["outputs"][0]["shape"] == decode["outputs"][0]["shape"] == [1, 384]  # the next token's logits
     assert prefill["delegates"]["XnnpackBackend"] > 0
