@@ -67,7 +67,6 @@ class PrepareOptions:
             raise InputError(f"--long-prefill-len takes 0 (none) or, in --mode hybrid without --cache-io, a length between --prefill-len "
                              f"({self.prefill_len}) and --max-seq-len ({self.max_seq_len}); got {self.long_prefill_len}")
 
-
     @property
     def _with_long(self) -> bool:
         return self.mode is Mode.HYBRID and not self.cache_io

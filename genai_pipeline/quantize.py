@@ -492,10 +492,9 @@ def with_promoted(prepared: PreparedModel, decoder: nn.Module, options: QuantOpt
 
     n_layers = len(decoder.layers)
     smallest = dataclasses.replace(options, promoted=())
-    four_bit, eight_bit = {}, {}
+    four_bit, eight_bit, rule = {}, {}, RULES[options.weight_rule]
     for name, m in decoder.named_modules():
         if isinstance(m, nn.Linear) and name.startswith("layers.") and recipe_for(name, smallest, n_layers) == "8da4w":
-            rule = {**RULES, "torchao": torchao_qparams}[options.weight_rule]
             four_bit[name] = dequantized(*(int4.get(f"{name}.weight") or rule(m.weight, options.group_size)))
             eight_bit[name] = dequantized(*torchao_qparams(m.weight, m.in_features, bits=8, bf16=False))  # torchao's 8da8w rule
     tokens, window = held_out_tokens(prepared, options), min(size_budget.SENSITIVITY_WINDOW, prepared.options.max_seq_len)

@@ -85,16 +85,17 @@ class DecoderSession:
             self._methods = {name: self.program.load_method(name.value) for name in self.mode.graphs}
             # `verify` (exported with --verify-len): every token's logits, for lookahead decoding.
             # Its input length is fixed: shorter drafts are padded at the end, as a prefill chunk.
-            self.verify_len = 0
-            if GraphName.VERIFY.value in self.program.method_names:
-                self._methods[GraphName.VERIFY] = self.program.load_method(GraphName.VERIFY.value)
-                self.verify_len = int(self.program.metadata(GraphName.VERIFY.value).input_tensor_meta(0).sizes()[1])
+            self.verify_len = self._load_optional(GraphName.VERIFY)
             # `prefill_long` (hybrid, --long-prefill-len N): chunks of 1 to N tokens
-            self.long_prefill_len = 0
-            if GraphName.PREFILL_LONG.value in self.program.method_names:
-                self._methods[GraphName.PREFILL_LONG] = self.program.load_method(GraphName.PREFILL_LONG.value)
-                self.long_prefill_len = int(self.program.metadata(GraphName.PREFILL_LONG.value).input_tensor_meta(0).sizes()[1])
+            self.long_prefill_len = self._load_optional(GraphName.PREFILL_LONG)
         self.pos = 0
+
+    def _load_optional(self, graph: GraphName) -> int:
+        """Load `graph` if the program has it; its tokens per call (the bound of a dynamic length), or 0."""
+        if graph.value not in self.program.method_names:
+            return 0
+        self._methods[graph] = self.program.load_method(graph.value)
+        return int(self.program.metadata(graph.value).input_tensor_meta(0).sizes()[1])
 
     def reset(self) -> None:
         # Positions past `pos` are never read (attention is causal), so resetting the cursor
