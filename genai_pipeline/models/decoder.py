@@ -393,18 +393,17 @@ class Attention(nn.Module):
         # v first: the graph runs in this order, and an 8-bit matmul as the last one before
         # custom_sdpa slows the attention at 2 threads (bench/README: "Projection order ...")
         v = self.wv(x) if self.wv is not None else None
-        if self.fused is None:
-            q, k = self.wq(x), self.wk(x)
-        else:  # slices of one matmul's output: reshape copies them
-            y = self.fused(x)
-            qk, v = (y, v) if v is not None else (y[..., : (n_q + n_kv) * hd], y[..., (n_q + n_kv) * hd :])
-            if self.q_norm is None:  # q and k rotated as one tensor (the same angles), then split: fewer ops
-                qk = qk.reshape(b, -1, n_q + n_kv, hd)
-                qk = apply_rope(qk, *rope) if rope is not None else qk
-                return qk[:, :, :n_q], qk[:, :, n_q:], v.reshape(b, -1, n_kv, hd)
-            q, k = qk[..., : n_q * hd], qk[..., n_q * hd :]
         # -1 for the length: XNNPACK delegates no reshape to a symbolic size (a dynamic-length graph)
-        q, k, v = q.reshape(b, -1, n_q, hd), k.reshape(b, -1, n_kv, hd), v.reshape(b, -1, n_kv, hd)
+        if self.fused is None:
+            q, k, v = self.wq(x).reshape(b, -1, n_q, hd), self.wk(x).reshape(b, -1, n_kv, hd), v.reshape(b, -1, n_kv, hd)
+        else:  # one matmul's output split by heads, reshaped first: the reshape of a slice is a copy of symbolic size
+            y = self.fused(x)
+            y = y.reshape(b, -1, y.shape[-1] // hd, hd)
+            qk, v = (y, v.reshape(b, -1, n_kv, hd)) if v is not None else (y[:, :, : n_q + n_kv], y[:, :, n_q + n_kv :])
+            if self.q_norm is None:  # q and k rotated as one tensor (the same angles), then split: fewer ops
+                qk = apply_rope(qk, *rope) if rope is not None else qk
+                return qk[:, :, :n_q], qk[:, :, n_q:], v
+            q, k = qk[:, :, :n_q], qk[:, :, n_q:]
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         if rope is not None:
@@ -534,10 +533,10 @@ class Decoder(nn.Module):
 
     def swap_rope_halves_by_matmul(self) -> None:
         """RoPE's half swap as a product with a constant +-1 matrix instead of two slices and a
-        cat: XNNPACK delegates no slice of a dynamic-length tensor, so in a dynamic graph the
-        slices end the delegate in every layer, and the delegate after them takes v's matmul; in
-        a static graph XNNPACK's slices are slower at 2 threads than the product (bench/README,
-        "Hybrid prefill: a long static chunk")."""
+        cat: XNNPACK's slices are slower at 2 threads than the product (bench/README, "Hybrid
+        prefill: a long static chunk"), and ExecuTorch's XNNPACK partitioner delegates no slice
+        of a dynamic-length tensor (targets/xnnpack_dynamic_slice.py lets it, for the pinned
+        version only)."""
         self.rope_swap = half_swap_matrix(self.config.rope_dim)
 
     def use_cache_io(self) -> None:

@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from genai_pipeline.targets import Target
+from genai_pipeline.targets.xnnpack_dynamic_slice import delegate_dynamic_slices
 
 _madvise = ctypes.CDLL(None, use_errno=True).madvise if sys.platform == "linux" else None
 
@@ -150,6 +151,7 @@ def _partitioners() -> list:
     XnnpackBackend.preprocess_multimethod = classmethod(_preprocess_sharing_data)
     # Not a hook: the name `preprocess` looks up when it runs its passes (output byte-identical).
     xnnpack_preprocess.XNNPACKPassManager = _pass_manager_skipping_idle_passes()
+    delegate_dynamic_slices()  # patches XNNPACK's slice config and serializer (see there)
     return [XnnpackPartitioner()]
 
 
@@ -220,8 +222,9 @@ def _adapt_for_lowering(module, static_shapes: bool) -> None:
     for decoder in [m for m in module.modules() if isinstance(m, Decoder)]:
         _swap_tied_int4_lookup(decoder)
         decoder.swap_rope_halves_by_matmul()
-        # XNNPACK delegates no slice of a dynamic-length tensor: they would split its delegates
-        if static_shapes:
+        # fused outputs are sliced: in a dynamic-length graph only delegate_dynamic_slices keeps
+        # those slices inside XNNPACK's delegates (outside, they would split every layer's)
+        if static_shapes or delegate_dynamic_slices():
             decoder.fuse_projections(concat_rows)
 
 

@@ -40,9 +40,9 @@ def test_each_layer_is_one_delegate_call_and_methods_share_weight_bytes(tiny_che
     for name, program in methods.items():
         left = [str(n.target) for n in program.graph.nodes if n.op == "call_function"]
         assert not [t for t in left if "mean" in t], (name, left)  # RMSNorm stays inside the delegate
-        if name != "prefill_long":  # any length: the slices of fused outputs end delegates there
-            # one delegate per layer (attention input to the next layer's), plus the first and the head
-            assert len(delegates(program)) <= config.n_layers + 2, (name, len(delegates(program)))
+        # one delegate per layer (attention input to the next layer's), plus the first and the head;
+        # prefill_long (any length) too: its fused outputs' slices stay in (targets/xnnpack_dynamic_slice.py)
+        assert len(delegates(program)) <= config.n_layers + 2, (name, len(delegates(program)))
     assert weight_names(methods["prefill_long"]) == weight_names(methods["decode"])  # fused alike
     # Every weight the two methods share is one bytes object in memory while the program is built.
     by_key = {}
@@ -58,21 +58,24 @@ def test_each_layer_is_one_delegate_call_and_methods_share_weight_bytes(tiny_che
 
 
 def test_dynamic_length_graph_is_one_delegate_per_layer(tiny_checkpoint):
-    """XNNPACK delegates no slice of a dynamic-length tensor, nor a reshape to a symbolic size: the
-    dynamic `forward` swaps RoPE's halves by a matmul, reshapes with -1, and keeps its projections
-    apart (fused, their outputs would be sliced), so each layer is still one delegate call, as in
-    hybrid (bench/README "Dynamic programs: one delegate per layer")."""
+    """ExecuTorch's XNNPACK delegates no reshape to a symbolic size, nor (unpatched) a slice of a
+    dynamic-length tensor: the dynamic `forward` reshapes with -1 and swaps RoPE's halves by a
+    matmul, and the slices of its fused projections' outputs stay in (targets/xnnpack_dynamic_slice.py),
+    so each layer is one delegate call, as in hybrid (bench/README "Dynamic programs: one delegate
+    per layer")."""
     methods, config = lower_tiny(tiny_checkpoint, Mode.DYNAMIC.value)
     program = methods["forward"]
     assert len(delegates(program)) <= config.n_layers + 2
     left = [str(n.target) for n in program.graph.nodes if n.op == "call_function"]
     assert not [t for t in left if "view_copy" in t], left
+    # projections fused as in hybrid programs: the same weight bytes as a hybrid `decode`
+    assert weight_names(program) == weight_names(lower_tiny(tiny_checkpoint, Mode.HYBRID.value)[0]["decode"])
 
 
 def test_static_verify_beside_a_dynamic_forward_takes_the_same_weights(tiny_checkpoint):
-    """A dynamic program's `verify` method (static length) is lowered in the dynamic form too (no
-    fused projections): fused, its weights would be other bytes than `forward`'s, stored and packed
-    twice (the lookahead program of the real SmolLM2-135M grew from 98 to 139 MB)."""
+    """A dynamic program's `verify` method (static length) is lowered in the same form as `forward`:
+    fused in one and not the other, its weights would be other bytes than `forward`'s, stored and
+    packed twice (the lookahead program of the real SmolLM2-135M grew from 98 to 139 MB)."""
     methods, _ = lower_tiny(tiny_checkpoint, Mode.DYNAMIC.value, verify_len=4)
     assert set(methods) == {"forward", "verify"}
     assert weight_names(methods["verify"]) == weight_names(methods["forward"])

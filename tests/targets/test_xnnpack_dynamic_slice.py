@@ -1,0 +1,55 @@
+"""XNNPACK slices of dynamic-length tensors stay in their delegate (targets/xnnpack_dynamic_slice.py):
+fails when the pinned wheel stops serializing or running them the way the patch relies on."""
+
+import pytest
+import torch
+from torch import nn
+from torch.export import Dim
+
+
+class FusedThenSplit(nn.Module):
+    """A fused projection's output split along its last (static) dimension, as a decoder layer does."""
+
+    def __init__(self):
+        super().__init__()
+        self.fused = nn.Linear(64, 96)
+        self.out = nn.Linear(32, 16)
+
+    def forward(self, x):
+        y = self.fused(x)
+        return self.out(y[..., :32] * y[..., 32:64] + y[..., -32:])
+
+
+@pytest.fixture(scope="module")
+def lowered():
+    from executorch.exir import to_edge_transform_and_lower
+
+    from genai_pipeline.targets import get_target
+    from genai_pipeline.targets.xnnpack_dynamic_slice import delegate_dynamic_slices
+
+    torch.manual_seed(0)
+    module = FusedThenSplit().eval()
+    program = torch.export.export(module, (torch.randn(1, 7, 64),), dynamic_shapes=({1: Dim("length", min=1, max=128)},))
+    edge = to_edge_transform_and_lower(program, partitioner=get_target("xnnpack").partitioners())
+    assert delegate_dynamic_slices()  # installed by the partitioners, for the pinned wheel
+    ops = [str(n.target) for n in edge.exported_program().graph.nodes if n.op == "call_function"]
+    return module, ops, edge.to_executorch().buffer
+
+
+def test_slices_of_a_dynamic_length_tensor_stay_in_one_delegate(lowered):
+    _, ops, _ = lowered
+    assert sum("executorch_call_delegate" in op for op in ops) == 1, ops
+    assert not [op for op in ops if "slice" in op], ops
+
+
+@pytest.mark.parametrize("length", [1, 5, 7, 128])
+def test_delegated_slices_take_each_call_length(lowered, length):
+    """The slices' symbolic sizes are resolved per call by XNNPACK, against the eager module."""
+    from executorch.runtime import Runtime
+
+    module, _, program = lowered
+    method = Runtime.get().load_program(program).load_method("forward")
+    x = torch.randn(1, length, 64, generator=torch.Generator().manual_seed(length))
+    got = method.execute([x])[0]
+    assert got.shape == (1, length, 16)
+    torch.testing.assert_close(got, module(x), rtol=1e-5, atol=1e-5)
