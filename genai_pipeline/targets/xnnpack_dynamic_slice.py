@@ -67,4 +67,3 @@ def delegate_dynamic_slices() -> bool:
     SliceCopyConfig.check_constraints = check_constraints
     visitor.define_node = define_node
     return True
-
