@@ -899,6 +899,19 @@ def checkpoint_int4(prepared: PreparedModel, options: QuantOptions) -> dict | No
     return q4_0 or None
 
 
+def _check_group_size(prepared: PreparedModel, options: QuantOptions) -> None:
+    """Refuse a group size that does not divide the input width of every int4 linear."""
+    for artifact in prepared.artifacts.values():
+        n_layers = len(getattr(artifact.module, "layers", ()))
+        widths = {m.in_features for n, m in artifact.module.named_modules()
+                  if isinstance(m, nn.Linear) and recipe_for(n, options, n_layers) == "8da4w"}
+        bad = sorted(w for w in widths if w % options.group_size)
+        if bad:
+            fits = [g for g in (16, 32, 64, 128, 256) if all(w % g == 0 for w in widths)]
+            raise InputError(f"--group-size {options.group_size} does not divide the input width of the model's int4 layers "
+                             f"({', '.join(map(str, bad))}); use --group-size {' or '.join(map(str, fits)) or '8'}")
+
+
 def quantize(prepared: PreparedModel, options: QuantOptions, target, cache: Path | None = None,
              given: Mapping[str, tuple[torch.Tensor, torch.Tensor]] | None = None) -> PreparedModel:
     """`target` (a targets.Target) supplies the quantizer of static recipes. With `cache` (the
@@ -914,6 +927,7 @@ def quantize(prepared: PreparedModel, options: QuantOptions, target, cache: Path
         raise InputError("--size-budget needs the decoder's own KV cache to measure layers; drop --cache-io")
     if options.is_float:
         return prepared
+    _check_group_size(prepared, options)
     if given is None:
         given = checkpoint_int4(prepared, options)
     if options.rotate and (given or not all(can_rotate(a.module) for a in prepared.artifacts.values())):

@@ -66,6 +66,17 @@ def test_overrides_first_match_wins_and_group_size_is_checked(tiny_eager):
         quantize_module(tiny_eager(), QuantOptions(recipe="8da4w", group_size=256))
 
 
+def test_a_group_size_that_does_not_divide_the_layers_is_one_clear_line(tmp_path, tiny_checkpoint, capsys):
+    """--group-size 128 on layers 64 wide (as 128 on SmolLM2-135M's 576): refused before any calibration,
+    naming the sizes that fit, no output folder."""
+    out = tmp_path / "g128"
+    argv = ["export", "--checkpoint", str(tiny_checkpoint), "--recipe", "8da4w", "--group-size", "128", "--out", str(out)]
+    assert main(argv) == 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last == "error: --group-size 128 does not divide the input width of the model's int4 layers (64); use --group-size 16 or 32 or 64"
+    assert not out.exists()
+
+
 @pytest.mark.parametrize("recipe,embedding,want", [
     ("8da4w", "auto", "4w"), ("8da8w", "auto", "8w"), ("fp32", "auto", None), ("8a8w", "auto", None),
     ("8da4w", "fp32", None), ("8da4w", "8w", "8w"), ("fp32", "8w", "8w"),
