@@ -707,12 +707,9 @@ def quantize_module(module: nn.Module, options: QuantOptions, given: Mapping[str
     unknown = sorted(set(given) - {f"{n}.weight" for n in linears})
     if unknown:
         raise InputError(f"given weights for layers the model does not have: {', '.join(unknown[:3])}")
+    check_group_size(module, linears, options.group_size)
     for recipe in sorted(set(linears.values()) - {"fp32"}):
         chosen = {n for n, r in linears.items() if r == recipe}
-        if "4w" in recipe:
-            too_narrow = sorted(n for n in chosen if module.get_submodule(n).in_features % options.group_size)
-            if too_narrow:
-                raise InputError(f"{too_narrow[0]} has {module.get_submodule(too_narrow[0]).in_features} inputs, not a multiple of --group-size {options.group_size}")
         if recipe == "8da4w" and options.weight_rule != "torchao" or recipe == "8da4w" and given:
             for name in sorted(chosen):
                 linear = module.get_submodule(name)
@@ -899,17 +896,15 @@ def checkpoint_int4(prepared: PreparedModel, options: QuantOptions) -> dict | No
     return q4_0 or None
 
 
-def _check_group_size(prepared: PreparedModel, options: QuantOptions) -> None:
-    """Refuse a group size that does not divide the input width of every int4 linear."""
-    for artifact in prepared.artifacts.values():
-        n_layers = len(getattr(artifact.module, "layers", ()))
-        widths = {m.in_features for n, m in artifact.module.named_modules()
-                  if isinstance(m, nn.Linear) and recipe_for(n, options, n_layers) == "8da4w"}
-        bad = sorted(w for w in widths if w % options.group_size)
-        if bad:
-            fits = [g for g in (16, 32, 64, 128, 256) if all(w % g == 0 for w in widths)]
-            raise InputError(f"--group-size {options.group_size} does not divide the input width of the model's int4 layers "
-                             f"({', '.join(map(str, bad))}); use --group-size {' or '.join(map(str, fits)) or '8'}")
+def check_group_size(module: nn.Module, linears: Mapping[str, str], group_size: int) -> None:
+    """Refuse a group size that does not divide the input width of every int4 linear (`linears`:
+    name -> recipe). quantize() asks before calibrating, which would otherwise fail on it first."""
+    widths = {module.get_submodule(n).in_features for n, recipe in linears.items() if "4w" in recipe}
+    bad = sorted(w for w in widths if w % group_size)
+    if bad:
+        fits = [g for g in (16, 32, 64, 128, 256) if all(w % g == 0 for w in widths)]
+        raise InputError(f"--group-size {group_size} does not divide the input width of the model's int4 layers "
+                         f"({', '.join(map(str, bad))}); use --group-size {' or '.join(map(str, fits)) or '8'}")
 
 
 def quantize(prepared: PreparedModel, options: QuantOptions, target, cache: Path | None = None,
@@ -927,7 +922,10 @@ def quantize(prepared: PreparedModel, options: QuantOptions, target, cache: Path
         raise InputError("--size-budget needs the decoder's own KV cache to measure layers; drop --cache-io")
     if options.is_float:
         return prepared
-    _check_group_size(prepared, options)
+    for artifact in prepared.artifacts.values():
+        n_layers = len(getattr(artifact.module, "layers", ()))
+        check_group_size(artifact.module, {n: recipe_for(n, options, n_layers) for n, m in artifact.module.named_modules()
+                                           if isinstance(m, nn.Linear)}, options.group_size)
     if given is None:
         given = checkpoint_int4(prepared, options)
     if options.rotate and (given or not all(can_rotate(a.module) for a in prepared.artifacts.values())):

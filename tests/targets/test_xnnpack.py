@@ -1,5 +1,6 @@
 """Lowering to XNNPACK: what the delegate keeps together, and what lowering holds in memory."""
 
+import functools
 import gc
 
 import pytest
@@ -16,6 +17,7 @@ from genai_pipeline.registry import get_spec
 from genai_pipeline.targets import get_target
 
 
+@functools.cache  # each form lowered once per session: tests only read the programs
 def lower_tiny(checkpoint, mode: str, verify_len: int = 0):
     """{method: lowered ExportedProgram} of the tiny model, as compile lowers it."""
     options = PrepareOptions(mode=mode, max_seq_len=TINY_MAX_SEQ, prefill_len=TINY_PREFILL, checkpoint=checkpoint,
