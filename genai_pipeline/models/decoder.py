@@ -533,10 +533,10 @@ class Decoder(nn.Module):
 
     def swap_rope_halves_by_matmul(self) -> None:
         """RoPE's half swap as a product with a constant +-1 matrix instead of two slices and a
-        cat: XNNPACK's slices are slower at 2 threads than the product (bench/README, "Hybrid
-        prefill: a long static chunk"), and ExecuTorch's XNNPACK partitioner delegates no slice
-        of a dynamic-length tensor (targets/xnnpack_dynamic_slice.py lets it, for the pinned
-        version only)."""
+        cat, for a backend that delegates no slice of a dynamic-length tensor (ExecuTorch's
+        XNNPACK partitioner; targets/xnnpack_dynamic_slice.py lets the pinned version). Not free:
+        as the last matmul before the attention it slows custom_sdpa at 2 threads (bench/README,
+        "RoPE's half swap and the attention")."""
         self.rope_swap = half_swap_matrix(self.config.rope_dim)
 
     def use_cache_io(self) -> None:

@@ -221,10 +221,12 @@ def _adapt_for_lowering(module, static_shapes: bool) -> None:
             norm.mean_by_matmul()
     for decoder in [m for m in module.modules() if isinstance(m, Decoder)]:
         _swap_tied_int4_lookup(decoder)
-        decoder.swap_rope_halves_by_matmul()
-        # fused outputs are sliced: in a dynamic-length graph only delegate_dynamic_slices keeps
-        # those slices inside XNNPACK's delegates (outside, they would split every layer's)
-        if static_shapes or delegate_dynamic_slices():
+        # slices (fused outputs', RoPE's) of a dynamic-length tensor stay inside XNNPACK's delegates
+        # only with delegate_dynamic_slices (outside, they would split every layer's delegate)
+        dynamic_slices = delegate_dynamic_slices()
+        if not dynamic_slices:
+            decoder.swap_rope_halves_by_matmul()
+        if static_shapes or dynamic_slices:
             decoder.fuse_projections(concat_rows)
 
 

@@ -61,10 +61,9 @@ def test_each_layer_is_one_delegate_call_and_methods_share_weight_bytes(tiny_che
 
 def test_dynamic_length_graph_is_one_delegate_per_layer(tiny_checkpoint):
     """ExecuTorch's XNNPACK delegates no reshape to a symbolic size, nor (unpatched) a slice of a
-    dynamic-length tensor: the dynamic `forward` reshapes with -1 and swaps RoPE's halves by a
-    matmul, and the slices of its fused projections' outputs stay in (targets/xnnpack_dynamic_slice.py),
-    so each layer is one delegate call, as in hybrid (bench/README "Dynamic programs: one delegate
-    per layer")."""
+    dynamic-length tensor: the dynamic `forward` reshapes with -1, and the slices of its fused
+    projections' outputs and of RoPE's halves stay in (targets/xnnpack_dynamic_slice.py), so each
+    layer is one delegate call, as in hybrid (bench/README "Dynamic programs: one delegate per layer")."""
     methods, config = lower_tiny(tiny_checkpoint, Mode.DYNAMIC.value)
     program = methods["forward"]
     assert len(delegates(program)) <= config.n_layers + 2
@@ -72,6 +71,24 @@ def test_dynamic_length_graph_is_one_delegate_per_layer(tiny_checkpoint):
     assert not [t for t in left if "view_copy" in t], left
     # projections fused as in hybrid programs: the same weight bytes as a hybrid `decode`
     assert weight_names(program) == weight_names(lower_tiny(tiny_checkpoint, Mode.HYBRID.value)[0]["decode"])
+
+
+@pytest.mark.parametrize("slices_delegated", [True, False])
+def test_rope_swaps_halves_by_a_matmul_only_where_slices_would_end_the_delegate(tiny_eager, monkeypatch, slices_delegated):
+    """With the pinned ExecuTorch, RoPE's halves are slices (the +-1 product, the last matmul before
+    the attention, slowed custom_sdpa at 2 threads: bench/README "RoPE's half swap and the
+    attention"); with another, whose partitioner takes no slice of a dynamic-length tensor, the
+    product keeps each layer in one delegate and the projections stay unfused."""
+    from genai_pipeline.targets import xnnpack
+
+    if not slices_delegated:
+        monkeypatch.setattr(xnnpack, "delegate_dynamic_slices", lambda: False)
+    else:
+        assert xnnpack.delegate_dynamic_slices()  # the pinned wheel
+    decoder = tiny_eager()
+    xnnpack._adapt_for_lowering(decoder, static_shapes=False)
+    assert (decoder.rope_swap is None) == slices_delegated
+    assert (decoder.layers[0].attention.fused is not None) == slices_delegated
 
 
 def test_static_verify_beside_a_dynamic_forward_takes_the_same_weights(tiny_checkpoint):
