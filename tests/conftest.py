@@ -31,6 +31,23 @@ TINY_MAX_SEQ = 96
 TINY_PREFILL = 8
 
 
+# `make test` runs the suite on two workers (pytest-xdist, --dist loadgroup), each with its own session
+# fixtures: the tests that share the real model's fp32 export (minutes to lower) run on one worker.
+SHARED_BY_GROUP = ("smollm2_fp32",)
+# The real model exported with a recipe's defaults, or in fp32: minutes each. Their tests start first,
+# so that the workers share out the short tests around them instead of one of them finishing alone.
+LONG = ("smollm2_default", "smollm2_fp32")
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups into the test ids
+def pytest_collection_modifyitems(items) -> None:
+    for item in items:
+        for fixture in SHARED_BY_GROUP:
+            if fixture in getattr(item, "fixturenames", ()):
+                item.add_marker(pytest.mark.xdist_group(fixture))
+    items.sort(key=lambda item: not any(f in getattr(item, "fixturenames", ()) for f in LONG))
+
+
 def train_tokenizer(path: Path, vocab_size: int) -> Path:
     """A byte-level BPE (the form ExecuTorch's C++ tokenizer reads) trained on Python's own docs."""
     import pydoc_data.topics
