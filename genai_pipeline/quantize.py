@@ -346,6 +346,12 @@ def recipe_for(name: str, options: QuantOptions, n_layers: int) -> str:
     return next((r for pattern, r in options.overrides if re.search(pattern, name)), default)
 
 
+def linear_recipes(module: nn.Module, options: QuantOptions) -> dict[str, str]:
+    """name -> recipe_for(name) of every linear in `module`."""
+    n_layers = len(getattr(module, "layers", ()))
+    return {n: recipe_for(n, options, n_layers) for n, m in module.named_modules() if isinstance(m, nn.Linear)}
+
+
 def wmse_qparams(w: torch.Tensor, group_size: int, importance: torch.Tensor, bits: int = 4):
     """mse_qparams with each input column's squared error weighted by `importance` [in] (the mean
     squared activation it meets: llama.cpp's importance matrix)."""
@@ -699,8 +705,7 @@ def quantize_module(module: nn.Module, options: QuantOptions, given: Mapping[str
         else:
             quantize_(module, _embedding_config(options.embedding, options.group_size), filter_fn=lambda m, _: isinstance(m, nn.Embedding))
         plan.update({n: f"emb{options.embedding}" for n, m in module.named_modules() if isinstance(m, nn.Embedding)})
-    n_layers = len(getattr(module, "layers", ()))
-    linears = {n: recipe_for(n, options, n_layers) for n, m in module.named_modules() if isinstance(m, nn.Linear)}
+    linears = linear_recipes(module, options)
     for name in linears:  # given int4 weights outrank the automatic 8-bit layers (AUTO_HEAD, AUTO_8BIT), not --quant-override
         if f"{name}.weight" in given and options.recipe == "8da4w" and not any(re.search(p, name) for p, _ in options.overrides):
             linears[name] = "8da4w"
@@ -923,9 +928,7 @@ def quantize(prepared: PreparedModel, options: QuantOptions, target, cache: Path
     if options.is_float:
         return prepared
     for artifact in prepared.artifacts.values():
-        n_layers = len(getattr(artifact.module, "layers", ()))
-        check_group_size(artifact.module, {n: recipe_for(n, options, n_layers) for n, m in artifact.module.named_modules()
-                                           if isinstance(m, nn.Linear)}, options.group_size)
+        check_group_size(artifact.module, linear_recipes(artifact.module, options), options.group_size)
     if given is None:
         given = checkpoint_int4(prepared, options)
     if options.rotate and (given or not all(can_rotate(a.module) for a in prepared.artifacts.values())):

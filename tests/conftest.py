@@ -41,11 +41,13 @@ LONG = ("smollm2_default", "smollm2_fp32")
 
 @pytest.hookimpl(tryfirst=True)  # before xdist reads the groups into the test ids
 def pytest_collection_modifyitems(items) -> None:
+    def uses(item, fixtures) -> list[str]:
+        return [f for f in fixtures if f in getattr(item, "fixturenames", ())]
+
     for item in items:
-        for fixture in SHARED_BY_GROUP:
-            if fixture in getattr(item, "fixturenames", ()):
-                item.add_marker(pytest.mark.xdist_group(fixture))
-    items.sort(key=lambda item: not any(f in getattr(item, "fixturenames", ()) for f in LONG))
+        for fixture in uses(item, SHARED_BY_GROUP):
+            item.add_marker(pytest.mark.xdist_group(fixture))
+    items.sort(key=lambda item: not uses(item, LONG))
 
 
 def train_tokenizer(path: Path, vocab_size: int) -> Path:
