@@ -20,8 +20,9 @@ model's vocab size), then for each system:
              (`python -m onnxruntime_genai.models.builder -p int4|fp32 -e cpu`); run by its generator loop.
 
 Every ExecuTorch run has OMP_NUM_THREADS=1 (`genai run`/`bench` set it for themselves; see ONE_OMP_THREAD).
-With `--lookahead N` (default 7) and the real SmolLM2-135M-Instruct GGUF in .cache/, rows of
-`genai bench --lookahead N` on a rewrite prompt and a free-chat prompt join the 8da4w SmolLM2 rows.
+With `--lookahead N ...` (default 3 7) and the real SmolLM2-135M-Instruct GGUF in .cache/, rows of
+`genai bench --lookahead N` (a program with a `verify` method of N + 1 tokens) on a rewrite prompt and
+a free-chat prompt join the 8da4w SmolLM2 rows: which length pays depends on the CPU (bench/README).
 
 Every export/convert/install and every measurement runs in a child process (wall time; peak RSS
 from os.wait4). Measurements go round-robin over all rows, `--repeats` rounds; each child does one
@@ -36,7 +37,7 @@ and the host's load averages).
 
     .venv/bin/python bench/compare.py [--shapes smollm2-135m llama3_2-1b] [--systems genai llamacpp optimum ortgenai]
         [--recipes fp32 8da8w 8da4w] [--modes dynamic hybrid] [--variants 8da4w Q4_0 ...] [--repeats 3]
-        [--threads 2] [--llamacpp-threads 1 2] [--lookahead 7] [--skip-install]
+        [--threads 2] [--llamacpp-threads 1 2] [--lookahead 3 7] [--skip-install]
 """
 
 from __future__ import annotations
@@ -599,7 +600,8 @@ def measure(row: dict, work: Path) -> dict:
         la = got["lookahead"]
         decode = la["decode_tokens_per_s"]
         ahead = {"plain_decode_tokens_per_s": la["plain_decode_tokens_per_s"], "speedup": la["speedup"],
-                 "tokens_per_call": la["tokens_per_call"], "tokens": la["tokens"], "first_difference": la["first_difference"]}
+                 "tokens_per_call": la["tokens_per_call"], "tokens": la["tokens"], "first_difference": la["first_difference"],
+                 "verify_cost_in_steps": la.get("verify_cost_in_steps")}
     return {"prefill_tokens_per_s": got["prefill_tokens_per_s"], "decode_tokens_per_s": decode,
             "load_s": got["load_s"], "run_peak_rss_mb": round(rss), "loadavg_1m_before": load, **share, **tokens, **ahead}
 
@@ -617,35 +619,38 @@ LOOKAHEAD_TASKS = {
 
 
 def lookahead_runs(args, work: Path, problems: list) -> list[dict]:
-    """genai bench --lookahead on the real SmolLM2-135M-Instruct, 8da4w dynamic with a `verify` method, per
-    task: plain and lookahead decoding of the same prompt alternate in one process. Its rows sit in the
-    smollm2-135m 8da4w class: the same shapes as the random-weight model the peers run."""
+    """genai bench --lookahead N on the real SmolLM2-135M-Instruct, 8da4w dynamic with a `verify` method of
+    N + 1 tokens, per N in --lookahead and per task: plain and lookahead decoding of the same prompt
+    alternate in one process. Its rows sit in the smollm2-135m 8da4w class: the same shapes as the
+    random-weight model the peers run."""
     if not REAL_SMOLLM2.exists():
         problems.append({"shape": "smollm2-135m", "system": "genai", "variant": "lookahead", "stage": "model",
                          "reason": f"{REAL_SMOLLM2} missing (make test fetches it)"})
         return []
     src = genai_source(args.genai_ref, work)
-    out = work / "lookahead" / f"genai-{src['key'][:8]}-smollm2-135m-instruct-8da4w-dynamic-verify8"
-    say("[lookahead] export genai SmolLM2-135M-Instruct 8da4w dynamic --verify-len 8")
-    try:
-        rec = cached(out / "done.json", lambda: export_genai_program(
-            ["--checkpoint", REAL_SMOLLM2, "--recipe", "8da4w", "--mode", "dynamic", "--verify-len", "8",
-             "--max-seq-len", "1024", "--out", out], out, work, src))
-    except ChildFailed as e:
-        problems.append({"shape": "smollm2-135m", "system": "genai", "variant": "lookahead", "stage": "export",
-                         "reason": last_error_line(e), "detail": str(e)[-3000:]})
-        return []
     runs = []
-    for task, text in LOOKAHEAD_TASKS.items():
-        prompt = work / "lookahead" / f"{task.replace(' ', '-')}.txt"
-        prompt.write_text(text(), encoding="utf-8")
-        argv = [MAIN_PY, "-m", "genai_pipeline.cli", "bench", out, "--json", "--prompt-file", prompt, "--chat",
-                "--gen-len", args.lookahead_gen_len, "--lookahead", args.lookahead, "--repeats", 1, "--threads", args.threads]
-        runs.append({"id": f"smollm2-135m-genai-lookahead/{task}", "shape": "smollm2-135m", "system": "genai",
-                     "recipe_class": "8da4w", "variant": "8da4w/dynamic real", "runner": f"lookahead {args.lookahead}: {task}",
-                     "threads": args.threads, "file_mb": round(Path(rec["file"]).stat().st_size / 2**20, 1),
-                     "export_s": rec["export_s"], "export_peak_rss_mb": rec["export_peak_rss_mb"], "argv": argv,
-                     "run_in": src})
+    for draft_len in args.lookahead:
+        verify_len = draft_len + 1
+        out = work / "lookahead" / f"genai-{src['key'][:8]}-smollm2-135m-instruct-8da4w-dynamic-verify{verify_len}"
+        say(f"[lookahead] export genai SmolLM2-135M-Instruct 8da4w dynamic --verify-len {verify_len}")
+        try:
+            rec = cached(out / "done.json", lambda: export_genai_program(
+                ["--checkpoint", REAL_SMOLLM2, "--recipe", "8da4w", "--mode", "dynamic", "--verify-len", verify_len,
+                 "--max-seq-len", "1024", "--out", out], out, work, src))
+        except ChildFailed as e:
+            problems.append({"shape": "smollm2-135m", "system": "genai", "variant": f"lookahead {draft_len}", "stage": "export",
+                             "reason": last_error_line(e), "detail": str(e)[-3000:]})
+            continue
+        for task, text in LOOKAHEAD_TASKS.items():
+            prompt = work / "lookahead" / f"{task.replace(' ', '-')}.txt"
+            prompt.write_text(text(), encoding="utf-8")
+            argv = [MAIN_PY, "-m", "genai_pipeline.cli", "bench", out, "--json", "--prompt-file", prompt, "--chat",
+                    "--gen-len", args.lookahead_gen_len, "--lookahead", draft_len, "--repeats", 1, "--threads", args.threads]
+            runs.append({"id": f"smollm2-135m-genai-lookahead-{draft_len}/{task}", "shape": "smollm2-135m", "system": "genai",
+                         "recipe_class": "8da4w", "variant": "8da4w/dynamic real", "runner": f"lookahead {draft_len}: {task}",
+                         "threads": args.threads, "file_mb": round(Path(rec["file"]).stat().st_size / 2**20, 1),
+                         "export_s": rec["export_s"], "export_peak_rss_mb": rec["export_peak_rss_mb"], "argv": argv,
+                         "run_in": src})
     return runs
 
 
@@ -843,8 +848,9 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--llamacpp-threads", type=int, nargs="+", default=[1, 2],
                         help="llama.cpp thread settings to try (each with and without flash attention)")
-    parser.add_argument("--lookahead", type=int, default=7,
-                        help="draft length of the lookahead rows (real SmolLM2-135M-Instruct); 0: no lookahead rows")
+    parser.add_argument("--lookahead", type=int, nargs="+", default=[3, 7],
+                        help="draft lengths of the lookahead rows (real SmolLM2-135M-Instruct; a program with a `verify` "
+                             "method of N + 1 tokens each); 0: no lookahead rows")
     parser.add_argument("--lookahead-gen-len", type=int, default=200)
     parser.add_argument("--prompt-len", type=int, default=128)
     parser.add_argument("--gen-len", type=int, default=128)
@@ -881,6 +887,7 @@ def main() -> None:
     for shape in args.shapes:
         variants += prepare_variants(shape, args, work, problems)
     runs = [run for v in variants for run in runs_of(v, args)]
+    args.lookahead = [n for n in args.lookahead if n > 0]
     if args.lookahead and "genai" in args.systems and "smollm2-135m" in args.shapes and "8da4w" in args.recipes:
         runs += lookahead_runs(args, work, problems)
 

@@ -216,6 +216,7 @@ def _lookahead_figures(rounds: list, options: LookaheadOptions) -> dict:
         "verify_calls": last.verify_calls,
         "drafted": last.drafted,
         "accepted": last.accepted,
+        "verify_cost_in_steps": round(statistics.median(a.verify_cost_in_steps for _, a in rounds), 2),
         "plain_tokens": len(plain_last.tokens),
         "first_difference": same,  # index of the first token that differs from plain decoding, None: identical
     }

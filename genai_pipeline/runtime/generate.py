@@ -92,6 +92,16 @@ class Generation:
     verify_calls: int = 0  # of which verify calls (lookahead)
     drafted: int = 0  # tokens drafted into verify calls
     accepted: int = 0  # of which kept
+    verify_seconds: float = 0.0  # of decode_seconds, the time in verify calls
+
+    @property
+    def verify_cost_in_steps(self) -> float:
+        """A verify call's mean time over a plain call's (a decode step, with its sampling): what a
+        verify call must give in tokens to pay off. 0.0 until both kinds of call ran."""
+        steps = self.decode_calls - self.verify_calls
+        if not self.verify_calls or not steps or self.decode_seconds <= self.verify_seconds:
+            return 0.0
+        return (self.verify_seconds / self.verify_calls) / ((self.decode_seconds - self.verify_seconds) / steps)
 
     @property
     def tokens_per_call(self) -> float:
@@ -184,7 +194,9 @@ class _Lookahead:
         result.decode_calls += 1
         if not draft:
             return model.step(token)
+        start = time.perf_counter()
         rows = model.verify([token, *draft])
+        result.verify_seconds += time.perf_counter() - start
         self.rows = list(zip(draft, rows[1:]))
         self.kept = 0
         result.verify_calls += 1

@@ -73,6 +73,8 @@ def test_lookahead_gives_the_tokens_of_plain_decoding(sampling, period):
     assert ahead.decode_calls == model.calls["step"] + model.calls["verify"]
     if period:  # repeating text: drafts are kept, fewer calls than tokens
         assert ahead.accepted > 20 and ahead.tokens_per_call > 1.5
+        assert 0 < ahead.verify_seconds < ahead.decode_seconds and ahead.verify_cost_in_steps > 0
+    assert plain.verify_seconds == 0 and plain.verify_cost_in_steps == 0
     assert plain.tokens_per_call == 1.0
 
 

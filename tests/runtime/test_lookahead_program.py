@@ -151,6 +151,7 @@ def test_bench_reports_lookahead_figures(export_reference_verify, tmp_path, caps
     r = json.loads(capsys.readouterr().out)["lookahead"]
     assert r["draft_len"] == 7 and r["tokens"] == 48 and r["tokens_per_call"] >= 1
     assert r["decode_tokens_per_s"] > 0 and r["plain_decode_tokens_per_s"] > 0 and r["accepted"] <= r["drafted"]
+    assert r["verify_cost_in_steps"] >= 0  # 0 when no plain step or no verify call ran
 
 
 def test_real_model_lookahead_parts_from_plain_decoding_only_at_near_ties(smollm2_fp32):
