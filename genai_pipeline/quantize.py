@@ -418,14 +418,15 @@ def observe_inputs(module: nn.Module, names: set[str], samples: list[list[int]],
 @torch.no_grad()
 def input_hessians(module: nn.Module, names: set[str], samples: list[list[int]], window: int) -> tuple[dict, dict]:
     """X^T X of each named linear's inputs over `samples` (token lists, run from position 0 in
-    windows), and which layers of one parent read the same input (q, k, v; w1, w3): bit-identical
-    sums over the same tensors (a tensor's address is no test: the allocator reuses memory)."""
-    hessians = {}
+    windows), and which layers read the same input (shared_inputs)."""
+    hessians = input_statistics(module, samples, window, names)[1]
+    return hessians, shared_inputs(hessians)
 
-    def record(name: str, x: torch.Tensor) -> None:
-        hessians[name] = hessians.get(name, 0) + x.T @ x
 
-    observe_inputs(module, names, samples, window, record)
+def shared_inputs(hessians: dict[str, torch.Tensor]) -> dict[str, list[str]]:
+    """Which layers of one parent read the same input (q, k, v; w1, w3), from their X^T X:
+    bit-identical sums over the same tensors (a tensor's address is no test: the allocator reuses
+    memory). {name: the names of its group}."""
     shared = {}
     for name in sorted(hessians):
         parent = name.rpartition(".")[0]
@@ -435,13 +436,17 @@ def input_hessians(module: nn.Module, names: set[str], samples: list[list[int]],
             shared[name] = [name]
         else:
             shared[twin].append(name)
-    return hessians, {n: group for group in shared.values() for n in group}
+    return {n: group for group in shared.values() for n in group}
 
 
-def gptq_weights(module: nn.Module, names: set[str], samples: list[list[int]], window: int, group_size: int) -> dict:
+def gptq_weights(module: nn.Module, names: set[str], samples: list[list[int]], window: int, group_size: int,
+                 hessians: dict[str, torch.Tensor] | None = None) -> dict:
     """GPTQ int4 values and scales for the named linears, as `given` takes them; layers reading the
-    same input (q, k, v; w1, w3) are solved together (one Hessian)."""
-    hessians, shared = input_hessians(module, names, samples, window)
+    same input (q, k, v; w1, w3) are solved together (one Hessian). `hessians`: their X^T X, when
+    already measured (quantize's calibration pass), else measured on `samples`."""
+    if hessians is None:
+        hessians = input_hessians(module, names, samples, window)[0]
+    shared = shared_inputs(hessians)
     out = {}
     for name in sorted(names):
         if f"{name}.weight" in out:
@@ -454,18 +459,24 @@ def gptq_weights(module: nn.Module, names: set[str], samples: list[list[int]], w
     return out
 
 
-def gptq_int4(prepared: PreparedModel, decoder: nn.Module, options: QuantOptions) -> dict:
-    """GPTQ's int4 weights for the decoder's 8da4w linears, on gptq_samples; the decoder's KV cache
-    is left as it was."""
-    started = time.perf_counter()
+def gptq_names(decoder: nn.Module, options: QuantOptions) -> set[str]:
+    """The linears GPTQ rounds: the decoder's 8da4w ones."""
     n_layers = len(getattr(decoder, "layers", ()))
-    names = {n for n, m in decoder.named_modules() if isinstance(m, nn.Linear) and recipe_for(n, options, n_layers) == "8da4w"}
+    return {n for n, m in decoder.named_modules() if isinstance(m, nn.Linear) and recipe_for(n, options, n_layers) == "8da4w"}
+
+
+def gptq_int4(prepared: PreparedModel, decoder: nn.Module, options: QuantOptions,
+              hessians: dict[str, torch.Tensor] | None = None) -> dict:
+    """GPTQ's int4 weights for the decoder's 8da4w linears, on gptq_samples (or their `hessians`,
+    measured already); the decoder's KV cache is left as it was."""
+    started = time.perf_counter()
+    names = gptq_names(decoder, options)
     samples = gptq_samples(prepared, options)
     state = {k: v.clone() for k, v in decoder.named_buffers()}  # the KV cache, as it was
     from genai_pipeline.runtime.program import native_logs_hidden
 
     with native_logs_hidden():  # ExecuTorch's custom ops log from C++ in eager mode too
-        computed = gptq_weights(decoder, names, samples, prepared.options.max_seq_len, options.group_size)
+        computed = gptq_weights(decoder, names, samples, prepared.options.max_seq_len, options.group_size, hessians)
     for k, v in decoder.named_buffers():
         v.copy_(state[k])
     log.info("gptq: %d layers on %d calibration tokens in %.0f s", len(names), sum(map(len, samples)), time.perf_counter() - started)
@@ -554,14 +565,25 @@ def _calibration_split(prepared: PreparedModel, options: QuantOptions) -> tuple[
 @torch.no_grad()
 def input_absmax(module: nn.Module, samples: list[list[int]], window: int) -> dict[str, torch.Tensor]:
     """Per input channel, the largest magnitude each linear layer's input reaches over `samples`."""
-    absmax = {}
+    return input_statistics(module, samples, window)[0]
+
+
+@torch.no_grad()
+def input_statistics(module: nn.Module, samples: list[list[int]], window: int,
+                     hessian_names: set[str] = frozenset()) -> tuple[dict, dict]:
+    """One pass over `samples` (observe_inputs) for both calibrations: per linear, each input
+    channel's largest magnitude (smoothing's); for the linears in `hessian_names`, X^T X of their
+    inputs (GPTQ's)."""
+    absmax, hessians = {}, {}
 
     def record(name: str, x: torch.Tensor) -> None:
-        x = x.abs().amax(0)
-        absmax[name] = torch.maximum(absmax[name], x) if name in absmax else x
+        a = x.abs().amax(0)
+        absmax[name] = torch.maximum(absmax[name], a) if name in absmax else a
+        if name in hessian_names:
+            hessians[name] = hessians.get(name, 0) + x.T @ x
 
     observe_inputs(module, {n for n, m in module.named_modules() if isinstance(m, nn.Linear)}, samples, window, record)
-    return absmax
+    return absmax, hessians
 
 
 def smoothing_scales(module: nn.Module, absmax: dict[str, torch.Tensor], alpha: float = SMOOTH_ALPHA) -> dict[str, torch.Tensor]:
@@ -600,27 +622,48 @@ def smooth(module: nn.Module, scales: dict[str, torch.Tensor]) -> None:
     less to the few channels with outliers. Nothing changes in the graph: the programs run in
     ExecuTorch's stock runners as before."""
     for site, s in scales.items():
-        layer = site.split(".")[1]
-        block = module.layers[int(layer)]
-        kind = site.split(".", 2)[2]
+        layer, kind = ".".join(site.split(".")[:2]), site.split(".", 2)[2]  # "layers.3", "ffn_norm"
+        block = module.get_submodule(layer)
         if kind in ("attention_norm", "ffn_norm"):
             norm = getattr(block, kind)
             if norm.unit_offset:  # x * (1 + w)
                 norm.weight.copy_((1 + norm.weight) / s - 1)
             else:
                 norm.weight.div_(s)
-            for linear in map(block.get_submodule, block.NORM_READERS[kind]):
-                linear.weight.mul_(s)
         elif kind == "feed_forward.w3":
             block.feed_forward.w3.weight.div_(s[:, None])
-            block.feed_forward.w2.weight.mul_(s)
         elif kind == "attention.wv":
             att = block.attention
             att.wv.weight.div_(s[:, None])
             if att.wv.bias is not None:
                 att.wv.bias.div_(s)
+    for name, s in smoothed_inputs(module, scales).items():
+        module.get_submodule(name).weight.mul_(s)
+
+
+def smoothed_inputs(module: nn.Module, scales: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """{linear: the factor smooth(scales) divides its input by, channel by channel}: a norm's
+    readers, w2 (after w3), wo (after wv: each query head's channel takes its KV head's factor)."""
+    readers = {}
+    for site, s in scales.items():
+        layer, kind = ".".join(site.split(".")[:2]), site.split(".", 2)[2]
+        block = module.get_submodule(layer)
+        if kind in ("attention_norm", "ffn_norm"):
+            for name in block.NORM_READERS[kind]:
+                readers[f"{layer}.{name}"] = s
+        elif kind == "feed_forward.w3":
+            readers[f"{layer}.feed_forward.w2"] = s
+        elif kind == "attention.wv":
+            att = block.attention
             per_head = s.view(att.n_kv_heads, 1, att.head_dim).expand(att.n_kv_heads, att.n_heads // att.n_kv_heads, att.head_dim)
-            att.wo.weight.mul_(per_head.reshape(-1))
+            readers[f"{layer}.attention.wo"] = per_head.reshape(-1)
+    return readers
+
+
+def smoothed_hessians(hessians: dict[str, torch.Tensor], divided: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """X^T X of the inputs after smoothing, from those measured before it: an input divided by s
+    channel by channel (smoothed_inputs) has X^T X divided by s s^T. Saves GPTQ a second pass."""
+    return {n: h / (divided[n][:, None] * divided[n][None, :]) if n in divided else h for n, h in hessians.items()}
 
 
 def smoothing_file(folder: Path, artifact_key: str) -> Path:
@@ -946,7 +989,8 @@ def quantize(prepared: PreparedModel, options: QuantOptions, target, cache: Path
             graphs = {name: dataclasses.replace(g, module=deploy) for name, g in artifact.graphs.items()}
             artifact = dataclasses.replace(artifact, graphs=graphs, qdq=qdq, qdq_key=stamp)
         else:
-            computed, scales = None, None
+            computed, scales, hessians = None, None, None
+            gptq = options.recipe == "8da4w" and options.weight_rule == "gptq" and not given
             if options.rotate:
                 rotate(artifact.module)
                 log.info("rotated the residual stream (%s)", "head rotation added" if artifact.module.head_rotation is not None else "no head rotation")
@@ -957,16 +1001,19 @@ def quantize(prepared: PreparedModel, options: QuantOptions, target, cache: Path
                 from genai_pipeline.runtime.program import native_logs_hidden
 
                 with native_logs_hidden():  # ExecuTorch's custom ops log from C++ in eager mode too
-                    absmax = input_absmax(artifact.module, samples, prepared.options.max_seq_len)
+                    # GPTQ calibrates on the same samples: its X^T X come from the same pass
+                    absmax, hessians = input_statistics(artifact.module, samples, prepared.options.max_seq_len,
+                                                        gptq_names(artifact.module, options) if gptq else frozenset())
                 scales = smoothing_scales(artifact.module, absmax, options.smooth)
                 for k, v in artifact.module.named_buffers():
                     v.copy_(state[k])
                 smooth(artifact.module, scales)
+                hessians = smoothed_hessians(hessians, smoothed_inputs(artifact.module, scales)) if gptq else None
                 log.info("smoothed %d activation sites (alpha %g) on %d calibration tokens in %.0f s", len(scales), options.smooth,
                          sum(map(len, samples)), time.perf_counter() - started)
             room = budget_room(artifact.module, options, len(artifact.graphs)) if options.size_budget is not None and options.promoted is None else None
-            if options.recipe == "8da4w" and options.weight_rule == "gptq" and not given:
-                computed = gptq_int4(prepared, artifact.module, options)  # every candidate of a size budget, too
+            if gptq:
+                computed = gptq_int4(prepared, artifact.module, options, hessians)  # every candidate of a size budget, too
             if room is not None:
                 options = with_promoted(prepared, artifact.module, options, computed or given or {}, room)
                 chosen = {f"{n}.weight" for n in options.promoted}  # these are stored at 8 bits instead

@@ -32,8 +32,11 @@ TINY_PREFILL = 8
 
 
 # `make test` runs the suite on two workers (pytest-xdist, --dist loadgroup), each with its own session
-# fixtures: the tests that share the real model's fp32 export (minutes to lower) run on one worker.
+# fixtures: the tests that share the real model's fp32 export (minutes to lower) run on one worker,
 SHARED_BY_GROUP = ("smollm2_fp32",)
+# and so do those of each module whose tests share exports of its own (module fixtures, or a session
+# builder defined there): 20-35 s each, lowered twice when its tests are split.
+SHARED_BY_MODULE = ("test_lookahead_program", "test_vision_quant", "test_qnn")
 # The real model exported with a recipe's defaults, or in fp32: minutes each. Their tests start first,
 # so that the workers share out the short tests around them instead of one of them finishing alone.
 LONG = ("smollm2_default", "smollm2_fp32")
@@ -45,8 +48,11 @@ def pytest_collection_modifyitems(items) -> None:
         return [f for f in fixtures if f in getattr(item, "fixturenames", ())]
 
     for item in items:
-        for fixture in uses(item, SHARED_BY_GROUP):
-            item.add_marker(pytest.mark.xdist_group(fixture))
+        group = next(iter(uses(item, SHARED_BY_GROUP)), None)
+        if group is None and item.path.stem in SHARED_BY_MODULE:
+            group = item.path.stem
+        if group is not None:
+            item.add_marker(pytest.mark.xdist_group(group))
     items.sort(key=lambda item: not uses(item, LONG))
 
 

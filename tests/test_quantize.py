@@ -306,6 +306,28 @@ def test_gptq_solves_together_only_the_layers_that_read_one_input(tiny_eager):
     assert len(groups) == 2 * 4
 
 
+def test_one_calibration_pass_gives_gptq_the_hessians_of_the_smoothed_model(tiny_eager):
+    # quantize measures smoothing's absmax and GPTQ's X^T X in one pass, before smoothing, and
+    # rescales the latter: it must be what a second pass over the smoothed model measures.
+    from torch import nn
+
+    from conftest import TINY_MAX_SEQ
+    from genai_pipeline.quantize import input_hessians, input_statistics, smooth, smoothed_hessians, smoothed_inputs, smoothing_scales
+
+    model = tiny_eager().eval()
+    ids = [(7 * i) % 300 + 1 for i in range(48)]
+    names = {n for n, m in model.named_modules() if isinstance(m, nn.Linear) and n != "output"}
+    absmax, before = input_statistics(model, [ids], TINY_MAX_SEQ, names)
+    scales = smoothing_scales(model, absmax, alpha=0.5)
+    smooth(model, scales)
+    divided = smoothed_inputs(model, scales)
+    assert set(divided) == names  # every linear of a block reads a smoothed input
+    predicted, measured = smoothed_hessians(before, divided), input_hessians(model, names, [ids], TINY_MAX_SEQ)[0]
+    for name in names:
+        torch.testing.assert_close(predicted[name], measured[name], rtol=1e-4, atol=1e-4 * measured[name].abs().max().item())
+        assert not torch.allclose(before[name], measured[name], rtol=1e-2)  # smoothing did change it
+
+
 def test_8da4w_keeps_the_mlp_inputs_of_the_edge_layers_at_8_bits():
     from genai_pipeline.quantize import recipe_for
 
