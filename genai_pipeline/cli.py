@@ -646,6 +646,7 @@ def main(argv: list[str] | None = None) -> int:
         return 3
     finally:
         log.handlers = []  # the handler holds this call's stderr
+        log.propagate = True  # a caller in the same process (a test's caplog) sees the package's records again
 
 
 if __name__ == "__main__":

@@ -300,3 +300,14 @@ def test_a_users_openmp_setting_wins(monkeypatch):
     monkeypatch.setenv("OMP_NUM_THREADS", "2")
     _one_openmp_thread_per_caller(["bench", "x"])
     assert os.environ["OMP_NUM_THREADS"] == "2"
+
+
+def test_main_in_process_leaves_the_packages_log_records_to_the_caller(caplog, capsys):
+    # main() routes the package's logger to its own stderr handler for the call; afterwards a caller
+    # in the same process (a test's caplog) must see the records again, whichever test ran main first.
+    import logging
+
+    assert main(["models"]) == 0
+    with caplog.at_level(logging.INFO, logger="genai_pipeline.data.collate"):
+        logging.getLogger("genai_pipeline.data.collate").info("after main")
+    assert "after main" in caplog.text
