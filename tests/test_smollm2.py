@@ -49,7 +49,7 @@ def test_the_tests_of_the_fp32_export_run_on_one_worker(request, smollm2_fp32):
     # `make test`'s xdist groups them (conftest.SHARED_BY_GROUP), or each worker lowers the model
     # (minutes). pytest-xdist 3.8 puts the group in the test's id, which pytest 9.2 no longer reads
     # (its ids are structured): then the group is lost without a word, and this fails.
-    if request.config.getvalue("loadgroup"):
+    if request.config.getoption("loadgroup", False):  # set on xdist's workers only
         assert request.node.nodeid.endswith("@smollm2_fp32")
 
 
