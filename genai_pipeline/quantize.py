@@ -461,8 +461,7 @@ def gptq_weights(module: nn.Module, names: set[str], samples: list[list[int]], w
 
 def gptq_names(decoder: nn.Module, options: QuantOptions) -> set[str]:
     """The linears GPTQ rounds: the decoder's 8da4w ones."""
-    n_layers = len(getattr(decoder, "layers", ()))
-    return {n for n, m in decoder.named_modules() if isinstance(m, nn.Linear) and recipe_for(n, options, n_layers) == "8da4w"}
+    return {n for n, recipe in linear_recipes(decoder, options).items() if recipe == "8da4w"}
 
 
 def gptq_int4(prepared: PreparedModel, decoder: nn.Module, options: QuantOptions,
@@ -622,7 +621,7 @@ def smooth(module: nn.Module, scales: dict[str, torch.Tensor]) -> None:
     less to the few channels with outliers. Nothing changes in the graph: the programs run in
     ExecuTorch's stock runners as before."""
     for site, s in scales.items():
-        layer, kind = ".".join(site.split(".")[:2]), site.split(".", 2)[2]  # "layers.3", "ffn_norm"
+        layer, kind = _split_site(site)
         block = module.get_submodule(layer)
         if kind in ("attention_norm", "ffn_norm"):
             norm = getattr(block, kind)
@@ -646,7 +645,7 @@ def smoothed_inputs(module: nn.Module, scales: dict[str, torch.Tensor]) -> dict[
     readers, w2 (after w3), wo (after wv: each query head's channel takes its KV head's factor)."""
     readers = {}
     for site, s in scales.items():
-        layer, kind = ".".join(site.split(".")[:2]), site.split(".", 2)[2]
+        layer, kind = _split_site(site)
         block = module.get_submodule(layer)
         if kind in ("attention_norm", "ffn_norm"):
             for name in block.NORM_READERS[kind]:
@@ -658,6 +657,12 @@ def smoothed_inputs(module: nn.Module, scales: dict[str, torch.Tensor]) -> dict[
             per_head = s.view(att.n_kv_heads, 1, att.head_dim).expand(att.n_kv_heads, att.n_heads // att.n_kv_heads, att.head_dim)
             readers[f"{layer}.attention.wo"] = per_head.reshape(-1)
     return readers
+
+
+def _split_site(site: str) -> tuple[str, str]:
+    """A smoothing site's block and kind: "layers.3.attention.wv" -> ("layers.3", "attention.wv")."""
+    prefix, index, kind = site.split(".", 2)
+    return f"{prefix}.{index}", kind
 
 
 def smoothed_hessians(hessians: dict[str, torch.Tensor], divided: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
