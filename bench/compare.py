@@ -20,9 +20,10 @@ model's vocab size), then for each system:
              (`python -m onnxruntime_genai.models.builder -p int4|fp32 -e cpu`); run by its generator loop.
 
 Every ExecuTorch run has OMP_NUM_THREADS=1 (`genai run`/`bench` set it for themselves; see ONE_OMP_THREAD).
-With `--lookahead N ...` (default 3 7) and the real SmolLM2-135M-Instruct GGUF in .cache/, rows of
-`genai bench --lookahead N` (a program with a `verify` method of N + 1 tokens) on a rewrite prompt and
-a free-chat prompt join the 8da4w SmolLM2 rows: which length pays depends on the CPU (bench/README).
+With `--lookahead N ...` (default 7) and the real SmolLM2-135M-Instruct GGUF in .cache/, rows of
+`genai bench --lookahead N` (a program with a `verify` method of up to N + 1 tokens; the drafter checks
+as many drafted tokens as pay on the CPU) on a rewrite prompt and a free-chat prompt join the 8da4w
+SmolLM2 rows.
 
 Every export/convert/install and every measurement runs in a child process (wall time; peak RSS
 from os.wait4). Measurements go round-robin over all rows, `--repeats` rounds; each child does one
@@ -37,7 +38,7 @@ and the host's load averages).
 
     .venv/bin/python bench/compare.py [--shapes smollm2-135m llama3_2-1b] [--systems genai llamacpp optimum ortgenai]
         [--recipes fp32 8da8w 8da4w] [--modes dynamic hybrid] [--variants 8da4w Q4_0 ...] [--repeats 3]
-        [--threads 2] [--llamacpp-threads 1 2] [--lookahead 3 7] [--skip-install]
+        [--threads 2] [--llamacpp-threads 1 2] [--lookahead 7] [--skip-install]
 """
 
 from __future__ import annotations
@@ -620,7 +621,7 @@ LOOKAHEAD_TASKS = {
 
 def lookahead_runs(args, work: Path, problems: list) -> list[dict]:
     """genai bench --lookahead N on the real SmolLM2-135M-Instruct, 8da4w dynamic with a `verify` method of
-    N + 1 tokens, per N in --lookahead and per task: plain and lookahead decoding of the same prompt
+    up to N + 1 tokens, per N in --lookahead and per task: plain and lookahead decoding of the same prompt
     alternate in one process. Its rows sit in the smollm2-135m 8da4w class: the same shapes as the
     random-weight model the peers run."""
     if not REAL_SMOLLM2.exists():
@@ -848,9 +849,9 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--llamacpp-threads", type=int, nargs="+", default=[1, 2],
                         help="llama.cpp thread settings to try (each with and without flash attention)")
-    parser.add_argument("--lookahead", type=int, nargs="+", default=[3, 7],
+    parser.add_argument("--lookahead", type=int, nargs="+", default=[7],
                         help="draft lengths of the lookahead rows (real SmolLM2-135M-Instruct; a program with a `verify` "
-                             "method of N + 1 tokens each); 0: no lookahead rows")
+                             "method of up to N + 1 tokens each); 0: no lookahead rows")
     parser.add_argument("--lookahead-gen-len", type=int, default=200)
     parser.add_argument("--prompt-len", type=int, default=128)
     parser.add_argument("--gen-len", type=int, default=128)

@@ -417,7 +417,7 @@ def cmd_bench(args) -> int:
         a = r["lookahead"]
         print(f"lookahead {a['draft_len']}: decode {a['decode_tokens_per_s']:.1f} vs {a['plain_decode_tokens_per_s']:.1f} tok/s "
               f"plain ({a['speedup']:.2f}x), {a['tokens_per_call']:.2f} tokens per call, "
-              f"{a['accepted']} of {a['drafted']} drafted tokens kept ({a['tokens']} tokens); "
+              f"{a['accepted']} of {a['drafted']} drafted tokens kept in {a['verify_calls']} verify calls ({a['tokens']} tokens); "
               f"a verify call takes as long as {a['verify_cost_in_steps']:.1f} decode steps")
     return 0
 

@@ -32,8 +32,9 @@ def lower(artifact: Artifact, target: Target, progress: tqdm):
     """The artifact's graphs exported and lowered to the target (an EdgeProgramManager)."""
     programs = {}
     # One form for all methods: they share their weights only if they take them alike. A hybrid
-    # program's `prefill_long` (any length) takes the static methods' form
-    static_shapes = all(graph.dynamic_shapes is None for name, graph in artifact.graphs.items() if name is not GraphName.PREFILL_LONG)
+    # program's `prefill_long` and `verify` (any length) take the static methods' form
+    static_shapes = all(graph.dynamic_shapes is None for name, graph in artifact.graphs.items()
+                        if name not in (GraphName.PREFILL_LONG, GraphName.VERIFY))
     for name, graph in artifact.graphs.items():
         progress.set_description(f"export {artifact.key.value}.{name.value}")
         target.adapt_for_lowering(graph.module, static_shapes)
@@ -225,6 +226,7 @@ def compile_artifacts(prepared: PreparedModel, target: Target, out: Path) -> Art
                 "file": programs[key].name if key in programs else None,
                 "qdq": _qdq_manifest(key, artifact.qdq),
                 "methods": [g.value for g in artifact.graphs],
+                "dynamic_methods": [g.value for g, graph in artifact.graphs.items() if graph.dynamic_shapes is not None],
                 "constant_methods": dict(artifact.constant_methods),
             }
             for key, artifact in prepared.artifacts.items()

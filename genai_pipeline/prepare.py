@@ -38,8 +38,8 @@ class PrepareOptions:
     # None: LONG_PREFILL_CHUNKS x prefill_len where the cache holds it; 0: none
     long_prefill_len: int | None = None
     # Tokens per `verify` call, an extra method returning the logits after EVERY token ([1, N,
-    # vocab]) for lookahead decoding (the last accepted token + up to N - 1 drafts); 0: none.
-    # Static length in every mode (see _graphs).
+    # vocab]) for lookahead decoding (the last accepted token + up to N - 1 drafts), of any length
+    # up to N; 0: none.
     verify_len: int = 0
     checkpoint: Path | None = None  # local checkpoint folder (the entry's format); None: the entry's shipped weights, else random
     seed: int = 0  # for random weights
@@ -144,12 +144,11 @@ def _graphs(decoder: Decoder, options: PrepareOptions) -> dict[GraphName, GraphB
     if options.verify_len:
         # Lookahead decoding checks drafted tokens in one call and needs the logits at every one
         # of them. Same wrapped decoder: the weights and the KV cache stay shared with the others.
-        # Static length in every mode (drafts are padded): in a dynamic-length 8da4w graph each
-        # row's logits depend on the other rows of the call (SmolLM2-135M: up to 1.3 off one
-        # token at a time; the activations' dynamic quantization, it seems), in a static one they
-        # do not (4e-6), and only then are the tokens those of plain decoding.
+        # Any length up to its own, so a call costs what its rows cost (not all N's): the drafter
+        # sizes its drafts by those costs (runtime/lookahead.py).
         every_row = DecoderGraph(decoder, last_only=False)
-        graphs[GraphName.VERIFY] = GraphBundle(GraphName.VERIFY, every_row, (tokens(options.verify_len), pos))
+        graphs[GraphName.VERIFY] = GraphBundle(GraphName.VERIFY, every_row, (tokens(2), pos),
+                                               dynamic_shapes=({1: Dim("drafts", min=1, max=options.verify_len)}, None))
     return graphs
 
 

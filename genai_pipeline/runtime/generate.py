@@ -3,7 +3,8 @@ lookahead, several at once (see lookahead.py).
 
 It drives anything with `prefill(tokens) -> logits` and `step(token) -> logits`: a program
 session, or the eager model (for parity checks); lookahead also needs `verify(tokens) -> logits
-[T, vocab]`, `can_verify(n)` and the cursor `pos`.
+[T, vocab]`, `can_verify(n)`, `verify_rows(n)` (the rows a verify call of n tokens computes) and
+the cursor `pos`.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import numpy as np
 import torch
 
 from genai_pipeline.errors import InputError
-from genai_pipeline.runtime.lookahead import LookaheadOptions, NgramDrafter
+from genai_pipeline.runtime.lookahead import DraftSizer, LookaheadOptions, NgramDrafter
 
 
 class Steppable(Protocol):
@@ -167,7 +168,9 @@ class _Lookahead:
 
     def __init__(self, options: LookaheadOptions, context: list[int]):
         self.drafter = NgramDrafter(options, context)
+        self.sizer = DraftSizer(options.draft_len)
         self.rows: list[tuple[int, torch.Tensor]] = []  # (draft token, logits after it), in order
+        self.drafted = 0  # tokens the last verify call checked
         self.kept: int | None = None  # drafted tokens kept since the last verify call (None: none yet)
 
     def drop(self, model) -> None:
@@ -186,19 +189,26 @@ class _Lookahead:
         self.drop(model)
         if self.kept is not None:
             self.drafter.accepted(self.kept)
+            self.sizer.verified(self.drafted, self.kept)
             self.kept = None
         # k drafted tokens give up to k + 1 tokens: never feed more than plain decoding would.
         draft = self.drafter.draft(remaining - 1)
         while draft and not model.can_verify(1 + len(draft)):  # the context's end, or a verify length
             draft = draft[:-1]
+        if draft:
+            draft = draft[: self.sizer.size(len(draft), model.verify_rows)]
         result.decode_calls += 1
-        if not draft:
-            return model.step(token)
         start = time.perf_counter()
+        if not draft:
+            logits = model.step(token)
+            self.sizer.timed(1, time.perf_counter() - start)
+            return logits
         rows = model.verify([token, *draft])
-        result.verify_seconds += time.perf_counter() - start
+        seconds = time.perf_counter() - start
+        self.sizer.timed(model.verify_rows(1 + len(draft)), seconds)
+        result.verify_seconds += seconds
         self.rows = list(zip(draft, rows[1:]))
-        self.kept = 0
+        self.drafted, self.kept = len(draft), 0
         result.verify_calls += 1
         result.drafted += len(draft)
         return rows[0]

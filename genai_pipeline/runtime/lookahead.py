@@ -20,6 +20,7 @@ causal attention never reads positions past the cursor (they are overwritten).
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import dataclass
 
 from genai_pipeline.errors import InputError
@@ -80,6 +81,57 @@ class NgramDrafter:
         else:
             self.backoff = min(2 * self.backoff or 1, self.options.max_backoff)
             self.skip = self.backoff
+
+
+class DraftSizer:
+    """How many of a draft's tokens one verify call checks: the number that gives the most tokens
+    per second, from what calls of each length have cost and how often each draft position was
+    kept. Where rows cost little (a Xeon's AMX) that is the whole draft; where each row costs nearly
+    a decode step (AVX2's 4-bit kernels: 3 rows cost 1.8 steps, 8 rows 4.3) it is the short drafts,
+    longer ones only while the text is being copied (bench/README: "Drafts sized by what a verify
+    call costs"). A verify of one length only (padded, older exports) costs the same for any: the
+    whole draft. Pausing after misses is the drafter's back-off, not this."""
+
+    RECENT = 5  # calls of each length whose median time is its cost
+    DECAY = 0.8  # per verify call: acceptance follows the text's recent run of copying or not
+    PRIOR = 0.75  # a position never checked yet: SmolLM2's traces kept 0.7-0.95 of each after a match
+
+    def __init__(self, max_drafts: int):
+        self.seconds: dict[int, list[float]] = {}  # rows of a call -> its recent times
+        self.tried = [0.0] * max_drafts  # per draft position i: calls that checked it with 1..i-1 kept
+        self.kept = [0.0] * max_drafts  # of those, the calls that kept it too
+
+    def timed(self, rows: int, seconds: float) -> None:
+        recent = self.seconds.setdefault(rows, [])
+        recent.append(seconds)
+        del recent[: -self.RECENT]
+
+    def verified(self, drafted: int, kept: int) -> None:
+        self.tried = [t * self.DECAY for t in self.tried]
+        self.kept = [k * self.DECAY for k in self.kept]
+        for i in range(min(kept + 1, drafted)):
+            self.tried[i] += 1
+            self.kept[i] += i < kept
+
+    def cost(self, rows: int) -> float | None:
+        """Seconds a call of `rows` takes: measured, or a shorter call's (optimistic, so each length
+        gets tried when it would be best); None before any call."""
+        known = [r for r in self.seconds if r <= rows] or sorted(self.seconds)[:1]
+        return statistics.median(self.seconds[max(known)]) if known else None
+
+    def size(self, drafted: int, rows_of) -> int:
+        """How many of `drafted` tokens to check; `rows_of(n)`: the rows a verify call of n tokens
+        computes (the last token and n - 1 drafts, and a static verify's padding)."""
+        best, best_rate, reach, expected = drafted, 0.0, 1.0, 1.0
+        if not self.seconds:
+            return best
+        for n in range(1, drafted + 1):
+            reach *= (self.kept[n - 1] + self.PRIOR) / (self.tried[n - 1] + 1.0)
+            expected += reach
+            rate = expected / self.cost(rows_of(n + 1))
+            if rate > best_rate:
+                best, best_rate = n, rate
+        return best
 
 
 def lookahead_options(draft_len: int, session) -> LookaheadOptions:

@@ -83,9 +83,11 @@ class DecoderSession:
         self.program = load_program(path, expected["bytes"], expected["sha256"] if verify else None)
         with native_logs_hidden():
             self._methods = {name: self.program.load_method(name.value) for name in self.mode.graphs}
-            # `verify` (exported with --verify-len): every token's logits, for lookahead decoding.
-            # Its input length is fixed: shorter drafts are padded at the end, as a prefill chunk.
+            # `verify` (exported with --verify-len): every token's logits, for lookahead decoding; of
+            # any length up to verify_len, or (older exports) of that length only: shorter
+            # drafts are padded at the end, as a prefill chunk.
             self.verify_len = self._load_optional(GraphName.VERIFY)
+            self.verify_padded = GraphName.VERIFY.value not in entry.get("dynamic_methods", ())
             # `prefill_long` (hybrid, --long-prefill-len N): chunks of 1 to N tokens
             self.long_prefill_len = self._load_optional(GraphName.PREFILL_LONG)
         self.pos = 0
@@ -175,10 +177,14 @@ class DecoderSession:
         self.pos += 1
         return logits
 
+    def verify_rows(self, n: int) -> int:
+        """The rows a `verify` call of `n` tokens computes (its padding included)."""
+        return self.verify_len if self.verify_padded else n
+
     def can_verify(self, n: int) -> bool:
         """Whether one `verify` call takes `n` tokens at the cursor. It writes cache rows for its
-        padding too, so all `verify_len` rows must fit the cache."""
-        return 1 <= n <= self.verify_len and self.pos + self.verify_len <= self.max_seq_len
+        padding too, so all its rows must fit the cache."""
+        return 1 <= n <= self.verify_len and self.pos + self.verify_rows(n) <= self.max_seq_len
 
     def verify(self, tokens: list[int]) -> torch.Tensor:
         """Feed `tokens` at the cursor in one call; returns the logits after every one, [T, vocab].
@@ -188,7 +194,7 @@ class DecoderSession:
             raise InputError(f"{len(tokens)} tokens at position {self.pos} do not fit one verify call "
                              f"(verify length {self.verify_len}, context {self.max_seq_len})")
         n = len(tokens)
-        padded = tokens + [0] * (self.verify_len - n)
+        padded = tokens + [0] * (self.verify_rows(n) - n)
         inputs = [torch.tensor([padded], dtype=torch.long), torch.tensor([self.pos], dtype=torch.long)]
         out = self._methods[GraphName.VERIFY].execute(inputs)[0]
         self.pos += n
@@ -227,6 +233,9 @@ class EagerSession:
 
     def can_verify(self, n: int) -> bool:
         return 1 <= n <= self.verify_len and self.pos + n <= self.max_seq_len
+
+    def verify_rows(self, n: int) -> int:
+        return n
 
     def verify(self, tokens: list[int]) -> torch.Tensor:
         return self.score(tokens)

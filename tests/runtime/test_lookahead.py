@@ -8,7 +8,7 @@ import torch
 
 from genai_pipeline.errors import InputError
 from genai_pipeline.runtime.generate import Sampler, SamplingOptions, generate
-from genai_pipeline.runtime.lookahead import LookaheadOptions, NgramDrafter
+from genai_pipeline.runtime.lookahead import DraftSizer, LookaheadOptions, NgramDrafter
 
 
 class Contextual:
@@ -48,6 +48,9 @@ class Contextual:
 
     def can_verify(self, n):
         return 1 <= n <= self.verify_len and self.pos + n <= self.max_seq_len
+
+    def verify_rows(self, n):
+        return n
 
     def verify(self, tokens):
         self.calls["verify"] += 1
@@ -114,6 +117,46 @@ def test_a_miss_pauses_drafting_longer_each_time():
     assert [drafter.draft(5) for _ in range(3)] == [[], [], [2, 1]]
     drafter.accepted(1)  # a hit resets the pause
     assert drafter.draft(5) == [2, 1]
+
+
+# Seconds a call of 1..8 rows took on the AVX2 host (a 4-bit program, bench/README): 3 rows cost
+# what 2 do, 6 what 4 and 5 do, 7 and 8 half as much again.
+AVX2 = [1.00, 1.68, 1.81, 2.65, 2.89, 2.99, 4.30, 4.31]
+
+
+def sizer_with(costs, history=()):
+    sizer = DraftSizer(7)
+    for rows, seconds in enumerate(costs, 1):
+        sizer.timed(rows, seconds)
+    for drafted, kept in history:
+        sizer.verified(drafted, kept)
+    return sizer
+
+
+def test_drafts_are_checked_whole_where_rows_cost_little():
+    assert sizer_with([1.0 + 0.04 * rows for rows in range(8)]).size(7, lambda n: n) == 7
+    assert DraftSizer(7).size(7, lambda n: n) == 7  # nothing timed yet
+
+
+def test_where_each_row_costs_nearly_a_step_the_drafts_that_pay_are_checked():
+    rows = lambda n: n  # noqa: E731
+    assert sizer_with(AVX2).size(7, rows) == 2  # 3 rows at 1.81: kept 3 in 4 a position, they pay best
+    assert sizer_with(AVX2, [(7, 7)] * 10).size(7, rows) == 5  # copying: 6 rows at 2.99 beat 8 at 4.31
+    assert sizer_with(AVX2, [(7, 7)] * 10).size(3, rows) == 2  # a short draft: 4 rows cost more than 3
+    assert sizer_with(AVX2, [(7, 7)] * 10).size(7, lambda n: 8) == 7  # a padded verify: all rows paid anyway
+    assert sizer_with(AVX2[:1]).size(7, rows) == 7  # a length never timed costs no more than a step, until it is
+
+
+def test_after_misses_a_short_call_is_chosen():
+    assert sizer_with(AVX2, [(2, 0)] * 10).size(7, lambda n: n) <= 2  # 2 or 3 rows: the least paid for a likely miss
+    assert sizer_with(AVX2, [(2, 0)] * 10).size(7, lambda n: 8) == 7  # padded: any length costs 8 rows
+
+
+def test_a_length_never_timed_costs_what_a_shorter_call_did():
+    sizer = sizer_with([1.0, 2.0])
+    sizer.timed(6, 3.0)
+    assert [sizer.cost(rows) for rows in (1, 2, 5, 6, 8)] == [1.0, 2.0, 2.0, 3.0, 3.0]
+    assert DraftSizer(3).cost(4) is None
 
 
 def test_bad_lookahead_options():

@@ -26,7 +26,7 @@ REFERENCE_MAX_SEQ = 256
 @pytest.fixture(scope="session")
 def export_reference_verify(tmp_path_factory):
     """export_reference_verify(mode, quant=QuantOptions()) -> folder of the reference model with a
-    `verify` method of VERIFY_LEN tokens (static in hybrid mode, dynamic in dynamic mode)."""
+    `verify` method of up to VERIFY_LEN tokens."""
     built: dict[tuple, Path] = {}
 
     def build(mode: str, quant: QuantOptions = QuantOptions()) -> Path:
@@ -117,12 +117,21 @@ def test_verify_logits_are_the_decode_steps_logits(export_reference_verify):
     assert rows.shape == steps.shape and torch.allclose(rows, steps, atol=1e-4, rtol=1e-4)
 
 
-def test_static_verify_is_refused_where_its_padding_would_pass_the_context(export_reference_verify):
+def test_verify_takes_any_length_up_to_its_own_and_never_past_the_context(export_reference_verify):
     session = DecoderSession(export_reference_verify("hybrid", Q4))
-    session.pos = REFERENCE_MAX_SEQ - VERIFY_LEN + 1
-    assert not session.can_verify(2)
+    assert session.manifest["artifacts"]["text_decoder"]["dynamic_methods"] == ["verify"]
+    assert [session.verify_rows(n) for n in (1, 3, VERIFY_LEN)] == [1, 3, VERIFY_LEN]
+    tokens = list(range(40, 40 + 36))
+    session.prefill(tokens[:30])
+    short = session.verify(tokens[30:33])
+    session.pos = 30
+    session.verify_padded = True  # how a program exported with a verify of one length is run
+    assert session.verify_rows(3) == VERIFY_LEN and torch.allclose(session.verify(tokens[30:33]), short, atol=1e-4, rtol=1e-4)
+    session.verify_padded = False
+    session.pos = REFERENCE_MAX_SEQ - 2
+    assert session.can_verify(2) and not session.can_verify(3)
     with pytest.raises(InputError, match="verify"):
-        session.verify([1, 2])
+        session.verify([1, 2, 3])
 
 
 def test_cli_run_with_lookahead(export_reference_verify, export_reference, capsys):

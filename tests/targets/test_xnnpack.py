@@ -91,13 +91,13 @@ def test_rope_swaps_halves_by_a_matmul_only_where_slices_would_end_the_delegate(
     assert (decoder.layers[0].attention.fused is not None) == slices_delegated
 
 
-def test_static_verify_beside_a_dynamic_forward_takes_the_same_weights(tiny_checkpoint):
-    """A dynamic program's `verify` method (static length) is lowered in the same form as `forward`:
-    fused in one and not the other, its weights would be other bytes than `forward`'s, stored and
-    packed twice (the lookahead program of the real SmolLM2-135M grew from 98 to 139 MB)."""
-    methods, _ = lower_tiny(tiny_checkpoint, Mode.DYNAMIC.value, verify_len=4)
-    assert set(methods) == {"forward", "verify"}
-    assert weight_names(methods["verify"]) == weight_names(methods["forward"])
+def test_verify_of_any_length_beside_static_methods_takes_the_same_weights(tiny_checkpoint):
+    """A hybrid program's `verify` (any length up to its own) is lowered in the static methods'
+    form: fused in one and not the other, its weights would be other bytes than `decode`'s, stored
+    and packed twice (the lookahead program of the real SmolLM2-135M once grew from 98 to 139 MB)."""
+    methods, _ = lower_tiny(tiny_checkpoint, Mode.HYBRID.value, verify_len=4)
+    assert {"prefill", "decode", "verify"} <= set(methods)
+    assert weight_names(methods["verify"]) == weight_names(methods["decode"])
 
 
 def test_partition_copied_for_preprocess_shares_its_weights(tiny_eager):
