@@ -114,8 +114,8 @@ class DraftSizer:
             self.kept[i] += i < kept
 
     def cost(self, rows: int) -> float | None:
-        """Seconds a call of `rows` takes: measured, or a shorter call's (optimistic, so each length
-        gets tried when it would be best); None before any call."""
+        """Seconds a call of `rows` takes: measured, else the nearest shorter call's (optimistic, so
+        each length gets tried when it would be best), else the shortest call's; None before any."""
         known = [r for r in self.seconds if r <= rows] or sorted(self.seconds)[:1]
         return statistics.median(self.seconds[max(known)]) if known else None
 
