@@ -5,9 +5,13 @@ token (it comes from prefill). The bandwidth share compares the bytes of weights
 must read (every weight but the token embedding, of which it reads one row) times the decode
 rate with the machine's copy bandwidth, measured here with numpy on every core.
 
-With `lookahead`, each round also generates from the prompt with plain decoding and with lookahead
-decoding, one after the other (same greedy tokens, so the rates compare the same work), and
-reports both rates and the tokens each decode call gave. Lookahead needs text that repeats, so
+With `lookahead`, each round also generates from the prompt with plain decoding and then with
+lookahead decoding replaying plain decoding's text (its sampler returns plain's tokens in turn), so
+the rates compare the same tokens: a near-tie that a verify call rounds the other way (8da4w
+programs, bench/README) would otherwise send lookahead down another text, more or less repetitive,
+and the ratio would compare texts, not decoders. One free lookahead generation after the rounds
+says where its own greedy text first differs. Both rates are reported, and the tokens each decode
+call gave. Lookahead needs text that repeats, so
 `prompt_file` gives the prompt (with `chat`, as a user message through the folder's chat
 template, and generation stops at an end-of-turn token); random ids draft next to nothing.
 """
@@ -143,7 +147,10 @@ def bench(folder: Path, options: BenchOptions) -> dict:
         prefill.append(len(prompt) / (time.perf_counter() - t))
         decode.append(timed_decode(session, greedy_token(logits), options.gen_len))
         if lookahead is not None:
-            rounds.append([_generate(session, prompt, options.gen_len, stop_ids, o) for o in (LookaheadOptions(), lookahead)])
+            plain = _generate(session, prompt, options.gen_len, stop_ids, LookaheadOptions())
+            rounds.append([plain, _generate(session, prompt, options.gen_len, stop_ids, lookahead, _replay(plain, stop_ids))])
+    if lookahead is not None:
+        free = _generate(session, prompt, options.gen_len, stop_ids, lookahead)
     decode_rate = statistics.median(decode[1:])
     # Taken before the bandwidth probe below, whose 512 MB of buffers are not the runtime's.
     peak_rss = peak_rss_mb()
@@ -164,7 +171,7 @@ def bench(folder: Path, options: BenchOptions) -> dict:
         "weight_bytes_per_token": weights,
         "memory_bandwidth_gbs": round(bandwidth, 2),
         "bandwidth_share": round(weights * decode_rate / (bandwidth * 1e9), 4),
-        **({"lookahead": _lookahead_figures(rounds[1:], lookahead)} if lookahead is not None else {}),
+        **({"lookahead": _lookahead_figures(rounds[1:], lookahead, free)} if lookahead is not None else {}),
     }
 
 
@@ -191,21 +198,30 @@ def _prompt(folder: Path, session: DecoderSession, options: BenchOptions) -> tup
     return chat.render((Message("user", text),)), stop_ids
 
 
-def _generate(session: DecoderSession, prompt: list[int], gen_len: int, stop_ids, lookahead: LookaheadOptions):
+def _generate(session: DecoderSession, prompt: list[int], gen_len: int, stop_ids, lookahead: LookaheadOptions, sampler=greedy_token):
     session.reset()
-    return generate(session, prompt, gen_len, greedy_token, stop_ids, lookahead=lookahead)
+    return generate(session, prompt, gen_len, sampler, stop_ids, lookahead=lookahead)
 
 
-def _lookahead_figures(rounds: list, options: LookaheadOptions) -> dict:
-    """Medians over rounds of (plain, lookahead) generations of the same greedy tokens."""
+def _replay(plain, stop_ids):
+    """A sampler that returns `plain`'s tokens in turn (and the end of turn where it stopped)."""
+    tokens = iter([*plain.tokens, *stop_ids[:1]])
+    return lambda logits: next(tokens)
+
+
+def _lookahead_figures(rounds: list, options: LookaheadOptions, free) -> dict:
+    """Medians over rounds of (plain, lookahead replaying plain's tokens) generations; `free`: a
+    lookahead generation that chose its own greedy tokens."""
     plain = [p.decode_tokens_per_s for p, _ in rounds]
     ahead = [a.decode_tokens_per_s for _, a in rounds]
     plain_last, last = rounds[-1]
     # Greedy lookahead gives plain decoding's tokens when `verify` computes decode's logits. In
-    # 8da4w programs the two kernel shapes may round differently, and dynamic activation
-    # quantization amplifies that (SmolLM2-135M: up to ~1.5 in a logit, at some positions):
+    # 8da4w programs the two call lengths may round differently, and dynamic activation
+    # quantization amplifies that (SmolLM2-135M: up to ~1 in a logit, at some positions):
     # then a near-tie can go the other way. Reported, not hidden.
-    same = next((i for i, (p, a) in enumerate(zip(plain_last.tokens, last.tokens)) if p != a), None)
+    same = next((i for i, (p, a) in enumerate(zip(plain_last.tokens, free.tokens)) if p != a), None)
+    if same is None and len(plain_last.tokens) != len(free.tokens):
+        same = min(len(plain_last.tokens), len(free.tokens))
     return {
         "draft_len": options.draft_len,
         "tokens": len(last.tokens),

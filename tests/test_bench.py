@@ -4,6 +4,7 @@ import json
 
 import numpy as np
 import pytest
+import torch
 
 from conftest import Q4, TINY_MAX_SEQ
 from genai_pipeline.bench import BenchOptions, bench, memory_bandwidth_gbs, weight_bytes_per_token
@@ -66,3 +67,12 @@ def test_bandwidth_probe_copies_every_slice(monkeypatch):
     monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 1, 2}, raising=False)
     assert memory_bandwidth_gbs(megabytes=3, repeats=2) > 0
     assert len(copied) == 6 and sum(copied) == 2 * 3 * 2**20 // 8
+
+
+def test_lookahead_rates_are_measured_on_plain_decodings_tokens():
+    from genai_pipeline.bench import _replay
+    from genai_pipeline.runtime.generate import Generation
+
+    plain = Generation(prompt_tokens=[1], tokens=[5, 6, 7], stop_reason="eos")
+    sampler = _replay(plain, (2, 3))
+    assert [sampler(torch.zeros(9)) for _ in range(4)] == [5, 6, 7, 2]  # then the end of turn that stopped it

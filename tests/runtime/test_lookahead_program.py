@@ -158,7 +158,8 @@ def test_bench_reports_lookahead_figures(export_reference_verify, tmp_path, caps
     args = ["bench", str(folder), "--prompt-file", str(prompt), "--gen-len", "48", "--repeats", "1", "--lookahead", "7", "--json"]
     assert main(args) == 0
     r = json.loads(capsys.readouterr().out)["lookahead"]
-    assert r["draft_len"] == 7 and r["tokens"] == 48 and r["tokens_per_call"] >= 1
+    assert r["draft_len"] == 7 and r["tokens"] == r["plain_tokens"] == 48 and r["tokens_per_call"] >= 1
+    assert r["first_difference"] is None  # the reference program's verify rows are its decode steps'
     assert r["decode_tokens_per_s"] > 0 and r["plain_decode_tokens_per_s"] > 0 and r["accepted"] <= r["drafted"]
     assert r["verify_cost_in_steps"] >= 0  # 0 when no plain step or no verify call ran
 
