@@ -11,9 +11,9 @@ the rates compare the same tokens: a near-tie that a verify call rounds the othe
 programs, bench/README) would otherwise send lookahead down another text, more or less repetitive,
 and the ratio would compare texts, not decoders. One free lookahead generation after the rounds
 says where its own greedy text first differs. Both rates are reported, and the tokens each decode
-call gave. Lookahead needs text that repeats, so
-`prompt_file` gives the prompt (with `chat`, as a user message through the folder's chat
-template, and generation stops at an end-of-turn token); random ids draft next to nothing.
+call gave. Lookahead needs text that repeats, so `prompt_file` gives the prompt (with `chat`, as a
+user message through the folder's chat template, and generation stops at an end-of-turn token);
+random ids draft next to nothing.
 """
 
 from __future__ import annotations

@@ -116,15 +116,17 @@ class DraftSizer:
     def cost(self, rows: int) -> float | None:
         """Seconds a call of `rows` takes: measured, else the nearest shorter call's (optimistic, so
         each length gets tried when it would be best), else the shortest call's; None before any."""
-        known = [r for r in self.seconds if r <= rows] or sorted(self.seconds)[:1]
-        return statistics.median(self.seconds[max(known)]) if known else None
+        if not self.seconds:
+            return None
+        shorter = [r for r in self.seconds if r <= rows]
+        return statistics.median(self.seconds[max(shorter) if shorter else min(self.seconds)])
 
     def size(self, drafted: int, rows_of) -> int:
         """How many of `drafted` tokens to check; `rows_of(n)`: the rows a verify call of n tokens
         computes (the last token and n - 1 drafts, and a static verify's padding)."""
-        best, best_rate, reach, expected = drafted, 0.0, 1.0, 1.0
         if not self.seconds:
-            return best
+            return drafted
+        best, best_rate, reach, expected = drafted, 0.0, 1.0, 1.0
         for n in range(1, drafted + 1):
             reach *= (self.kept[n - 1] + self.PRIOR) / (self.tried[n - 1] + 1.0)
             expected += reach
