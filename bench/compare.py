@@ -610,13 +610,11 @@ def measure(row: dict, work: Path) -> dict:
 # ----------------------------------------------------------------------------- lookahead rows
 
 # SmolLM2-135M-Instruct, the real model (`make test` / `make chat` fetch its GGUF): lookahead needs text
-# that repeats, which random weights never write. Prompts as in tests/runtime/test_lookahead_program.py.
+# that repeats, which random weights never write. The prompts: a grounded task and free chat, of the
+# ones bench/lookahead_drafts.py replays (bench/prompts).
 REAL_SMOLLM2 = ROOT / ".cache" / "SmolLM2-135M-Instruct.Q4_1.gguf"
-LOOKAHEAD_TASKS = {
-    "rewrite": lambda: "Rewrite the following text so that it is easier to read.\n\n"
-                       + (ROOT / "assets" / "reference" / "heldout.txt").read_text(encoding="utf-8")[:600],
-    "free chat": lambda: "Write a short story about a robot who learns to paint.",
-}
+LOOKAHEAD_TASKS = {"rewrite": ROOT / "bench" / "prompts" / "rewrite.txt",
+                   "free chat": ROOT / "bench" / "prompts" / "free-chat.txt"}
 
 
 def lookahead_runs(args, work: Path, problems: list) -> list[dict]:
@@ -642,9 +640,7 @@ def lookahead_runs(args, work: Path, problems: list) -> list[dict]:
             problems.append({"shape": "smollm2-135m", "system": "genai", "variant": f"lookahead {draft_len}", "stage": "export",
                              "reason": last_error_line(e), "detail": str(e)[-3000:]})
             continue
-        for task, text in LOOKAHEAD_TASKS.items():
-            prompt = work / "lookahead" / f"{task.replace(' ', '-')}.txt"
-            prompt.write_text(text(), encoding="utf-8")
+        for task, prompt in LOOKAHEAD_TASKS.items():
             argv = [MAIN_PY, "-m", "genai_pipeline.cli", "bench", out, "--json", "--prompt-file", prompt, "--chat",
                     "--gen-len", args.lookahead_gen_len, "--lookahead", draft_len, "--repeats", 1, "--threads", args.threads]
             runs.append({"id": f"smollm2-135m-genai-lookahead-{draft_len}/{task}", "shape": "smollm2-135m", "system": "genai",

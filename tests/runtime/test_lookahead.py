@@ -108,6 +108,13 @@ def test_drafts_are_what_followed_the_latest_earlier_occurrence():
     assert unseen.draft(10) == []
 
 
+def test_the_longest_earlier_match_drafts_not_the_latest_short_one():
+    # [3, 4] last came before 7, but the whole suffix [1, 2, 3, 4] came before 9
+    context = [1, 2, 3, 4, 9, 9, 5, 5, 5, 5, 3, 4, 7, 7, 1, 2, 3, 4]
+    assert NgramDrafter(LookaheadOptions(draft_len=2), context).draft(10) == [9, 9]
+    assert NgramDrafter(LookaheadOptions(draft_len=2, max_ngram=2), context).draft(10) == [7, 7]
+
+
 def test_a_miss_pauses_drafting_longer_each_time():
     drafter = NgramDrafter(LookaheadOptions(draft_len=2, min_ngram=1, max_backoff=4), [1, 2, 1])
     assert drafter.draft(5) == [2, 1]
