@@ -16,7 +16,7 @@ Variants: each --max-ngram value with the drafts sized (the shipped rule) and, w
 draft checked every call. A choice made here is confirmed in real time with `genai bench --lookahead`.
 
     .venv/bin/python bench/lookahead_drafts.py PROGRAM... [--prompts FILE...] [--gen-len 200]
-        [--max-ngram 3 16] [--whole] [--threads 2] [--json OUT]
+        [--max-ngram 3 16] [--whole] [--threads 2] [--costs EARLIER.json] [--json OUT]
 """
 
 from __future__ import annotations
@@ -113,17 +113,23 @@ def main() -> None:
     p.add_argument("--whole", action="store_true", help="also check whole drafts every call (no sizing)")
     p.add_argument("--position", type=int, default=300, help="where the call costs are measured")
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--costs", type=Path, help="an earlier run's JSON: its measured costs, not new ones (the replay is "
+                   "then deterministic: code versions compare on the same costs)")
     p.add_argument("--json", type=Path)
     args = p.parse_args()
     set_threads(args.threads)
     variants = [(m, whole) for m in args.max_ngram for whole in ((False, True) if args.whole else (False,))]
     names = [f"n{m}{' whole' if whole else ''}" for m, whole in variants]
     report = {"position": args.position, "threads": args.threads, "gen_len": args.gen_len, "programs": {}}
+    earlier = json.loads(args.costs.read_text())["programs"] if args.costs else {}
     for folder in args.programs:
         session = DecoderSession(folder)
         if not session.verify_len:
             sys.exit(f"{folder} has no `verify` method: export it with --verify-len N")
-        costs = call_costs(session, args.position)
+        if folder.name in earlier:
+            costs = {int(k): c for k, c in earlier[folder.name]["costs_in_steps"].items()}
+        else:
+            costs = call_costs(session, args.position)
         print(f"{folder.name}: a call of k tokens costs (decode steps) "
               + ", ".join(f"{k}: {c:.2f}" for k, c in costs.items()), flush=True)
         rows = {}

@@ -170,7 +170,6 @@ class _Lookahead:
         self.drafter = NgramDrafter(options, context)
         self.sizer = DraftSizer(options.draft_len)
         self.rows: list[tuple[int, torch.Tensor]] = []  # (draft token, logits after it), in order
-        self.drafted = 0  # tokens the last verify call checked
         self.kept: int | None = None  # drafted tokens kept since the last verify call (None: none yet)
 
     def drop(self, model) -> None:
@@ -182,6 +181,7 @@ class _Lookahead:
     def next_logits(self, model, token: int, remaining: int, result: Generation) -> torch.Tensor:
         """The logits after the sampled `token`; `remaining`: tokens still to generate after it."""
         self.drafter.extend([token])
+        self.sizer.came(self.drafter.tokens)
         if self.rows and self.rows[0][0] == token:  # drafted right: already in the cache, logits known
             self.kept += 1
             result.accepted += 1
@@ -189,13 +189,13 @@ class _Lookahead:
         self.drop(model)
         if self.kept is not None:
             self.drafter.accepted(self.kept)
-            self.sizer.verified(self.drafted, self.kept)
             self.kept = None
         # k drafted tokens give up to k + 1 tokens: never feed more than plain decoding would.
         draft = self.drafter.draft(remaining - 1)
         while draft and not model.can_verify(1 + len(draft)):  # the context's end, or a verify length
             draft = draft[:-1]
         if draft:
+            self.sizer.drafted(draft, len(self.drafter.tokens))
             draft = draft[: self.sizer.size(len(draft), model.verify_rows)]
         result.decode_calls += 1
         start = time.perf_counter()
@@ -208,7 +208,7 @@ class _Lookahead:
         self.sizer.timed(model.verify_rows(1 + len(draft)), seconds)
         result.verify_seconds += seconds
         self.rows = list(zip(draft, rows[1:]))
-        self.drafted, self.kept = len(draft), 0
+        self.kept = 0
         result.verify_calls += 1
         result.drafted += len(draft)
         return rows[0]

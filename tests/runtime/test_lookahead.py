@@ -159,6 +159,29 @@ def test_after_misses_a_short_call_is_chosen():
     assert sizer_with(AVX2, [(2, 0)] * 10).size(7, lambda n: 8) == 7  # padded: any length costs 8 rows
 
 
+def test_drafts_are_scored_whole_once_their_tokens_come():
+    sizer = DraftSizer(4)
+    sizer.drafted([5, 6, 7, 8], at=2)
+    sizer.came([1, 2, 5, 6])  # right so far, the rest not come yet: undecided
+    assert sizer.tried == [0, 0, 0, 0]
+    sizer.came([1, 2, 5, 6, 7, 9])  # the third right, the fourth missed
+    assert sizer.tried == [1, 1, 1, 1] and sizer.kept == [1, 1, 1, 0] and not sizer.open
+    sizer.drafted([3, 4], at=6)
+    sizer.came([1, 2, 5, 6, 7, 9, 8])  # a miss at once decides it
+    assert sizer.tried == pytest.approx([1.8, 0.8, 0.8, 0.8]) and sizer.kept == pytest.approx([0.8, 0.8, 0.8, 0])
+
+
+def test_short_calls_learn_from_the_unchecked_tail_that_the_text_is_copied():
+    sizer = sizer_with(AVX2, [(7, 2)] * 10)  # drafts kept 2 tokens: calls of 3 rows pay
+    text, at, sizes = list(range(100)), 10, []
+    for _ in range(10):  # now every draft is right, though only its head is checked
+        sizer.drafted(text[at : at + 7], at)
+        sizes.append(sizer.size(7, lambda n: n))
+        at += sizes[-1] + 1
+        sizer.came(text[:at])
+    assert sizes[0] == 2 and sizes[-1] == 5  # 6 rows at 2.99 steps for 6 tokens
+
+
 def test_a_length_never_timed_costs_what_a_shorter_call_did():
     sizer = sizer_with([1.0, 2.0])
     sizer.timed(6, 3.0)
