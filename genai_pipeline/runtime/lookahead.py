@@ -131,10 +131,10 @@ class DraftSizer:
             if kept < len(draft) and at + kept == len(context):
                 still.append((draft, at))
             else:
-                self.verified(len(draft), kept)
+                self.scored(len(draft), kept)
         self.open = still
 
-    def verified(self, drafted: int, kept: int) -> None:
+    def scored(self, drafted: int, kept: int) -> None:
         """A draft of `drafted` tokens whose first `kept` were right."""
         self.tried = [t * self.DECAY for t in self.tried]
         self.kept = [k * self.DECAY for k in self.kept]

@@ -136,7 +136,7 @@ def sizer_with(costs, history=()):
     for rows, seconds in enumerate(costs, 1):
         sizer.timed(rows, seconds)
     for drafted, kept in history:
-        sizer.verified(drafted, kept)
+        sizer.scored(drafted, kept)
     return sizer
 
 
