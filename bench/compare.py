@@ -22,8 +22,8 @@ model's vocab size), then for each system:
 Every ExecuTorch run has OMP_NUM_THREADS=1 (`genai run`/`bench` set it for themselves; see ONE_OMP_THREAD).
 With `--lookahead N ...` (default 7) and the real SmolLM2-135M-Instruct GGUF in .cache/, rows of
 `genai bench --lookahead N` (a program with a `verify` method of up to N + 1 tokens; the drafter checks
-as many drafted tokens as pay on the CPU) on a rewrite prompt and a free-chat prompt join the 8da4w
-SmolLM2 rows.
+as many drafted tokens as pay on the CPU) on a rewrite prompt and a free-chat prompt (bench/prompts) join
+the 8da4w SmolLM2 rows.
 
 Every export/convert/install and every measurement runs in a child process (wall time; peak RSS
 from os.wait4). Measurements go round-robin over all rows, `--repeats` rounds; each child does one
