@@ -36,7 +36,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")  # as genai run / genai bench (REA
 
 import torch  # noqa: E402
 
-from genai_pipeline.bench import BenchOptions, _prompt, _replay  # noqa: E402
+from genai_pipeline.bench import BenchOptions, bench_prompt, replay_sampler  # noqa: E402
 from genai_pipeline.runtime import generate as loop  # noqa: E402
 from genai_pipeline.runtime.lookahead import DraftSizer, LookaheadOptions  # noqa: E402
 from genai_pipeline.runtime.program import set_threads  # noqa: E402
@@ -82,8 +82,7 @@ class CostedReplay:
         self.clock.now += 1.0
         return torch.zeros(1)
 
-    def can_verify(self, n: int) -> bool:
-        return 1 <= n <= self.verify_len and self.pos + self.verify_rows(n) <= self.max_seq_len
+    can_verify = DecoderSession.can_verify  # the session's rule, over this stand-in's cursor
 
     def verify(self, tokens: list[int]) -> torch.Tensor:
         self.pos += len(tokens)
@@ -97,7 +96,7 @@ def replayed(session, costs, prompt, stop_ids, plain, options: LookaheadOptions,
         patches.enter_context(mock.patch.object(loop, "time", SimpleNamespace(perf_counter=lambda: clock.now)))
         if whole:
             patches.enter_context(mock.patch.object(DraftSizer, "size", lambda self, drafted, rows_of: drafted))
-        result = loop.generate(CostedReplay(session, costs, clock), prompt, len(plain.tokens), _replay(plain, stop_ids),
+        result = loop.generate(CostedReplay(session, costs, clock), prompt, len(plain.tokens), replay_sampler(plain, stop_ids),
                                stop_ids, lookahead=options)
     assert result.tokens == plain.tokens
     steps = len(result.tokens) - 1
@@ -133,12 +132,12 @@ def main() -> None:
             costs = call_costs(session, args.position)
         print(f"{folder.name}: a call of k tokens costs (decode steps) "
               + ", ".join(f"{k}: {c:.2f}" for k, c in costs.items()), flush=True)
+        options = [LookaheadOptions(draft_len=session.verify_len - 1, max_ngram=m) for m, _ in variants]
         rows = {}
         for file in args.prompts:
-            prompt, stop_ids = _prompt(folder, session, BenchOptions(prompt_file=file, chat=True))
+            prompt, stop_ids = bench_prompt(folder, session, BenchOptions(prompt_file=file, chat=True))
             session.reset()
             plain = loop.generate(session, prompt, args.gen_len, loop.greedy_token, stop_ids)
-            options = [LookaheadOptions(draft_len=session.verify_len - 1, max_ngram=m) for m, _ in variants]
             rows[file.stem] = {"tokens": len(plain.tokens), **{
                 name: replayed(session, costs, prompt, stop_ids, plain, o, whole)
                 for name, o, (_, whole) in zip(names, options, variants)}}

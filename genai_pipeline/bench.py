@@ -132,7 +132,7 @@ def bench(folder: Path, options: BenchOptions) -> dict:
     start = time.perf_counter()
     session = open_session(Path(folder))
     load_s = time.perf_counter() - start
-    prompt, stop_ids = _prompt(Path(folder), session, options)
+    prompt, stop_ids = bench_prompt(Path(folder), session, options)
     if len(prompt) + options.gen_len > session.max_seq_len:
         what = f"--prompt-len + --gen-len = {len(prompt) + options.gen_len}" if options.prompt_file is None else \
             f"the prompt ({len(prompt)} tokens) + --gen-len {options.gen_len}"
@@ -148,7 +148,7 @@ def bench(folder: Path, options: BenchOptions) -> dict:
         decode.append(timed_decode(session, greedy_token(logits), options.gen_len))
         if lookahead is not None:
             plain = _generate(session, prompt, options.gen_len, stop_ids, LookaheadOptions())
-            rounds.append([plain, _generate(session, prompt, options.gen_len, stop_ids, lookahead, _replay(plain, stop_ids))])
+            rounds.append([plain, _generate(session, prompt, options.gen_len, stop_ids, lookahead, replay_sampler(plain, stop_ids))])
     if lookahead is not None:
         free = _generate(session, prompt, options.gen_len, stop_ids, lookahead)
     decode_rate = statistics.median(decode[1:])
@@ -175,7 +175,7 @@ def bench(folder: Path, options: BenchOptions) -> dict:
     }
 
 
-def _prompt(folder: Path, session: DecoderSession, options: BenchOptions) -> tuple[list[int], tuple[int, ...]]:
+def bench_prompt(folder: Path, session: DecoderSession, options: BenchOptions) -> tuple[list[int], tuple[int, ...]]:
     """The prompt's ids, and the ids that end generation (only for a chat prompt)."""
     if options.prompt_file is None:
         vocab = session.manifest["config"]["vocab_size"]
@@ -203,7 +203,7 @@ def _generate(session: DecoderSession, prompt: list[int], gen_len: int, stop_ids
     return generate(session, prompt, gen_len, sampler, stop_ids, lookahead=lookahead)
 
 
-def _replay(plain, stop_ids):
+def replay_sampler(plain, stop_ids):
     """A sampler that returns `plain`'s tokens in turn (and the end of turn where it stopped)."""
     tokens = iter([*plain.tokens, *stop_ids[:1]])
     return lambda logits: next(tokens)

@@ -70,9 +70,9 @@ def test_bandwidth_probe_copies_every_slice(monkeypatch):
 
 
 def test_lookahead_rates_are_measured_on_plain_decodings_tokens():
-    from genai_pipeline.bench import _replay
+    from genai_pipeline.bench import replay_sampler
     from genai_pipeline.runtime.generate import Generation
 
     plain = Generation(prompt_tokens=[1], tokens=[5, 6, 7], stop_reason="eos")
-    sampler = _replay(plain, (2, 3))
+    sampler = replay_sampler(plain, (2, 3))
     assert [sampler(torch.zeros(9)) for _ in range(4)] == [5, 6, 7, 2]  # then the end of turn that stopped it

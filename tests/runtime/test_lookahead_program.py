@@ -58,11 +58,11 @@ def assert_lookahead_is_lossless(folder: Path, prompts: list[str], max_new_token
     results = []
     for text in prompts:
         if chat:
-            from genai_pipeline.bench import BenchOptions, _prompt
+            from genai_pipeline.bench import BenchOptions, bench_prompt
 
-            file = Path(folder) / ".lookahead_prompt.txt"  # _prompt reads a file, as genai bench does
+            file = Path(folder) / ".lookahead_prompt.txt"  # bench_prompt reads a file, as genai bench does
             file.write_text(text, encoding="utf-8")
-            prompt, eos = _prompt(Path(folder), session, BenchOptions(prompt_file=file, chat=True))
+            prompt, eos = bench_prompt(Path(folder), session, BenchOptions(prompt_file=file, chat=True))
             file.unlink()
         else:
             prompt = tokenizer.encode(text)
