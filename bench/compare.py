@@ -23,7 +23,9 @@ Every ExecuTorch run has OMP_NUM_THREADS=1 (`genai run`/`bench` set it for thems
 With `--lookahead N ...` (default 7) and the real SmolLM2-135M-Instruct GGUF in .cache/, rows of
 `genai bench --lookahead N` (a program with a `verify` method of up to N + 1 tokens; the drafter checks
 as many drafted tokens as pay on the CPU) on a rewrite prompt and a free-chat prompt (bench/prompts) join
-the 8da4w SmolLM2 rows.
+the 8da4w SmolLM2 rows. Decode slows as the context grows, so those rows are judged against the peers'
+runs of the same prompt (its ids under the model's chat template) and as many decode steps, in rows
+marked with the task ("2 thr flash-attn: rewrite"), not against the --prompt-len rows.
 
 Every export/convert/install and every measurement runs in a child process (wall time; peak RSS
 from os.wait4). Measurements go round-robin over all rows, `--repeats` rounds; each child does one
@@ -398,10 +400,13 @@ def export_ortgenai(model, args, out: Path, work: Path, inst: dict) -> dict:
 
 # ----------------------------------------------------------------------------- stage 4: measurements
 
-def prompt_ids(vocab: int, n: int) -> list[int]:
-    import torch  # as genai bench draws them
+def prompt_ids(vocab: int, prompt: str) -> list[int]:
+    """`prompt`: a count of seeded random ids (as genai bench draws them), or a JSON file of a task's ids."""
+    if not prompt.isdigit():
+        return json.loads(Path(prompt).read_text())
+    import torch
 
-    return torch.randint(1, vocab, (n,), generator=torch.Generator().manual_seed(0)).tolist()
+    return torch.randint(1, vocab, (int(prompt),), generator=torch.Generator().manual_seed(0)).tolist()
 
 
 def timed_rounds(prefill, step, reset, prompt: list[int], gen_len: int) -> dict:
@@ -418,12 +423,13 @@ def timed_rounds(prefill, step, reset, prompt: list[int], gen_len: int) -> dict:
     return {"prefill_tokens_per_s": round(prefill_rate, 1), "decode_tokens_per_s": round(decode_rate, 1)}
 
 
-def worker_run_llamacpp(path: str, vocab: int, prompt_len: int, gen_len: int, threads: int, flash_attn: bool) -> None:
+def worker_run_llamacpp(path: str, vocab: int, prompt: str, gen_len: int, threads: int, flash_attn: bool) -> None:
     import numpy as np
     from llama_cpp import Llama
 
+    ids = prompt_ids(vocab, prompt)
     t = time.perf_counter()
-    llm = Llama(model_path=path, n_ctx=prompt_len + gen_len + 8, n_batch=512, n_ubatch=512, n_threads=threads,
+    llm = Llama(model_path=path, n_ctx=len(ids) + gen_len + 8, n_batch=512, n_ubatch=512, n_threads=threads,
                 n_threads_batch=threads, flash_attn=flash_attn, verbose=False)
     load_s = time.perf_counter() - t
 
@@ -440,11 +446,11 @@ def worker_run_llamacpp(path: str, vocab: int, prompt_len: int, gen_len: int, th
         llm.eval([token])
         return int(np.argmax(last_logits()))
 
-    rates = timed_rounds(prefill, step, llm.reset, prompt_ids(vocab, prompt_len), gen_len)
+    rates = timed_rounds(prefill, step, llm.reset, ids, gen_len)
     print(json.dumps({"load_s": round(load_s, 3), **rates}))
 
 
-def worker_run_optimum(path: str, vocab: int, prompt_len: int, gen_len: int, threads: int) -> None:
+def worker_run_optimum(path: str, vocab: int, prompt: str, gen_len: int, threads: int) -> None:
     import torch
     from executorch.extension.pybindings import portable_lib
     from executorch.kernels import quantized  # noqa: F401  the quantized ops' kernels, as optimum's runner loads them
@@ -468,7 +474,7 @@ def worker_run_optimum(path: str, vocab: int, prompt_len: int, gen_len: int, thr
     def reset():  # the KV cache is overwritten from position 0 on; attention is masked by position
         pos[0] = 0
 
-    rates = timed_rounds(forward, lambda token: forward([token]), reset, prompt_ids(vocab, prompt_len), gen_len)
+    rates = timed_rounds(forward, lambda token: forward([token]), reset, prompt_ids(vocab, prompt), gen_len)
     print(json.dumps({"load_s": round(load_s, 3), **rates}))
 
 
@@ -517,7 +523,7 @@ def worker_run_textllm(path: str, tokenizer_json: str, prompt_len: int, gen_len:
     os.write(out, (json.dumps(result) + "\n").encode())
 
 
-def worker_run_ortgenai(folder: str, vocab: int, prompt_len: int, gen_len: int, threads: int) -> None:
+def worker_run_ortgenai(folder: str, vocab: int, prompt: str, gen_len: int, threads: int) -> None:
     """onnxruntime-genai's generator loop: append_tokens runs the prompt, each generate_next_token after
     the first (which samples prefill's logits) runs one decode step; greedy, EOS held off by min_length."""
     config_path = Path(folder) / "genai_config.json"
@@ -531,16 +537,16 @@ def worker_run_ortgenai(folder: str, vocab: int, prompt_len: int, gen_len: int, 
     t = time.perf_counter()
     model = og.Model(folder)
     load_s = time.perf_counter() - t
-    prompt = prompt_ids(vocab, prompt_len)
-    total = prompt_len + gen_len + 1
+    ids = prompt_ids(vocab, prompt)
+    total = len(ids) + gen_len + 1
     for _ in range(2):  # a warm-up round, then the timed one
         params = og.GeneratorParams(model)
         params.set_search_options(max_length=total, min_length=total, do_sample=False)
         generator = og.Generator(model, params)
         t = time.perf_counter()
-        generator.append_tokens(prompt)
+        generator.append_tokens(ids)
         generator.generate_next_token()  # samples prefill's logits: the first token
-        prefill_rate = prompt_len / (time.perf_counter() - t)
+        prefill_rate = len(ids) / (time.perf_counter() - t)
         t = time.perf_counter()
         for _ in range(gen_len):
             generator.generate_next_token()
@@ -556,11 +562,15 @@ def worker_run_ortgenai(folder: str, vocab: int, prompt_len: int, gen_len: int, 
 ONE_OMP_THREAD = {"OMP_NUM_THREADS": "1"}
 
 
-def runs_of(variant: dict, args) -> list[dict]:
-    """The ways one exported variant is run: each is a row of the table."""
-    v, n = variant, [args.prompt_len, args.gen_len]
+def runs_of(variant: dict, args, task: tuple[str, Path] | None = None) -> list[dict]:
+    """The ways one exported variant is run: each is a row of the table. With `task` (a lookahead row's task
+    and a file of its prompt's ids), a peer's runs that take ids run that prompt and --lookahead-gen-len
+    steps: the decode rate, at the same positions, that the lookahead rows of the task are judged by."""
+    v, n = variant, ([args.prompt_len, args.gen_len] if task is None else [task[1], args.lookahead_gen_len])
     here = {"cwd": str(ROOT), "env": {}}
-    if v["system"] == "genai":
+    if task is not None and v["system"] == "genai":
+        runs = []  # the lookahead rows measure plain decoding of the task beside lookahead
+    elif v["system"] == "genai":
         src = v["genai_src"]
         runs = [("genai bench", args.threads, [MAIN_PY, "-m", "genai_pipeline.cli", "bench", Path(v["file"]).parent, "--json",
                                                "--prompt-len", args.prompt_len, "--gen-len", args.gen_len, "--repeats", 1,
@@ -581,8 +591,11 @@ def runs_of(variant: dict, args) -> list[dict]:
     else:
         runs = [("generator loop", args.threads, [v["python"], __file__, "_run-ortgenai", Path(v["file"]).parent,
                                                   v["vocab"], *n, args.threads], here)]
-    return [{**v, "id": f"{v['id']}/{name}", "runner": name, "threads": t, "argv": argv, "run_in": where}
-            for name, t, argv, where in runs]
+    if task is None:
+        return [{**v, "id": f"{v['id']}/{name}", "runner": name, "threads": t, "argv": argv, "run_in": where}
+                for name, t, argv, where in runs]
+    return [{**v, "id": f"{v['id']}/{name}/{task[0]}", "runner": f"{name}: {task[0]}", "task": task[0], "threads": t,
+             "argv": argv, "run_in": where} for name, t, argv, where in runs if name != "TextLLMRunner"]  # it takes text
 
 
 def measure(row: dict, work: Path) -> dict:
@@ -617,17 +630,33 @@ LOOKAHEAD_TASKS = {"rewrite": ROOT / "bench" / "prompts" / "rewrite.txt",
                    "free chat": ROOT / "bench" / "prompts" / "free-chat.txt"}
 
 
-def lookahead_runs(args, work: Path, problems: list) -> list[dict]:
+def task_prompt_ids(folder: Path, work: Path) -> dict[str, Path]:
+    """Each lookahead task's prompt as the ids `genai bench --prompt-file --chat` runs (the model's chat
+    template), in a JSON file: the peers run the same ids (their random-weight models share the vocabulary)."""
+    from genai_pipeline.bench import BenchOptions, bench_prompt
+    from genai_pipeline.runtime.session import open_session
+
+    session, files = open_session(folder), {}
+    for task, prompt in LOOKAHEAD_TASKS.items():
+        ids, _ = bench_prompt(folder, session, BenchOptions(prompt_file=prompt, chat=True))
+        files[task] = work / "lookahead" / "tasks" / f"{task.replace(' ', '-')}.json"
+        files[task].parent.mkdir(parents=True, exist_ok=True)
+        files[task].write_text(json.dumps(ids))
+    return files
+
+
+def lookahead_runs(args, work: Path, problems: list) -> tuple[list[dict], dict[str, Path]]:
     """genai bench --lookahead N on the real SmolLM2-135M-Instruct, 8da4w dynamic with a `verify` method of
     up to N + 1 tokens, per N in --lookahead and per task: plain and lookahead decoding of the same prompt
-    alternate in one process. Its rows sit in the smollm2-135m 8da4w class: the same shapes as the
-    random-weight model the peers run."""
+    alternate in one process. Its rows sit in the smollm2-135m 8da4w class (the same shapes as the
+    random-weight model the peers run) and are judged against the peers' runs of the same task's ids.
+    Returns the runs and the tasks' id files."""
     if not REAL_SMOLLM2.exists():
         problems.append({"shape": "smollm2-135m", "system": "genai", "variant": "lookahead", "stage": "model",
                          "reason": f"{REAL_SMOLLM2} missing (make test fetches it)"})
-        return []
+        return [], {}
     src = genai_source(args.genai_ref, work)
-    runs = []
+    runs, tasks = [], {}
     for draft_len in args.lookahead:
         verify_len = draft_len + 1
         out = work / "lookahead" / f"genai-{src['key'][:8]}-smollm2-135m-instruct-8da4w-dynamic-verify{verify_len}"
@@ -640,15 +669,16 @@ def lookahead_runs(args, work: Path, problems: list) -> list[dict]:
             problems.append({"shape": "smollm2-135m", "system": "genai", "variant": f"lookahead {draft_len}", "stage": "export",
                              "reason": last_error_line(e), "detail": str(e)[-3000:]})
             continue
+        tasks = tasks or task_prompt_ids(out, work)
         for task, prompt in LOOKAHEAD_TASKS.items():
             argv = [MAIN_PY, "-m", "genai_pipeline.cli", "bench", out, "--json", "--prompt-file", prompt, "--chat",
                     "--gen-len", args.lookahead_gen_len, "--lookahead", draft_len, "--repeats", 1, "--threads", args.threads]
             runs.append({"id": f"smollm2-135m-genai-lookahead-{draft_len}/{task}", "shape": "smollm2-135m", "system": "genai",
                          "recipe_class": "8da4w", "variant": "8da4w/dynamic real", "runner": f"lookahead {draft_len}: {task}",
-                         "threads": args.threads, "file_mb": round(Path(rec["file"]).stat().st_size / 2**20, 1),
+                         "task": task, "threads": args.threads, "file_mb": round(Path(rec["file"]).stat().st_size / 2**20, 1),
                          "export_s": rec["export_s"], "export_peak_rss_mb": rec["export_peak_rss_mb"], "argv": argv,
                          "run_in": src})
-    return runs
+    return runs, tasks
 
 
 # ----------------------------------------------------------------------------- driver
@@ -729,7 +759,7 @@ def summarize(rows_in: list[dict], samples: dict) -> list[dict]:
     for v in rows_in:
         got = samples.get(v["id"], [])
         ok = [s for s in got if "error" not in s]
-        row = {k: v.get(k) for k in ("shape", "system", "recipe_class", "variant", "runner", "threads", "file_mb",
+        row = {k: v.get(k) for k in ("shape", "system", "recipe_class", "variant", "runner", "task", "threads", "file_mb",
                                      "export_s", "export_peak_rss_mb")}
         if ok:
             for key in ("prefill_tokens_per_s", "decode_tokens_per_s", "load_s", "run_peak_rss_mb"):
@@ -751,16 +781,20 @@ def summarize(rows_in: list[dict], samples: dict) -> list[dict]:
             row["run_error"] = errors[0]
         rows.append(row)
     # ours / the best peer row (any system but genai, any runner or thread setting: each peer at its
-    # best), within one shape and one recipe class
+    # best), within one shape and one recipe class, on the same task (a lookahead row's prompt) or none
     for row in rows:
         if row["system"] != "genai":
             continue
         peers = [r for r in rows if r["system"] != "genai" and r["shape"] == row["shape"]
-                 and r["recipe_class"] == row["recipe_class"]]
+                 and r["recipe_class"] == row["recipe_class"] and r["task"] == row["task"]]
         ratios = {}
-        for key, better in (("prefill_tokens_per_s", max), ("decode_tokens_per_s", max), ("file_mb", min),
-                            ("export_s", min), ("export_peak_rss_mb", min), ("run_peak_rss_mb", min)):
-            vals = [(r[key], r) for r in peers if r.get(key)]
+        for key, peer_key, better in (("prefill_tokens_per_s", "prefill_tokens_per_s", max),
+                                      ("decode_tokens_per_s", "decode_tokens_per_s", max),
+                                      ("plain_decode_tokens_per_s", "decode_tokens_per_s", max),  # a lookahead row's
+                                      ("file_mb", "file_mb", min), ("export_s", "export_s", min),
+                                      ("export_peak_rss_mb", "export_peak_rss_mb", min),
+                                      ("run_peak_rss_mb", "run_peak_rss_mb", min)):
+            vals = [(r[peer_key], r) for r in peers if r.get(peer_key)]
             if vals and row.get(key):
                 val, who = better(vals, key=lambda x: x[0])
                 ratios[key] = {"ratio": ratio(row[key], val), "best_peer": f"{who['system']} {who['variant']} {who['runner']}"}
@@ -769,14 +803,14 @@ def summarize(rows_in: list[dict], samples: dict) -> list[dict]:
 
 
 def print_table(rows: list[dict], problems: list[dict]) -> None:
-    head = (f"{'shape':<13} {'system':<9} {'variant':<19} {'runner':<17} {'file MB':>8} {'export s':>8} {'exp RSS':>8} "
+    head = (f"{'shape':<13} {'system':<9} {'variant':<19} {'runner':<27} {'file MB':>8} {'export s':>8} {'exp RSS':>8} "
             f"{'prefill t/s':>11} {'decode t/s':>10} {'load s':>7} {'run RSS':>8}  {'prefill/best':>12} {'decode/best':>11}")
     print("\n" + head + "\n" + "-" * len(head))
     for r in rows:
         vs = r.get("vs_best_peer", {})
         fmt = lambda k: f"{vs[k]['ratio']:.2f}" if k in vs and vs[k]["ratio"] is not None else "-"
         num = lambda k, w, p=1: f"{r[k]:>{w}.{p}f}" if r.get(k) is not None else f"{'-':>{w}}"
-        print(f"{r['shape']:<13} {r['system']:<9} {r['variant']:<19} {r['runner']:<17} {num('file_mb', 8)} {num('export_s', 8)} "
+        print(f"{r['shape']:<13} {r['system']:<9} {r['variant']:<19} {r['runner']:<27} {num('file_mb', 8)} {num('export_s', 8)} "
               f"{num('export_peak_rss_mb', 8, 0)} {num('prefill_tokens_per_s', 11)} {num('decode_tokens_per_s', 10)} "
               f"{num('load_s', 7, 2)} {num('run_peak_rss_mb', 8, 0)}  {fmt('prefill_tokens_per_s'):>12} "
               f"{fmt('decode_tokens_per_s'):>11}" + (f"  run failed: {r['run_error'][:80]}" if r.get("run_error") else ""))
@@ -789,8 +823,10 @@ def print_table(rows: list[dict], problems: list[dict]) -> None:
                       f"{r['vs_best_peer'][key]['best_peer']}")
     for r in rows:
         if r.get("speedup") is not None:
+            plain = r.get("vs_best_peer", {}).get("plain_decode_tokens_per_s")
             print(f"{r['shape']} genai {r['runner']}: {r['decode_tokens_per_s']} tok/s vs plain {r['plain_decode_tokens_per_s']} "
-                  f"in the same process ({r['speedup']:.2f}x), {r['tokens_per_call']:.2f} tokens per call, "
+                  f"in the same process ({r['speedup']:.2f}x; plain / best peer on the same prompt: "
+                  f"{plain['ratio'] if plain else '-'}), {r['tokens_per_call']:.2f} tokens per call, "
                   f"first token differing from plain decoding: {r['first_difference']}")
     for r in rows:
         if r.get("bandwidth_share") is not None:
@@ -886,7 +922,9 @@ def main() -> None:
     runs = [run for v in variants for run in runs_of(v, args)]
     args.lookahead = [n for n in args.lookahead if n > 0]
     if args.lookahead and "genai" in args.systems and "smollm2-135m" in args.shapes and "8da4w" in args.recipes:
-        runs += lookahead_runs(args, work, problems)
+        ahead, tasks = lookahead_runs(args, work, problems)
+        runs += ahead + [run for v in variants if v["shape"] == "smollm2-135m" and v["recipe_class"] == "8da4w"
+                         for task in tasks.items() for run in runs_of(v, args, task)]
 
     samples: dict[str, list] = {}
     measured = time.time()
@@ -927,10 +965,10 @@ WORKERS = {
     "_build-model": lambda a: worker_build_model(a[0], a[1], int(a[2])),
     "_convert-gguf": lambda a: worker_convert_gguf(a[0], a[1], a[2]),
     "_quantize": lambda a: worker_quantize(a[0], a[1], int(a[2]), int(a[3])),
-    "_run-llamacpp": lambda a: worker_run_llamacpp(a[0], int(a[1]), int(a[2]), int(a[3]), int(a[4]), bool(int(a[5]))),
+    "_run-llamacpp": lambda a: worker_run_llamacpp(a[0], int(a[1]), a[2], int(a[3]), int(a[4]), bool(int(a[5]))),
     "_run-textllm": lambda a: worker_run_textllm(a[0], a[1], int(a[2]), int(a[3]), int(a[4])),
-    "_run-ortgenai": lambda a: worker_run_ortgenai(a[0], int(a[1]), int(a[2]), int(a[3]), int(a[4])),
-    "_run-optimum": lambda a: worker_run_optimum(a[0], int(a[1]), int(a[2]), int(a[3]), int(a[4])),
+    "_run-ortgenai": lambda a: worker_run_ortgenai(a[0], int(a[1]), a[2], int(a[3]), int(a[4])),
+    "_run-optimum": lambda a: worker_run_optimum(a[0], int(a[1]), a[2], int(a[3]), int(a[4])),
 }
 
 if __name__ == "__main__":
