@@ -7,6 +7,7 @@ width and vocabulary, and every (model, mode, target) program is built once and 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -41,6 +42,20 @@ SHARED_BY_MODULE = ("test_lookahead_program", "test_vision_quant", "test_qnn")
 # first (the largest first), then single tests in this order: these come first among them, so that the
 # workers share out the short tests around them instead of one of them finishing alone.
 LONG = ("smollm2_default", "smollm2_fp32")
+
+
+def pytest_configure(config) -> None:
+    # `make test`'s workers fill the cores: with a thread per core each (torch's default, and
+    # ExecuTorch's threadpool's) twice as many threads as cores compete, OpenMP's spinning on the
+    # cores the other worker needs. So each worker gets its share of the cores.
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
+    if workers > 1:
+        from genai_pipeline.runtime.program import native_logs_hidden, set_threads
+
+        threads = max(1, (os.cpu_count() or 1) // workers)
+        torch.set_num_threads(threads)
+        with native_logs_hidden():
+            set_threads(threads)
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist reads the groups into the test ids
