@@ -568,9 +568,7 @@ def runs_of(variant: dict, args, task: tuple[str, Path] | None = None) -> list[d
     steps: the decode rate, at the same positions, that the lookahead rows of the task are judged by."""
     v, n = variant, ([args.prompt_len, args.gen_len] if task is None else [task[1], args.lookahead_gen_len])
     here = {"cwd": str(ROOT), "env": {}}
-    if task is not None and v["system"] == "genai":
-        runs = []  # the lookahead rows measure plain decoding of the task beside lookahead
-    elif v["system"] == "genai":
+    if v["system"] == "genai":
         src = v["genai_src"]
         runs = [("genai bench", args.threads, [MAIN_PY, "-m", "genai_pipeline.cli", "bench", Path(v["file"]).parent, "--json",
                                                "--prompt-len", args.prompt_len, "--gen-len", args.gen_len, "--repeats", 1,
@@ -591,11 +589,12 @@ def runs_of(variant: dict, args, task: tuple[str, Path] | None = None) -> list[d
     else:
         runs = [("generator loop", args.threads, [v["python"], __file__, "_run-ortgenai", Path(v["file"]).parent,
                                                   v["vocab"], *n, args.threads], here)]
-    if task is None:
-        return [{**v, "id": f"{v['id']}/{name}", "runner": name, "threads": t, "argv": argv, "run_in": where}
-                for name, t, argv, where in runs]
-    return [{**v, "id": f"{v['id']}/{name}/{task[0]}", "runner": f"{name}: {task[0]}", "task": task[0], "threads": t,
-             "argv": argv, "run_in": where} for name, t, argv, where in runs if name != "TextLLMRunner"]  # it takes text
+    if task is not None:  # runners that take ids (not TextLLMRunner); genai's plain decoding is in its lookahead rows
+        return [{**v, "id": f"{v['id']}/{name}/{task[0]}", "runner": f"{name}: {task[0]}", "task": task[0], "threads": t,
+                 "argv": argv, "run_in": where} for name, t, argv, where in runs
+                if v["system"] != "genai" and name != "TextLLMRunner"]
+    return [{**v, "id": f"{v['id']}/{name}", "runner": name, "threads": t, "argv": argv, "run_in": where}
+            for name, t, argv, where in runs]
 
 
 def measure(row: dict, work: Path) -> dict:
