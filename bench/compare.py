@@ -21,9 +21,9 @@ model's vocab size), then for each system:
 
 Every ExecuTorch run has OMP_NUM_THREADS=1 (`genai run`/`bench` set it for themselves; see ONE_OMP_THREAD).
 With `--lookahead N ...` (default 7) and the real SmolLM2-135M-Instruct GGUF in .cache/, rows of
-`genai bench --lookahead N` (a program with a `verify` method of up to N + 1 tokens; the drafter checks
-as many drafted tokens as pay on the CPU) on a rewrite prompt and a free-chat prompt (bench/prompts) join
-the 8da4w SmolLM2 rows. Decode slows as the context grows, so those rows are judged against the peers'
+`genai bench --lookahead N` (a program per recipe of --recipes with a `verify` method of up to N + 1
+tokens; the drafter checks as many drafted tokens as pay on the CPU) on a rewrite prompt and a free-chat
+prompt (bench/prompts) join the SmolLM2 rows of their recipe class. Decode slows as the context grows, so those rows are judged against the peers'
 runs of the same prompt (its ids under the model's chat template) and as many decode steps, in rows
 marked with the task ("2 thr flash-attn: rewrite"), not against the --prompt-len rows.
 
@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import itertools
 import json
 import os
 import platform
@@ -645,35 +646,36 @@ def task_prompt_ids(folder: Path, work: Path) -> dict[str, Path]:
 
 
 def lookahead_runs(args, work: Path, problems: list) -> tuple[list[dict], dict[str, Path]]:
-    """genai bench --lookahead N on the real SmolLM2-135M-Instruct, 8da4w dynamic with a `verify` method of
-    up to N + 1 tokens, per N in --lookahead and per task: plain and lookahead decoding of the same prompt
-    alternate in one process. Its rows sit in the smollm2-135m 8da4w class (the same shapes as the
-    random-weight model the peers run) and are judged against the peers' runs of the same task's ids.
-    Returns the runs and the tasks' id files."""
+    """genai bench --lookahead N on the real SmolLM2-135M-Instruct, per recipe of --recipes (dynamic, a
+    `verify` method of up to N + 1 tokens), per N in --lookahead and per task: plain and lookahead decoding
+    of the same prompt alternate in one process. Its rows sit in the smollm2-135m class of their recipe (the
+    same shapes as the random-weight model the peers run) and are judged against the peers' runs of the
+    same task's ids. Returns the runs and the tasks' id files."""
     if not REAL_SMOLLM2.exists():
         problems.append({"shape": "smollm2-135m", "system": "genai", "variant": "lookahead", "stage": "model",
                          "reason": f"{REAL_SMOLLM2} missing (make test fetches it)"})
         return [], {}
     src = genai_source(args.genai_ref, work)
     runs, tasks = [], {}
-    for draft_len in args.lookahead:
+    for recipe, draft_len in itertools.product(args.recipes, args.lookahead):
         verify_len = draft_len + 1
-        out = work / "lookahead" / f"genai-{src['key'][:8]}-smollm2-135m-instruct-8da4w-dynamic-verify{verify_len}"
-        say(f"[lookahead] export genai SmolLM2-135M-Instruct 8da4w dynamic --verify-len {verify_len}")
+        out = work / "lookahead" / f"genai-{src['key'][:8]}-smollm2-135m-instruct-{recipe}-dynamic-verify{verify_len}"
+        say(f"[lookahead] export genai SmolLM2-135M-Instruct {recipe} dynamic --verify-len {verify_len}")
         try:
             rec = cached(out / "done.json", lambda: export_genai_program(
-                ["--checkpoint", REAL_SMOLLM2, "--recipe", "8da4w", "--mode", "dynamic", "--verify-len", verify_len,
+                ["--checkpoint", REAL_SMOLLM2, "--recipe", recipe, "--mode", "dynamic", "--verify-len", verify_len,
                  "--max-seq-len", "1024", "--out", out], out, work, src))
         except ChildFailed as e:
-            problems.append({"shape": "smollm2-135m", "system": "genai", "variant": f"lookahead {draft_len}", "stage": "export",
-                             "reason": last_error_line(e), "detail": str(e)[-3000:]})
+            problems.append({"shape": "smollm2-135m", "system": "genai", "variant": f"{recipe} lookahead {draft_len}",
+                             "stage": "export", "reason": last_error_line(e), "detail": str(e)[-3000:]})
             continue
         tasks = tasks or task_prompt_ids(out, work)
         for task, prompt in LOOKAHEAD_TASKS.items():
             argv = [MAIN_PY, "-m", "genai_pipeline.cli", "bench", out, "--json", "--prompt-file", prompt, "--chat",
                     "--gen-len", args.lookahead_gen_len, "--lookahead", draft_len, "--repeats", 1, "--threads", args.threads]
-            runs.append({"id": f"smollm2-135m-genai-lookahead-{draft_len}/{task}", "shape": "smollm2-135m", "system": "genai",
-                         "recipe_class": "8da4w", "variant": "8da4w/dynamic real", "runner": f"lookahead {draft_len}: {task}",
+            runs.append({"id": f"smollm2-135m-genai-{recipe}-lookahead-{draft_len}/{task}", "shape": "smollm2-135m",
+                         "system": "genai", "recipe_class": recipe, "variant": f"{recipe}/dynamic real",
+                         "runner": f"lookahead {draft_len}: {task}",
                          "task": task, "threads": args.threads, "file_mb": round(Path(rec["file"]).stat().st_size / 2**20, 1),
                          "export_s": rec["export_s"], "export_peak_rss_mb": rec["export_peak_rss_mb"], "argv": argv,
                          "run_in": src})
@@ -920,10 +922,10 @@ def main() -> None:
         variants += prepare_variants(shape, args, work, problems)
     runs = [run for v in variants for run in runs_of(v, args)]
     args.lookahead = [n for n in args.lookahead if n > 0]
-    if args.lookahead and "genai" in args.systems and "smollm2-135m" in args.shapes and "8da4w" in args.recipes:
+    if args.lookahead and "genai" in args.systems and "smollm2-135m" in args.shapes:
         ahead, tasks = lookahead_runs(args, work, problems)
-        runs += ahead + [run for v in variants if v["shape"] == "smollm2-135m" and v["recipe_class"] == "8da4w"
-                         for task in tasks.items() for run in runs_of(v, args, task)]
+        runs += ahead + [run for v in variants if v["shape"] == "smollm2-135m" for task in tasks.items()
+                         for run in runs_of(v, args, task)]
 
     samples: dict[str, list] = {}
     measured = time.time()

@@ -2,11 +2,13 @@
 XNNPACK's per-operator times too) over decode steps of one program, summed by operator name.
 
     .venv/bin/python bench/etdump_decode.py PROGRAM.pte [--caller genai|optimum] [--threads 2] [--steps 64] \
-        [--prompt 128] [--json out.json]
+        [--prompt 128] [--method verify --tokens 8] [--json out.json]
 
 A 128-token prompt goes in first (positions 0-127), then `--steps` single-token steps through `forward`
 (a dynamic program's; `--caller optimum` passes positions as optimum-executorch's programs take them, a
-cache_position per token). Per operator: the median over the steps of its time in a step (all its calls
+cache_position per token). `--method verify --tokens 8` times a lookahead program's verify calls instead:
+8 tokens a call, the call at position p + 1 after the one at p (the rows a call writes past its first
+are overwritten by the next, as when one draft token is accepted). Per operator: the median over the steps of its time in a step (all its calls
 in that step), in ms. Method::execute is the step's wall time inside the runtime.
 """
 
@@ -30,6 +32,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--steps", type=int, default=64)
     parser.add_argument("--prompt", type=int, default=128)
+    parser.add_argument("--method", default="forward", help="forward, or verify (a lookahead program's)")
+    parser.add_argument("--tokens", type=int, default=1, help="tokens a step (verify: the program's verify length)")
     parser.add_argument("--json")
     args = parser.parse_args()
 
@@ -43,15 +47,15 @@ def main() -> None:
     portable_lib._unsafe_reset_threadpool(args.threads)
     module = portable_lib._load_for_executorch(args.program, enable_etdump=True, debug_buffer_size=0)
 
-    def call(tokens: list[int], pos: int) -> torch.Tensor:
+    def call(tokens: list[int], pos: int, method: str = "forward") -> torch.Tensor:
         positions = (torch.tensor([pos]) if args.caller == "genai" else torch.arange(pos, pos + len(tokens))).long()
-        return module.run_method("forward", (torch.tensor([tokens], dtype=torch.long), positions))[0]
+        return module.run_method(method, (torch.tensor([tokens], dtype=torch.long), positions))[0]
 
     call(list(range(100, 100 + args.prompt)), 0)
     token, walls = 5, []
     for step in range(args.steps):
         start = time.perf_counter()
-        logits = call([token], args.prompt + step)
+        logits = call([token] * args.tokens, args.prompt + step, args.method)
         walls.append(time.perf_counter() - start)
         token = int(logits.reshape(-1, logits.shape[-1])[-1].argmax())
 
@@ -71,7 +75,8 @@ def main() -> None:
         for step in range(args.steps):
             per_step[event.name][step] += sum(raw[(step + 1) * per_call:(step + 2) * per_call])
     ops = {name: statistics.median(times) for name, times in per_step.items()}
-    print(f"{args.program}: {args.threads} threads, decode steps {args.prompt}-{args.prompt + args.steps - 1}, "
+    print(f"{args.program}: {args.threads} threads, {args.method} calls of {args.tokens} tokens at "
+          f"{args.prompt}-{args.prompt + args.steps - 1}, "
           f"wall median {1e3 * statistics.median(walls):.3f} ms a step")
     for name, ms in sorted(ops.items(), key=lambda kv: -kv[1]):
         if ms >= 0.005:
@@ -79,6 +84,7 @@ def main() -> None:
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"program": args.program, "threads": args.threads, "steps": args.steps, "prompt": args.prompt,
+                       "method": args.method, "tokens": args.tokens,
                        "wall_ms": 1e3 * statistics.median(walls),
                        "ops_ms": {n: {"ms": ms, "calls": counts[n]} for n, ms in ops.items()}}, f, indent=2)
 
