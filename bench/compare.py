@@ -825,7 +825,7 @@ def print_table(rows: list[dict], problems: list[dict]) -> None:
     for r in rows:
         if r.get("speedup") is not None:
             plain = r.get("vs_best_peer", {}).get("plain_decode_tokens_per_s")
-            print(f"{r['shape']} genai {r['runner']}: {r['decode_tokens_per_s']} tok/s vs plain {r['plain_decode_tokens_per_s']} "
+            print(f"{r['shape']} genai {r['variant']} {r['runner']}: {r['decode_tokens_per_s']} tok/s vs plain {r['plain_decode_tokens_per_s']} "
                   f"in the same process ({r['speedup']:.2f}x; plain / best peer on the same prompt: "
                   f"{plain['ratio'] if plain else '-'}), {r['tokens_per_call']:.2f} tokens per call, "
                   f"first token differing from plain decoding: {r['first_difference']}")
