@@ -62,18 +62,23 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "etdump")
         module.write_etdump_result_to_file(path)
-        events = [e for block in Inspector(etdump_path=path).event_blocks for e in block.events if e.perf_data is not None]
-    calls = args.steps + 1
+        blocks = [[e for e in block.events if e.perf_data is not None] for block in Inspector(etdump_path=path).event_blocks]
+    # The timed method's block: one per method run; `forward`'s holds the prompt's call first
+    prompt_calls = int(args.method == "forward")
+    calls = args.steps + prompt_calls
+    events = next((b for b in blocks if any(e.name == "Method::execute" and len(e.perf_data.raw) == calls for e in b)), None)
+    if events is None:
+        sys.exit(f"{args.program}: ETDump holds no run of {calls} calls of one method (is `{args.method}` one of its methods?)")
     per_step = collections.defaultdict(lambda: [0.0] * args.steps)
     counts = collections.Counter()
     for event in events:
-        raw = event.perf_data.raw  # ms, one entry per occurrence, in order; the prompt's call first
+        raw = event.perf_data.raw  # ms, one entry per occurrence, in order
         if len(raw) % calls:
             continue  # Program::load_method, Method::init: once
         per_call = len(raw) // calls
         counts[event.name] += per_call
         for step in range(args.steps):
-            per_step[event.name][step] += sum(raw[(step + 1) * per_call:(step + 2) * per_call])
+            per_step[event.name][step] += sum(raw[(step + prompt_calls) * per_call:(step + prompt_calls + 1) * per_call])
     ops = {name: statistics.median(times) for name, times in per_step.items()}
     print(f"{args.program}: {args.threads} threads, {args.method} calls of {args.tokens} tokens at "
           f"{args.prompt}-{args.prompt + args.steps - 1}, "
