@@ -23,9 +23,10 @@ Every ExecuTorch run has OMP_NUM_THREADS=1 (`genai run`/`bench` set it for thems
 With `--lookahead N ...` (default 7) and the real SmolLM2-135M-Instruct GGUF in .cache/, rows of
 `genai bench --lookahead N` (a program per recipe of --recipes with a `verify` method of up to N + 1
 tokens; the drafter checks as many drafted tokens as pay on the CPU) on a rewrite prompt and a free-chat
-prompt (bench/prompts) join the SmolLM2 rows of their recipe class. Decode slows as the context grows, so those rows are judged against the peers'
-runs of the same prompt (its ids under the model's chat template) and as many decode steps, in rows
-marked with the task ("2 thr flash-attn: rewrite"), not against the --prompt-len rows.
+prompt (bench/prompts) join the SmolLM2 rows of their recipe class. Decode slows as the context grows,
+so those rows are judged against the peers' runs of the same prompt (its ids under the model's chat
+template) and as many decode steps, in rows marked with the task ("2 thr flash-attn: rewrite"), not
+against the --prompt-len rows.
 
 Every export/convert/install and every measurement runs in a child process (wall time; peak RSS
 from os.wait4). Measurements go round-robin over all rows, `--repeats` rounds; each child does one

@@ -8,8 +8,9 @@ A 128-token prompt goes in first (positions 0-127), then `--steps` single-token 
 (a dynamic program's; `--caller optimum` passes positions as optimum-executorch's programs take them, a
 cache_position per token). `--method verify --tokens 8` times a lookahead program's verify calls instead:
 8 tokens a call, the call at position p + 1 after the one at p (the rows a call writes past its first
-are overwritten by the next, as when one draft token is accepted). Per operator: the median over the steps of its time in a step (all its calls
-in that step), in ms. Method::execute is the step's wall time inside the runtime.
+are overwritten by the next, as when one draft token is accepted). Per operator: the median over the
+steps of its time in a step (all its calls in that step), in ms. Method::execute is the step's wall time
+inside the runtime.
 """
 
 import argparse
