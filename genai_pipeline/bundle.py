@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import ctypes
+import errno
 import hashlib
 import json
 import os
 import shutil
+import sys
 import tempfile
 from dataclasses import dataclass, field
 from importlib.metadata import version
@@ -118,13 +121,56 @@ def tool_versions() -> dict[str, str]:
     }
 
 
+def check_out_folder(out: Path, checkpoint: Path | None) -> None:
+    """Refuse, before any work, an `--out` that an export must not replace: an export replaces its
+    folder whole, so `out` may only be absent, empty, or an export of ours holding nothing else.
+    Never the checkpoint's folder (or the folder holding a checkpoint file), nor a parent of it."""
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise InputError(f"--out '{out}' is a file; pass a folder (created, or replaced once the new export is complete)")
+    if checkpoint is not None:
+        checkpoint = Path(checkpoint).resolve()
+        holder = checkpoint if checkpoint.is_dir() else checkpoint.parent
+        where = out.resolve()
+        if where == holder or where in holder.parents:
+            raise InputError(f"--out '{out}' holds the checkpoint {checkpoint}, and an export replaces its --out folder "
+                             "whole; pass a new folder outside the checkpoint's")
+    if not out.is_dir() or not any(out.iterdir()):
+        return
+    listed = _files_of_our_export(out)
+    if listed is None:
+        raise InputError(f"--out '{out}' is a folder that is not an export of genai (no {MANIFEST} of ours), and an "
+                         "export replaces its --out folder whole; pass a new or empty folder")
+    foreign = sorted(p.name for p in out.iterdir() if p.name not in listed and not _our_hidden_file(p))
+    if foreign:
+        shown = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
+        raise InputError(f"--out '{out}' holds files that are not part of its export ({shown}), and an export replaces "
+                         "its --out folder whole; move them out, or pass another folder")
+
+
+def _files_of_our_export(folder: Path) -> set[str] | None:
+    """The names an export folder's manifest says are its own (the manifest included), or None
+    where the folder holds no manifest written by this tool."""
+    try:
+        manifest = json.loads((folder / MANIFEST).read_text())
+    except (OSError, ValueError):
+        return None
+    versions, files = (manifest.get("versions"), manifest.get("files")) if isinstance(manifest, dict) else (None, None)
+    if not isinstance(versions, dict) or "genai_pipeline" not in versions or not isinstance(files, dict):
+        return None
+    return {MANIFEST, *files}
+
+
+def _our_hidden_file(path: Path) -> bool:
+    """A hidden file an export writes besides the listed ones: a QDQ model's reuse key."""
+    return path.is_file() and path.name.startswith(".") and path.name.endswith(".qdq.key")
+
+
 def make_staging_folder(out: Path) -> Path:
     """The folder an export into `out` is built in, created: beside `out` (the same file system, so
     publishing is a rename), hidden, named by this process so that concurrent exports do not meet.
     Creating it is the check that `out` can be written, made before any work starts."""
     out = Path(out)
-    if out.exists() and not out.is_dir():
-        raise InputError(f"--out '{out}' is a file; pass a folder (created, or replaced once the new export is complete)")
     staging = out.parent / f".{out.name}.staging-{os.getpid()}"
     try:
         staging.mkdir(parents=True)
@@ -133,18 +179,27 @@ def make_staging_folder(out: Path) -> Path:
     return staging
 
 
-def remove_stale_staging(out: Path) -> None:
-    """Staging and set-aside folders of exports into `out` whose process has gone (killed with no
-    chance to clean up). A previous export set aside by a process killed between publish's two
-    renames goes back to `out`."""
-    for folder in sorted(out.parent.glob(f".{out.name}.*-*")):
+def recover_interrupted(out: Path) -> None:
+    """Undo what an export into `out` killed outright left behind (its process gone): its staging
+    folder is removed, and an earlier export it had set aside (`.out.old-<pid>`, only where no
+    atomic exchange exists) goes back to `out` if `out` is missing, else is removed. Every command
+    that reads an export folder calls this first; one that cannot write there reads what is there."""
+    out = Path(out)
+    try:
+        leftovers = sorted(out.parent.glob(f".{out.name}.*-*"))
+    except OSError:
+        return
+    for folder in leftovers:
         kind, _, pid = folder.name.rpartition("-")
         if kind not in (f".{out.name}.staging", f".{out.name}.old") or not pid.isdigit() or _alive(int(pid)):
             continue
-        if kind.endswith(".old") and not out.exists():
-            folder.rename(out)
-        else:
-            shutil.rmtree(folder, ignore_errors=True)
+        try:
+            if kind.endswith(".old") and not out.exists():
+                folder.rename(out)
+            else:
+                shutil.rmtree(folder)
+        except OSError:
+            pass  # a folder this user cannot change: left for one who can
 
 
 def _alive(pid: int) -> bool:
@@ -158,14 +213,43 @@ def _alive(pid: int) -> bool:
 
 
 def publish(staging: Path, out: Path) -> None:
-    """Replace `out` by the complete folder `staging`: the old export is renamed aside, the new one
-    renamed in, then the old one removed. Nothing of the old export survives into the new one, and
-    until the second rename `out` is the old export, whole."""
+    """Replace `out` by the complete folder `staging` in one step: on Linux the two folders are
+    exchanged atomically (renameat2 RENAME_EXCHANGE), so `out` is at every instant the old export
+    or the new one, whole; the old one, now at `staging`, is then removed. Where no exchange exists
+    (another OS, a file system without it), the old export is renamed aside first: a kill between
+    the two renames leaves `out` missing and the old export in `.out.old-<pid>`, which
+    `recover_interrupted` puts back."""
+    if not out.exists():
+        staging.rename(out)
+        return
+    if _exchange(staging, out):
+        shutil.rmtree(staging, ignore_errors=True)
+        return
     old = out.parent / f".{out.name}.old-{os.getpid()}"
-    if out.exists():
-        out.rename(old)
-    staging.rename(out)
+    out.rename(old)
+    try:
+        staging.rename(out)
+    except BaseException:
+        old.rename(out)
+        raise
     shutil.rmtree(old, ignore_errors=True)
+
+
+_RENAME_EXCHANGE = 2  # linux/fs.h
+_AT_FDCWD = -100
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap two paths atomically; False where this system or file system cannot."""
+    renameat2 = getattr(ctypes.CDLL(None, use_errno=True), "renameat2", None) if sys.platform == "linux" else None
+    if renameat2 is None:
+        return False
+    if renameat2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+        return False
+    raise OSError(err, os.strerror(err), str(b))
 
 
 def add_to_manifest(folder: Path, name: str) -> None:
@@ -226,6 +310,7 @@ def sha256(path: Path) -> str:
 
 
 def read_manifest(folder: Path) -> dict:
+    recover_interrupted(folder)
     path = Path(folder) / MANIFEST
     if not Path(folder).is_dir():
         raise ProgramError(f"'{folder}' does not exist or is not a folder; pass the --out folder of `genai export`")

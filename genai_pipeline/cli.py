@@ -9,6 +9,7 @@ import json
 import logging
 import os
 import shutil
+import signal
 import sys
 import traceback
 import warnings
@@ -55,18 +56,21 @@ def cmd_models(args) -> int:
 
 
 def cmd_export(args) -> int:
-    from genai_pipeline.bundle import make_staging_folder, publish, read_manifest, remove_stale_staging
+    from genai_pipeline.bundle import check_out_folder, make_staging_folder, publish, read_manifest, recover_interrupted
 
     out = Path(args.out)
-    remove_stale_staging(out)
+    recover_interrupted(out)
+    check_out_folder(out, Path(args.checkpoint) if args.checkpoint else None)  # never replace what is not ours
     # Built beside --out and swapped in when complete: a failed or interrupted export leaves the
     # previous one as it was, and nothing of the previous one lands in the new one.
     staging = make_staging_folder(out)  # also the check that --out can be written, before any work
+    previous = signal.signal(signal.SIGTERM, _terminated)  # as Ctrl-C: the staging folder is removed
     try:
         blocked = _export(args, out, staging)
         publish(staging, out)
     finally:
         shutil.rmtree(staging, ignore_errors=True)  # whatever stopped the export, its staging folder goes
+        signal.signal(signal.SIGTERM, previous)
     if blocked is not None:
         raise blocked
     manifest = read_manifest(out)
@@ -74,6 +78,10 @@ def cmd_export(args) -> int:
     for name, f in manifest["files"].items():
         log.info("  %s  %.2f MB", name, f["bytes"] / (1 << 20))
     return 0
+
+
+def _terminated(signum, frame):
+    raise KeyboardInterrupt
 
 
 def _export(args, out: Path, staging: Path) -> ExportError | None:
