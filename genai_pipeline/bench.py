@@ -51,8 +51,8 @@ class BenchOptions:
         for name in ("prompt_len", "gen_len", "repeats"):
             if getattr(self, name) < 1:
                 raise InputError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
-        if self.threads < 0:
-            raise InputError(f"--threads must be >= 0, got {self.threads}")
+        if not 0 <= self.threads <= os.cpu_count():
+            raise InputError(f"--threads must be between 0 (one per core) and {os.cpu_count()}, the cores of this machine; got {self.threads}")
         if self.lookahead < 0:
             raise InputError(f"--lookahead must be >= 0, got {self.lookahead}")
         if self.chat and self.prompt_file is None:

@@ -317,6 +317,33 @@ def read_manifest(folder: Path) -> dict:
     if not path.is_file():
         raise ProgramError(f"'{folder}' has no {MANIFEST}: it is not a complete export; run `genai export` again")
     try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as e:
+        manifest = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ProgramError(f"'{path}' is corrupt ({e}); run `genai export` again") from None
+    problem = _malformed(manifest)
+    if problem:
+        raise ProgramError(f"'{path}' is not a manifest `genai export` writes ({problem}); run `genai export` again")
+    return manifest
+
+
+# What every reader of a manifest relies on: key -> the types its value may have
+_MANIFEST_KEYS = {"model": (str,), "weights": (str,), "config": (dict,), "mode": (str,), "max_seq_len": (int,),
+                  "prefill_len": (int,), "artifacts": (dict,), "files": (dict,)}
+
+
+def _malformed(manifest) -> str | None:
+    """What is wrong with a manifest's shape, or None."""
+    if not isinstance(manifest, dict):
+        return f"a JSON {type(manifest).__name__}, not an object"
+    for key, types in _MANIFEST_KEYS.items():
+        if not isinstance(manifest.get(key), types) or isinstance(manifest.get(key), bool):
+            return f"'{key}' is {json.dumps(manifest.get(key))[:40]}" if key in manifest else f"no '{key}'"
+    if manifest["max_seq_len"] < 1 or manifest["prefill_len"] < 1:
+        return "a length below 1"
+    for key, artifact in manifest["artifacts"].items():
+        if not isinstance(artifact, dict) or not isinstance(artifact.get("methods"), list) \
+                or not isinstance(artifact.get("file"), (str, type(None))):
+            return f"artifact '{key}' has no file name and method list"
+        if artifact["file"] is not None and Path(artifact["file"]).name != artifact["file"]:
+            return f"artifact '{key}' names a file outside the folder, '{artifact['file']}'"
+    return None

@@ -28,7 +28,7 @@ from tqdm import tqdm
 from genai_pipeline.bundle import check_weights, read_manifest
 from genai_pipeline.checkpoints import load_decoder
 from genai_pipeline.checkpoints.hf import random_decoder
-from genai_pipeline.errors import InputError
+from genai_pipeline.errors import InputError, ProgramError
 from genai_pipeline.models.decoder import Decoder, DecoderConfig
 from genai_pipeline.models.vision import VisionLanguageModel
 from genai_pipeline.names import ArtifactKey, GraphName, Mode
@@ -244,6 +244,16 @@ def quantized_model(folder: Path, manifest: dict, reference: Decoder, in_place: 
     return model
 
 
+NON_FINITE = {
+    "float": "the float model of {folder} gives NaN or Inf logits: its checkpoint's weights or hyperparameters are "
+             "not finite; check the checkpoint",
+    "qdq": "the quantized model of {folder} gives NaN or Inf logits although its float model does not: the "
+           "recipe breaks this model; try another --recipe",
+    "program": "the program in {folder} gives NaN or Inf logits although its float model does not: it is broken; "
+               "re-export it (and report this with the command that made it)",
+}
+
+
 def evaluate(folder: Path, options: EvalOptions, progress: bool = True) -> dict:
     manifest = read_manifest(folder)
     check_weights(manifest)  # the float model must be the one the program was made from
@@ -285,7 +295,10 @@ def evaluate(folder: Path, options: EvalOptions, progress: bool = True) -> dict:
         logprobs = {}
         for name, model in models.items():
             model.reset()
-            logprobs[name] = torch.log_softmax(model.score(chunk)[:-1].float(), dim=-1)
+            logits = model.score(chunk)[:-1].float()
+            if not torch.isfinite(logits).all():  # a perplexity of NaN is no pass: say which model broke
+                raise ProgramError(NON_FINITE[name].format(folder=folder))
+            logprobs[name] = torch.log_softmax(logits, dim=-1)
             nll[name] += -logprobs[name].gather(1, targets[:, None]).sum().item()
         p, q = logprobs["float"], logprobs[compared]
         agree += (p.argmax(-1) == q.argmax(-1)).sum().item()

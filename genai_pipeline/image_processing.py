@@ -30,6 +30,7 @@ binary PPM/PGM files whose size needs no resizing can be read (a note says so).
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -38,6 +39,10 @@ import numpy as np
 from genai_pipeline.errors import InputError
 
 MAX_IMAGE_SIZE = 4096  # transformers' Idefics3 cap on either edge after the first resize
+# The most pixels an image file may declare, checked before it is decoded (a decompression bomb
+# declares billions in a few bytes): Pillow's own default, ~89 M (a 12 MP photo is 12 M).
+MAX_IMAGE_PIXELS_VARIABLE = "GENAI_MAX_IMAGE_PIXELS"
+DEFAULT_MAX_IMAGE_PIXELS = 89_478_485
 LANCZOS = 1  # PIL.Image.Resampling.LANCZOS, the value processor configs store as `resample`
 
 
@@ -158,14 +163,36 @@ def read_image(path: Path) -> np.ndarray:
         if path.suffix.lower() in (".ppm", ".pgm", ".pnm"):
             return _read_netpbm(path)
         raise InputError(f"cannot read '{path}': reading images needs Pillow (pip install pillow); without it only binary PPM/PGM")
+    # Ours replaces Pillow's guard (a warning, then an error at twice its own limit): open() reads
+    # only the header, and the size it declares is checked before anything is decoded.
+    Image.MAX_IMAGE_PIXELS = None
     try:
         with Image.open(path) as image:
+            check_pixels(path, *image.size)
             image.load()
             return to_rgb(image)
     except Image.UnidentifiedImageError:
         raise InputError(f"'{path}' is not an image file Pillow can read (supported: PNG, JPEG, GIF, BMP, TIFF, WebP, PPM, ...)") from None
     except (OSError, ValueError, SyntaxError) as e:  # truncated or damaged data
         raise InputError(f"cannot decode image '{path}': {e}; the file is truncated or corrupt") from None
+
+
+def max_image_pixels() -> int:
+    """The pixel limit in force: GENAI_MAX_IMAGE_PIXELS if set, else the default."""
+    given = os.environ.get(MAX_IMAGE_PIXELS_VARIABLE, "")
+    if not given:
+        return DEFAULT_MAX_IMAGE_PIXELS
+    if not given.isdigit() or int(given) < 1:
+        raise InputError(f"{MAX_IMAGE_PIXELS_VARIABLE} must be a whole number of pixels above 0, got '{given}'")
+    return int(given)
+
+
+def check_pixels(source, width: int, height: int) -> None:
+    """Refuse an image that declares more pixels than the limit, before it is decoded."""
+    limit = max_image_pixels()
+    if width * height > limit:
+        raise InputError(f"image '{source}' declares {width} x {height} = {width * height:,} pixels, over the limit of "
+                         f"{limit:,}; shrink it, or raise the limit with {MAX_IMAGE_PIXELS_VARIABLE}=N")
 
 
 def to_rgb(image) -> np.ndarray:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -187,7 +188,18 @@ def decoder_constants(spec: ModelSpec, config, max_seq_len: int, dynamic: bool) 
     }
 
 
+def check_kv_cache_fits(config, max_seq_len: int) -> None:
+    """Refuse, before anything is allocated, a --max-seq-len whose float KV cache alone would take
+    more than half of this machine's memory (the export holds the model and its graphs beside it)."""
+    cache = 2 * config.n_layers * max_seq_len * config.n_kv_heads * config.head_dim * 4
+    memory = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    if cache > memory / 2:
+        raise InputError(f"--max-seq-len {max_seq_len} needs a KV cache of {cache / 2**30:,.1f} GiB, more than half of this "
+                         f"machine's {memory / 2**30:.1f} GiB of memory; lower --max-seq-len")
+
+
 def prepare(spec: ModelSpec, options: PrepareOptions) -> PreparedModel:
+    check_kv_cache_fits(spec.config, options.max_seq_len)
     if spec.vision is not None:  # a vision-language model: its own module (components, one program)
         if options.cache_io:
             raise InputError(f"{spec.name} is a vision-language model: the cache-I/O form (--cache-io, --target qnn) is built for text decoders only so far")

@@ -144,6 +144,9 @@ class QuantOptions:
             raise InputError(f"--embedding must be auto, fp32 or one of {', '.join(EMBEDDING_RECIPES)}, got '{self.embedding}'")
         if self.group_size < 1 or self.group_size & (self.group_size - 1):
             raise InputError(f"--group-size must be a power of two, got {self.group_size}")
+        if self.is_float and self.calibration.datasets:
+            raise InputError("--calib calibrates a quantized recipe, and --recipe fp32 quantizes nothing: drop --calib, "
+                             f"or pick a recipe ({', '.join(r for r in LINEAR_RECIPES + STATIC_RECIPES if r != 'fp32')})")
         for pattern, _ in self.overrides:
             try:
                 re.compile(pattern)

@@ -39,7 +39,10 @@ def infer_checkpoint_spec(folder: Path) -> tuple[ModelSpec, str]:
     if (file := gguf.gguf_file(folder)) is not None:
         return infer_spec(gguf.read_config(file)), f"the metadata of {file}"
     if not folder.is_dir() or (folder / "config.json").is_file():
-        return infer_spec(hf.read_config(folder)), f"{folder / 'config.json'}"
+        config = hf.read_config(folder)
+        if "num_hidden_layers" in config and "vision_config" not in config:  # a text model (a vision-language one nests it)
+            hf.check_layer_count(config["num_hidden_layers"], hf.layer_indices(folder), f"{folder}/config.json: num_hidden_layers")
+        return infer_spec(config), f"{folder / 'config.json'}"
     if any(folder.glob("*.pt")):
         file, model_args = llama2c.read_model_args(folder)
         return infer_llama2c_spec(model_args), f"the model_args of {file}"

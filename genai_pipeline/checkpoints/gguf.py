@@ -190,7 +190,7 @@ def config_dict(reader, file: Path) -> dict:
     for key, ours in CONFIG_KEYS.items():
         value = metadata(reader, f"{name}.{key}")
         if isinstance(value, list):  # per-layer values (some files): ours are uniform
-            if len(set(value)) != 1:
+            if len(set(map(repr, value))) != 1:
                 raise CheckpointError(f"'{file}' has per-layer {name}.{key} {value}, which this pipeline does not support")
             value = value[0]
         if value is not None and not (ours == "sliding_window" and not value):  # 0: none (llama.cpp's Phi-4)
@@ -198,6 +198,7 @@ def config_dict(reader, file: Path) -> dict:
     missing = [k for k in ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size") if k not in config]
     if missing:
         raise CheckpointError(f"'{file}' lacks metadata for {', '.join(missing)} of its {name} architecture")
+    _check_metadata(name, config, tensors, file)
     # The embedding's rows are the truth for the vocabulary size (some files pad the token list).
     config["vocab_size"] = int(tensors["token_embd.weight"].shape[-1])
     config["tie_word_embeddings"] = "output.weight" not in tensors
@@ -207,8 +208,52 @@ def config_dict(reader, file: Path) -> dict:
     for key, ours in TOKEN_ID_KEYS.items():
         value = metadata(reader, f"tokenizer.ggml.{key}")
         if value is not None:
-            config[ours] = int(value)
+            if not _whole(value) or not 0 <= value < config["vocab_size"]:
+                raise CheckpointError(f"'{file}': tokenizer.ggml.{key} is {value!r}; expected a token id in [0, "
+                                      f"{config['vocab_size']}), the rows of token_embd")
+            config[ours] = value
     return config
+
+
+# Metadata that must be whole numbers >= 1 (the rest of CONFIG_KEYS: finite numbers above 0)
+WHOLE_KEYS = ("hidden_size", "num_hidden_layers", "intermediate_size", "num_attention_heads", "num_key_value_heads",
+              "head_dim", "max_position_embeddings", "sliding_window")
+
+
+def _whole(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def check_blocks(arch: str, block_count: int, tensors, file: Path) -> None:
+    """The blocks the tensor table holds must be 0 .. block_count - 1, before a model of that many
+    layers is built (a file declaring a billion would otherwise fill the memory)."""
+    blocks = {int(m.group(1)) for t in tensors if (m := re.match(r"blk\.(\d+)\.", t))}
+    if blocks != set(range(block_count)):
+        raise CheckpointError(f"'{file}': {arch}.block_count is {block_count}, but the tensors hold {len(blocks)} "
+                              "block(s); the file is inconsistent")
+
+
+def _check_metadata(arch: str, config: dict, tensors: dict, file: Path) -> None:
+    """Every hyperparameter typed and in range, and the sizes the tensors have, before anything is
+    built from them: one line naming the key, its value and what was expected."""
+    keys = {ours: key for key, ours in CONFIG_KEYS.items()}
+    for ours, value in config.items():
+        if ours not in keys:
+            continue
+        if ours in WHOLE_KEYS:
+            ok, expected = _whole(value) and value >= 1, "a whole number >= 1"
+        else:
+            ok, expected = isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value < float("inf"), "a finite number above 0"
+        if not ok:
+            raise CheckpointError(f"'{file}': {arch}.{keys[ours]} is {value!r}; expected {expected}")
+    if any(t.startswith("blk.") for t in tensors):  # else a vocabulary-only file (llama.cpp ships some)
+        check_blocks(arch, config["num_hidden_layers"], tensors, file)
+    dim = int(tensors["token_embd.weight"].shape[0])
+    if config["hidden_size"] != dim:
+        raise CheckpointError(f"'{file}': {arch}.embedding_length is {config['hidden_size']}, but token_embd is {dim} wide")
+    if "head_dim" not in config and config["hidden_size"] % config["num_attention_heads"]:
+        raise CheckpointError(f"'{file}': {arch}.embedding_length {config['hidden_size']} is not a multiple of "
+                              f"{arch}.attention.head_count {config['num_attention_heads']}")
 
 
 def _rope_config(reader, name: str, config: dict, tensors: dict, file: Path) -> None:
@@ -216,6 +261,9 @@ def _rope_config(reader, name: str, config: dict, tensors: dict, file: Path) -> 
     spells them. llama.cpp keeps Llama 3's and LongRoPE's per-frequency factors as tensors."""
     head_dim = int(config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"])
     rope_dim = metadata(reader, f"{name}.rope.dimension_count")
+    if rope_dim is not None and not (_whole(rope_dim) and 0 < rope_dim <= head_dim and rope_dim % 2 == 0):
+        raise CheckpointError(f"'{file}': {name}.rope.dimension_count is {rope_dim!r}; expected an even whole number "
+                              f"in (0, {head_dim}], the head size")
     if rope_dim is not None and int(rope_dim) != head_dim:
         config["partial_rotary_factor"] = int(rope_dim) / head_dim
     original = metadata(reader, f"{name}.rope.scaling.original_context_length")
@@ -348,6 +396,7 @@ def load_decoder(spec: ModelSpec, path: Path, max_seq_len: int) -> Decoder:
     reader = open_reader(file)
     _, arch = architecture(reader, file)
     config = _decoder_config(spec, reader, file)
+    check_blocks(arch.model_type, config.n_layers, [t.name for t in reader.tensors], file)
     model, expected = empty_decoder(config, max_seq_len)
     state: dict[str, torch.Tensor] = {}
     for tensor in reader.tensors:

@@ -7,6 +7,7 @@ device, so loading holds one copy of the weights, never two.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import torch
@@ -36,10 +37,42 @@ def read_config(folder: Path) -> dict:
 def decoder_config(spec: ModelSpec, folder: Path) -> DecoderConfig:
     """The checkpoint's own config.json is the truth for its shapes."""
     hf = read_config(folder)
+    if spec.vision is None:
+        check_layer_count(hf.get("num_hidden_layers"), layer_indices(folder), f"{folder}/config.json: num_hidden_layers")
     try:
         return spec.config_from_checkpoint(hf)
     except (KeyError, TypeError, ValueError) as e:
         raise CheckpointError(f"'{folder}/config.json' does not describe a {spec.family} model: {e!r}") from None
+
+
+def layer_indices(folder: Path) -> set[int]:
+    """The decoder layers a text checkpoint's tensors belong to (`model.layers.N.`), from the
+    safetensors headers alone."""
+    indices = set()
+    for file in safetensors_files(folder):
+        try:
+            with safe_open(str(file), framework="pt") as f:
+                indices.update(int(m.group(1)) for key in f.keys() if (m := LAYER_KEY.search(key)))
+        except Exception as e:  # safetensors raises several types for a damaged file
+            raise CheckpointError(f"cannot read '{file}': {e}; the file is truncated or not safetensors") from None
+    return indices
+
+
+LAYER_KEY = re.compile(r"(?:^|\.)layers\.(\d+)\.")
+
+
+def check_layer_count(declared, present: set[int], what: str) -> None:
+    """A checkpoint's declared layer count must be a whole number equal to the layers its tensors
+    hold, 0 to N-1, checked before a model of that many layers is built (a file that declares a
+    billion layers would otherwise fill the memory)."""
+    if declared is None:
+        return
+    if not isinstance(declared, int) or isinstance(declared, bool) or declared < 1:
+        raise CheckpointError(f"{what} is {declared!r}; expected a whole number of layers above 0")
+    if present != set(range(declared)):
+        have = f"layers 0 to {max(present)}" if present == set(range(len(present))) and present else \
+            f"{len(present)} layer(s) {sorted(present)[:8]}"
+        raise CheckpointError(f"{what} is {declared}, but the tensors hold {have}; the checkpoint is inconsistent")
 
 
 def safetensors_files(folder: Path) -> list[Path]:
@@ -86,10 +119,22 @@ def assign_weights(model: Decoder, state: dict[str, torch.Tensor], expected: dic
     missing = sorted(set(expected) - set(state))
     if missing:
         raise CheckpointError(f"checkpoint '{source}' lacks tensor(s) {', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}")
+    refuse_non_finite(state, source)
     model.load_state_dict(state, strict=False, assign=True)
     model.tie_weights()
     model.reset_buffers()
     return model.eval().requires_grad_(False)
+
+
+def refuse_non_finite(state: dict[str, torch.Tensor], source: Path) -> None:
+    """A NaN or Inf weight makes every logit NaN downstream (greedy decoding then emits token 0
+    forever): refuse it here, naming the tensor, rather than export a program that cannot work."""
+    for name, tensor in state.items():
+        flat = tensor.reshape(-1)
+        for start in range(0, flat.numel(), 1 << 20):  # bounded scratch (isfinite copies its input)
+            if not torch.isfinite(flat[start : start + (1 << 20)]).all():
+                raise CheckpointError(f"checkpoint '{source}': tensor {name} holds NaN or Inf values; the file is corrupt "
+                                      "(download it again)")
 
 
 def _read_file(spec: ModelSpec, file: Path, expected: dict[str, tuple[int, ...]]) -> dict[str, torch.Tensor]:

@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from genai_pipeline.checkpoints.hf import _as_ours, decoder_config, read_config, safetensors_files
+from genai_pipeline.checkpoints.hf import _as_ours, decoder_config, read_config, refuse_non_finite, safetensors_files
 from genai_pipeline.errors import CheckpointError
 from genai_pipeline.models.decoder import Decoder, DecoderConfig
 from genai_pipeline.models.vision import VisionConfig, VisionEncoder, VisionLanguageModel, unused_tower_tensor
@@ -54,6 +54,7 @@ def load_multimodal(spec: ModelSpec, folder: Path, max_seq_len: int, vision: Vis
     missing = sorted(set(expected) - set(state))
     if missing:
         raise CheckpointError(f"checkpoint '{folder}' lacks tensor(s) {', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}")
+    refuse_non_finite(state, folder)
     model.load_state_dict(state, strict=False, assign=True)
     model.decoder.tie_weights()
     model.decoder.reset_buffers()

@@ -117,6 +117,10 @@ def _check_layers(name: str, layers: tuple[int, ...], n_layers: int) -> None:
         raise ValueError(f"DecoderConfig.{name} must list distinct layer indices in [0, {n_layers}) in order, got {layers}")
 
 
+def _whole(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 @dataclass(frozen=True)
 class DecoderConfig:
     vocab_size: int
@@ -146,9 +150,12 @@ class DecoderConfig:
     max_position_embeddings: int = 2048
 
     def __post_init__(self):
-        for field in ("vocab_size", "dim", "n_layers", "n_heads", "n_kv_heads", "hidden_dim"):
-            if getattr(self, field) <= 0:
-                raise ValueError(f"DecoderConfig.{field} must be positive, got {getattr(self, field)}")
+        # Checkpoint metadata arrives here from files users download: types are checked, not assumed.
+        for field in ("vocab_size", "dim", "n_layers", "n_heads", "n_kv_heads", "hidden_dim", "max_position_embeddings",
+                      "head_dim", "rope_dim", "sliding_window"):
+            value, least = getattr(self, field), 0 if field in ("head_dim", "rope_dim") else 1  # 0: derived
+            if (value is not None or field != "sliding_window") and not (_whole(value) and value >= least):
+                raise ValueError(f"DecoderConfig.{field} must be a whole number >= {least}, got {value!r}")
         if self.n_heads % self.n_kv_heads:
             raise ValueError(f"n_heads ({self.n_heads}) must be a multiple of n_kv_heads ({self.n_kv_heads})")
         if self.head_dim == 0:
@@ -161,10 +168,10 @@ class DecoderConfig:
         self._check_layer_kinds()
         if self.activation not in ACTIVATIONS:
             raise ValueError(f"DecoderConfig.activation must be one of {', '.join(ACTIVATIONS)}, got '{self.activation}'")
-        for field in ("norm_eps", "attention_scale", "final_logit_softcap"):
+        for field in ("norm_eps", "rope_theta", "rope_local_theta", "attention_scale", "final_logit_softcap"):
             value = getattr(self, field)
-            if value is not None and value <= 0:
-                raise ValueError(f"DecoderConfig.{field} must be positive, got {value}")
+            if value is not None and not (isinstance(value, (int, float)) and 0 < value < math.inf):  # NaN too
+                raise ValueError(f"DecoderConfig.{field} must be a finite number above 0, got {value!r}")
 
     def _check_rope(self) -> None:
         if not 0 < self.rope_dim <= self.head_dim or self.rope_dim % 2:

@@ -9,6 +9,7 @@ the cursor `pos`.
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Protocol
@@ -33,8 +34,8 @@ class SamplingOptions:
     seed: int = 0
 
     def __post_init__(self):
-        if self.temperature < 0:
-            raise InputError(f"--temperature must be >= 0, got {self.temperature}")
+        if not 0 <= self.temperature < math.inf:  # NaN too
+            raise InputError(f"--temperature must be a number >= 0, got {self.temperature}")
         if self.top_k < 0:
             raise InputError(f"--top-k must be >= 0, got {self.top_k}")
         if not 0 < self.top_p <= 1:
