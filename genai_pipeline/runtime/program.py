@@ -10,8 +10,8 @@ from pathlib import Path
 
 from genai_pipeline.bundle import sha256
 from genai_pipeline.errors import ProgramError
-from genai_pipeline.runtime.executorch_runtime_import import import_executorch_runtime
-from genai_pipeline.runtime.xnnpack_weights_cache import share_packed_weights
+from genai_pipeline.upstream.executorch_runtime_import import import_executorch_runtime
+from genai_pipeline.upstream.xnnpack_weights_cache import share_packed_weights
 
 # ExecuTorch's flatbuffer file identifier sits at bytes 4..8 of every .pte.
 PTE_MAGIC_PREFIX = b"ET"

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from genai_pipeline.targets import Target
-from genai_pipeline.targets.xnnpack_dynamic_slice import delegate_dynamic_slices
+from genai_pipeline.upstream.xnnpack_dynamic_slice import delegate_dynamic_slices
 
 _madvise = ctypes.CDLL(None, use_errno=True).madvise if sys.platform == "linux" else None
 
@@ -175,7 +175,7 @@ class _PairSwappedEmbedding(nn.Module):
     A tied int4 table is packed two values a byte by both of its users, in opposite orders:
     ExecuTorch's `embedding_4bit` puts column 2k in the high nibble, XNNPACK's LM head in the low
     one. Swapping the lookup's columns makes its packed bytes those of the head, so the program
-    stores them once (genai_pipeline/executorch_program_manager.py); swapping back costs a
+    stores them once (genai_pipeline/upstream/executorch_program_manager.py); swapping back costs a
     permutation of `dim` values a token. The pairs stay inside their quantization groups, so the
     scales are unchanged."""
 

@@ -8,13 +8,14 @@ import torch
 from tqdm import tqdm
 
 from conftest import Q4, TINY_MAX_SEQ, TINY_PREFILL
-from genai_pipeline import compile, lowering
+from genai_pipeline import compile
 from genai_pipeline.compile import compile_artifacts, lower
 from genai_pipeline.names import Mode
 from genai_pipeline.prepare import PrepareOptions, prepare
 from genai_pipeline.quantize import QuantOptions, quantize
 from genai_pipeline.registry import get_spec
 from genai_pipeline.targets import get_target
+from genai_pipeline.upstream import exir_lowering
 
 
 @functools.cache  # each form lowered once per session: tests only read the programs
@@ -43,7 +44,7 @@ def test_each_layer_is_one_delegate_call_and_methods_share_weight_bytes(tiny_che
         left = [str(n.target) for n in program.graph.nodes if n.op == "call_function"]
         assert not [t for t in left if "mean" in t], (name, left)  # RMSNorm stays inside the delegate
         # one delegate per layer (attention input to the next layer's), plus the first and the head;
-        # prefill_long (any length) too: its fused outputs' slices stay in (targets/xnnpack_dynamic_slice.py)
+        # prefill_long (any length) too: its fused outputs' slices stay in (upstream/xnnpack_dynamic_slice.py)
         assert len(delegates(program)) <= config.n_layers + 2, (name, len(delegates(program)))
     assert weight_names(methods["prefill_long"]) == weight_names(methods["decode"])  # fused alike
     # Every weight the two methods share is one bytes object in memory while the program is built.
@@ -62,7 +63,7 @@ def test_each_layer_is_one_delegate_call_and_methods_share_weight_bytes(tiny_che
 def test_dynamic_length_graph_is_one_delegate_per_layer(tiny_checkpoint):
     """ExecuTorch's XNNPACK delegates no reshape to a symbolic size, nor (unpatched) a slice of a
     dynamic-length tensor: the dynamic `forward` reshapes with -1, and the slices of its fused
-    projections' outputs and of RoPE's halves stay in (targets/xnnpack_dynamic_slice.py), so each
+    projections' outputs and of RoPE's halves stay in (upstream/xnnpack_dynamic_slice.py), so each
     layer is one delegate call, as in hybrid (bench/README "Dynamic programs: one delegate per layer")."""
     methods, config = lower_tiny(tiny_checkpoint, Mode.DYNAMIC.value)
     program = methods["forward"]
@@ -142,9 +143,9 @@ def test_lowering_makes_the_program_executorchs_own_lowering_makes(tiny_checkpoi
     from genai_pipeline.targets import xnnpack
 
     ran, to_edge = [], []
-    may_change, may_rewrite = xnnpack._may_change, lowering._may_rewrite
+    may_change, may_rewrite = xnnpack._may_change, exir_lowering._may_rewrite
     monkeypatch.setattr(xnnpack, "_may_change", lambda p, *a: ran.append((p.__name__, may_change(p, *a))) or ran[-1][1])
-    monkeypatch.setattr(lowering, "_may_rewrite", lambda p, g: to_edge.append((lowering._pass_name(p), may_rewrite(p, g))) or to_edge[-1][1])
+    monkeypatch.setattr(exir_lowering, "_may_rewrite", lambda p, g: to_edge.append((exir_lowering._pass_name(p), may_rewrite(p, g))) or to_edge[-1][1])
     ours, decompositions = lower_quantized_tiny(tiny_checkpoint)
     assert decompositions == 1  # one graph: the forward method
     skipped = {name for name, ran_it in to_edge if not ran_it}

@@ -1,4 +1,4 @@
-"""XNNPACK slices of dynamic-length tensors stay in their delegate (targets/xnnpack_dynamic_slice.py):
+"""XNNPACK slices of dynamic-length tensors stay in their delegate (upstream/xnnpack_dynamic_slice.py):
 fails when the pinned wheel stops serializing or running them the way the patch relies on."""
 
 import pytest
@@ -25,7 +25,7 @@ def lowered():
     from executorch.exir import to_edge_transform_and_lower
 
     from genai_pipeline.targets import get_target
-    from genai_pipeline.targets.xnnpack_dynamic_slice import delegate_dynamic_slices
+    from genai_pipeline.upstream.xnnpack_dynamic_slice import delegate_dynamic_slices
 
     torch.manual_seed(0)
     module = FusedThenSplit().eval()

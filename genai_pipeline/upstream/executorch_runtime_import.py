@@ -10,7 +10,7 @@ Here `exir/_warnings.py` is loaded on its own (under a placeholder for its packa
 and the kernels' library by `torch.ops.load_library`, which is what custom_ops.py does first; a later
 `import executorch.exir` or custom_ops.py in the same process loads them as usual. Only for the
 pinned version and when nothing has imported exir yet; otherwise the plain imports.
-tests/runtime/test_executorch_runtime_import.py fails when the wheel stops working this way.
+tests/upstream/test_executorch_runtime_import.py fails when the wheel stops working this way.
 """
 
 from __future__ import annotations

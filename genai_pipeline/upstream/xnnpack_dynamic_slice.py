@@ -10,7 +10,7 @@ costs a portable copy and two delegate boundaries.
 
 Here the config accepts such slices and the serializer writes 0 for their symbolic dimensions;
 for the pinned version only (another version keeps ExecuTorch's own behaviour: correct, the slices
-outside the delegates). tests/targets/test_xnnpack_dynamic_slice.py fails when the wheel stops
+outside the delegates). tests/upstream/test_xnnpack_dynamic_slice.py fails when the wheel stops
 working this way.
 """
 

@@ -10,7 +10,7 @@ def test_nodes_a_partitioner_refuses_are_decomposed_as_executorch_does(monkeypat
     from executorch import exir
     from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
 
-    from genai_pipeline.lowering import to_edge_transform_and_lower as ours
+    from genai_pipeline.upstream.exir_lowering import to_edge_transform_and_lower as ours
 
     class RefusingTheSecondLinear(XnnpackPartitioner):
         def ops_to_not_decompose(self, program):
@@ -45,7 +45,7 @@ def test_an_aten_to_edge_pass_is_skipped_only_where_it_has_nothing_to_rewrite():
     from executorch.exir.tracer import _default_decomposition_table
     from torch.fx.experimental.proxy_tensor import make_fx
 
-    from genai_pipeline.lowering import _aten_to_edge_passes, _edge_program, _may_rewrite, _pass_name
+    from genai_pipeline.upstream.exir_lowering import _aten_to_edge_passes, _edge_program, _may_rewrite, _pass_name
 
     class MixedTypesScalarsAndCopies(torch.nn.Module):
         def forward(self, x, i):

@@ -13,7 +13,7 @@ constant where it always did, the delegate reads the same bytes under the same k
 runtime resolves those only from a separate `.ptd` file, never from the program's own named
 data; `Method::parse_external_constants` in 1.5.1.)
 
-Relies on, in executorch==1.5.1 (tests/test_executorch_program_manager.py fails when any of it
+Relies on, in executorch==1.5.1 (tests/upstream/test_executorch_program_manager.py fails when any of it
 changes):
 - `ExecutorchProgramManager` serializes at construction from `_emitter_output`, `_named_data`
   and `_data_serializer`, with `serialize_for_executorch`, into `_pte_data` (`buffer` caches

@@ -1,4 +1,4 @@
-"""The ExecuTorch behaviour genai_pipeline/executorch_program_manager.py relies on, checked on a
+"""The ExecuTorch behaviour genai_pipeline/upstream/executorch_program_manager.py relies on, checked on a
 tied embedding in ExecuTorch's own lowering: these fail when an upgrade changes it."""
 
 from importlib.metadata import version
@@ -6,7 +6,7 @@ from importlib.metadata import version
 import torch
 from torch import nn
 
-from genai_pipeline.executorch_program_manager import store_shared_bytes_once
+from genai_pipeline.upstream.executorch_program_manager import store_shared_bytes_once
 from genai_pipeline.inspect import inspect_program
 
 VOCAB, DIM = 512, 64
@@ -37,7 +37,7 @@ def _lowered():
 
 
 def test_executorch_is_the_pinned_version():
-    assert version("executorch") == "1.5.1", "re-check genai_pipeline/executorch_program_manager.py against this version"
+    assert version("executorch") == "1.5.1", "re-check genai_pipeline/upstream/executorch_program_manager.py against this version"
 
 
 def test_the_delegated_head_reads_the_lookups_table_and_the_program_runs(tmp_path):

@@ -4,7 +4,7 @@ This patches around the executorch 1.5.1 wheel: it is built without ENABLE_XNNPA
 its Python API has no backend options, so the option is set with ctypes on libexecutorch.so's
 `executorch::runtime::set_option`, whose `BackendOption` layout is copied below. Both the mangled
 names and the layout belong to that version: any other version leaves the cache off (logged), and
-tests/runtime/test_xnnpack_weights_cache.py fails when the pinned wheel stops reading the option back.
+tests/upstream/test_xnnpack_weights_cache.py fails when the pinned wheel stops reading the option back.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Lowering to ExecuTorch's edge dialect and a backend: ExecuTorch's own steps, re-tracing the
 graph fewer times. Each re-trace runs the whole graph on fake tensors, ~0.5 s a layer with a
 symbolic sequence length; the programs come out byte for byte as ExecuTorch's own lowering
-makes them (tests/test_lowering.py, tests/targets/test_xnnpack.py)."""
+makes them (tests/upstream/test_exir_lowering.py, tests/targets/test_xnnpack.py)."""
 
 from __future__ import annotations
 

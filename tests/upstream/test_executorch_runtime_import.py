@@ -1,4 +1,4 @@
-"""runtime/executorch_runtime_import.py: a process that only runs programs imports ExecuTorch's
+"""upstream/executorch_runtime_import.py: a process that only runs programs imports ExecuTorch's
 runtime without its export stack. Fails when the pinned wheel stops allowing it."""
 
 import json
@@ -16,7 +16,7 @@ session = DecoderSession(sys.argv[1])
 logits = session.prefill(list(range(1, 20)))
 loaded = {m: m in sys.modules for m in ("executorch.exir", "torch._inductor", "sympy", "torchao")}
 import executorch.exir, executorch.extension.llm.custom_ops.custom_ops  # export still works after
-from genai_pipeline.runtime.executorch_runtime_import import import_executorch_runtime
+from genai_pipeline.upstream.executorch_runtime_import import import_executorch_runtime
 print(json.dumps({"lean": import_executorch_runtime(), "loaded": loaded, "logits": logits.tolist(),
                   "exir": executorch.exir.ExecutorchProgramManager.__name__}))
 """
