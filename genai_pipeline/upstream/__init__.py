@@ -8,6 +8,7 @@ patched, each guarded by the versions in pins.py (docs/upstream-patches.md lists
   constant of the program (a tied LM head's table) is stored once.
 - executorch_logs.py: the C++ runtime's logs to fd 2 kept off the terminal (`native_logs_hidden`).
 - executorch_runtime_import.py: ExecuTorch's runtime imported without its export stack.
+- torch_export_caches.py: torch's and ExecuTorch's caches of the last lowering emptied once a program is written.
 - xnnpack_preprocess.py: XNNPACK's preprocess sharing weights and skipping idle passes; `install()` once per process.
 - xnnpack_weights_cache.py: XNNPACK's weights cache switched on through the runtime's C++ backend option.
 - xnnpack_dynamic_slice.py: XNNPACK slices of dynamic-length tensors kept inside their delegate.

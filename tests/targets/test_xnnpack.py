@@ -16,6 +16,7 @@ from genai_pipeline.quantize import QuantOptions, quantize
 from genai_pipeline.registry import get_spec
 from genai_pipeline.targets import get_target
 from genai_pipeline.upstream import exir_lowering
+from genai_pipeline.upstream.torch_export_caches import forget_lowered_graphs
 
 
 @functools.cache  # each form lowered once per session: tests only read the programs
@@ -113,7 +114,7 @@ def lower_quantized_tiny(checkpoint) -> tuple[bytes, int]:
     with pytest.MonkeyPatch.context() as patch, tqdm(disable=True) as progress:
         patch.setattr(ExportedProgram, "run_decompositions", lambda *a, **k: decompositions.append(1) or run(*a, **k))
         program = compile._to_executorch(next(iter(prepared.artifacts.values())), get_target("xnnpack"), progress, quantized=True)
-    compile._forget_lowered_graphs()
+    forget_lowered_graphs()
     return program.buffer, len(decompositions)
 
 

@@ -6,8 +6,8 @@ from importlib.metadata import version
 import torch
 from torch import nn
 
-from genai_pipeline.upstream.executorch_program_manager import store_shared_bytes_once
 from genai_pipeline.inspect import inspect_program
+from genai_pipeline.upstream.executorch_program_manager import store_shared_bytes_once
 
 VOCAB, DIM = 512, 64
 
