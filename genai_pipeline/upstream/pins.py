@@ -58,5 +58,6 @@ def require_pinned(what: str, *packages: str) -> None:
     """Raises ExportError, one line naming the pinned versions, unless `packages` are at them: for a
     patch with no upstream behaviour to fall back to."""
     if not pinned(*packages):
-        raise ExportError(f"{what} is checked against {', '.join(f'{p}=={PINNED[p]}' for p in packages)}, "
-                          f"found {unpinned(*packages)}: install the pinned versions (pyproject.toml)")
+        wanted = ", ".join(f"{p}=={PINNED[p]}" for p in packages)
+        found = ", ".join(f"{p} {installed(p) or 'not installed'}" for p in packages if not pinned(p))
+        raise ExportError(f"{what} is written for {wanted}, found {found}: install the versions pyproject.toml pins")

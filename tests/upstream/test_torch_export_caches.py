@@ -8,7 +8,8 @@ import logging
 import torch
 from torch.export import Dim
 
-from genai_pipeline.upstream import pins, torch_export_caches
+from pretend_installed import pretend_installed
+from genai_pipeline.upstream import torch_export_caches
 
 
 def _export_a_dynamic_graph():
@@ -41,12 +42,8 @@ def test_another_torch_clears_nothing(monkeypatch, caplog):
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     _export_a_dynamic_graph()
-    monkeypatch.setattr(pins, "installed", lambda package: "0.0.0" if package == "torch" else pins.PINNED[package])
-    pins.warn_unpinned.cache_clear()
-    try:
-        with caplog.at_level(logging.WARNING, logger=torch_export_caches.log.name):
-            torch_export_caches.forget_lowered_graphs()
-    finally:
-        pins.warn_unpinned.cache_clear()
+    pretend_installed(monkeypatch, torch="0.0.0")
+    with caplog.at_level(logging.WARNING, logger=torch_export_caches.log.name):
+        torch_export_caches.forget_lowered_graphs()
     assert FakeTensorMode.cache_info().size
     assert "torch 0.0.0 (pinned: 2.13.0)" in caplog.text

@@ -9,6 +9,7 @@ import logging
 
 import torch
 
+from pretend_installed import pretend_installed
 from genai_pipeline.targets import get_target
 from genai_pipeline.upstream import xnnpack_preprocess as patches
 
@@ -55,17 +56,11 @@ def test_install_applies_the_patches_once():
 def test_another_executorch_installs_nothing(monkeypatch, caplog):
     from executorch.backends.xnnpack.xnnpack_preprocess import XnnpackBackend
 
-    from genai_pipeline.upstream import pins
-
     before = XnnpackBackend.__dict__.get("preprocess_multimethod")
     monkeypatch.setattr(patches, "_installed", None)
-    monkeypatch.setattr(pins, "installed", lambda package: "0.0.0")
-    pins.warn_unpinned.cache_clear()
-    try:
-        with caplog.at_level(logging.WARNING, logger=patches.log.name):
-            assert patches.install() is False
-    finally:
-        pins.warn_unpinned.cache_clear()
+    pretend_installed(monkeypatch, executorch="0.0.0")
+    with caplog.at_level(logging.WARNING, logger=patches.log.name):
+        assert patches.install() is False
     assert XnnpackBackend.__dict__.get("preprocess_multimethod") is before
     assert "executorch 0.0.0 (pinned: 1.5.1)" in caplog.text
 

@@ -20,6 +20,8 @@ def test_the_pinned_wheel_reads_the_weights_cache_option_back():
     code = "from genai_pipeline.upstream.xnnpack_weights_cache import share_packed_weights as s; print(s())"
     assert run(code) == "True"
     assert run(code, GENAI_XNNPACK_WEIGHT_CACHE="0") == "False"
+    # Another ExecuTorch: its C++ layout is not known, the cache stays off.
+    assert run(f"from genai_pipeline.upstream import pins; pins.installed = lambda package: '1.6.0'; {code}") == "False"
 
 
 def test_the_wheel_ships_with_the_cache_off_and_the_copied_layout_reads_it():
