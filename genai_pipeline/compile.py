@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import gc
 import json
 import logging
 import shutil
@@ -16,11 +15,12 @@ from tqdm import tqdm
 from genai_pipeline.bundle import MANIFEST, Artifact, ArtifactSet, PreparedModel, atomic_write, sha256, tool_versions, weights_fingerprint
 from genai_pipeline.chat_template import read_chat_template
 from genai_pipeline.errors import ExportError
-from genai_pipeline.executorch_program_manager import store_shared_bytes_once
-from genai_pipeline.lowering import lower_grouped, to_edge_transform_and_lower
 from genai_pipeline.names import GraphName
 from genai_pipeline.quantize import int4_file, save_int4, smoothing_file
 from genai_pipeline.targets import Target
+from genai_pipeline.upstream.executorch_program_manager import store_shared_bytes_once
+from genai_pipeline.upstream.exir_lowering import lower_grouped, to_edge_transform_and_lower
+from genai_pipeline.upstream.torch_export_caches import forget_lowered_graphs
 
 log = logging.getLogger(__name__)
 
@@ -107,40 +107,8 @@ def _lower_all(prepared: PreparedModel, target: Target, out: Path) -> dict:
             # every weight in memory at once (~5 GB for a 1B model in fp32).
             atomic_write(programs[key], program.write_to_file)
             del program
-            _forget_lowered_graphs()
+            forget_lowered_graphs()
     return programs
-
-
-def _forget_lowered_graphs() -> None:
-    """Module-level state in torch and ExecuTorch keeps the last graphs of a lowering reachable, and
-    through their nodes' metadata the weights they were traced with (a SmolLM2-135M 8da4w export
-    held ~600 MB after its program was written): torch's export keeps the nodes of its last trace
-    for a leak check, torch memoizes ShapeEnv methods (keeping each ShapeEnv, whose fake
-    tensor cache holds the lowered modules), fake tensors' dispatch caches key on the arguments of
-    the ops they ran, a delegate call's lowered module among them (the class-wide cache, and each
-    ShapeEnv's: a garbage collection does not free a ShapeEnv whose only referrers are the symbolic
-    sizes in its own cache's keys), and ExecuTorch memoizes node comparisons without bound.
-    Clearing them costs nothing but the next lowering's cache misses."""
-    from executorch.exir.backend.utils import is_same_node
-    from torch._subclasses.fake_tensor import FakeTensorMode
-    from torch.fx.experimental import proxy_tensor
-    from torch.fx.experimental.symbolic_shapes import ShapeEnv
-
-    proxy_tensor._FAKE_TENSOR_ID_TO_PROXY_MAP_FOR_EXPORT.clear()
-    FakeTensorMode.cache_clear()
-    for shape_env in (o for o in gc.get_objects() if _is_a(o, ShapeEnv)):
-        shape_env.fake_tensor_cache.clear()
-    for method in vars(ShapeEnv).values():
-        if hasattr(method, "cache_clear"):
-            method.cache_clear()
-    is_same_node.cache_clear()
-
-
-def _is_a(obj, cls) -> bool:
-    try:
-        return isinstance(obj, cls)
-    except ReferenceError:  # a weakref.proxy whose object has gone (gc.get_objects() lists them): not one
-        return False
 
 
 def _qdq_files(key, qdq) -> dict:

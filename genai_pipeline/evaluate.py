@@ -35,11 +35,11 @@ from genai_pipeline.names import ArtifactKey, GraphName, Mode
 from genai_pipeline.quantize import int4_file, load_int4, quant_options_from, quantize_module, smooth, smoothing_file
 from genai_pipeline.registry import get_spec
 from genai_pipeline.rotation import rotate, unrotated
-from genai_pipeline.runtime.program import native_logs_hidden
 from genai_pipeline.runtime.cache_io import CacheIOContract, CacheIOSession, eager_runner
 from genai_pipeline.runtime.multimodal import MultimodalSession, is_multimodal
 from genai_pipeline.runtime.session import DecoderSession, EagerSession, open_session
 from genai_pipeline.tokenizer import Tokenizer
+from genai_pipeline.upstream.executorch_logs import native_logs_hidden
 
 
 @dataclass(frozen=True)

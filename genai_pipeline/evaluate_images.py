@@ -29,8 +29,8 @@ from genai_pipeline.bundle import check_weights, read_manifest
 from genai_pipeline.errors import InputError
 from genai_pipeline.runtime.generate import generate, greedy_token
 from genai_pipeline.runtime.multimodal import MultimodalSession, is_multimodal
-from genai_pipeline.runtime.program import native_logs_hidden
 from genai_pipeline.tokenizer import Tokenizer
+from genai_pipeline.upstream.executorch_logs import native_logs_hidden
 
 MARGIN = 4  # new tokens allowed past the expected answer's length
 

@@ -475,7 +475,7 @@ def gptq_int4(prepared: PreparedModel, decoder: nn.Module, options: QuantOptions
     names = gptq_names(decoder, options)
     samples = gptq_samples(prepared, options)
     state = {k: v.clone() for k, v in decoder.named_buffers()}  # the KV cache, as it was
-    from genai_pipeline.runtime.program import native_logs_hidden
+    from genai_pipeline.upstream.executorch_logs import native_logs_hidden
 
     with native_logs_hidden():  # ExecuTorch's custom ops log from C++ in eager mode too
         computed = gptq_weights(decoder, names, samples, prepared.options.max_seq_len, options.group_size, hessians)
@@ -796,7 +796,7 @@ def with_default_data(calibration: CalibrationOptions) -> CalibrationOptions:
 
 def _calibrate(prepared: PreparedModel, artifact: Artifact, options: QuantOptions, quantizer):
     """PT2E on the quantize graph: observe activations over the calibration data, then convert."""
-    from genai_pipeline.runtime.program import native_logs_hidden
+    from genai_pipeline.upstream.executorch_logs import native_logs_hidden
     from genai_pipeline.tokenizer import Tokenizer
 
     graph = artifact.quantize_graph
@@ -1006,7 +1006,7 @@ def quantize(prepared: PreparedModel, options: QuantOptions, target, cache: Path
                 started = time.perf_counter()
                 samples = gptq_samples(prepared, options)
                 state = {k: v.clone() for k, v in artifact.module.named_buffers()}  # the KV cache, as it was
-                from genai_pipeline.runtime.program import native_logs_hidden
+                from genai_pipeline.upstream.executorch_logs import native_logs_hidden
 
                 with native_logs_hidden():  # ExecuTorch's custom ops log from C++ in eager mode too
                     # GPTQ calibrates on the same samples: its X^T X come from the same pass

@@ -279,7 +279,7 @@ def quantize_static(prepared: PreparedModel, options: QuantOptions, target) -> P
     spliced embeddings; the deploy methods are the calibrated QDQ graphs (the token embedding
     stays the float lookup). Both QDQ models are kept for `genai eval` and the report."""
     from genai_pipeline.data import iterate_with_progress
-    from genai_pipeline.runtime.program import native_logs_hidden
+    from genai_pipeline.upstream.executorch_logs import native_logs_hidden
 
     artifact = prepared.artifacts[ArtifactKey.MULTIMODAL]
     model = artifact.module.requires_grad_(False)  # else the buffer write-back fails in to_executorch (DESIGN.md)

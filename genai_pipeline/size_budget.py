@@ -94,7 +94,7 @@ def promotion_gains(module: nn.Module, four_bit: dict[str, torch.Tensor], eight_
     (`eight_bit`, the same as float), in nats per token over `windows` (token lists, each from position 0). A group's
     change is measured by running the blocks from its first on, from the hidden states the 4-bit
     model gives that block. The module (weights, KV cache) is left as it was."""
-    from genai_pipeline.runtime.program import native_logs_hidden
+    from genai_pipeline.upstream.executorch_logs import native_logs_hidden
 
     state = {k: v.clone() for k, v in module.named_buffers()}
     linears = {n: module.get_submodule(n) for n in four_bit}

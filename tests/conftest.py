@@ -50,7 +50,8 @@ def pytest_configure(config) -> None:
     # cores the other worker needs. So each worker gets its share of the cores.
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
     if workers > 1:
-        from genai_pipeline.runtime.program import native_logs_hidden, set_threads
+        from genai_pipeline.runtime.program import set_threads
+        from genai_pipeline.upstream.executorch_logs import native_logs_hidden
 
         threads = max(1, (os.cpu_count() or 1) // workers)
         torch.set_num_threads(threads)

@@ -541,7 +541,7 @@ class Decoder(nn.Module):
     def swap_rope_halves_by_matmul(self) -> None:
         """RoPE's half swap as a product with a constant +-1 matrix instead of two slices and a
         cat, for a backend that delegates no slice of a dynamic-length tensor (ExecuTorch's
-        XNNPACK partitioner; targets/xnnpack_dynamic_slice.py lets the pinned version). Not free:
+        XNNPACK partitioner; upstream/xnnpack_dynamic_slice.py lets the pinned version). Not free:
         as the last matmul before the attention it slows custom_sdpa at 2 threads (bench/README,
         "RoPE's half swap and the attention")."""
         self.rope_swap = half_swap_matrix(self.config.rope_dim)

@@ -183,7 +183,7 @@ def eager_runner(graphs: Mapping[GraphName, torch.nn.Module], n_layers: int) -> 
 
 def program_runner(methods: Mapping[GraphName, object]) -> Runner:
     """A loaded program's methods (executorch.runtime Method objects) as a Runner."""
-    from genai_pipeline.runtime.program import native_logs_hidden
+    from genai_pipeline.upstream.executorch_logs import native_logs_hidden
 
     def run(method: GraphName, inputs: list) -> list:
         with native_logs_hidden():

@@ -21,8 +21,9 @@ from genai_pipeline.bundle import read_manifest
 from genai_pipeline.errors import InputError, ProgramError
 from genai_pipeline.names import ArtifactKey, GraphName, Mode
 from genai_pipeline.image_processing import Frames, ImageProcessing, expand_prompt, image_frames, read_image
-from genai_pipeline.runtime.program import load_program, native_logs_hidden
+from genai_pipeline.runtime.program import load_program
 from genai_pipeline.runtime.session import check_room
+from genai_pipeline.upstream.executorch_logs import native_logs_hidden
 
 
 def is_multimodal(manifest: dict) -> bool:

@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import logging
-import os
-import sys
-from contextlib import contextmanager
 from pathlib import Path
 
 from genai_pipeline.bundle import sha256
 from genai_pipeline.errors import ProgramError
-from genai_pipeline.runtime.executorch_runtime_import import import_executorch_runtime
-from genai_pipeline.runtime.xnnpack_weights_cache import share_packed_weights
+from genai_pipeline.upstream.executorch_logs import native_logs_hidden
+from genai_pipeline.upstream.executorch_runtime_import import import_executorch_runtime
+from genai_pipeline.upstream.xnnpack_weights_cache import share_packed_weights
 
 # ExecuTorch's flatbuffer file identifier sits at bytes 4..8 of every .pte.
 PTE_MAGIC_PREFIX = b"ET"
@@ -60,25 +58,3 @@ def set_threads(n: int) -> None:
     from executorch.extension.pybindings import portable_lib
 
     portable_lib._unsafe_reset_threadpool(n)
-
-
-@contextmanager
-def native_logs_hidden():
-    """ExecuTorch's C++ runtime logs to file descriptor 2 (`cpuinfo_utils` probing the CPU when a
-    method loads, `No temp allocator provided`, ...): lines a user cannot act on, which Python's
-    logging never sees. The 1.5.1 wheel has no log-level setting, so fd 2 points at /dev/null while
-    the runtime works, unless GENAI_DEBUG is set. Wrap only runtime calls: nothing of ours is
-    printed meanwhile (Python's own messages go through sys.stderr, flushed first)."""
-    if os.environ.get("GENAI_DEBUG"):
-        yield
-        return
-    sys.stderr.flush()
-    saved = os.dup(2)
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, 2)
-    os.close(devnull)
-    try:
-        yield
-    finally:
-        os.dup2(saved, 2)
-        os.close(saved)

@@ -13,7 +13,8 @@ import torch
 from genai_pipeline.bundle import read_manifest
 from genai_pipeline.errors import InputError, ProgramError
 from genai_pipeline.names import ArtifactKey, GraphName, Mode
-from genai_pipeline.runtime.program import load_program, native_logs_hidden
+from genai_pipeline.runtime.program import load_program
+from genai_pipeline.upstream.executorch_logs import native_logs_hidden
 
 
 def open_session(folder: Path, verify: bool = False):

@@ -41,7 +41,7 @@ class Target:
     # before it is exported for lowering (calibrated QDQ graphs pass through unchanged); the
     # flag: the shapes of all the program's graphs are static (no dynamic sequence length).
     adapt_for_lowering: Callable[[object, bool], None] = lambda module, static_shapes: None
-    # For a backend that lowers several methods into one payload (lowering.lower_grouped): the
+    # For a backend that lowers several methods into one payload (upstream.exir_lowering.lower_grouped): the
     # program's method names -> how they are grouped, partitioned and checked.
     grouped: Callable[[tuple[str, ...]], GroupedLowering] | None = None
     # The program's method names -> the backend's compile spec decoded for the manifest, or None.

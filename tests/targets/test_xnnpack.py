@@ -8,13 +8,15 @@ import torch
 from tqdm import tqdm
 
 from conftest import Q4, TINY_MAX_SEQ, TINY_PREFILL
-from genai_pipeline import compile, lowering
+from genai_pipeline import compile
 from genai_pipeline.compile import compile_artifacts, lower
 from genai_pipeline.names import Mode
 from genai_pipeline.prepare import PrepareOptions, prepare
 from genai_pipeline.quantize import QuantOptions, quantize
 from genai_pipeline.registry import get_spec
 from genai_pipeline.targets import get_target
+from genai_pipeline.upstream import exir_lowering
+from genai_pipeline.upstream.torch_export_caches import forget_lowered_graphs
 
 
 @functools.cache  # each form lowered once per session: tests only read the programs
@@ -43,7 +45,7 @@ def test_each_layer_is_one_delegate_call_and_methods_share_weight_bytes(tiny_che
         left = [str(n.target) for n in program.graph.nodes if n.op == "call_function"]
         assert not [t for t in left if "mean" in t], (name, left)  # RMSNorm stays inside the delegate
         # one delegate per layer (attention input to the next layer's), plus the first and the head;
-        # prefill_long (any length) too: its fused outputs' slices stay in (targets/xnnpack_dynamic_slice.py)
+        # prefill_long (any length) too: its fused outputs' slices stay in (upstream/xnnpack_dynamic_slice.py)
         assert len(delegates(program)) <= config.n_layers + 2, (name, len(delegates(program)))
     assert weight_names(methods["prefill_long"]) == weight_names(methods["decode"])  # fused alike
     # Every weight the two methods share is one bytes object in memory while the program is built.
@@ -62,7 +64,7 @@ def test_each_layer_is_one_delegate_call_and_methods_share_weight_bytes(tiny_che
 def test_dynamic_length_graph_is_one_delegate_per_layer(tiny_checkpoint):
     """ExecuTorch's XNNPACK delegates no reshape to a symbolic size, nor (unpatched) a slice of a
     dynamic-length tensor: the dynamic `forward` reshapes with -1, and the slices of its fused
-    projections' outputs and of RoPE's halves stay in (targets/xnnpack_dynamic_slice.py), so each
+    projections' outputs and of RoPE's halves stay in (upstream/xnnpack_dynamic_slice.py), so each
     layer is one delegate call, as in hybrid (bench/README "Dynamic programs: one delegate per layer")."""
     methods, config = lower_tiny(tiny_checkpoint, Mode.DYNAMIC.value)
     program = methods["forward"]
@@ -100,22 +102,6 @@ def test_verify_of_any_length_beside_static_methods_takes_the_same_weights(tiny_
     assert weight_names(methods["verify"]) == weight_names(methods["decode"])
 
 
-def test_partition_copied_for_preprocess_shares_its_weights(tiny_eager):
-    """ExecuTorch's default copy holds every weight twice more while a hybrid program is lowered;
-    ours copies the graph only (XNNPACK's preprocess never writes into a weight: the programs'
-    parity with the eager model in test_compile.py would show it if it did)."""
-    from executorch.backends.xnnpack.xnnpack_preprocess import XnnpackBackend
-    from executorch.exir.backend.backend_details import BackendDetails
-
-    get_target("xnnpack").partitioners()  # installs the hooks
-    program = torch.export.export(tiny_eager(), (torch.zeros(1, 2, dtype=torch.long), torch.tensor([0])), strict=False)
-    ours = XnnpackBackend.copy_exported_program_for_preprocess(program, [])
-    default = BackendDetails.copy_exported_program_for_preprocess.__func__(XnnpackBackend, program, [])
-    assert ours.graph_module is not program.graph_module
-    assert all(ours.state_dict[k] is v for k, v in program.state_dict.items())
-    assert all(default.state_dict[k] is not v for k, v in program.state_dict.items())
-
-
 def lower_quantized_tiny(checkpoint) -> tuple[bytes, int]:
     """The tiny model, dynamic mode, 8da4w, lowered as compile lowers it: (the program's bytes, how
     many times lowering re-traced a graph to decompose it)."""
@@ -128,7 +114,7 @@ def lower_quantized_tiny(checkpoint) -> tuple[bytes, int]:
     with pytest.MonkeyPatch.context() as patch, tqdm(disable=True) as progress:
         patch.setattr(ExportedProgram, "run_decompositions", lambda *a, **k: decompositions.append(1) or run(*a, **k))
         program = compile._to_executorch(next(iter(prepared.artifacts.values())), get_target("xnnpack"), progress, quantized=True)
-    compile._forget_lowered_graphs()
+    forget_lowered_graphs()
     return program.buffer, len(decompositions)
 
 
@@ -139,12 +125,13 @@ def test_lowering_makes_the_program_executorchs_own_lowering_makes(tiny_checkpoi
     from executorch.backends.xnnpack import _passes, xnnpack_preprocess
     from executorch.exir import EdgeCompileConfig, to_edge_transform_and_lower
 
-    from genai_pipeline.targets import xnnpack
+    from genai_pipeline.upstream import xnnpack_preprocess as patches
 
+    assert patches.install()
     ran, to_edge = [], []
-    may_change, may_rewrite = xnnpack._may_change, lowering._may_rewrite
-    monkeypatch.setattr(xnnpack, "_may_change", lambda p, *a: ran.append((p.__name__, may_change(p, *a))) or ran[-1][1])
-    monkeypatch.setattr(lowering, "_may_rewrite", lambda p, g: to_edge.append((lowering._pass_name(p), may_rewrite(p, g))) or to_edge[-1][1])
+    may_change, may_rewrite = patches._may_change, exir_lowering._may_rewrite
+    monkeypatch.setattr(patches, "_may_change", lambda p, *a: ran.append((p.__name__, may_change(p, *a))) or ran[-1][1])
+    monkeypatch.setattr(exir_lowering, "_may_rewrite", lambda p, g: to_edge.append((exir_lowering._pass_name(p), may_rewrite(p, g))) or to_edge[-1][1])
     ours, decompositions = lower_quantized_tiny(tiny_checkpoint)
     assert decompositions == 1  # one graph: the forward method
     skipped = {name for name, ran_it in to_edge if not ran_it}
@@ -156,43 +143,13 @@ def test_lowering_makes_the_program_executorchs_own_lowering_makes(tiny_checkpoi
             "DimOrderOpsRevertPass"} <= skipped  # no dim-order op: the aten-to-edge pass that makes them was skipped too
     assert {name for name, ran_it in ran if ran_it} >= {"ChannelsLastTaggedReshapePass", "ConstPropPass"}
 
-    monkeypatch.setattr(xnnpack, "_pass_manager_skipping_idle_passes", lambda: _passes.XNNPACKPassManager)
+    monkeypatch.setattr(xnnpack_preprocess, "XNNPACKPassManager", _passes.XNNPACKPassManager)
     monkeypatch.setattr(compile, "to_edge_transform_and_lower", lambda programs, partitioners, constant_methods: to_edge_transform_and_lower(
         programs, partitioner=partitioners, constant_methods=constant_methods, compile_config=EdgeCompileConfig(_check_ir_validity=False)))
     theirs, decompositions = lower_quantized_tiny(tiny_checkpoint)
     assert xnnpack_preprocess.XNNPACKPassManager is _passes.XNNPACKPassManager  # lowered with ExecuTorch's own
     assert decompositions == 3
     assert ours == theirs
-
-
-def test_a_pass_runs_when_its_ops_are_there():
-    from executorch.backends.xnnpack._passes import (
-        ConstPropPass,
-        Conv1dUnsqueezePass,
-        FuseActivationPass,
-        PropagateCustomMetaPass,
-        RemoveRedundantCopyPass,
-    )
-    from executorch.exir.dialects._ops import ops as exir_ops
-    from executorch.exir.passes.memory_format_ops_pass import DimOrderOpsRevertPass
-
-    from genai_pipeline.targets.xnnpack import _may_change, _ops_rewritten_by
-
-    rewrites = _ops_rewritten_by()
-    graph = torch.fx.Graph()
-    x = graph.placeholder("x")
-    y = graph.call_function(exir_ops.edge.aten._to_copy.default, (x,))
-    graph.output(graph.call_function(exir_ops.edge.aten.relu.default, (y,)))
-    assert _may_change(RemoveRedundantCopyPass, graph, rewrites)
-    assert _may_change(FuseActivationPass, graph, rewrites)
-    assert _may_change(ConstPropPass, graph, rewrites)  # not in the table: always runs
-    assert not _may_change(Conv1dUnsqueezePass, graph, rewrites)
-    assert not _may_change(PropagateCustomMetaPass, graph, rewrites)
-    y.meta["custom"] = {"tag": 1}
-    assert _may_change(PropagateCustomMetaPass, graph, rewrites)
-    assert not _may_change(DimOrderOpsRevertPass, graph, rewrites)
-    y.target = exir_ops.edge.dim_order_ops._to_dim_order_copy.default
-    assert _may_change(DimOrderOpsRevertPass, graph, rewrites)
 
 
 def test_nothing_keeps_the_weights_once_the_program_is_written(tiny_checkpoint, tmp_path):
@@ -216,45 +173,3 @@ def test_nothing_keeps_the_weights_once_the_program_is_written(tiny_checkpoint, 
     gc.collect()
     live = [o for o in gc.get_objects() if isinstance(o, torch.Tensor) and not isinstance(o, torch._subclasses.FakeTensor)]
     assert not storages(live) & weights
-
-
-def rss_file_mb() -> float:
-    for line in open("/proc/self/status"):
-        if line.startswith("RssFile:"):
-            return int(line.split()[1]) / 1024
-    raise AssertionError("no RssFile in /proc/self/status")
-
-
-def test_serialized_checkpoint_pages_are_given_back(tmp_path):
-    """Lowering pages out a partition's memory-mapped weights once XNNPACK has serialized them;
-    what is read again afterwards comes back from the file unchanged."""
-    from safetensors.torch import load_file, save_file
-
-    from genai_pipeline.targets.xnnpack import _page_out
-
-    weights = torch.randn(64, 2**18)  # 64 MB
-    save_file({"w": weights}, tmp_path / "w.safetensors")
-    mapped = load_file(tmp_path / "w.safetensors")["w"]
-    before = rss_file_mb()
-    assert mapped.sum().item() == weights.sum().item()  # reads every page
-    assert rss_file_mb() - before > 48
-    touched = rss_file_mb()
-    _page_out([mapped])
-    assert touched - rss_file_mb() > 48
-    assert torch.equal(mapped, weights)
-
-
-def test_only_file_mappings_are_paged_out(tmp_path, monkeypatch):
-    """Anonymous memory (quantized weights, a bf16 checkpoint made fp32) would go to swap, not away."""
-    from safetensors.torch import load_file, save_file
-
-    from genai_pipeline.targets import xnnpack
-
-    calls = []
-    monkeypatch.setattr(xnnpack, "_madvise", lambda addr, size, advice: calls.append((addr.value, size.value)))
-    save_file({"w": torch.randn(16, 2**16)}, tmp_path / "w.safetensors")
-    mapped, anonymous = load_file(tmp_path / "w.safetensors")["w"], torch.randn(16, 2**16)
-    xnnpack._page_out([anonymous])
-    assert calls == []
-    xnnpack._page_out([mapped])
-    assert len(calls) == 1 and mapped.data_ptr() <= calls[0][0] and calls[0][1] >= 4 * 2**20 - 2 * 4096

@@ -1,13 +1,14 @@
-"""The ExecuTorch behaviour genai_pipeline/executorch_program_manager.py relies on, checked on a
+"""The ExecuTorch behaviour genai_pipeline/upstream/executorch_program_manager.py relies on, checked on a
 tied embedding in ExecuTorch's own lowering: these fail when an upgrade changes it."""
 
-from importlib.metadata import version
+import inspect
 
 import torch
 from torch import nn
 
-from genai_pipeline.executorch_program_manager import store_shared_bytes_once
+from pretend_installed import pretend_installed
 from genai_pipeline.inspect import inspect_program
+from genai_pipeline.upstream.executorch_program_manager import store_shared_bytes_once
 
 VOCAB, DIM = 512, 64
 
@@ -36,8 +37,25 @@ def _lowered():
     return to_edge_transform_and_lower(program, partitioner=[XnnpackPartitioner()]).to_executorch(config), config, module, tokens
 
 
-def test_executorch_is_the_pinned_version():
-    assert version("executorch") == "1.5.1", "re-check genai_pipeline/executorch_program_manager.py against this version"
+def test_the_private_names_it_uses_are_the_pinned_wheels():
+    from executorch.exir._serialize import _program, _serialize
+
+    manager, _, _, _ = _lowered()
+    for name in ("_named_data", "_emitter_output", "_data_serializer", "_pte_data", "_tensor_data", "_buffer"):
+        assert hasattr(manager, name), name
+    assert list(inspect.signature(_serialize.serialize_for_executorch).parameters)[:4] == [
+        "emitter_output", "config", "data_serializer", "named_data_store"]
+    assert callable(_program._program_to_flatbuffer)
+    # serialize_pte_binary calls the module-level name the patch swaps in while it serializes.
+    assert "_program_to_flatbuffer" in _program.serialize_pte_binary.__code__.co_names
+
+
+def test_another_executorch_leaves_the_program_as_serialized(monkeypatch):
+    manager, config, _, _ = _lowered()
+    data = manager.buffer
+    pretend_installed(monkeypatch, executorch="1.6.0")
+    assert store_shared_bytes_once(manager, config) == 0
+    assert manager.buffer == data
 
 
 def test_the_delegated_head_reads_the_lookups_table_and_the_program_runs(tmp_path):

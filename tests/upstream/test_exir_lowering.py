@@ -1,7 +1,58 @@
-"""Lowering: ExecuTorch's steps re-tracing less, against ExecuTorch's own lowering. (That the
-decoder's programs are byte for byte ExecuTorch's is in tests/targets/test_xnnpack.py.)"""
+"""upstream/exir_lowering.py: ExecuTorch's steps re-tracing less, against ExecuTorch's own lowering,
+and the private names of the pinned wheels it relies on. (That the decoder's programs are byte for
+byte ExecuTorch's is in tests/targets/test_xnnpack.py.)"""
 
+import dataclasses
+import inspect
+
+import pytest
 import torch
+
+from pretend_installed import pretend_installed
+from genai_pipeline.errors import ExportError
+
+
+def parameters(function) -> list[str]:
+    return list(inspect.signature(function).parameters)
+
+
+def test_the_private_names_it_uses_are_the_pinned_wheels():
+    from executorch.exir import EdgeCompileConfig
+    from executorch.exir._program_utils import _get_updated_graph_signature
+    from executorch.exir.program import _program
+    from executorch.exir.tracer import _default_decomposition_table
+    from torch._export.passes import ReplaceViewOpsWithViewCopyOpsPass
+
+    from genai_pipeline.upstream.exir_lowering import _HAS_WORK, _aten_to_edge_passes, _pass_name
+
+    assert parameters(_program._remove_invalid_ops_for_not_decompose) == ["preserve_ops"]
+    assert parameters(_program._sanity_check_graph_for_non_decomp_ops)[:5] == [
+        "name", "program", "ops_set_to_not_decompose", "check_op_support", "generate_error"]
+    assert parameters(_program._get_aten_to_edge_passes) == ["config"]
+    before_lifting, after_lifting = _program._get_aten_to_edge_passes(EdgeCompileConfig())
+    assert isinstance(before_lifting, list) and isinstance(after_lifting, list)
+    assert parameters(_program._transform)[:2] == ["self", "passes"]
+    assert parameters(_program._gen_edge_manager_for_partitioners)[:4] == ["partitioner", "aten_programs", "config", "constant_methods"]
+    assert callable(_program.lift_constant_tensor_pass) and callable(_program.EdgeProgramManager)
+    assert parameters(_get_updated_graph_signature) == ["old_signature", "new_gm"]
+    assert callable(_default_decomposition_table) and callable(ReplaceViewOpsWithViewCopyOpsPass)
+    assert {f.name for f in dataclasses.fields(EdgeCompileConfig)} >= {"_check_ir_validity", "_skip_dim_order", "preserve_ops"}
+    # Every pass `_may_rewrite` may skip is one of `_generate_edge_program`'s, as `_aten_to_edge_passes` lists them.
+    assert set(_HAS_WORK) <= {_pass_name(p) for p in _aten_to_edge_passes(EdgeCompileConfig())}
+
+
+def test_another_version_lowers_by_executorchs_own_steps_or_stops_with_one_line(monkeypatch):
+    from executorch import exir
+
+    from genai_pipeline.upstream.exir_lowering import lower_grouped, to_edge_transform_and_lower
+
+    pretend_installed(monkeypatch, executorch="1.6.0")
+    called = []
+    monkeypatch.setattr(exir, "to_edge_transform_and_lower", lambda programs, **kwargs: called.append(programs) or "ExecuTorch's")
+    assert to_edge_transform_and_lower({"forward": "exported"}, [], {}) == "ExecuTorch's"
+    assert called == [{"forward": "exported"}]
+    with pytest.raises(ExportError, match=r"executorch==1\.5\.1, found executorch 1\.6\.0"):
+        lower_grouped({}, None, {})
 
 
 def test_nodes_a_partitioner_refuses_are_decomposed_as_executorch_does(monkeypatch):
@@ -10,7 +61,7 @@ def test_nodes_a_partitioner_refuses_are_decomposed_as_executorch_does(monkeypat
     from executorch import exir
     from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
 
-    from genai_pipeline.lowering import to_edge_transform_and_lower as ours
+    from genai_pipeline.upstream.exir_lowering import to_edge_transform_and_lower as ours
 
     class RefusingTheSecondLinear(XnnpackPartitioner):
         def ops_to_not_decompose(self, program):
@@ -45,7 +96,7 @@ def test_an_aten_to_edge_pass_is_skipped_only_where_it_has_nothing_to_rewrite():
     from executorch.exir.tracer import _default_decomposition_table
     from torch.fx.experimental.proxy_tensor import make_fx
 
-    from genai_pipeline.lowering import _aten_to_edge_passes, _edge_program, _may_rewrite, _pass_name
+    from genai_pipeline.upstream.exir_lowering import _aten_to_edge_passes, _edge_program, _may_rewrite, _pass_name
 
     class MixedTypesScalarsAndCopies(torch.nn.Module):
         def forward(self, x, i):

@@ -1,4 +1,4 @@
-"""XNNPACK slices of dynamic-length tensors stay in their delegate (targets/xnnpack_dynamic_slice.py):
+"""XNNPACK slices of dynamic-length tensors stay in their delegate (upstream/xnnpack_dynamic_slice.py):
 fails when the pinned wheel stops serializing or running them the way the patch relies on."""
 
 import pytest
@@ -25,7 +25,7 @@ def lowered():
     from executorch.exir import to_edge_transform_and_lower
 
     from genai_pipeline.targets import get_target
-    from genai_pipeline.targets.xnnpack_dynamic_slice import delegate_dynamic_slices
+    from genai_pipeline.upstream.xnnpack_dynamic_slice import delegate_dynamic_slices
 
     torch.manual_seed(0)
     module = FusedThenSplit().eval()
@@ -53,3 +53,32 @@ def test_delegated_slices_take_each_call_length(lowered, length):
     got = method.execute([x])[0]
     assert got.shape == (1, length, 16)
     torch.testing.assert_close(got, module(x), rtol=1e-5, atol=1e-5)
+
+
+def test_the_names_it_patches_are_the_pinned_wheels():
+    import inspect
+
+    from executorch.backends.xnnpack.operators.node_visitor import _node_visitor_dict
+    from executorch.backends.xnnpack.partition.config.generic_node_configs import SliceCopyConfig
+    from executorch.backends.xnnpack.utils.quant_utils import is_dequant
+    from executorch.backends.xnnpack.utils.utils import PERM_NCHW_TO_NHWC
+
+    visitor = _node_visitor_dict["aten.slice_copy.Tensor"]
+    check, define = (getattr(f, "__wrapped__", f) for f in (SliceCopyConfig.check_constraints, visitor.define_node))
+    assert list(inspect.signature(check).parameters) == ["self", "node", "ep"]
+    assert list(inspect.signature(define).parameters) == ["self", "node", "xnn_graph", "vals_to_ids", "debug_handle"]
+    assert callable(SliceCopyConfig.check_common_constraints) and callable(is_dequant) and len(PERM_NCHW_TO_NHWC) == 4
+
+
+def test_patched_once_even_when_asked_again():
+    from executorch.backends.xnnpack.operators.node_visitor import _node_visitor_dict
+    from executorch.backends.xnnpack.partition.config.generic_node_configs import SliceCopyConfig
+
+    from genai_pipeline.upstream.xnnpack_dynamic_slice import delegate_dynamic_slices
+
+    assert delegate_dynamic_slices()
+    patched = SliceCopyConfig.check_constraints, _node_visitor_dict["aten.slice_copy.Tensor"].define_node
+    delegate_dynamic_slices.cache_clear()
+    assert delegate_dynamic_slices()
+    assert (SliceCopyConfig.check_constraints, _node_visitor_dict["aten.slice_copy.Tensor"].define_node) == patched
+    assert all(not hasattr(f.__wrapped__, "__wrapped__") for f in patched)  # each wraps ExecuTorch's own

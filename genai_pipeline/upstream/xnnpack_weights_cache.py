@@ -3,8 +3,8 @@
 This patches around the executorch 1.5.1 wheel: it is built without ENABLE_XNNPACK_WEIGHTS_CACHE and
 its Python API has no backend options, so the option is set with ctypes on libexecutorch.so's
 `executorch::runtime::set_option`, whose `BackendOption` layout is copied below. Both the mangled
-names and the layout belong to that version: any other version leaves the cache off (logged), and
-tests/runtime/test_xnnpack_weights_cache.py fails when the pinned wheel stops reading the option back.
+names and the layout belong to that version: any other version leaves the cache off (logged once), and
+tests/upstream/test_xnnpack_weights_cache.py fails when the pinned wheel stops reading the option back.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import logging
 import os
 from pathlib import Path
 
-PINNED_EXECUTORCH = "1.5.1"
+from genai_pipeline.upstream import pins
 
 log = logging.getLogger(__name__)
 
@@ -46,12 +46,9 @@ def share_packed_weights() -> bool:
     GENAI_XNNPACK_WEIGHT_CACHE=0 leaves it off, for A/B measurements."""
     if os.environ.get("GENAI_XNNPACK_WEIGHT_CACHE") == "0":
         return False
-    import executorch.extension.pybindings.portable_lib as portable_lib  # loads libexecutorch.so
-    from executorch.version import __version__
-
-    if __version__.split("+")[0] != PINNED_EXECUTORCH:
-        log.warning("XNNPACK weights cache left off: executorch %s is not %s, whose C++ layout this sets", __version__, PINNED_EXECUTORCH)
+    if not pins.warn_unpinned(log, "XNNPACK weights cache left off: its C++ layout is the pinned version's", "executorch"):
         return False
+    import executorch.extension.pybindings.portable_lib as portable_lib  # loads libexecutorch.so
 
     try:
         lib = ctypes.CDLL(str(Path(portable_lib.__file__).parents[2] / "lib" / "libexecutorch.so"), mode=os.RTLD_NOLOAD)

@@ -13,7 +13,7 @@ constant where it always did, the delegate reads the same bytes under the same k
 runtime resolves those only from a separate `.ptd` file, never from the program's own named
 data; `Method::parse_external_constants` in 1.5.1.)
 
-Relies on, in executorch==1.5.1 (tests/test_executorch_program_manager.py fails when any of it
+Relies on, in executorch==1.5.1 (tests/upstream/test_executorch_program_manager.py fails when any of it
 changes):
 - `ExecutorchProgramManager` serializes at construction from `_emitter_output`, `_named_data`
   and `_data_serializer`, with `serialize_for_executorch`, into `_pte_data` (`buffer` caches
@@ -25,12 +25,16 @@ changes):
   segments do not overlap;
 - a constant starts at a multiple of the constant tensor alignment (16) from the segments' base,
   itself a multiple of the segment alignment (128): enough for XNNPACK's named data (16).
+On another ExecuTorch than the pinned one, the program is left as ExecuTorch serialized it (the
+bytes stored twice; logged once).
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+
+from genai_pipeline.upstream import pins
 
 log = logging.getLogger(__name__)
 
@@ -87,6 +91,9 @@ def store_shared_bytes_once(manager, config) -> int:
     whose bytes equal a constant of the program is read from that constant. Returns the bytes no
     longer stored twice."""
     import dataclasses
+
+    if not pins.warn_unpinned(log, "bytes shared by a constant and a delegate's named data left stored twice", "executorch"):
+        return 0
 
     from executorch.exir._serialize._serialize import serialize_for_executorch
 

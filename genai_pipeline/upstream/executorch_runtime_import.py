@@ -10,7 +10,7 @@ Here `exir/_warnings.py` is loaded on its own (under a placeholder for its packa
 and the kernels' library by `torch.ops.load_library`, which is what custom_ops.py does first; a later
 `import executorch.exir` or custom_ops.py in the same process loads them as usual. Only for the
 pinned version and when nothing has imported exir yet; otherwise the plain imports.
-tests/runtime/test_executorch_runtime_import.py fails when the wheel stops working this way.
+tests/upstream/test_executorch_runtime_import.py fails when the wheel stops working this way.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import sys
 import types
 from pathlib import Path
 
-PINNED_EXECUTORCH = "1.5.1"
+from genai_pipeline.upstream import pins
 
 log = logging.getLogger(__name__)
 
@@ -31,9 +31,8 @@ log = logging.getLogger(__name__)
 def import_executorch_runtime() -> bool:
     """Register the runtime and the kernels our programs call; True when done without the export
     stack. Once per process, before anything else imports ExecuTorch's runtime."""
-    from executorch import version
-
-    lean = version.__version__.split("+")[0] == PINNED_EXECUTORCH and "executorch.exir" not in sys.modules
+    lean = "executorch.exir" not in sys.modules and pins.warn_unpinned(
+        log, "ExecuTorch's runtime imported with its export stack (~130 MB more)", "executorch")
     if lean:
         try:
             _import_portable_lib_without_exir()

@@ -1,13 +1,35 @@
 """Lowering to ExecuTorch's edge dialect and a backend: ExecuTorch's own steps, re-tracing the
-graph fewer times. Each re-trace runs the whole graph on fake tensors, ~0.5 s a layer with a
-symbolic sequence length; the programs come out byte for byte as ExecuTorch's own lowering
-makes them (tests/test_lowering.py, tests/targets/test_xnnpack.py)."""
+graph fewer times.
+
+Upstream (executorch 1.5.1): `exir.to_edge_transform_and_lower` decomposes each exported graph three
+times, and `_generate_edge_program` runs eight aten-to-edge passes, each a re-trace of the whole
+graph with fake tensors (~0.5 s a layer with a symbolic sequence length), whether or not it has
+anything to rewrite.
+What we change: `to_edge_transform_and_lower` decomposes once when no partitioner refuses a node of
+the ops it takes whole, and `_edge_program` (a fork of `_generate_edge_program`) skips the passes
+with nothing to rewrite in the graph; `lower_grouped` lowers each group of methods of a
+`targets.GroupedLowering` (QNN context binaries) in one `to_backend` call.
+Why: exports 1.3-1.5x faster; the programs come out byte for byte as ExecuTorch's own lowering
+makes them (tests/upstream/test_exir_lowering.py, tests/targets/test_xnnpack.py).
+What breaks if upstream changes: the private names imported below from
+`executorch.exir.program._program`, `executorch.exir._program_utils`, `executorch.exir.tracer` and
+`torch._export.passes`, the order and names of `_generate_edge_program`'s passes (`_HAS_WORK`),
+and what each pass rewrites. On another torch or ExecuTorch than the pinned ones,
+`to_edge_transform_and_lower` is ExecuTorch's own (logged once) and `lower_grouped` stops with one
+line naming the pinned version; tests/upstream/test_exir_lowering.py fails when the pinned wheels
+stop behaving as assumed.
+"""
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 
 import torch
+
+from genai_pipeline.upstream import pins
+
+log = logging.getLogger(__name__)
 
 
 def to_edge_transform_and_lower(programs: dict, partitioners: list, constant_methods: dict):
@@ -22,6 +44,10 @@ def to_edge_transform_and_lower(programs: dict, partitioners: list, constant_met
     (Named as ExecuTorch's: its partitioners take a caller of any other name for the deprecated
     `to_edge` + `to_backend` workflow and warn.)"""
     from executorch import exir
+
+    if not pins.warn_unpinned(log, "lowering by ExecuTorch's own to_edge_transform_and_lower (slower)", "torch", "executorch"):
+        return exir.to_edge_transform_and_lower(programs, partitioner=partitioners, constant_methods=constant_methods,
+                                                compile_config=exir.EdgeCompileConfig(_check_ir_validity=False))
     from executorch.exir.program._program import (
         EdgeProgramManager,
         _remove_invalid_ops_for_not_decompose,
@@ -193,6 +219,7 @@ def lower_grouped(programs: dict, grouped, constant_methods: dict):
     the emitter stores identical payloads once (keyed by sha256), so the group's methods
     reference one. Methods of different groups get payloads of their own. Then the target
     checks what was produced (compile specs, partition counts, shared payloads)."""
+    pins.require_pinned("lowering several methods into one payload (QNN context binaries)", "executorch")
     from executorch import exir
     from executorch.exir.program._program import _gen_edge_manager_for_partitioners, lift_constant_tensor_pass
 

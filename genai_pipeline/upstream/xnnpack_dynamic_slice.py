@@ -10,18 +10,21 @@ costs a portable copy and two delegate boundaries.
 
 Here the config accepts such slices and the serializer writes 0 for their symbolic dimensions;
 for the pinned version only (another version keeps ExecuTorch's own behaviour: correct, the slices
-outside the delegates). tests/targets/test_xnnpack_dynamic_slice.py fails when the wheel stops
-working this way.
+outside the delegates; logged once). tests/upstream/test_xnnpack_dynamic_slice.py fails when the
+wheel stops working this way.
 """
 
 from __future__ import annotations
 
 import functools
+import logging
 
 import torch
 from torch.fx.experimental.symbolic_shapes import is_concrete_int
 
-PINNED_EXECUTORCH = "1.5.1"
+from genai_pipeline.upstream import pins
+
+log = logging.getLogger(__name__)
 
 
 def _static_dimension_slice(node) -> bool:
@@ -35,17 +38,17 @@ def _static_dimension_slice(node) -> bool:
 @functools.cache
 def delegate_dynamic_slices() -> bool:
     """Patch XNNPACK's slice config and serializer (once per process); True when patched."""
-    from executorch import version
-
-    if version.__version__.split("+")[0] != PINNED_EXECUTORCH:
+    if not pins.warn_unpinned(log, "XNNPACK slices of dynamic-length tensors left outside its delegates", "executorch"):
         return False
     from executorch.backends.xnnpack.operators.node_visitor import _node_visitor_dict
     from executorch.backends.xnnpack.partition.config.generic_node_configs import SliceCopyConfig
     from executorch.backends.xnnpack.utils.quant_utils import is_dequant
     from executorch.backends.xnnpack.utils.utils import PERM_NCHW_TO_NHWC
 
-    upstream_check = SliceCopyConfig.check_constraints
     visitor = _node_visitor_dict["aten.slice_copy.Tensor"]
+    if SliceCopyConfig.check_constraints.__module__ == __name__:
+        return True  # patched already (a cleared cache): the wrappers are never wrapped
+    upstream_check = SliceCopyConfig.check_constraints
     upstream_define = visitor.define_node
 
     def check_constraints(self, node, ep) -> bool:
@@ -64,6 +67,7 @@ def delegate_dynamic_slices() -> bool:
         xnn_slice = xnn_graph.xnodes[-1].xnode_union
         xnn_slice.sizes = [size if is_concrete_int(s) else 0 for s, size in zip(shape, xnn_slice.sizes)]
 
+    check_constraints.__wrapped__, define_node.__wrapped__ = upstream_check, upstream_define
     SliceCopyConfig.check_constraints = check_constraints
     visitor.define_node = define_node
     return True

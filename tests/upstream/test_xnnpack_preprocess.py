@@ -1,0 +1,147 @@
+"""upstream/xnnpack_preprocess.py: XNNPACK's preprocess holding less memory and re-tracing less. The
+upstream names and signatures it relies on in the pinned wheel, `install()` applied once, and what
+each patch does. (That the programs stay byte for byte ExecuTorch's is
+tests/targets/test_xnnpack.py::test_lowering_makes_the_program_executorchs_own_lowering_makes.)"""
+
+import dataclasses
+import inspect
+import logging
+
+import torch
+
+from pretend_installed import pretend_installed
+from genai_pipeline.targets import get_target
+from genai_pipeline.upstream import xnnpack_preprocess as patches
+
+
+def test_the_hooks_and_names_it_replaces_are_the_pinned_wheels():
+    from executorch.backends.xnnpack import xnnpack_preprocess
+    from executorch.backends.xnnpack._passes import XNNPACKPassManager
+    from executorch.backends.xnnpack.partition.config import gemm_configs, generic_node_configs, node_configs, xnnpack_config
+    from executorch.exir.backend.backend_details import BackendDetails, PreprocessResult
+
+    # The two hooks ExecuTorch gives a backend to override, with the arguments ours take.
+    copy_hook, multimethod_hook = (inspect.getattr_static(BackendDetails, name) for name in
+                                   ("copy_exported_program_for_preprocess", "preprocess_multimethod"))
+    assert isinstance(copy_hook, classmethod) and isinstance(multimethod_hook, classmethod)
+    assert list(inspect.signature(copy_hook.__func__).parameters) == ["cls", "edge_program", "compile_specs"]
+    assert list(inspect.signature(multimethod_hook.__func__).parameters) == ["cls", "edge_programs", "compile_specs"]
+    assert "data_store_output" in {f.name for f in dataclasses.fields(PreprocessResult)}
+    # `preprocess` looks its pass manager up by the module-level name install() replaces.
+    assert "XNNPACKPassManager" in xnnpack_preprocess.XnnpackBackend.preprocess.__code__.co_names
+    assert xnnpack_preprocess.XNNPACKPassManager.__mro__[-2:] == (XNNPACKPassManager, object)
+    # What the skipping PassManager reads of XNNPACK's own: its passes and its program.
+    manager = XNNPACKPassManager(None)
+    assert isinstance(manager.passes, list) and hasattr(XNNPACKPassManager, "exported_program")
+    # Every pass the skip table names is one XNNPACK's preprocess runs (a renamed pass would just always run).
+    assert set(patches._ops_rewritten_by()) <= {p.__name__ for p in manager.passes}
+    for config in (gemm_configs, generic_node_configs, node_configs, xnnpack_config):
+        assert hasattr(config.why, "node")  # the refused node _forget_refused_nodes lets go of
+
+
+def test_install_applies_the_patches_once():
+    from executorch.backends.xnnpack import xnnpack_preprocess
+    from executorch.backends.xnnpack._passes import XNNPACKPassManager
+    from executorch.backends.xnnpack.xnnpack_preprocess import XnnpackBackend
+
+    assert patches.install() and patches.install()
+    get_target("xnnpack").partitioners()  # installs nothing more
+    assert XnnpackBackend.preprocess_multimethod.__func__ is patches._preprocess_sharing_data
+    assert XnnpackBackend.copy_exported_program_for_preprocess.__func__ is patches._copy_sharing_weights
+    # One subclass of XNNPACK's own pass manager, not a subclass of a subclass.
+    assert xnnpack_preprocess.XNNPACKPassManager is patches._pass_manager_skipping_idle_passes()
+    assert xnnpack_preprocess.XNNPACKPassManager.__bases__ == (XNNPACKPassManager,)
+
+
+def test_another_executorch_installs_nothing(monkeypatch, caplog):
+    from executorch.backends.xnnpack.xnnpack_preprocess import XnnpackBackend
+
+    before = XnnpackBackend.__dict__.get("preprocess_multimethod")
+    monkeypatch.setattr(patches, "_installed", None)
+    pretend_installed(monkeypatch, executorch="0.0.0")
+    with caplog.at_level(logging.WARNING, logger=patches.log.name):
+        assert patches.install() is False
+    assert XnnpackBackend.__dict__.get("preprocess_multimethod") is before
+    assert "executorch 0.0.0 (pinned: 1.5.1)" in caplog.text
+
+
+def test_partition_copied_for_preprocess_shares_its_weights(tiny_eager):
+    """ExecuTorch's default copy holds every weight twice more while a hybrid program is lowered;
+    ours copies the graph only (XNNPACK's preprocess never writes into a weight: the programs'
+    parity with the eager model in test_compile.py would show it if it did)."""
+    from executorch.backends.xnnpack.xnnpack_preprocess import XnnpackBackend
+    from executorch.exir.backend.backend_details import BackendDetails
+
+    patches.install()
+    program = torch.export.export(tiny_eager(), (torch.zeros(1, 2, dtype=torch.long), torch.tensor([0])), strict=False)
+    ours = XnnpackBackend.copy_exported_program_for_preprocess(program, [])
+    default = BackendDetails.copy_exported_program_for_preprocess.__func__(XnnpackBackend, program, [])
+    assert ours.graph_module is not program.graph_module
+    assert all(ours.state_dict[k] is v for k, v in program.state_dict.items())
+    assert all(default.state_dict[k] is not v for k, v in program.state_dict.items())
+
+
+def test_a_pass_runs_when_its_ops_are_there():
+    from executorch.backends.xnnpack._passes import (
+        ConstPropPass,
+        Conv1dUnsqueezePass,
+        FuseActivationPass,
+        PropagateCustomMetaPass,
+        RemoveRedundantCopyPass,
+    )
+    from executorch.exir.dialects._ops import ops as exir_ops
+    from executorch.exir.passes.memory_format_ops_pass import DimOrderOpsRevertPass
+
+    rewrites = patches._ops_rewritten_by()
+    graph = torch.fx.Graph()
+    x = graph.placeholder("x")
+    y = graph.call_function(exir_ops.edge.aten._to_copy.default, (x,))
+    graph.output(graph.call_function(exir_ops.edge.aten.relu.default, (y,)))
+    assert patches._may_change(RemoveRedundantCopyPass, graph, rewrites)
+    assert patches._may_change(FuseActivationPass, graph, rewrites)
+    assert patches._may_change(ConstPropPass, graph, rewrites)  # not in the table: always runs
+    assert not patches._may_change(Conv1dUnsqueezePass, graph, rewrites)
+    assert not patches._may_change(PropagateCustomMetaPass, graph, rewrites)
+    y.meta["custom"] = {"tag": 1}
+    assert patches._may_change(PropagateCustomMetaPass, graph, rewrites)
+    assert not patches._may_change(DimOrderOpsRevertPass, graph, rewrites)
+    y.target = exir_ops.edge.dim_order_ops._to_dim_order_copy.default
+    assert patches._may_change(DimOrderOpsRevertPass, graph, rewrites)
+
+
+def rss_file_mb() -> float:
+    for line in open("/proc/self/status"):
+        if line.startswith("RssFile:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError("no RssFile in /proc/self/status")
+
+
+def test_serialized_checkpoint_pages_are_given_back(tmp_path):
+    """Lowering pages out a partition's memory-mapped weights once XNNPACK has serialized them;
+    what is read again afterwards comes back from the file unchanged."""
+    from safetensors.torch import load_file, save_file
+
+    weights = torch.randn(64, 2**18)  # 64 MB
+    save_file({"w": weights}, tmp_path / "w.safetensors")
+    mapped = load_file(tmp_path / "w.safetensors")["w"]
+    before = rss_file_mb()
+    assert mapped.sum().item() == weights.sum().item()  # reads every page
+    assert rss_file_mb() - before > 48
+    touched = rss_file_mb()
+    patches._page_out([mapped])
+    assert touched - rss_file_mb() > 48
+    assert torch.equal(mapped, weights)
+
+
+def test_only_file_mappings_are_paged_out(tmp_path, monkeypatch):
+    """Anonymous memory (quantized weights, a bf16 checkpoint made fp32) would go to swap, not away."""
+    from safetensors.torch import load_file, save_file
+
+    calls = []
+    monkeypatch.setattr(patches, "_madvise", lambda addr, size, advice: calls.append((addr.value, size.value)))
+    save_file({"w": torch.randn(16, 2**16)}, tmp_path / "w.safetensors")
+    mapped, anonymous = load_file(tmp_path / "w.safetensors")["w"], torch.randn(16, 2**16)
+    patches._page_out([anonymous])
+    assert calls == []
+    patches._page_out([mapped])
+    assert len(calls) == 1 and mapped.data_ptr() <= calls[0][0] and calls[0][1] >= 4 * 2**20 - 2 * 4096
