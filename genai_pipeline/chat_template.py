@@ -12,10 +12,12 @@ template's special tokens, so it is encoded without adding them again, as
 
 from __future__ import annotations
 
+import functools
 import json
+import sys
+import time
 from dataclasses import dataclass, field
 from datetime import datetime
-from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
@@ -96,11 +98,99 @@ def _tojson(value, ensure_ascii=False, indent=None, separators=None, sort_keys=F
     return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
 
-@lru_cache(maxsize=8)
+# A template is code from a downloaded file, rendered at every chat turn (and every server
+# request): each render is bounded. Real templates take well under a millisecond and a few
+# thousand steps; these limits are three orders of magnitude above that.
+RENDER_SECONDS = 2.0
+RENDER_STEPS = 2_000_000  # lines of the compiled template executed
+RENDER_CHARS = 1 << 24  # the longest string or list a render may build, its output included
+
+
+def _too_large(what: str) -> ChatTemplateError:
+    return ChatTemplateError(f"the chat template builds {what} of more than {RENDER_CHARS:,} characters or items; "
+                             "the template is broken or hostile")
+
+
+def _checked_size(value):
+    if isinstance(value, (str, list, tuple)) and len(value) > RENDER_CHARS:
+        raise _too_large("a value")
+    return value
+
+
+def _bounded_join(join):
+    """Jinja's `~` and output joins, refusing a string past the limit before it is made."""
+
+    def bounded(seq):
+        seq = list(seq)
+        if sum(len(x) if isinstance(x, str) else 16 for x in seq) > RENDER_CHARS:
+            raise _too_large("a string")
+        return join(seq)
+
+    return bounded
+
+
+def _render_bounded(template, variables: dict) -> str:
+    """`template.render(**variables)` under the time, step, size and recursion limits above."""
+    deadline, steps, size = time.monotonic() + RENDER_SECONDS, 0, 0
+
+    def line_budget(frame, event, arg):
+        nonlocal steps
+        if event == "line":
+            steps += 1
+            if steps > RENDER_STEPS or (steps % 1024 == 0 and time.monotonic() > deadline):
+                raise ChatTemplateError(f"the chat template did not finish within {RENDER_STEPS:,} steps or "
+                                        f"{RENDER_SECONDS:g} s; the template is broken or hostile")
+        return line_budget
+
+    def only_templates(frame, event, arg):  # Python's own code runs untraced, at full speed
+        return line_budget if frame.f_code.co_filename == "<template>" else None
+
+    previous = sys.gettrace()
+    sys.settrace(only_templates)
+    try:
+        pieces = []
+        for piece in template.generate(**variables):
+            size += len(piece)
+            if size > RENDER_CHARS:
+                raise _too_large("an output")
+            pieces.append(piece)
+        return "".join(pieces)
+    except RecursionError:
+        raise ChatTemplateError("the chat template recurses without end; the template is broken or hostile") from None
+    finally:
+        sys.settrace(previous)
+
+
+@functools.lru_cache(maxsize=8)
 def _compile(source: str):
     from jinja2 import TemplateSyntaxError, nodes
     from jinja2.ext import Extension
     from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    class BoundedEnvironment(ImmutableSandboxedEnvironment):
+        """The sandbox, with the operators and calls that can multiply a value's size checked first."""
+
+        intercepted_binops = frozenset({"*", "**", "+"})
+
+        def call_binop(self, context, operator, left, right):
+            sizes = [len(v) for v in (left, right) if isinstance(v, (str, list, tuple))]
+            counts = [v for v in (left, right) if isinstance(v, int)]
+            if (operator == "*" and sizes and counts and sizes[0] * max(counts[0], 0) > RENDER_CHARS) or \
+                    (operator == "+" and sum(sizes) > RENDER_CHARS):
+                raise _too_large("a value")
+            if operator == "**" and isinstance(right, (int, float)) and abs(right) > 1024:
+                raise ChatTemplateError(f"the chat template raises a number to the power {right}; the template is broken or hostile")
+            return _checked_size(super().call_binop(context, operator, left, right))
+
+        def call(self, context, obj, *args, **kwargs):
+            if any(isinstance(a, int) and a > RENDER_CHARS for a in (*args, *kwargs.values())):
+                raise _too_large("a value")  # 'a'.ljust(10**10), 'x'.center(...)
+            if getattr(obj, "__name__", None) == "replace" and isinstance(getattr(obj, "__self__", None), str) \
+                    and len(args) >= 2 and isinstance(args[0], str) and isinstance(args[1], str):
+                grows = obj.__self__.count(args[0]) if args[0] else len(obj.__self__) + 1
+                if len(obj.__self__) + grows * len(args[1]) > RENDER_CHARS:
+                    raise _too_large("a string")
+            return _checked_size(super().call(context, obj, *args, **kwargs))
 
     class GenerationTag(Extension):
         """`{% generation %}...{% endgeneration %}` marks an assistant's text for Hugging Face's
@@ -116,16 +206,38 @@ def _compile(source: str):
         def _body(self, caller) -> str:
             return caller()
 
-    env = ImmutableSandboxedEnvironment(
-        trim_blocks=True, lstrip_blocks=True, extensions=[GenerationTag, "jinja2.ext.loopcontrols"]
-    )
+    env = BoundedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[GenerationTag, "jinja2.ext.loopcontrols"])
     env.filters["tojson"] = _tojson
+    for name in ("center", "indent", "format", "replace", "join", "wordwrap", "truncate"):  # filters run uncalled by `call`
+        env.filters[name] = _size_checked_filter(env.filters[name])
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
     try:
-        return env.from_string(source)
+        template = env.from_string(source)
     except TemplateSyntaxError as e:
         raise ChatTemplateError(f"the chat template does not parse: {e.message} at line {e.lineno}") from None
+    except RecursionError:
+        raise ChatTemplateError("the chat template nests too deeply to parse; the template is broken or hostile") from None
+    namespace = template.root_render_func.__globals__  # the compiled template's own module namespace
+    for join in ("str_join", "markup_join"):  # `~` and `{{ a }}{{ b }}` concatenation
+        namespace[join] = _bounded_join(namespace[join])
+    return template
+
+
+def _size_checked_filter(run):
+    """A built-in filter whose numeric arguments and result are held to the size limit."""
+
+    def checked(*args, **kwargs):
+        if any(isinstance(a, int) and a > RENDER_CHARS for a in (*args, *kwargs.values())):
+            raise _too_large("a value")
+        if run.__name__ == "do_replace" and len(args) >= 4 and all(isinstance(a, str) for a in args[1:4]):
+            source, old, new = args[1:4]
+            if len(source) + (source.count(old) if old else len(source) + 1) * len(new) > RENDER_CHARS:
+                raise _too_large("a string")
+        return _checked_size(run(*args, **kwargs))
+
+    functools.update_wrapper(checked, run)
+    return checked
 
 
 def _as_json(message: Message) -> dict:
@@ -155,6 +267,6 @@ def render_chat(
     variables = {"messages": [_as_json(m) for m in messages], "add_generation_prompt": add_generation_prompt}
     variables.update({k: v for k, v in (("bos_token", bos_token), ("eos_token", eos_token)) if v is not None})
     try:
-        return _compile(chat_template).render(**variables)
-    except (TemplateError, TypeError, ValueError, KeyError) as e:
+        return _render_bounded(_compile(chat_template), variables)
+    except (TemplateError, TypeError, ValueError, KeyError, OverflowError) as e:
         raise ChatTemplateError(f"the chat template fails: {e}") from None
