@@ -30,6 +30,7 @@ import numpy as np
 import torch
 
 from genai_pipeline.errors import InputError
+from genai_pipeline.limits import read_input_text
 from genai_pipeline.inspect import inspect_program
 from genai_pipeline.runtime.generate import generate, greedy_token
 from genai_pipeline.runtime.lookahead import LookaheadOptions, lookahead_options
@@ -182,7 +183,7 @@ def bench_prompt(folder: Path, session: DecoderSession, options: BenchOptions) -
         return torch.randint(1, vocab, (options.prompt_len,), generator=torch.Generator().manual_seed(0)).tolist(), ()
     from genai_pipeline.tokenizer import Tokenizer
 
-    text = Path(options.prompt_file).read_text(encoding="utf-8")
+    text = read_input_text(options.prompt_file, "--prompt-file")
     tokenizer = Tokenizer.from_folder(folder, bos_id=session.manifest.get("bos_id"))
     if not options.chat:
         return tokenizer.encode(text), ()

@@ -29,6 +29,7 @@ from genai_pipeline.bundle import check_weights, read_manifest
 from genai_pipeline.checkpoints import load_decoder
 from genai_pipeline.checkpoints.hf import random_decoder
 from genai_pipeline.errors import InputError, ProgramError
+from genai_pipeline.limits import read_input_text
 from genai_pipeline.models.decoder import Decoder, DecoderConfig
 from genai_pipeline.models.vision import VisionLanguageModel
 from genai_pipeline.names import ArtifactKey, GraphName, Mode
@@ -259,7 +260,7 @@ def evaluate(folder: Path, options: EvalOptions, progress: bool = True) -> dict:
     check_weights(manifest)  # the float model must be the one the program was made from
     max_seq_len = int(manifest["max_seq_len"])
     tokenizer = Tokenizer.from_folder(Path(folder), bos_id=manifest.get("bos_id"))
-    tokens = tokenizer.encode(Path(options.text).read_text(encoding="utf-8", errors="replace"))[: options.max_tokens]
+    tokens = tokenizer.encode(read_input_text(options.text, "--text", errors="replace"))[: options.max_tokens]
     if len(tokens) < 2:
         raise InputError(f"'{options.text}' has fewer than 2 tokens")
     window = min(options.window or max_seq_len, max_seq_len)

@@ -27,6 +27,7 @@ from tqdm import tqdm
 
 from genai_pipeline.bundle import check_weights, read_manifest
 from genai_pipeline.errors import InputError
+from genai_pipeline.limits import read_input_text
 from genai_pipeline.runtime.generate import generate, greedy_token
 from genai_pipeline.runtime.multimodal import MultimodalSession, is_multimodal
 from genai_pipeline.tokenizer import Tokenizer
@@ -57,7 +58,7 @@ class Question:
 def read_questions(path: Path, limit: int = 0) -> list[Question]:
     """The file's questions, every line checked (JSON object, three strings, the image exists)."""
     questions = []
-    for number, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
+    for number, line in enumerate(read_input_text(path, "--images").splitlines(), 1):
         if not line.strip():
             continue
         where = f"{path}:{number}"
@@ -65,6 +66,8 @@ def read_questions(path: Path, limit: int = 0) -> list[Question]:
             row = json.loads(line)
         except json.JSONDecodeError as e:
             raise InputError(f"{where}: not JSON ({e.msg})") from None
+        except RecursionError:
+            raise InputError(f"{where}: JSON nested too deeply to read") from None
         if not isinstance(row, dict) or not all(isinstance(row.get(k), str) for k in ("image", "prompt", "answer")):
             raise InputError(f'{where}: expected an object with string "image", "prompt" and "answer"')
         image = Path(path).parent / row["image"]

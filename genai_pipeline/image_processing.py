@@ -30,19 +30,15 @@ binary PPM/PGM files whose size needs no resizing can be read (a note says so).
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
 
 from genai_pipeline.errors import InputError
+from genai_pipeline.limits import IMAGE_PIXELS
 
 MAX_IMAGE_SIZE = 4096  # transformers' Idefics3 cap on either edge after the first resize
-# The most pixels an image file may declare, checked before it is decoded (a decompression bomb
-# declares billions in a few bytes): Pillow's own default, ~89 M (a 12 MP photo is 12 M).
-MAX_IMAGE_PIXELS_VARIABLE = "GENAI_MAX_IMAGE_PIXELS"
-DEFAULT_MAX_IMAGE_PIXELS = 89_478_485
 LANCZOS = 1  # PIL.Image.Resampling.LANCZOS, the value processor configs store as `resample`
 
 
@@ -177,22 +173,12 @@ def read_image(path: Path) -> np.ndarray:
         raise InputError(f"cannot decode image '{path}': {e}; the file is truncated or corrupt") from None
 
 
-def max_image_pixels() -> int:
-    """The pixel limit in force: GENAI_MAX_IMAGE_PIXELS if set, else the default."""
-    given = os.environ.get(MAX_IMAGE_PIXELS_VARIABLE, "")
-    if not given:
-        return DEFAULT_MAX_IMAGE_PIXELS
-    if not given.isdigit() or int(given) < 1:
-        raise InputError(f"{MAX_IMAGE_PIXELS_VARIABLE} must be a whole number of pixels above 0, got '{given}'")
-    return int(given)
-
-
 def check_pixels(source, width: int, height: int) -> None:
     """Refuse an image that declares more pixels than the limit, before it is decoded."""
-    limit = max_image_pixels()
+    limit = IMAGE_PIXELS.value()
     if width * height > limit:
         raise InputError(f"image '{source}' declares {width} x {height} = {width * height:,} pixels, over the limit of "
-                         f"{limit:,}; shrink it, or raise the limit with {MAX_IMAGE_PIXELS_VARIABLE}=N")
+                         f"{limit:,}; shrink it, or raise the limit with {IMAGE_PIXELS.variable}=N")
 
 
 def to_rgb(image) -> np.ndarray:

@@ -11,29 +11,31 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from genai_pipeline.errors import DataError
+from genai_pipeline.limits import read_input_text
 
 
 def read_text(path: Path) -> str:
-    path = Path(path)
-    if not path.is_file():
-        raise DataError(f"calibration data '{path}' does not exist or is not a file")
-    try:
-        return path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as e:
-        raise DataError(f"'{path}' is not UTF-8 text (bad byte at offset {e.start})") from None
+    return read_input_text(path, "calibration data", DataError)
 
 
-def _array(path: Path, text: str) -> list:
+def parse_json(text: str, where: str):
+    """JSON from an input file, one DataError for whatever is wrong with it (nesting too deep included)."""
     try:
         return json.loads(text)
     except json.JSONDecodeError as e:
-        raise DataError(f"'{path}' is not valid JSON: {e.msg} at line {e.lineno}, column {e.colno}") from None
+        raise DataError(f"{where} is not valid JSON: {e.msg} at line {e.lineno}, column {e.colno}") from None
+    except RecursionError:
+        raise DataError(f"{where} nests JSON too deeply to read; samples are a few levels deep") from None
+
+
+def _array(path: Path, text: str) -> list:
+    return parse_json(text, f"'{path}'")
 
 
 def _is_one_object(text: str) -> bool:
     try:
         return isinstance(json.loads(text), dict)
-    except json.JSONDecodeError:
+    except (json.JSONDecodeError, RecursionError):
         return False
 
 
@@ -53,4 +55,6 @@ def json_records(path: Path) -> Iterator[tuple[str, Any]]:
             if _is_one_object(text):
                 raise DataError(f"'{path}' holds one JSON object; expected an array of samples or one sample per line") from None
             raise DataError(f"'{path}' line {n} is not valid JSON: {e.msg} at column {e.colno}") from None
+        except RecursionError:
+            raise DataError(f"'{path}' line {n} nests JSON too deeply to read; samples are a few levels deep") from None
         yield f"'{path}' line {n}", record
