@@ -131,7 +131,7 @@ def bench(folder: Path, options: BenchOptions) -> dict:
         set_threads(options.threads)
     rss_before_load_mb = current_rss_mb()  # the libraries: what the program adds is peak_rss_mb minus this
     start = time.perf_counter()
-    session = open_session(Path(folder))
+    session = open_session(Path(folder), verify=True)  # a corrupt program measures nothing
     load_s = time.perf_counter() - start
     prompt, stop_ids = bench_prompt(Path(folder), session, options)
     if len(prompt) + options.gen_len > session.max_seq_len:

@@ -45,7 +45,7 @@ def bench_multimodal(folder: Path, options: BenchOptions) -> dict:
     folder = Path(folder)
     rss_before_load_mb = current_rss_mb()
     start = time.perf_counter()
-    session = MultimodalSession(folder)
+    session = MultimodalSession(folder, verify=True)  # a corrupt program measures nothing
     load_s = time.perf_counter() - start
     frame = report_image(session.processing.tile_size)[0].numpy()
     prompt = _prompt(folder, session, frame, options.prompt_len)

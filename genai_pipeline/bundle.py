@@ -21,7 +21,7 @@ from torch import nn
 from genai_pipeline import __version__
 from genai_pipeline.errors import InputError, ProgramError
 from genai_pipeline.models.decoder import DecoderConfig
-from genai_pipeline.names import ArtifactKey, GraphName
+from genai_pipeline.names import ArtifactKey, GraphName, Mode
 from genai_pipeline.registry import ModelSpec
 
 MANIFEST = "manifest.json"
@@ -340,6 +340,16 @@ def _malformed(manifest) -> str | None:
             return f"'{key}' is {json.dumps(manifest.get(key))[:40]}" if key in manifest else f"no '{key}'"
     if manifest["max_seq_len"] < 1 or manifest["prefill_len"] < 1:
         return "a length below 1"
+    if manifest["mode"] not in {m.value for m in Mode}:
+        return f"mode '{manifest['mode'][:20]}'"
+    for key in ("vocab_size", "dim", "n_layers", "n_heads", "n_kv_heads"):
+        value = manifest["config"].get(key)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            return f"config {key} {json.dumps(value)[:20]}"
+    ids = [manifest.get("bos_id"), *(manifest.get("eos_ids") if isinstance(manifest.get("eos_ids"), list) else [None, "x"])]
+    if any(i is not None and (not isinstance(i, int) or isinstance(i, bool) or not 0 <= i < manifest["config"]["vocab_size"])
+           for i in ids):
+        return "special token ids that are not ids of its vocabulary"
     for key, artifact in manifest["artifacts"].items():
         if not isinstance(artifact, dict) or not isinstance(artifact.get("methods"), list) \
                 or not isinstance(artifact.get("file"), (str, type(None))):

@@ -268,5 +268,8 @@ def render_chat(
     variables.update({k: v for k, v in (("bos_token", bos_token), ("eos_token", eos_token)) if v is not None})
     try:
         return _render_bounded(_compile(chat_template), variables)
-    except (TemplateError, TypeError, ValueError, KeyError, OverflowError) as e:
-        raise ChatTemplateError(f"the chat template fails: {e}") from None
+    except ChatTemplateError:
+        raise
+    except Exception as e:  # the template is a program from a downloaded file: any failure of it is its own
+        reason = e.message if isinstance(e, TemplateError) and e.message else f"{type(e).__name__}: {e}"
+        raise ChatTemplateError(f"the chat template fails: {' '.join(reason.splitlines())}") from None

@@ -454,8 +454,12 @@ def cmd_inspect(args) -> int:
         return 0
     # An export folder: each of its programs (a split vision-language export has three).
     from genai_pipeline.bundle import read_manifest
+    from genai_pipeline.runtime.program import check_pte_file
 
-    files = [a["file"] for a in read_manifest(path)["artifacts"].values() if a.get("file")]
+    manifest = read_manifest(path)
+    files = [a["file"] for a in manifest["artifacts"].values() if a.get("file")]
+    for name in files:  # what is described is what was exported
+        check_pte_file(path / name, *(manifest["files"].get(name, {}).get(k) for k in ("bytes", "sha256")))
     reports = {name: inspect_program(path / name) for name in files}
     print(json.dumps(reports, indent=2) if args.json else "\n\n".join(format_report(r) for r in reports.values()))
     return 0

@@ -278,7 +278,7 @@ def evaluate(folder: Path, options: EvalOptions, progress: bool = True) -> dict:
     elif qdq is not None:
         models["qdq"] = EagerSession(qdq, max_seq_len)
     if manifest.get("status", "complete") == "complete":
-        models["program"] = MultimodalSession(folder) if is_multimodal(manifest) else open_session(folder)
+        models["program"] = MultimodalSession(folder, verify=True) if is_multimodal(manifest) else open_session(folder, verify=True)
     # Agreement and KL of the program against float; of the QDQ model where no program could be built.
     compared = "program" if "program" in models else "qdq"
 

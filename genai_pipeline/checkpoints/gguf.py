@@ -272,7 +272,7 @@ def metadata(reader, key: str, default=None):
 
 def architecture(reader, file: Path) -> tuple[str, Arch]:
     name = metadata(reader, "general.architecture")
-    if name not in ARCHS:
+    if not isinstance(name, str) or name not in ARCHS:
         raise CheckpointError(
             f"'{file}' is a GGUF of architecture '{name}', which this pipeline does not read; supported: {', '.join(ARCHS)}"
         )
@@ -327,7 +327,7 @@ def check_blocks(arch: str, block_count: int, tensors, file: Path) -> None:
     """The blocks the tensor table holds must be 0 .. block_count - 1, before a model of that many
     layers is built (a file declaring a billion would otherwise fill the memory)."""
     blocks = {int(m.group(1)) for t in tensors if (m := re.match(r"blk\.(\d+)\.", t))}
-    if blocks != set(range(block_count)):
+    if len(blocks) != block_count or blocks != set(range(block_count)):  # the count first: range(10**9) is no set to build
         raise CheckpointError(f"'{file}': {arch}.block_count is {block_count}, but the tensors hold {len(blocks)} "
                               "block(s); the file is inconsistent")
 

@@ -22,7 +22,10 @@ from __future__ import annotations
 
 import json
 import logging
+import numbers
 from pathlib import Path
+
+import numpy as np
 
 from genai_pipeline.checkpoints.gguf import metadata as _field
 from genai_pipeline.errors import CheckpointError
@@ -112,6 +115,31 @@ def _post_processor(tokens: list[str], bos: int | None, eos: int | None, add_bos
     }
 
 
+def _typed(reader, key: str, kind: type, default=None, of: type | None = None):
+    """A vocabulary field, its type checked: `kind` (list: every item an `of`), else one line."""
+    value = _field(reader, key, default)
+    if value is None:
+        return None
+
+    def fits(v, t) -> bool:  # the reader's numbers may be NumPy's; a bool is no number here
+        abstract = {int: numbers.Integral, float: numbers.Real}.get(t, t)
+        return isinstance(v, abstract) and (t is bool or not isinstance(v, (bool, np.bool_)))
+
+    ok = fits(value, kind) and (kind is not list or all(fits(v, of) for v in value))
+    if not ok:
+        expected = f"a list of {of.__name__}s" if kind is list else f"a {kind.__name__}"
+        raise CheckpointError(f"GGUF metadata {key} is {str(value)[:60]!r}; expected {expected}")
+    return value
+
+
+def _merges(reader) -> list[list[str]]:
+    merges = _typed(reader, "tokenizer.ggml.merges", list, [], str)
+    pairs = [m.split(" ", 1) for m in merges]
+    if any(len(p) != 2 for p in pairs):
+        raise CheckpointError("GGUF metadata tokenizer.ggml.merges holds an entry without a space; expected 'left right' pairs")
+    return pairs
+
+
 def _gpt2_tokenizer(reader, tokens: list[str], types: list[int]) -> dict:
     spelling = _bytes_to_unicode()
     alphabet = set(spelling.values())
@@ -120,7 +148,7 @@ def _gpt2_tokenizer(reader, tokens: list[str], types: list[int]) -> dict:
         if not set(token) <= alphabet:  # stored as raw text: spell it in the byte alphabet
             token = "".join(spelling[b] for b in token.encode("utf-8"))
         vocab.setdefault(token, i)
-    merges = [m.split(" ", 1) for m in _field(reader, "tokenizer.ggml.merges", [])]
+    merges = _merges(reader)
     pre = str(_field(reader, "tokenizer.ggml.pre", "default"))
     if pre not in PRE_TOKENIZERS:
         log.warning("GGUF pre-tokenizer '%s' is not one we know; splitting text as GPT-2 does (tokens may differ from llama.cpp's)", pre)
@@ -158,15 +186,19 @@ TOKEN_ORDER_MERGES = ("gemma", "gemma2", "gemma3")
 
 
 def _sentencepiece_tokenizer(reader, tokens: list[str], types: list[int]) -> dict:
-    scores = [float(s) for s in _field(reader, "tokenizer.ggml.scores", [0.0] * len(tokens))]
+    scores = [float(s) for s in _typed(reader, "tokenizer.ggml.scores", list, [0.0] * len(tokens), float)]
+    if len(scores) != len(tokens):
+        raise CheckpointError(f"GGUF metadata tokenizer.ggml.scores has {len(scores)} scores for {len(tokens)} tokens; expected one each")
     if _field(reader, "general.architecture") in TOKEN_ORDER_MERGES:
         scores = [-float(i) for i in range(len(tokens))]
     vocab: dict[str, int] = {}
     for i, token in enumerate(tokens):
         vocab.setdefault(token, i)
-    merges = [m.split(" ", 1) for m in _field(reader, "tokenizer.ggml.merges", [])] or _sentencepiece_merges(vocab, scores)
-    prefix = bool(_field(reader, "tokenizer.ggml.add_space_prefix", True))
-    unk = _field(reader, "tokenizer.ggml.unknown_token_id")
+    merges = _merges(reader) or _sentencepiece_merges(vocab, scores)
+    prefix = bool(_typed(reader, "tokenizer.ggml.add_space_prefix", bool, True))
+    unk = _typed(reader, "tokenizer.ggml.unknown_token_id", int)
+    if unk is not None and not 0 <= unk < len(tokens):
+        raise CheckpointError(f"GGUF metadata tokenizer.ggml.unknown_token_id is {unk}; expected a token id below {len(tokens)}")
     replace = {"type": "Replace", "pattern": {"String": " "}, "content": "\u2581"}
     normalizer = {"type": "Sequence", "normalizers": [{"type": "Prepend", "prepend": "\u2581"}, replace]} if prefix else replace
     decoders = [
@@ -179,7 +211,7 @@ def _sentencepiece_tokenizer(reader, tokens: list[str], types: list[int]) -> dic
         "pre_tokenizer": None,
         "decoder": {"type": "Sequence", "decoders": decoders},
         "model": {
-            "type": "BPE", "dropout": None, "unk_token": tokens[int(unk)] if unk is not None else None,
+            "type": "BPE", "dropout": None, "unk_token": tokens[unk] if unk is not None else None,
             "continuing_subword_prefix": None, "end_of_word_suffix": None, "fuse_unk": True, "byte_fallback": True,
             "ignore_merges": False, "vocab": vocab, "merges": merges,
         },
@@ -198,17 +230,19 @@ def tokenizer_files(reader, file: Path) -> tuple[str, dict, dict]:
             f"'{file}' has a '{kind}' vocabulary (tokenizer.ggml.model), which this pipeline cannot convert to "
             f"tokenizer.json; supported: {', '.join(BUILDERS)}"
         )
-    tokens = [str(t) for t in _field(reader, "tokenizer.ggml.tokens", [])]
+    tokens = _typed(reader, "tokenizer.ggml.tokens", list, [], str)
     if not tokens:
         raise CheckpointError(f"'{file}' has no vocabulary (tokenizer.ggml.tokens)")
-    types = [int(t) for t in _field(reader, "tokenizer.ggml.token_type", [1] * len(tokens))]
+    types = _typed(reader, "tokenizer.ggml.token_type", list, [1] * len(tokens), int)
+    if len(types) != len(tokens):
+        raise CheckpointError(f"GGUF metadata tokenizer.ggml.token_type has {len(types)} types for {len(tokens)} tokens; expected one each")
     if kind == "llama" and _field(reader, "general.architecture") in TOKEN_ORDER_MERGES:
         tokens = ["\u2581" * len(t) if " " in t and not t.strip() else t for t in tokens]
-    ids = {name: _field(reader, f"tokenizer.ggml.{name}_token_id") for name in ("bos", "eos", "padding", "unknown", "eot", "eom")}
-    ids = {name: int(i) if i is not None and 0 <= int(i) < len(tokens) else None for name, i in ids.items()}
+    ids = {name: _typed(reader, f"tokenizer.ggml.{name}_token_id", int) for name in ("bos", "eos", "padding", "unknown", "eot", "eom")}
+    ids = {name: int(i) if i is not None and 0 <= i < len(tokens) else None for name, i in ids.items()}
     # llama.cpp adds BOS to a SentencePiece vocabulary unless the file says otherwise
-    add_bos = bool(_field(reader, "tokenizer.ggml.add_bos_token", kind == "llama"))
-    add_eos = bool(_field(reader, "tokenizer.ggml.add_eos_token", False))
+    add_bos = bool(_typed(reader, "tokenizer.ggml.add_bos_token", bool, kind == "llama"))
+    add_eos = bool(_typed(reader, "tokenizer.ggml.add_eos_token", bool, False))
     body = BUILDERS[kind](reader, tokens, types)
     tokenizer = {
         "version": "1.0", "truncation": None, "padding": None, "added_tokens": body.pop("added_tokens"),
@@ -224,7 +258,7 @@ def tokenizer_files(reader, file: Path) -> tuple[str, dict, dict]:
         "tokenizer_class": "PreTrainedTokenizerFast",
         "bos_token": token("bos"), "eos_token": token("eos"), "pad_token": token("padding"), "unk_token": token("unknown"),
         "add_bos_token": add_bos, "add_eos_token": add_eos,
-        "chat_template": _field(reader, "tokenizer.chat_template"),
+        "chat_template": _typed(reader, "tokenizer.chat_template", str),
     }
     eos_ids = list(dict.fromkeys(i for i in (ids["eos"], ids["eot"], ids["eom"]) if i is not None))
     generation_config = {"bos_token_id": ids["bos"], "eos_token_id": eos_ids[0] if len(eos_ids) == 1 else eos_ids}

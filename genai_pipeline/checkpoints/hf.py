@@ -69,7 +69,7 @@ def check_layer_count(declared, present: set[int], what: str) -> None:
         return
     if not isinstance(declared, int) or isinstance(declared, bool) or declared < 1:
         raise CheckpointError(f"{what} is {declared!r}; expected a whole number of layers above 0")
-    if present != set(range(declared)):
+    if len(present) != declared or present != set(range(declared)):  # the count first: range(10**9) is no set to build
         have = f"layers 0 to {max(present)}" if present == set(range(len(present))) and present else \
             f"{len(present)} layer(s) {sorted(present)[:8]}"
         raise CheckpointError(f"{what} is {declared}, but the tensors hold {have}; the checkpoint is inconsistent")

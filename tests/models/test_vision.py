@@ -344,9 +344,8 @@ def test_images_and_placeholders_must_pair(program, image_file, capsys):
     assert "1 <image> placeholder(s) but 2 image(s)" in message
 
 
-def test_image_given_to_a_text_only_model(tmp_path, image_file, capsys):
-    (tmp_path / "manifest.json").write_text(json.dumps({"mode": "dynamic", "artifacts": {"text_decoder": {}}}))
-    assert "text-only model" in _error(capsys, str(tmp_path), "--image", str(image_file), "--prompt", "x")
+def test_image_given_to_a_text_only_model(export_tiny, image_file, capsys):
+    assert "text-only model" in _error(capsys, str(export_tiny("kv")), "--image", str(image_file), "--prompt", "x")
 
 
 def test_image_tokens_that_do_not_fit_the_context(program, image_file, capsys):
