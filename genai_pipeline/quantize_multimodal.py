@@ -282,7 +282,7 @@ def quantize_static(prepared: PreparedModel, options: QuantOptions, target) -> P
     from genai_pipeline.upstream.executorch_logs import native_logs_hidden
 
     artifact = prepared.artifacts[ArtifactKey.MULTIMODAL]
-    model = artifact.module.requires_grad_(False)  # else the buffer write-back fails in to_executorch (DESIGN.md)
+    model = artifact.module.requires_grad_(False)  # else the buffer write-back fails in to_executorch (docs/quantization.md)
     chats = calibration_chats(prepared, options)
     image_token_id = prepared.manifest_extra["vision"]["image_token_id"]
     quantizer = lambda gm: target.static_quantizer(options, gm)  # noqa: E731
