@@ -193,7 +193,7 @@ def quantize_vision_language(prepared: PreparedModel, options: QuantOptions, tar
 # stay float; its linears keep static int8 inputs (after the norms, row by row comparable). The
 # spliced image rows are ~30x the token embeddings (reference-vlm: std 3.0 vs 0.10), so one
 # per-tensor int8 scale over the residual stream left the text rows about one step: reference-vlm's
-# answer perplexity was 1.677 with them quantized, 1.4635 without (float 1.4638; README).
+# answer perplexity was 1.677 with them quantized, 1.4635 without (float 1.4638; docs/vision-language.md).
 FLOAT_DECODER_OPS = {"add": torch.ops.aten.add.Tensor, "mul": torch.ops.aten.mul.Tensor}
 
 
