@@ -11,7 +11,7 @@ import os
 import statistics
 import time
 
-os.environ.setdefault("OMP_NUM_THREADS", "1")  # as genai bench (README)
+os.environ.setdefault("OMP_NUM_THREADS", "1")  # as genai bench (docs/decisions/0002)
 
 
 def main() -> None:

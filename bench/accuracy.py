@@ -55,7 +55,7 @@ VARIANTS = {
     "8da4w-head4": {"recipe": "8da4w", "overrides": W2_4BIT},  # every w2 4-bit: the smallest
     "8da4w-head4-norot": {"recipe": "8da4w", "overrides": W2_4BIT, "rotate": False},
     "8da4w-w2all8": {"recipe": "8da4w", "overrides": W2_8BIT},  # every w2 8-bit: the default before the mix
-    "8da4w-wv4": {"recipe": "8da4w", "keep_8bit": [], "overrides": W2_8BIT},  # wv at 4 bits (2-thread decode: bench/README)
+    "8da4w-wv4": {"recipe": "8da4w", "keep_8bit": [], "overrides": W2_8BIT},  # wv at 4 bits (docs/decisions/0017)
     "8da4w-mse-head4": {"recipe": "8da4w", "weight_rule": "mse", "head": "8da4w", "keep_8bit": [], "overrides": W2_4BIT},
     "8da4w-q4_0": {"recipe": "8da4w", "weight_rule": "q4_0"},
     "8da4w-budget": {"recipe": "8da4w", "size_budget": 91.6},  # --size-budget at the default's size (87.4 MiB)

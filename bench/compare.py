@@ -559,7 +559,7 @@ def worker_run_ortgenai(folder: str, vocab: int, prompt: str, gen_len: int, thre
 
 
 # ExecuTorch's custom SDPA kernel calls MKL from inside ExecuTorch's thread pool: with OpenMP's default team
-# size its idle threads spin on the cores XNNPACK needs (bench/README.md). `genai run`/`bench` set this for
+# size its idle threads spin on the cores XNNPACK needs (docs/decisions/0002). `genai run`/`bench` set this for
 # themselves; every ExecuTorch program here runs with it, ours and optimum's alike.
 ONE_OMP_THREAD = {"OMP_NUM_THREADS": "1"}
 
@@ -839,7 +839,7 @@ def print_table(rows: list[dict], problems: list[dict]) -> None:
 
 
 def markdown_table(rows: list[dict], host: dict) -> str:
-    """The table as bench/README.md shows it."""
+    """The table in markdown, as the decision records in docs/decisions/ show it."""
     lines = ["| shape | system | variant | runner | MB | prefill tok/s | decode tok/s | prefill / best peer | decode / best peer |",
              "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:

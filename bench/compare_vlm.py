@@ -59,7 +59,7 @@ GGUF_VOCAB = ROOT / ".cache" / "SmolLM2-135M-Instruct.Q4_1.gguf"  # SmolLM2's to
 MTMD = ENVS / "llamacpp-mtmd"
 LLAMA_TREE = ENVS / "src" / f"llama_cpp_python-{LLAMACPP_VERSION}" / "vendor" / "llama.cpp"
 # ExecuTorch's custom SDPA calls MKL inside ExecuTorch's thread pool: OpenMP teams there spin on the cores
-# XNNPACK needs (README); set for every ExecuTorch run, ours and optimum's alike.
+# XNNPACK needs (docs/decisions/0002); set for every ExecuTorch run, ours and optimum's alike.
 ET_ENV = {"OMP_NUM_THREADS": "1"}
 
 IMAGE = 512

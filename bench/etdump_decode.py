@@ -22,7 +22,7 @@ import sys
 import tempfile
 import time
 
-os.environ.setdefault("OMP_NUM_THREADS", "1")  # as genai bench (README)
+os.environ.setdefault("OMP_NUM_THREADS", "1")  # as genai bench (docs/decisions/0002)
 
 
 def main() -> None:

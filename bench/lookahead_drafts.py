@@ -32,7 +32,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from unittest import mock
 
-os.environ.setdefault("OMP_NUM_THREADS", "1")  # as genai run / genai bench (README)
+os.environ.setdefault("OMP_NUM_THREADS", "1")  # as genai run / genai bench (docs/decisions/0002)
 
 import torch  # noqa: E402
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import os
 
-os.environ.setdefault("OMP_NUM_THREADS", "1")  # as genai run (README: ExecuTorch's SDPA and OpenMP)
+os.environ.setdefault("OMP_NUM_THREADS", "1")  # as genai run (docs/decisions/0002: ExecuTorch's SDPA and OpenMP)
 
 import argparse
 import json

@@ -8,7 +8,7 @@ rate with the machine's copy bandwidth, measured here with numpy on every core.
 With `lookahead`, each round also generates from the prompt with plain decoding and then with
 lookahead decoding replaying plain decoding's text (its sampler returns plain's tokens in turn), so
 the rates compare the same tokens: a near-tie that a verify call rounds the other way (8da4w
-programs, bench/README) would otherwise send lookahead down another text, more or less repetitive,
+programs, docs/decisions/0030) would otherwise send lookahead down another text, more or less repetitive,
 and the ratio would compare texts, not decoders. One free lookahead generation after the rounds
 says where its own greedy text first differs. Both rates are reported, and the tokens each decode
 call gave. Lookahead needs text that repeats, so `prompt_file` gives the prompt (with `chat`, as a

@@ -22,7 +22,7 @@ log = logging.getLogger("genai_pipeline")
 
 
 def _quiet_libraries() -> None:
-    """Keep library chatter that users cannot act on off the terminal (see DESIGN.md: noise)."""
+    """Keep library chatter that users cannot act on off the terminal (docs/cli.md, "Library noise")."""
     warnings.filterwarnings("ignore", category=FutureWarning)
     warnings.filterwarnings("ignore", category=UserWarning)
     warnings.filterwarnings("ignore", category=DeprecationWarning)
@@ -621,9 +621,9 @@ def _default(where: str, name: str):
 def _one_openmp_thread_per_caller(argv: list[str]) -> None:
     """For the commands that time programs: ExecuTorch's custom SDPA kernel calls MKL from inside
     ExecuTorch's own thread pool, and by default each such call starts an OpenMP team whose
-    spinning threads take the cores from XNNPACK's GEMMs (decode 1.4-1.8x slower on 2 cores,
-    bench/README.md). OpenMP reads this once, when torch loads it, so it is set before the parser
-    imports torch; `export` and `eval` keep torch's intra-op threads for their eager work."""
+    spinning threads take the cores from XNNPACK's GEMMs (docs/decisions/0002). OpenMP reads this
+    once, when torch loads it, so it is set before the parser imports torch; `export` and `eval`
+    keep torch's intra-op threads for their eager work."""
     if argv[:1] in (["run"], ["bench"]):
         os.environ.setdefault("OMP_NUM_THREADS", "1")
 

@@ -35,7 +35,7 @@ class PrepareOptions:
     prefill_len: int = 32  # tokens per `prefill` call in hybrid mode
     # Hybrid: the most tokens per `prefill_long` call, a second prefill method of any length up to it,
     # which prompts go through in chunks (no padding; fewer, larger calls: each reads every weight once;
-    # longer chunks prefill slower per token at 135M: bench/README);
+    # longer chunks prefill slower per token at 135M: docs/decisions/0022);
     # None: LONG_PREFILL_CHUNKS x prefill_len where the cache holds it; 0: none
     long_prefill_len: int | None = None
     # Tokens per `verify` call, an extra method returning the logits after EVERY token ([1, N,
@@ -138,7 +138,7 @@ def _graphs(decoder: Decoder, options: PrepareOptions) -> dict[GraphName, GraphB
     graphs = {name: graphs[name] for name in options.mode.graphs}
     if options.long_prefill:
         # Any length up to its own: a prompt's tail or a short chat turn in one call, no padding
-        # (static chunks of 32 cost a 20-token prompt 0.59x dynamic's prefill: bench/README)
+        # (padded static chunks cost short prompts much of dynamic's prefill speed: docs/decisions/0022)
         graphs[GraphName.PREFILL_LONG] = GraphBundle(
             GraphName.PREFILL_LONG, next_token, (tokens(2), pos),
             dynamic_shapes=({1: Dim("chunk", min=1, max=options.long_prefill)}, None))

@@ -63,24 +63,23 @@ STATIC_RECIPES = ("8a8w", "16a8w", "16a4w", "16a4w_block")  # PT2E, calibrated
 EMBEDDING_RECIPES = ("4w", "8w")
 AUTO_EMBEDDING = {"8da4w": "4w", "8da8w": "8w"}  # --embedding auto, by --recipe
 # The LM head ("output") by --recipe when 4-bit weights are not calibrated (weight_rule other than
-# gptq), unless an override names it: at 4 bits by mse it cost SmolLM2-135M +47 % perplexity; by GPTQ,
-# ~1 point, less than the 8-bit w2 its 12 MiB buy (bench/README)
+# gptq), unless an override names it: at 4 bits by mse it costs much, by GPTQ less than what its bytes buy
+# elsewhere (docs/decisions/0011)
 AUTO_HEAD = {"8da4w": "8da8w"}
 # Layers kept at 8 bits (8da8w) under a 4-bit recipe, unless an override names them: the attention's
-# value projection (as llama.cpp's Q4_K_M keeps attn_v at 6 bits; bench/README)
+# value projection (as llama.cpp's Q4_K_M keeps attn_v higher; docs/decisions/0011)
 AUTO_8BIT = {"8da4w": (r"\.attention\.wv$",)}
 # ... and by layer (auto_8bit_mlp): the MLP's down projection w2 where Q4_K_M gives ffn_down more bits
-# (more_bits_layer; every w2 at 8 bits decoded 7 % slower than the all-4-bit program at 1 thread, this
-# mix 3.5 %: bench/README), and w1 / w3 of the first and last 1/15 of the layers (SmolLM2-135M: 0, 1,
-# 28, 29; none below 15 layers), the blocks whose outputs lose the most to 4 bits (genai eval's layer
-# SQNR): +7.3 -> +6.8 % perplexity, KL 0.072 -> 0.066, for 3.3 MiB (bench/README)
+# (more_bits_layer; every w2 at 8 bits cost 1-thread decode speed beyond the bound: docs/decisions/0020),
+# and w1 / w3 of the first and last 1/15 of the layers (SmolLM2-135M: 0, 1, 28, 29; none below 15
+# layers), the blocks whose outputs lose the most to 4 bits (genai eval's layer SQNR; docs/decisions/0016)
 EDGE_LAYERS = {"8da4w": 1 / 15}
-WEIGHT_RULES = ("gptq", "mse", "q4_0", "torchao")  # how 4-bit weights are chosen (bench/README: measured)
+WEIGHT_RULES = ("gptq", "mse", "q4_0", "torchao")  # how 4-bit weights are chosen (measured: docs/decisions/0011)
 # gptq's calibration text when no --calib is given: English prose that ships with the repository
 # (Python's documentation, the reference model's training split; disjoint from heldout.txt)
 DEFAULT_GPTQ_TEXT = Path(__file__).resolve().parent.parent / "assets" / "reference" / "sample.txt"
-GPTQ_TOKENS = 4096  # calibration tokens for gptq (measured on SmolLM2-135M: bench/README)
-# SmoothQuant's migration strength for the dynamic recipes' per-token int8 activations (bench/README)
+GPTQ_TOKENS = 4096  # calibration tokens for gptq (docs/decisions/0011)
+# SmoothQuant's migration strength for the dynamic recipes' per-token int8 activations (docs/decisions/0016, 0017)
 SMOOTH_ALPHA = 0.5
 HEAD = "output"
 HEAD_ROTATION = "head_rotation"

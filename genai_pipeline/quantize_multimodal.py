@@ -193,7 +193,7 @@ def quantize_vision_language(prepared: PreparedModel, options: QuantOptions, tar
 # stay float; its linears keep static int8 inputs (after the norms, row by row comparable). The
 # spliced image rows are ~30x the token embeddings (reference-vlm: std 3.0 vs 0.10), so one
 # per-tensor int8 scale over the residual stream left the text rows about one step: reference-vlm's
-# answer perplexity was 1.677 with them quantized, 1.4635 without (float 1.4638; README).
+# answer perplexity was 1.677 with them quantized, 1.4635 without (float 1.4638; docs/vision-language.md).
 FLOAT_DECODER_OPS = {"add": torch.ops.aten.add.Tensor, "mul": torch.ops.aten.mul.Tensor}
 
 
@@ -282,7 +282,7 @@ def quantize_static(prepared: PreparedModel, options: QuantOptions, target) -> P
     from genai_pipeline.upstream.executorch_logs import native_logs_hidden
 
     artifact = prepared.artifacts[ArtifactKey.MULTIMODAL]
-    model = artifact.module.requires_grad_(False)  # else the buffer write-back fails in to_executorch (DESIGN.md)
+    model = artifact.module.requires_grad_(False)  # else the buffer write-back fails in to_executorch (docs/quantization.md)
     chats = calibration_chats(prepared, options)
     image_token_id = prepared.manifest_extra["vision"]["image_token_id"]
     quantizer = lambda gm: target.static_quantizer(options, gm)  # noqa: E731

@@ -12,7 +12,7 @@ The LM head reads the final norm's output x_hat * g. Untied, it becomes W diag(g
 embedding, it must keep reading the table E Q (one table in the program), so a d x d float linear
 before it, `Decoder.head_rotation` = Q^T diag(g) Q, turns x_hat Q into (x_hat * g) Q, whose
 product with (E Q)^T is the original logits. It stays float: at 8 bits it cost SmolLM2-135M more
-than the rotation gave (bench/README).
+than the rotation gave (docs/decisions/0017).
 
 Q is a randomized Hadamard matrix (random signs times H_{2^k} (x) a random orthogonal matrix of the
 odd part of d), seeded: `genai eval` rebuilds the same quantized model from the float one.

@@ -6,7 +6,7 @@ groups of one kind (wq, ..., w2) over a band of adjacent blocks (layer_groups). 
 candidate at its 4-bit values (those the export stores: gptq's, or the weight rule's), a group's
 gain is how much the KL divergence of the model's next-token distribution from the float model's
 falls when that group alone takes 8-bit values, on calibration text that GPTQ did not fit (on the
-text it fitted, w2's 4-bit loss measured a quarter of its loss elsewhere; bench/README). Groups are
+text it fitted, w2's 4-bit loss measured far below its loss elsewhere; docs/decisions/0021). Groups are
 then promoted greedily by gain per byte until the program's estimated size reaches the budget. The
 fixed rules of the default (AUTO_8BIT, more_bits_layer, EDGE_LAYERS in quantize.py) are not
 applied: the measurement replaces them. The weights' bytes are estimated as the program stores

@@ -116,8 +116,8 @@ def test_quantized_hybrid_program_stores_the_weights_once_and_is_small(export_re
     # hybrid's two more methods (prefill, prefill_long) add their graphs, not a weight (the table: 1 MB)
     assert hybrid["file_bytes"] - kv["file_bytes"] <= graph_bytes(4, 2), (hybrid["file_bytes"], kv["file_bytes"])
     # fp32 stores its tied table once; here the int4 head and the int8 lookup are two tables, wv
-    # and some w2 are at 8 bits under 8da4w (AUTO_8BIT, more_bits_layer; bench/README), and rotation adds a float 256 x 256
-    # linear before the tied head (1.5 % of the fp32 program): 0.25x of the fp32 program.
+    # and some w2 are at 8 bits under 8da4w (AUTO_8BIT, more_bits_layer; docs/decisions/0020), and
+    # rotation adds a float 256 x 256 linear before the tied head (1.5 % of the fp32 program): 0.25x of the fp32 program.
     assert hybrid["file_bytes"] <= 0.26 * fp32["file_bytes"], (hybrid["file_bytes"], fp32["file_bytes"])
     manifest = json.loads((export_reference("hybrid", Q4) / "manifest.json").read_text())
     assert manifest["recipe"] == "8da4w-g32-rot-sq0.5+emb8w+attention.wv=8da8w+more_bits.w2=8da8w+edges.w1w3=8da8w" and manifest["quantization"]["embedding"] == "8w"

@@ -119,12 +119,12 @@ def test_eval_perplexity_equals_transformers_on_the_same_ids(smollm2_fp32, trans
 
 
 # The bounds for what `--recipe R` gives without flags, against the float model on the
-# same ids as llama.cpp's figures (bench/README): 1022 tokens of held-out prose, windows of 512.
-# 8da4w: llama.cpp's Q4_K_M loses 7.8 % there (ours: +5.2 % at 87.4 MiB; GPTQ's float solve moved the
-# figure by 0.4 points between exports of the same code, bench/README). 8da8w: the goal is +0.5 %; ours is
-# +0.49 % (rotated and smoothed; +2.4 % before rotation). The bound is +0.6 %: another host's float
-# kernels move the figure by hundredths, and a bound a hundredth away would fail on noise, not on a
-# regression (the +2.4 % of an unrotated program would still fail it).
+# same ids as llama.cpp's figures (docs/decisions/0020, 0017): 1022 tokens of held-out prose, windows
+# of 512. 8da4w: the bound is what llama.cpp's Q4_K_M loses there (ours is well below it; GPTQ's float
+# solve moves the figure between exports of the same code, docs/decisions/0029). 8da8w: the goal is
+# +0.5 %, which ours just meets (rotated and smoothed; not before rotation). The bound is +0.6 %: another
+# host's float kernels move the figure by hundredths, and a bound a hundredth away would fail on noise,
+# not on a regression (an unrotated program would still fail it).
 BOUNDS = {"8da4w": 0.08, "8da8w": 0.006}
 
 

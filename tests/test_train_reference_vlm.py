@@ -1,4 +1,4 @@
-"""assets/train_reference_vlm.py: its dataset is reproducible, its prompts are exactly what the
+"""tools/train_reference_vlm.py: its dataset is reproducible, its prompts are exactly what the
 runtime feeds the exported program, its loss is on the answers only, and a few training steps on
 a handful of generated samples lower the loss (seconds; the full run is not a test)."""
 
@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.fixture(scope="module")
 def script():
-    spec = importlib.util.spec_from_file_location("train_reference_vlm", ROOT / "assets" / "train_reference_vlm.py")
+    spec = importlib.util.spec_from_file_location("train_reference_vlm", ROOT / "tools" / "train_reference_vlm.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)

@@ -346,7 +346,7 @@ def fused_linear(linears: list[nn.Linear], concat: Callable) -> nn.Linear | None
     """One linear whose output is the outputs of `linears` (which read the same input) side by
     side, or None. concat(weights) -> their rows as one weight (float or quantized alike), or None
     when they cannot share one kernel. Fusing them saves a matmul and its activation quantization
-    per token (XNNPACK, measured: bench/README "Projection order and fused projections")."""
+    per token (XNNPACK, measured: docs/decisions/0018)."""
     weight = concat([m.weight for m in linears])
     if weight is None:
         return None
@@ -398,7 +398,7 @@ class Attention(nn.Module):
         """q, k and v of x, [B, S, heads, head_dim] each; q and k normed and rotated."""
         b, n_q, n_kv, hd = x.size(0), self.n_heads, self.n_kv_heads, self.head_dim
         # v first: the graph runs in this order, and an 8-bit matmul as the last one before
-        # custom_sdpa slows the attention at 2 threads (bench/README: "Projection order ...")
+        # custom_sdpa slows the attention at 2 threads (docs/decisions/0018)
         v = self.wv(x) if self.wv is not None else None
         # -1 for the length: XNNPACK delegates no reshape to a symbolic size (a dynamic-length graph)
         if self.fused is None:
@@ -542,8 +542,8 @@ class Decoder(nn.Module):
         """RoPE's half swap as a product with a constant +-1 matrix instead of two slices and a
         cat, for a backend that delegates no slice of a dynamic-length tensor (ExecuTorch's
         XNNPACK partitioner; upstream/xnnpack_dynamic_slice.py lets the pinned version). Not free:
-        as the last matmul before the attention it slows custom_sdpa at 2 threads (bench/README,
-        "RoPE's half swap and the attention")."""
+        as the last matmul before the attention it slows custom_sdpa at 2 threads
+        (docs/decisions/0027)."""
         self.rope_swap = half_swap_matrix(self.config.rope_dim)
 
     def use_cache_io(self) -> None:

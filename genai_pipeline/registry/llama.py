@@ -59,7 +59,7 @@ def _spec(name: str, description: str, config: DecoderConfig, bos: int, eos: tup
 SPECS = (
     _spec(
         "reference",
-        "shipped reference model, trained by assets/train_reference.py on Python's own docs",
+        "shipped reference model, trained by tools/train_reference.py on Python's own docs",
         DecoderConfig(
             vocab_size=4096, dim=256, n_layers=4, n_heads=8, n_kv_heads=4, hidden_dim=768,
             tie_embeddings=True, max_position_embeddings=512,

@@ -103,13 +103,13 @@ SPECS = (
 
 
 def _reference_vlm() -> ModelSpec:
-    """The shipped tiny Idefics3 (assets/train_reference_vlm.py): SigLIP 72 px / patch 12 / width 128 / 3 layers,
+    """The shipped tiny Idefics3 (tools/train_reference_vlm.py): SigLIP 72 px / patch 12 / width 128 / 3 layers,
     shuffled by 2 (9 tokens per image, one per cell of its 3x3 grid), the text reference's decoder;
     vocabulary 4096 + 3 image tokens."""
     vision = VisionConfig(image_size=72, patch_size=12, dim=128, n_layers=3, n_heads=4, hidden_dim=512, text_dim=256,
                           scale_factor=2)
     spec = _spec(
-        "reference-vlm", "shipped tiny vision-language model, trained by assets/train_reference_vlm.py on generated shapes",
+        "reference-vlm", "shipped tiny vision-language model, trained by tools/train_reference_vlm.py on generated shapes",
         DecoderConfig(vocab_size=4099, dim=256, n_layers=4, n_heads=8, n_kv_heads=4, hidden_dim=768,
                       tie_embeddings=True, max_position_embeddings=512),
         vision, longest_edge=72,

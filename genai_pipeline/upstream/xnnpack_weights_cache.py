@@ -39,7 +39,7 @@ def share_packed_weights() -> bool:
     packs its own copy, so a hybrid program, whose `prefill` and `decode` read the same weights
     (stored once in the file), holds them twice in memory. With it, packed weights are kept by the
     name the file stores them under (a hash of their bytes) and every delegate that names them
-    shares one copy (bench/README.md: run RSS). The wheel's Python API has no backend options, so
+    shares one copy (docs/decisions/0009). The wheel's Python API has no backend options, so
     this calls the runtime's C++ `executorch::runtime::set_option("XnnpackBackend", ...)`, and
     reads the option back: a layout this code does not know leaves the default and logs why.
     (Workspace sharing, the other memory option, is already `Global` in this wheel.)

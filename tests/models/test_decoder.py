@@ -156,8 +156,8 @@ def test_fused_projections_compute_the_same(tiny_eager, recipe, change, fused):
 
 
 def test_v_is_projected_first(tiny_eager):
-    """The exported graph runs in the order of the eager calls: v before q and k (bench/README,
-    "Projection order and fused projections": an 8-bit v last slows the attention at 2 threads)."""
+    """The exported graph runs in the order of the eager calls: v before q and k (docs/decisions/0018:
+    an 8-bit v last slows the attention at 2 threads)."""
     model, order = tiny_eager(), []
     attention = model.layers[0].attention
     for name in ("wq", "wk", "wv"):

@@ -116,7 +116,7 @@ def test_llava_program_matches_transformers_and_executorch_multimodal_runner(lla
     first, last = ids.index(IMAGE_ID), len(ids) - ids[::-1].index(IMAGE_ID)
     inputs = [make_token_input(ids[:first]), make_image_input(torch.from_numpy(frame)), make_token_input(ids[last:])]
     # No token callback: ExecuTorch's Python binding raises UnicodeDecodeError on a token that is part
-    # of a UTF-8 character (DESIGN.md); the runner's own printout, bytes as they come, is compared.
+    # of a UTF-8 character (docs/deployment.md); the runner's own printout, bytes as they come, is compared.
     capfd.readouterr()
     stats = []
     MultimodalRunner(str(llava_program / "multimodal.pte"), str(llava_program / "tokenizer.json")).generate(

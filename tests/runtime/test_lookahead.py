@@ -126,8 +126,8 @@ def test_a_miss_pauses_drafting_longer_each_time():
     assert drafter.draft(5) == [2, 1]
 
 
-# Seconds a call of 1..8 rows took on the AVX2 host (a 4-bit program, bench/README): 3 rows cost
-# what 2 do, 6 what 4 and 5 do, 7 and 8 half as much again.
+# What a call of 1..8 rows cost on the AVX2 host, in decode steps (a 4-bit program; docs/decisions/0028):
+# the cost rises in steps, with XNNPACK's row tiles.
 AVX2 = [1.00, 1.68, 1.81, 2.65, 2.89, 2.99, 4.30, 4.31]
 
 

@@ -48,7 +48,7 @@ def assert_lookahead_is_lossless(folder: Path, prompts: list[str], max_new_token
     end of the context. `chat`: each prompt is a user message through the folder's chat template,
     generation stops at an end-of-turn token.
 
-    `near_tie` > 0 (8da4w programs of real models, bench/README.md: verify and decode round
+    `near_tie` > 0 (8da4w programs of real models, docs/decisions/0010: verify and decode round
     differently, dynamic activation quantization amplifies it): where the texts part, the token
     lookahead chose must be within `near_tie` of the best logit plain decoding saw there, i.e. a
     near-tie, not a wrong cache row. Returns the lookahead generations (for their call counts)."""

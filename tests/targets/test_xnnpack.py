@@ -65,7 +65,7 @@ def test_dynamic_length_graph_is_one_delegate_per_layer(tiny_checkpoint):
     """ExecuTorch's XNNPACK delegates no reshape to a symbolic size, nor (unpatched) a slice of a
     dynamic-length tensor: the dynamic `forward` reshapes with -1, and the slices of its fused
     projections' outputs and of RoPE's halves stay in (upstream/xnnpack_dynamic_slice.py), so each
-    layer is one delegate call, as in hybrid (bench/README "Dynamic programs: one delegate per layer")."""
+    layer is one delegate call, as in hybrid (docs/decisions/0019, 0025)."""
     methods, config = lower_tiny(tiny_checkpoint, Mode.DYNAMIC.value)
     program = methods["forward"]
     assert len(delegates(program)) <= config.n_layers + 2
@@ -78,9 +78,9 @@ def test_dynamic_length_graph_is_one_delegate_per_layer(tiny_checkpoint):
 @pytest.mark.parametrize("slices_delegated", [True, False])
 def test_rope_swaps_halves_by_a_matmul_only_where_slices_would_end_the_delegate(tiny_eager, monkeypatch, slices_delegated):
     """With the pinned ExecuTorch, RoPE's halves are slices (the +-1 product, the last matmul before
-    the attention, slowed custom_sdpa at 2 threads: bench/README "RoPE's half swap and the
-    attention"); with another, whose partitioner takes no slice of a dynamic-length tensor, the
-    product keeps each layer in one delegate and the projections stay unfused."""
+    the attention, slowed custom_sdpa at 2 threads: docs/decisions/0027); with another, whose
+    partitioner takes no slice of a dynamic-length tensor, the product keeps each layer in one
+    delegate and the projections stay unfused."""
     from genai_pipeline.targets import xnnpack
 
     if not slices_delegated:

@@ -40,7 +40,7 @@ How it was trained
 
 Usage::
 
-    .venv/bin/python assets/train_reference.py --minutes 12
+    .venv/bin/python tools/train_reference.py --minutes 12
 """
 
 from __future__ import annotations
@@ -331,7 +331,7 @@ def write_tokenizer_config(out: Path) -> None:
 
 
 def parse_args() -> argparse.Namespace:
-    here = Path(__file__).resolve().parent
+    here = Path(__file__).resolve().parents[1] / "assets"
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", type=Path, default=here / "reference", help="output folder")
     ap.add_argument("--minutes", type=float, default=12.0, help="training wall-clock budget")

@@ -40,7 +40,7 @@ whose accuracy can be measured offline, so the multimodal path's figures mean so
 
 Usage::
 
-    PYTHONPATH=. .venv/bin/python assets/train_reference_vlm.py            # 2000 steps; writes assets/reference-vlm/
+    PYTHONPATH=. .venv/bin/python tools/train_reference_vlm.py            # 2000 steps; writes assets/reference-vlm/
 """
 
 from __future__ import annotations
@@ -57,9 +57,9 @@ from pathlib import Path
 
 import numpy as np
 
-HERE = Path(__file__).resolve().parent
-REFERENCE = HERE / "reference"
-OUT = HERE / "reference-vlm"
+ASSETS = Path(__file__).resolve().parents[1] / "assets"
+REFERENCE = ASSETS / "reference"
+OUT = ASSETS / "reference-vlm"
 
 IMAGE = 72  # px: a 3x3 grid of 24 px cells
 PATCH = 12  # 6x6 patches; pixel shuffle by 2 makes each image token one 2x2 block of patches = one grid cell
@@ -593,7 +593,7 @@ def main(argv=None) -> int:
         "threads": args.threads, "init": str(args.init) if args.init else "assets/reference (decoder) + random image tower", "final_loss": curve[-1]["loss"], "loss_curve": curve,
         "heldout_eager_greedy": result,
         "torch_version": torch.__version__,
-        "command": "PYTHONPATH=. .venv/bin/python assets/train_reference_vlm.py " + " ".join(argv or sys.argv[1:]),
+        "command": "PYTHONPATH=. .venv/bin/python tools/train_reference_vlm.py " + " ".join(argv or sys.argv[1:]),
     }
     if args.init and (args.init / "train_report.json").is_file():  # the stages before this one
         report["previous_stage"] = json.loads((args.init / "train_report.json").read_text())
