@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import os
 from dataclasses import dataclass
@@ -17,7 +18,7 @@ from genai_pipeline.checkpoints import load_decoder, metadata_folder
 from genai_pipeline.checkpoints.hf import random_decoder
 from genai_pipeline.checkpoints.special_tokens import read_special_tokens
 from genai_pipeline.chat_template import read_chat_template
-from genai_pipeline.errors import InputError
+from genai_pipeline.errors import CheckpointError, InputError
 from genai_pipeline.models.decoder import Decoder
 from genai_pipeline.names import ArtifactKey, GraphName, Mode
 from genai_pipeline.registry import ModelSpec, sized_as
@@ -198,6 +199,28 @@ def check_kv_cache_fits(config, max_seq_len: int) -> None:
                          f"machine's {memory / 2**30:.1f} GiB of memory; lower --max-seq-len")
 
 
+def check_vocabulary(rows: int, tokenizer: Path | None, special) -> None:
+    """Every id the program may be fed or asked to stop on has a row in the embedding: a special id
+    or a tokenizer.json id past the rows would fail only at run time, deep in the runtime."""
+    named = [("bos_id", special.bos_id), *(("eos_ids", i) for i in special.eos_ids), ("pad_id", special.pad_id)]
+    for name, token in named:
+        if token is not None and not 0 <= token < rows:
+            where = ", ".join(special.sources.get(name, ())) or "the registry entry"
+            raise CheckpointError(f"the checkpoint's {name.rstrip('s').removesuffix('_id')} token id {token} (from {where}) is past "
+                                  f"its {rows} embedding rows; the checkpoint is inconsistent")
+    if tokenizer is not None and tokenizer.name == "tokenizer.json":
+        try:
+            data = json.loads(tokenizer.read_text(encoding="utf-8"))
+            vocab = (data.get("model") or {}).get("vocab") or {}
+            ids = [*(vocab.values() if isinstance(vocab, dict) else ()), *(t.get("id") for t in data.get("added_tokens") or ())]
+            top = max((i for i in ids if isinstance(i, int)), default=-1)
+        except (ValueError, AttributeError, TypeError):
+            return  # the tokenizer's own reader says what is wrong with it, where it is read
+        if top >= rows:
+            raise CheckpointError(f"'{tokenizer}' has token ids up to {top}, past the model's {rows} embedding rows; "
+                                  "the tokenizer does not belong to these weights")
+
+
 def prepare(spec: ModelSpec, options: PrepareOptions) -> PreparedModel:
     check_kv_cache_fits(spec.config, options.max_seq_len)
     if spec.vision is not None:  # a vision-language model: its own module (components, one program)
@@ -237,6 +260,7 @@ def prepare(spec: ModelSpec, options: PrepareOptions) -> PreparedModel:
         metadata, template.source if template else spec.chat_template, spec.bos_id, spec.eos_ids,
         origin="" if metadata is None or metadata == Path(checkpoint) else f"{Path(checkpoint).name} metadata as ",
     )
+    check_vocabulary(config.vocab_size, tokenizer, special)
     # The checkpoint's own bos/eos, the entry filling only what it lacks, for every reader downstream.
     spec = dataclasses.replace(spec, bos_id=special.bos_id, eos_ids=special.eos_ids)
     constants = decoder_constants(spec, config, options.max_seq_len, dynamic=options.mode is Mode.DYNAMIC)

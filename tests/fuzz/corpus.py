@@ -401,7 +401,7 @@ _CHILD = r'''
 import json, resource, signal, sys, traceback
 from pathlib import Path
 resource.setrlimit(resource.RLIMIT_AS, ({memory}, {memory}))
-kind, folder = sys.argv[1], Path(sys.argv[2])
+kind, folder, start = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3])
 from genai_pipeline.errors import GenAIError
 sys.path.insert(0, {here!r})
 import corpus
@@ -410,7 +410,7 @@ run = corpus.CHECKS[kind]
 def alarm(*_):
     raise TimeoutError
 signal.signal(signal.SIGALRM, alarm)
-for case in sorted(folder.iterdir(), key=lambda p: int(p.name.split("-")[0])):
+for case in sorted(folder.iterdir(), key=lambda p: int(p.name.split("-")[0]))[start:]:
     signal.alarm({seconds})
     try:
         wrong = run(case)
@@ -489,14 +489,19 @@ def outcomes(cases: dict[str, list[tuple[str, bytes | str]]], folder: Path, time
             path.write_bytes(content.encode() if isinstance(content, str) else content)
             files[path.name] = (category, name)
         child = _CHILD.format(memory=CHILD_MEMORY, here=str(Path(__file__).parent), seconds=CASE_SECONDS)
-        result = subprocess.run([sys.executable, "-c", child, kind, str(where)], capture_output=True, text=True, timeout=timeout)
-        seen = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
-        for row in seen:
-            category, name = files[row["case"]]
-            rows[category].append({**row, "case": name})
-        if len(seen) < len(mine):  # the child died on the next case (killed for its memory, say)
-            category, name, _ = mine[len(seen)]
-            rows[category].append({"case": name, "outcome": "memory", "message": result.stderr[-300:]})
+        done = 0
+        while done < len(mine):
+            result = subprocess.run([sys.executable, "-c", child, kind, str(where), str(done)], capture_output=True,
+                                    text=True, timeout=timeout)
+            seen = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
+            for row in seen:
+                category, name = files[row["case"]]
+                rows[category].append({**row, "case": name})
+            done += len(seen)
+            if done < len(mine):  # the child died on this case (killed for its memory, say): go on after it
+                category, name, _ = mine[done]
+                rows[category].append({"case": name, "outcome": "memory", "message": result.stderr[-300:]})
+                done += 1
     return rows
 
 
