@@ -42,7 +42,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from genai_pipeline.checkpoints.hf import assign_weights, empty_decoder
+from genai_pipeline.checkpoints.hf import assign_weights, check_hyperparameters, empty_decoder
 from genai_pipeline.checkpoints.llama2c import interleaved_to_halves
 from genai_pipeline.errors import CheckpointError
 from genai_pipeline.models.decoder import Decoder, DecoderConfig
@@ -314,11 +314,6 @@ def config_dict(reader, file: Path) -> dict:
     return config
 
 
-# Metadata that must be whole numbers >= 1 (the rest of CONFIG_KEYS: finite numbers above 0)
-WHOLE_KEYS = ("hidden_size", "num_hidden_layers", "intermediate_size", "num_attention_heads", "num_key_value_heads",
-              "head_dim", "max_position_embeddings", "sliding_window")
-
-
 def _whole(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
@@ -336,15 +331,7 @@ def _check_metadata(arch: str, config: dict, tensors: dict, file: Path) -> None:
     """Every hyperparameter typed and in range, and the sizes the tensors have, before anything is
     built from them: one line naming the key, its value and what was expected."""
     keys = {ours: key for key, ours in CONFIG_KEYS.items()}
-    for ours, value in config.items():
-        if ours not in keys:
-            continue
-        if ours in WHOLE_KEYS:
-            ok, expected = _whole(value) and value >= 1, "a whole number >= 1"
-        else:
-            ok, expected = isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value < float("inf"), "a finite number above 0"
-        if not ok:
-            raise CheckpointError(f"'{file}': {arch}.{keys[ours]} is {value!r}; expected {expected}")
+    check_hyperparameters(config, f"'{file}'", lambda ours: f"{arch}.{keys.get(ours, ours)}")
     if any(t.startswith("blk.") for t in tensors):  # else a vocabulary-only file (llama.cpp ships some)
         check_blocks(arch, config["num_hidden_layers"], tensors, file)
     dim = int(tensors["token_embd.weight"].shape[0])

@@ -38,11 +38,36 @@ def decoder_config(spec: ModelSpec, folder: Path) -> DecoderConfig:
     """The checkpoint's own config.json is the truth for its shapes."""
     hf = read_config(folder)
     if spec.vision is None:
+        check_hyperparameters(hf, f"{folder}/config.json")
         check_layer_count(hf.get("num_hidden_layers"), layer_indices(folder), f"{folder}/config.json: num_hidden_layers")
     try:
         return spec.config_from_checkpoint(hf)
     except (KeyError, TypeError, ValueError) as e:
         raise CheckpointError(f"'{folder}/config.json' does not describe a {spec.family} model: {e!r}") from None
+
+
+# config.json keys (and a GGUF's, once renamed to them) that must be whole numbers >= 1, or finite
+# numbers above 0: checked before a family's reader converts them (int() would truncate 2.5)
+WHOLE_KEYS = ("vocab_size", "hidden_size", "num_hidden_layers", "intermediate_size", "num_attention_heads",
+              "num_key_value_heads", "head_dim", "max_position_embeddings", "sliding_window")
+POSITIVE_KEYS = ("rms_norm_eps", "rope_theta")
+
+
+def check_hyperparameters(config: dict, where: str, name=lambda key: key) -> None:
+    """Every known size a whole number >= 1 and every known scale a finite number above 0, else one
+    line naming the key (`name` spells it as the file does), its value and what was expected."""
+    for key, value in config.items():
+        if value is None or (key == "sliding_window" and value == 0):  # unset; 0: no window (Phi-4)
+            continue
+        if key in WHOLE_KEYS:
+            ok, expected = isinstance(value, int) and not isinstance(value, bool) and value >= 1, "a whole number >= 1"
+        elif key in POSITIVE_KEYS:
+            ok = isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value < float("inf")
+            expected = "a finite number above 0"
+        else:
+            continue
+        if not ok:
+            raise CheckpointError(f"{where}: {name(key)} is {value!r}; expected {expected}")
 
 
 def layer_indices(folder: Path) -> set[int]:

@@ -104,3 +104,44 @@ def test_config_that_is_not_this_family(checkpoint):
     del config["hidden_size"]
     (checkpoint / "config.json").write_text(json.dumps(config))
     assert "does not describe a llama model" in _error(checkpoint)
+
+
+@pytest.mark.parametrize("layers, needle", [
+    (10**9, "num_hidden_layers is 1000000000, but the tensors hold layers 0 to 1"),
+    (2**64 - 1, "but the tensors hold layers 0 to 1"),
+    (1, "num_hidden_layers is 1, but the tensors hold layers 0 to 1"),
+    (2.5, "num_hidden_layers is 2.5; expected a whole number"),
+    ("two", "num_hidden_layers is 'two'; expected a whole number"),
+    (0, "num_hidden_layers is 0; expected a whole number"),
+])
+def test_a_layer_count_the_tensors_do_not_hold_is_refused_before_building(checkpoint, layers, needle):
+    """A config.json declaring a billion layers would build a billion-layer model (a hang, then a
+    killed process): it is checked against the safetensors headers first, by loading and by inference."""
+    from genai_pipeline.checkpoints import infer_checkpoint_spec
+
+    config = json.loads((checkpoint / "config.json").read_text())
+    assert config["num_hidden_layers"] == 2
+    (checkpoint / "config.json").write_text(json.dumps({**config, "num_hidden_layers": layers}))
+    assert needle in _error(checkpoint)
+    with pytest.raises(CheckpointError, match="num_hidden_layers"):
+        infer_checkpoint_spec(checkpoint)
+
+
+@pytest.mark.parametrize("key, value, needle", [
+    ("rms_norm_eps", float("nan"), "rms_norm_eps is nan; expected a finite number above 0"),
+    ("rope_parameters", {"rope_type": "default", "rope_theta": float("inf")}, "rope_theta must be a finite number above 0"),
+    ("hidden_size", 64.5, "hidden_size is 64.5; expected a whole number >= 1"),
+    ("max_position_embeddings", -1, "max_position_embeddings is -1; expected a whole number >= 1"),
+    ("rms_norm_eps", "small", "rms_norm_eps is 'small'; expected a finite number above 0"),
+])
+def test_non_finite_or_mistyped_hyperparameters_are_refused(checkpoint, key, value, needle):
+    config = json.loads((checkpoint / "config.json").read_text())
+    (checkpoint / "config.json").write_text(json.dumps({**config, key: value}))
+    assert needle in _error(checkpoint)
+
+
+def test_a_nan_weight_is_refused_naming_the_tensor(checkpoint):
+    tensors = load_file(checkpoint / "model.safetensors")
+    tensors["model.layers.1.mlp.up_proj.weight"][3, 5] = float("nan")
+    save_file(tensors, checkpoint / "model.safetensors")
+    assert "tensor layers.1.feed_forward.w3.weight holds NaN or Inf values" in _error(checkpoint)
