@@ -181,10 +181,10 @@ def bench_prompt(folder: Path, session: DecoderSession, options: BenchOptions) -
     if options.prompt_file is None:
         vocab = session.manifest["config"]["vocab_size"]
         return torch.randint(1, vocab, (options.prompt_len,), generator=torch.Generator().manual_seed(0)).tolist(), ()
-    from genai_pipeline.tokenizer import Tokenizer
+    from genai_pipeline.bundle import folder_tokenizer
 
     text = read_input_text(options.prompt_file, "--prompt-file")
-    tokenizer = Tokenizer.from_folder(folder, bos_id=session.manifest.get("bos_id"))
+    tokenizer = folder_tokenizer(folder, session.manifest)
     if not options.chat:
         return tokenizer.encode(text), ()
     from genai_pipeline.chat_template import read_chat_template

@@ -23,11 +23,11 @@ from genai_pipeline.image_processing import Frames, expand_prompt
 from genai_pipeline.runtime.generate import greedy_token
 from genai_pipeline.runtime.multimodal import MultimodalSession
 from genai_pipeline.runtime.program import set_threads
-from genai_pipeline.tokenizer import Tokenizer
+from genai_pipeline.bundle import folder_tokenizer
 
 
 def _prompt(folder: Path, session: MultimodalSession, frame, text_len: int) -> list[int]:
-    tokenizer = Tokenizer.from_folder(folder, bos_id=session.manifest.get("bos_id"))
+    tokenizer = folder_tokenizer(folder, session.manifest)
     ids = tokenizer.encode(expand_prompt("", [Frames((frame,), 0, 0)], session.processing))
     vocab = session.manifest["config"]["vocab_size"]
     text = torch.randint(1, vocab, (text_len,), generator=torch.Generator().manual_seed(0))

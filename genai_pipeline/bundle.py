@@ -266,6 +266,21 @@ def record_in_manifest(folder: Path, key: str, value) -> None:
     atomic_write(Path(folder) / MANIFEST, json.dumps(manifest, indent=2) + "\n")
 
 
+def folder_tokenizer(folder: Path, manifest: dict):
+    """The tokenizer of an export folder, once its files are the ones exported with the program
+    (another model's tokenizer.json dropped beside it would encode to ids the program never saw)."""
+    from genai_pipeline.tokenizer import Tokenizer
+
+    for name, want in manifest["files"].items():
+        path = Path(folder) / name
+        if not name.startswith("tokenizer") or not path.is_file() or not isinstance(want, dict):
+            continue
+        if path.stat().st_size != want.get("bytes") or sha256(path) != want.get("sha256"):
+            raise ProgramError(f"'{path}' is not the file exported with the program (its sha256 differs from the "
+                               "manifest's); put the exported one back, or re-export")
+    return Tokenizer.from_folder(Path(folder), bos_id=manifest.get("bos_id"))
+
+
 def weights_fingerprint(checkpoint: Path) -> dict:
     """The checkpoint's absolute path and, for each weight file, its size, modification time and
     sha256. Size and mtime let `check_weights` pass unchanged files at the cost of a stat; the

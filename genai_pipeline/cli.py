@@ -215,11 +215,11 @@ def _report_tokens(prepared, quant) -> tuple[list[int], str]:
 
 def cmd_run(args) -> int:
     from genai_pipeline.runtime.generate import Sampler, SamplingOptions, generate
-    from genai_pipeline.bundle import read_manifest
+    from genai_pipeline.bundle import folder_tokenizer, read_manifest
     from genai_pipeline.runtime.multimodal import MultimodalSession, is_multimodal
     from genai_pipeline.runtime.lookahead import lookahead_options
     from genai_pipeline.runtime.session import open_session
-    from genai_pipeline.tokenizer import TextStream, Tokenizer
+    from genai_pipeline.tokenizer import TextStream
 
     if args.chat and args.json:
         raise InputError("--json does not apply to --chat")
@@ -235,7 +235,7 @@ def cmd_run(args) -> int:
         raise InputError(f"'{args.folder}' holds a text-only model: it cannot take --image")
     else:
         session = open_session(Path(args.folder), verify=not args.no_verify)
-    tokenizer = Tokenizer.from_folder(Path(args.folder), bos_id=session.manifest.get("bos_id"))
+    tokenizer = folder_tokenizer(Path(args.folder), session.manifest)
     lookahead = lookahead_options(args.lookahead, session)
     if args.chat:
         return _chat(args, session, tokenizer, Sampler(sampling), lookahead)

@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from genai_pipeline.bundle import check_weights, read_manifest
+from genai_pipeline.bundle import check_weights, folder_tokenizer, read_manifest
 from genai_pipeline.checkpoints import load_decoder
 from genai_pipeline.checkpoints.hf import random_decoder
 from genai_pipeline.errors import InputError, ProgramError
@@ -39,7 +39,6 @@ from genai_pipeline.rotation import rotate, unrotated
 from genai_pipeline.runtime.cache_io import CacheIOContract, CacheIOSession, eager_runner
 from genai_pipeline.runtime.multimodal import MultimodalSession, is_multimodal
 from genai_pipeline.runtime.session import DecoderSession, EagerSession, open_session
-from genai_pipeline.tokenizer import Tokenizer
 from genai_pipeline.upstream.executorch_logs import native_logs_hidden
 
 
@@ -259,7 +258,7 @@ def evaluate(folder: Path, options: EvalOptions, progress: bool = True) -> dict:
     manifest = read_manifest(folder)
     check_weights(manifest)  # the float model must be the one the program was made from
     max_seq_len = int(manifest["max_seq_len"])
-    tokenizer = Tokenizer.from_folder(Path(folder), bos_id=manifest.get("bos_id"))
+    tokenizer = folder_tokenizer(Path(folder), manifest)
     tokens = tokenizer.encode(read_input_text(options.text, "--text", errors="replace"))[: options.max_tokens]
     if len(tokens) < 2:
         raise InputError(f"'{options.text}' has fewer than 2 tokens")

@@ -25,12 +25,11 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from genai_pipeline.bundle import check_weights, read_manifest
+from genai_pipeline.bundle import check_weights, folder_tokenizer, read_manifest
 from genai_pipeline.errors import InputError
 from genai_pipeline.limits import read_input_text
 from genai_pipeline.runtime.generate import generate, greedy_token
 from genai_pipeline.runtime.multimodal import MultimodalSession, is_multimodal
-from genai_pipeline.tokenizer import Tokenizer
 from genai_pipeline.upstream.executorch_logs import native_logs_hidden
 
 MARGIN = 4  # new tokens allowed past the expected answer's length
@@ -146,7 +145,7 @@ def evaluate_images(folder: Path, options: ImageEvalOptions, progress: bool = Tr
         raise InputError(f"'{folder}' has no program (status {manifest.get('status')}): nothing to evaluate")
     check_weights(manifest)  # the float model must be the one the program was made from
     program = MultimodalSession(folder)
-    tokenizer = Tokenizer.from_folder(folder, bos_id=manifest.get("bos_id"))
+    tokenizer = folder_tokenizer(folder, manifest)
     eos = tuple(manifest.get("eos_ids", ()))
     if not eos:
         raise InputError(f"'{folder}/manifest.json' names no end-of-sequence id: answers could not end")
