@@ -54,7 +54,9 @@ def _load_decoder_program(folder: Path, manifest: dict, verify: bool):
         expected = manifest["files"][entry["file"]]
     except (KeyError, ValueError, TypeError) as e:
         raise ProgramError(f"'{folder}/manifest.json' lacks {e}; re-export the model") from None
-    return load_program(folder / entry["file"], expected["bytes"], expected["sha256"] if verify else None)
+    program = load_program(folder / entry["file"], expected["bytes"], expected["sha256"] if verify else None)
+    check_constants(program, folder / entry["file"], manifest)
+    return program
 
 
 
@@ -65,6 +67,21 @@ def check_room(positions: int, max_seq_len: int) -> None:
             f"{positions} tokens do not fit the program's context of {max_seq_len}; "
             "use a shorter prompt / fewer new tokens, or re-export with a larger --max-seq-len"
         )
+
+def check_constants(program, path: Path, manifest: dict) -> None:
+    """The program's own metadata methods against its manifest: a program of another export under
+    this manifest (its sizes and sha256 copied over) is refused here, not deep inside a run."""
+    config = manifest["config"]
+    for method, want in (("get_vocab_size", config["vocab_size"]), ("get_n_layers", config["n_layers"]),
+                         ("get_max_seq_len", manifest["max_seq_len"])):
+        if method not in program.method_names:
+            continue
+        with native_logs_hidden():
+            got = program.load_method(method).execute([])[0]
+        if got != want:
+            raise ProgramError(f"'{path}' is a program with {method.removeprefix('get_').replace('_', ' ')} {got}, but its "
+                               f"manifest says {want}: the folder mixes two exports; re-export")
+
 
 class DecoderSession:
     def __init__(self, folder: Path, verify: bool = False):
@@ -82,6 +99,7 @@ class DecoderSession:
             raise ProgramError(f"'{folder}/manifest.json' lacks {e}; re-export the model") from None
         path = folder / entry["file"]
         self.program = load_program(path, expected["bytes"], expected["sha256"] if verify else None)
+        check_constants(self.program, path, self.manifest)
         with native_logs_hidden():
             self._methods = {name: self.program.load_method(name.value) for name in self.mode.graphs}
             # `verify` (exported with --verify-len): every token's logits, for lookahead decoding; of

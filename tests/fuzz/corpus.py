@@ -391,7 +391,8 @@ def manifest_cases(manifest: dict) -> list[tuple[str, object]]:
         ("artifact file missing", with_("artifacts", {artifact: {**manifest["artifacts"][artifact], "file": "gone.pte"}})),
         ("files null", with_("files", None)), ("bos id a string", with_("bos_id", "<s>")), ("eos ids null", with_("eos_ids", None)),
         ("vocab size 0", with_("config", {**manifest["config"], "vocab_size": 0})),
-        ("config of another model", with_("config", {**manifest["config"], "dim": manifest["config"]["dim"] * 2})),
+        ("config of another model", with_("config", {**manifest["config"], "n_layers": manifest["config"]["n_layers"] + 1})),
+        ("max_seq_len of another export", with_("max_seq_len", manifest["max_seq_len"] * 2)),
     ]
 
 
