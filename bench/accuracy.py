@@ -91,10 +91,11 @@ def _child(argv: list[str], env=None) -> str:
 
 def export_one(checkpoint: str, out: str, quant: dict) -> None:
     """In a child process: prepare -> quantize -> compile with QuantOptions(**quant)."""
-    from genai_pipeline.compile import compile_artifacts
     from genai_pipeline.checkpoints import infer_checkpoint_spec
-    from genai_pipeline.prepare import PrepareOptions, prepare
-    from genai_pipeline.quantize import QuantOptions, quantize
+    from genai_pipeline.compile import compile_artifacts
+    from genai_pipeline.options import PrepareOptions, QuantOptions
+    from genai_pipeline.prepare import prepare
+    from genai_pipeline.quantize import quantize
     from genai_pipeline.targets import get_target
 
     spec, _ = infer_checkpoint_spec(Path(checkpoint))
@@ -106,7 +107,7 @@ def export_one(checkpoint: str, out: str, quant: dict) -> None:
 def _exported(folder: Path, quant: dict) -> bool:
     """Whether folder holds the export of `quant` as today's code describes it (a default that changed
     since, under the same name, is exported again)."""
-    from genai_pipeline.quantize import QuantOptions
+    from genai_pipeline.options import QuantOptions
 
     manifest = folder / "manifest.json"
     return (manifest.is_file() and (folder / ".quant.json").is_file() and json.loads((folder / ".quant.json").read_text()) == quant

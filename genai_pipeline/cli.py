@@ -1,9 +1,10 @@
-"""`genai models | export | run | inspect`. Options and defaults come from the stage dataclasses."""
+"""`genai models | export | run | eval | bench | inspect`. Options and their defaults come from the
+dataclasses of options.py, which import no torch: `genai --help` answers at once."""
 
 from __future__ import annotations
 
 import argparse
-import ast
+import dataclasses
 import gc
 import json
 import logging
@@ -17,6 +18,19 @@ from pathlib import Path
 
 from genai_pipeline import names
 from genai_pipeline.errors import ExportError, GenAIError, InputError
+from genai_pipeline.options import (
+    DEFAULT_MODEL,
+    LONG_PREFILL_CHUNKS,
+    BenchOptions,
+    CalibrationOptions,
+    EvalOptions,
+    ImageEvalOptions,
+    PrepareOptions,
+    QnnOptions,
+    QuantOptions,
+    SamplingOptions,
+    parse_override,
+)
 
 log = logging.getLogger("genai_pipeline")
 
@@ -32,7 +46,7 @@ def _quiet_libraries() -> None:
 
 
 def cmd_models(args) -> int:
-    from genai_pipeline.registry import DEFAULT_MODEL, SPECS
+    from genai_pipeline.registry import SPECS
 
     rows = [
         {
@@ -88,12 +102,11 @@ def _export(args, out: Path, staging: Path) -> ExportError | None:
     """The export, written into `staging`; the ExportError of a target that cannot lower on this
     host (a complete QDQ-only export, to be published before the error is told)."""
     from genai_pipeline.bundle import MANIFEST
-    from genai_pipeline.compile import compile_artifacts
-    from genai_pipeline.prepare import PrepareOptions, prepare
     from genai_pipeline.checkpoints import infer_checkpoint_spec
-    from genai_pipeline.registry import DEFAULT_MODEL, get_spec
-    from genai_pipeline.data import CalibrationOptions
-    from genai_pipeline.quantize import QuantOptions, parse_override, quantize
+    from genai_pipeline.compile import compile_artifacts
+    from genai_pipeline.prepare import prepare
+    from genai_pipeline.quantize import quantize
+    from genai_pipeline.registry import get_spec
     from genai_pipeline.targets import check_recipe, get_target
 
     if args.model is None and args.checkpoint:
@@ -184,13 +197,13 @@ def _qnn_configured(target, args):
     from genai_pipeline.names import Mode
     from genai_pipeline.targets import qnn
 
-    given = [flag for flag, on in (("--soc", args.soc != _default("targets/qnn:QnnOptions", "soc")), ("--qnn-option", args.qnn_option),
+    given = [flag for flag, on in (("--soc", args.soc != _default(QnnOptions, "soc")), ("--qnn-option", args.qnn_option),
                                    ("--no-weight-sharing", args.no_weight_sharing), ("--qnn-x86-emulator", args.qnn_x86_emulator)) if on]
     if target.name != qnn.TARGET.name:
         if given:
             raise InputError(f"{given[0]} applies to --target qnn only (the target is {target.name})")
         return target
-    options = qnn.QnnOptions(soc=args.soc, weight_sharing=not args.no_weight_sharing, x86_emulator=args.qnn_x86_emulator,
+    options = QnnOptions(soc=args.soc, weight_sharing=not args.no_weight_sharing, x86_emulator=args.qnn_x86_emulator,
                              options=tuple(args.qnn_option))
     return qnn.configure(options, [g.value for g in Mode(args.mode).graphs])
 
@@ -214,10 +227,10 @@ def _report_tokens(prepared, quant) -> tuple[list[int], str]:
 
 
 def cmd_run(args) -> int:
-    from genai_pipeline.runtime.generate import Sampler, SamplingOptions, generate
     from genai_pipeline.bundle import read_manifest
-    from genai_pipeline.runtime.multimodal import MultimodalSession, is_multimodal
+    from genai_pipeline.runtime.generate import Sampler, generate
     from genai_pipeline.runtime.lookahead import lookahead_options
+    from genai_pipeline.runtime.multimodal import MultimodalSession, is_multimodal
     from genai_pipeline.runtime.session import open_session
     from genai_pipeline.tokenizer import TextStream, Tokenizer
 
@@ -360,7 +373,7 @@ def _user_messages(first: str | None, interactive: bool):
 
 
 def cmd_eval(args) -> int:
-    from genai_pipeline.evaluate import EvalOptions, evaluate
+    from genai_pipeline.evaluate import evaluate
 
     if (args.text is None) == (args.images is None):
         raise InputError("pass --text FILE (perplexity, top-1 agreement, KL) or --images FILE.jsonl (image questions), one of them")
@@ -389,7 +402,7 @@ def cmd_eval(args) -> int:
 
 
 def _eval_images(args) -> int:
-    from genai_pipeline.evaluate_images import ImageEvalOptions, evaluate_images
+    from genai_pipeline.evaluate_images import evaluate_images
 
     r = evaluate_images(Path(args.folder), ImageEvalOptions(images=Path(args.images), limit=args.limit))
     if args.json:
@@ -404,7 +417,7 @@ def _eval_images(args) -> int:
 
 
 def cmd_bench(args) -> int:
-    from genai_pipeline.bench import BenchOptions, bench
+    from genai_pipeline.bench import bench
     from genai_pipeline.bundle import read_manifest
     from genai_pipeline.runtime.multimodal import is_multimodal
 
@@ -472,10 +485,8 @@ class _HelpWithDefaults(argparse.ArgumentDefaultsHelpFormatter):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    # Defaults are read from the stage modules' option dataclasses without importing them (they
-    # import torch: seconds, for a `--help`); see _default.
-    quant, calib, prepare = "quantize:QuantOptions", "data/options:CalibrationOptions", "prepare:PrepareOptions"
-    sampling, bench, evaluate = "runtime/generate:SamplingOptions", "bench:BenchOptions", "evaluate:EvalOptions"
+    quant, calib, prepare = QuantOptions, CalibrationOptions, PrepareOptions
+    sampling, bench, evaluate = SamplingOptions, BenchOptions, EvalOptions
 
     def subcommand(name: str, help: str) -> argparse.ArgumentParser:
         return sub.add_parser(name, help=help, description=help, formatter_class=_HelpWithDefaults)
@@ -489,11 +500,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = subcommand("export", "prepare, compile and write .pte programs + manifest")
     p.add_argument("model", nargs="?", help="registry name (`genai models`); default: inferred from --checkpoint, "
-                                            f"else {_default('registry/__init__', 'DEFAULT_MODEL')}")
+                                            f"else {DEFAULT_MODEL}")
     p.add_argument("--checkpoint", help="local Hugging Face folder (config.json + *.safetensors), llama2.c folder (*.pt + tokenizer.model), "
                    "or llama.cpp GGUF file (or a folder holding one)")
     p.add_argument("--target", default="xnnpack", help="xnnpack, portable, or qnn (lowering needs the QNN SDK)")
-    p.add_argument("--soc", default=_default("targets/qnn:QnnOptions", "soc"),
+    p.add_argument("--soc", default=_default(QnnOptions, "soc"),
                    help="qnn: the Snapdragon SoC, e.g. SM8650, SM8750, SM8550; its HTP arch and VTCM come from ExecuTorch's table")
     p.add_argument("--no-weight-sharing", action="store_true",
                    help="qnn: one context binary per method instead of one shared by prefill and decode (HTP older than V73)")
@@ -525,7 +536,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prefill-len", type=int, default=_default(prepare, "prefill_len"), help="tokens per prefill call (hybrid mode)")
     p.add_argument("--long-prefill-len", type=int, metavar="N",
                    help=f"hybrid: add a `prefill_long` method of 1 to N tokens, which prompts then go through in chunks of up to N (0: none; "
-                        f"default: {_default('prepare', 'LONG_PREFILL_CHUNKS')} x --prefill-len where the cache holds it)")
+                        f"default: {LONG_PREFILL_CHUNKS} x --prefill-len where the cache holds it)")
     p.add_argument("--verify-len", type=int, default=_default(prepare, "verify_len"),
                    help="add a `verify` method of N tokens returning every token's logits, for `genai run --lookahead` (0: none)")
     p.add_argument("--cache-io", action="store_true",
@@ -595,23 +606,9 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _default(where: str, name: str):
-    """The default of field `name` of the dataclass `where` ("module/path:Class"), or a module
-    constant (`where` without ":Class"), as written in the source, read without importing the
-    module: the stage modules import torch, which takes seconds, and `genai --help` must answer at
-    once. The defaults stay written once, in the dataclasses; a test checks this reads them right."""
-    module, _, cls = where.partition(":")
-    tree = ast.parse(Path(__file__).parent.joinpath(module + ".py").read_text())
-    body = next(n.body for n in tree.body if isinstance(n, ast.ClassDef) and n.name == cls) if cls else tree.body
-    for node in body:
-        target = node.target if isinstance(node, ast.AnnAssign) else (node.targets[0] if isinstance(node, ast.Assign) else None)
-        if isinstance(target, ast.Name) and target.id == name:
-            if isinstance(node.value, ast.Attribute) and isinstance(node.value.value, ast.Name):  # an enum member, e.g. Mode.HYBRID
-                return getattr(getattr(names, node.value.value.id), node.value.attr)
-            if isinstance(node.value, ast.Name) and cls:  # a module constant, e.g. SMOOTH_ALPHA
-                return _default(module, node.value.id)
-            return ast.literal_eval(node.value)
-    raise LookupError(f"{where} has no {name}")
+def _default(options: type, name: str):
+    """The default of field `name` of an option class (options.py): every default is written once, there."""
+    return next(f.default for f in dataclasses.fields(options) if f.name == name)
 
 
 def _one_openmp_thread_per_caller(argv: list[str]) -> None:

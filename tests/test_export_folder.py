@@ -26,6 +26,7 @@ from genai_pipeline.bundle import (
 )
 from genai_pipeline.cli import main
 from genai_pipeline.errors import InputError
+from genai_pipeline.options import QuantOptions
 
 
 @pytest.mark.parametrize("umask, mode", [(0o022, 0o644), (0o077, 0o600)])
@@ -249,11 +250,12 @@ def test_eval_and_report_refuse_weights_changed_since_the_export(capsys, tmp_pat
 def test_the_qdq_reuse_key_includes_the_tool_versions(monkeypatch, tiny_checkpoint):
     from genai_pipeline import quantize
     from genai_pipeline.bundle import tool_versions
-    from genai_pipeline.prepare import PrepareOptions, prepare
+    from genai_pipeline.options import PrepareOptions
+    from genai_pipeline.prepare import prepare
     from genai_pipeline.registry import get_spec
 
     prepared = prepare(get_spec("smollm2-135m"), PrepareOptions(max_seq_len=32, prefill_len=8, checkpoint=tiny_checkpoint))
-    options = quantize.QuantOptions(recipe="8a8w")
+    options = QuantOptions(recipe="8a8w")
     key = quantize.qdq_key(prepared, options, "xnnpack")
     assert quantize.qdq_key(prepared, options, "xnnpack") == key
     for tool in ("genai_pipeline", "torch", "executorch", "torchao"):

@@ -12,7 +12,8 @@ from conftest import TINY_VOCAB
 from genai_pipeline.checkpoints.hf import load_decoder
 from genai_pipeline.compile import compile_artifacts
 from genai_pipeline.errors import CheckpointError
-from genai_pipeline.prepare import PrepareOptions, prepare
+from genai_pipeline.options import PrepareOptions
+from genai_pipeline.prepare import prepare
 from genai_pipeline.registry import get_spec
 from genai_pipeline.runtime.session import DecoderSession, EagerSession
 from genai_pipeline.targets import get_target

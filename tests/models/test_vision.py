@@ -213,7 +213,8 @@ def _hf_greedy(reference, ids: list[int], pixel_values: torch.Tensor, n: int, eo
 def program(checkpoint, tmp_path_factory) -> Path:
     """The default layout, exported once: one program, three methods."""
     from genai_pipeline.compile import compile_artifacts
-    from genai_pipeline.prepare import PrepareOptions, prepare
+    from genai_pipeline.options import PrepareOptions
+    from genai_pipeline.prepare import prepare
     from genai_pipeline.targets import get_target
 
     def build() -> Path:
@@ -456,7 +457,8 @@ def test_export_refuses_a_tokenizer_that_spells_image_otherwise(checkpoint, tmp_
     import shutil
 
     from genai_pipeline.errors import CheckpointError
-    from genai_pipeline.prepare import PrepareOptions, prepare
+    from genai_pipeline.options import PrepareOptions
+    from genai_pipeline.prepare import prepare
 
     folder = Path(shutil.copytree(checkpoint, tmp_path / "ckpt"))
     config = json.loads((folder / "config.json").read_text())
@@ -477,7 +479,8 @@ def test_special_tokens_past_the_runners_vocabulary_are_named(caplog):
 def export_program(checkpoint: Path, out: Path, max_seq_len: int) -> Path:
     """A vision-language checkpoint exported (fp32, xnnpack) with the entry its config.json names."""
     from genai_pipeline.compile import compile_artifacts
-    from genai_pipeline.prepare import PrepareOptions, prepare
+    from genai_pipeline.options import PrepareOptions
+    from genai_pipeline.prepare import prepare
     from genai_pipeline.targets import get_target
 
     spec = infer_spec(json.loads((checkpoint / "config.json").read_text()))

@@ -10,14 +10,15 @@ from conftest import Q4, REFERENCE
 from genai_pipeline.cli import main
 from genai_pipeline.compile import compile_artifacts
 from genai_pipeline.errors import InputError
-from genai_pipeline.prepare import PrepareOptions, prepare
-from genai_pipeline.quantize import QuantOptions, quantize
+from genai_pipeline.options import PrepareOptions, QuantOptions
+from genai_pipeline.prepare import prepare
+from genai_pipeline.quantize import quantize
 from genai_pipeline.registry import get_spec
 from genai_pipeline.runtime.generate import generate, greedy_token
 from genai_pipeline.runtime.lookahead import LookaheadOptions
 from genai_pipeline.runtime.session import DecoderSession
-from genai_pipeline.tokenizer import Tokenizer
 from genai_pipeline.targets import get_target
+from genai_pipeline.tokenizer import Tokenizer
 
 VERIFY_LEN = 8
 REFERENCE_MAX_SEQ = 256
@@ -58,7 +59,8 @@ def assert_lookahead_is_lossless(folder: Path, prompts: list[str], max_new_token
     results = []
     for text in prompts:
         if chat:
-            from genai_pipeline.bench import BenchOptions, bench_prompt
+            from genai_pipeline.bench import bench_prompt
+            from genai_pipeline.options import BenchOptions
 
             file = Path(folder) / ".lookahead_prompt.txt"  # bench_prompt reads a file, as genai bench does
             file.write_text(text, encoding="utf-8")
