@@ -5,11 +5,9 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import gc
 import json
 import logging
 import os
-import shutil
 import signal
 import sys
 import traceback
@@ -17,7 +15,7 @@ import warnings
 from pathlib import Path
 
 from genai_pipeline import names
-from genai_pipeline.errors import ExportError, GenAIError, InputError
+from genai_pipeline.errors import GenAIError, InputError
 from genai_pipeline.options import (
     DEFAULT_MODEL,
     LONG_PREFILL_CHUNKS,
@@ -70,50 +68,9 @@ def cmd_models(args) -> int:
 
 
 def cmd_export(args) -> int:
-    from genai_pipeline.bundle import check_out_folder, make_staging_folder, publish, read_manifest, recover_interrupted
+    from genai_pipeline.export import export
+    from genai_pipeline.targets import get_target
 
-    out = Path(args.out)
-    recover_interrupted(out)
-    check_out_folder(out, Path(args.checkpoint) if args.checkpoint else None)  # never replace what is not ours
-    # Built beside --out and swapped in when complete: a failed or interrupted export leaves the
-    # previous one as it was, and nothing of the previous one lands in the new one.
-    staging = make_staging_folder(out)  # also the check that --out can be written, before any work
-    previous = signal.signal(signal.SIGTERM, _terminated)  # as Ctrl-C: the staging folder is removed
-    try:
-        blocked = _export(args, out, staging)
-        publish(staging, out)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)  # whatever stopped the export, its staging folder goes
-        signal.signal(signal.SIGTERM, previous)
-    if blocked is not None:
-        raise blocked
-    manifest = read_manifest(out)
-    log.info("wrote %s in %.1f s", out, manifest["export_seconds"])
-    for name, f in manifest["files"].items():
-        log.info("  %s  %.2f MB", name, f["bytes"] / (1 << 20))
-    return 0
-
-
-def _terminated(signum, frame):
-    raise KeyboardInterrupt
-
-
-def _export(args, out: Path, staging: Path) -> ExportError | None:
-    """The export, written into `staging`; the ExportError of a target that cannot lower on this
-    host (a complete QDQ-only export, to be published before the error is told)."""
-    from genai_pipeline.bundle import MANIFEST
-    from genai_pipeline.checkpoints import infer_checkpoint_spec
-    from genai_pipeline.compile import compile_artifacts
-    from genai_pipeline.prepare import prepare
-    from genai_pipeline.quantize import quantize
-    from genai_pipeline.registry import get_spec
-    from genai_pipeline.targets import check_recipe, get_target
-
-    if args.model is None and args.checkpoint:
-        spec, source = infer_checkpoint_spec(Path(args.checkpoint))
-        log.info("model: %s (inferred from %s)", spec.name, source)
-    else:
-        spec = get_spec(args.model or DEFAULT_MODEL)
     target = _qnn_configured(get_target(args.target), args)  # QNN options checked before any work
     quant = QuantOptions(
         recipe=args.recipe,
@@ -125,15 +82,6 @@ def _export(args, out: Path, staging: Path) -> ExportError | None:
         vision_recipe=args.vision_recipe,
         size_budget=args.size_budget,
     )
-    check_recipe(target, quant)  # refused before any work starts
-    if spec.vision is not None:
-        from genai_pipeline.quantize_multimodal import check_vision_language_quant
-
-        check_vision_language_quant(quant, split=args.split, target=target)
-        if args.long_prefill_len:
-            raise InputError("--long-prefill-len applies to text models; a vision-language program prefills in --prefill-len chunks")
-    elif quant.vision_recipe is not None:
-        raise InputError(f"--vision-recipe applies to vision-language models; {spec.name} is a text model")
     options = PrepareOptions(
         mode=args.mode,
         max_seq_len=args.max_seq_len,
@@ -145,51 +93,19 @@ def _export(args, out: Path, staging: Path) -> ExportError | None:
         split=args.split,
         cache_io=args.cache_io or target.cache_io,
     )
-    log.info("prepare %s (%s mode, max_seq_len %d)", spec.name, options.mode.value, options.max_seq_len)
-    # A calibrated QDQ model of the previous export in --out is reused when its key matches;
-    # compile writes it into the staging folder with the rest.
-    prepared = quantize(prepare(spec, options), quant, target, cache=out)
-    log.info("compile for %s (%s)", target.name, prepared.recipe)
-    report_tokens = None if quant.is_float else _report_tokens(prepared, quant)
-    blocked = None
+    previous = signal.signal(signal.SIGTERM, _terminated)  # as Ctrl-C: the export's staging folder is removed
     try:
-        compile_artifacts(prepared, target, staging)
-    except ExportError as e:
-        if not (staging / MANIFEST).is_file():
-            raise
-        blocked = e
-    # The report rebuilds the float and QDQ models from the manifest; the prepared model and its
-    # lowered graphs go first, or both sets are held at once (the export's peak RSS).
-    recipe, has_tokenizer = prepared.recipe, prepared.tokenizer_file is not None
-    del prepared
-    gc.collect()
-    verification = None
-    if not quant.is_float and has_tokenizer:
-        verification = _verify(staging, recipe, quant)
-    elif not quant.is_float:
-        log.warning("not verified against the float model: the checkpoint has no tokenizer to encode text with")
-    if report_tokens:
-        from genai_pipeline.report import write_quant_report
-
-        # before the swap: part of the folder and its manifest
-        write_quant_report(staging, *report_tokens, verification=verification)
-    return blocked
+        result = export(args.model, out=args.out, prepare=options, quant=quant, target=target)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    log.info("wrote %s in %.1f s", result.folder, result.manifest["export_seconds"])
+    for name, f in result.manifest["files"].items():
+        log.info("  %s  %.2f MB", name, f["bytes"] / (1 << 20))
+    return 0
 
 
-def _verify(staging: Path, recipe: str, quant):
-    """The finished program scored against its float model: one line, recorded in the manifest,
-    a warning past the thresholds (genai_pipeline/verify.py)."""
-    from genai_pipeline.bundle import record_in_manifest
-    from genai_pipeline.verify import verify_export
-
-    log.info("verifying the program against its float model")
-    texts = [d.path for d in quant.calibration.datasets if d.kind == "text"]
-    verification = verify_export(staging, recipe, texts)
-    record_in_manifest(staging, "verification", verification.as_manifest())
-    log.info("%s", verification.line())
-    if verification.warning:
-        log.warning("WARNING: %s", verification.warning)
-    return verification
+def _terminated(signum, frame):
+    raise KeyboardInterrupt
 
 
 def _qnn_configured(target, args):
@@ -204,26 +120,8 @@ def _qnn_configured(target, args):
             raise InputError(f"{given[0]} applies to --target qnn only (the target is {target.name})")
         return target
     options = QnnOptions(soc=args.soc, weight_sharing=not args.no_weight_sharing, x86_emulator=args.qnn_x86_emulator,
-                             options=tuple(args.qnn_option))
+                         options=tuple(args.qnn_option))
     return qnn.configure(options, [g.value for g in Mode(args.mode).graphs])
-
-
-def _report_tokens(prepared, quant) -> tuple[list[int], str]:
-    """The quantization report's input: tokens of the calibration data (random tokens without
-    --calib), and a description of them. A dynamic recipe does not calibrate: the report says the
-    tokens only measure its noise, and random tokens then carry no accuracy warning."""
-    from genai_pipeline.data import calibration_tokens
-    from genai_pipeline.quantize import with_default_data
-    from genai_pipeline.tokenizer import Tokenizer
-
-    tokenizer = Tokenizer.from_folder(prepared.tokenizer_file.parent, bos_id=prepared.spec.bos_id) if prepared.tokenizer_file else None
-    data = with_default_data(quant.calibration)
-    samples = calibration_tokens(data, tokenizer, vocab_size=prepared.config.vocab_size, seed=prepared.options.seed)
-    tokens = [t for sample in samples for t in sample][: min(256, prepared.options.max_seq_len)]
-    source = ", ".join(map(str, data.datasets))
-    if quant.is_static:
-        return tokens, f"the calibration data ({source})"
-    return tokens, f"{source} data (only measured on: {quant.recipe} computes its activation scales at run time, nothing was calibrated)"
 
 
 def cmd_run(args) -> int:

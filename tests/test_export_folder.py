@@ -1,6 +1,7 @@
 """The export folder contract: built aside and swapped in whole, files under the user's umask,
 --out checked before any work, the checkpoint fingerprinted, the report part of the folder."""
 
+import importlib
 import json
 import os
 import shutil
@@ -13,7 +14,6 @@ import textwrap
 import pytest
 
 from conftest import copy_export
-from genai_pipeline import cli
 from genai_pipeline.bundle import (
     add_to_manifest,
     atomic_write,
@@ -27,6 +27,8 @@ from genai_pipeline.bundle import (
 from genai_pipeline.cli import main
 from genai_pipeline.errors import InputError
 from genai_pipeline.options import QuantOptions
+
+export_module = importlib.import_module("genai_pipeline.export")  # genai_pipeline.export is the function
 
 
 @pytest.mark.parametrize("umask, mode", [(0o022, 0o644), (0o077, 0o600)])
@@ -55,7 +57,7 @@ def test_an_out_that_cannot_be_written_is_refused_before_any_work(capsys, monkey
     (tmp_path / "file").write_text("not a folder")
     out = {"file": tmp_path / "file", "under a file": tmp_path / "file" / "out",
            "unwritable parent": _unwritable_parent(tmp_path)}[case]
-    monkeypatch.setattr(cli, "_export", lambda *a: pytest.fail("the export started"))
+    monkeypatch.setattr(export_module, "_export", lambda *a: pytest.fail("the export started"))
     assert main(["export", "--out", str(out)]) == 2
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and err.startswith(f"error: --out '{out}'"), err
@@ -91,7 +93,7 @@ def test_an_out_holding_the_checkpoint_is_refused_and_the_checkpoint_kept(capsys
     }[case]
     monkeypatch.chdir(hf.parent / "hf" if case.startswith("relative") else tmp_path)
     before = _tree(tmp_path)
-    monkeypatch.setattr(cli, "_export", lambda *a: pytest.fail("the export started"))
+    monkeypatch.setattr(export_module, "_export", lambda *a: pytest.fail("the export started"))
     assert main(["export", "--checkpoint", str(checkpoint), "--out", str(out)]) == 2
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and "holds the checkpoint" in err, err
@@ -117,7 +119,7 @@ def test_an_out_that_is_not_only_our_export_is_refused_untouched(capsys, monkeyp
             (out / "manifest.json").write_text(manifest)
     capsys.readouterr()  # the session's export, if this test built it
     before = _tree(tmp_path)
-    monkeypatch.setattr(cli, "_export", lambda *a: pytest.fail("the export started"))
+    monkeypatch.setattr(export_module, "_export", lambda *a: pytest.fail("the export started"))
     assert main(["export", "--out", str(out)]) == 2
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and err.startswith(f"error: --out '{out}'"), err

@@ -15,3 +15,8 @@ def test_options_import_no_torch_and_only_errors_and_names():
     assert not {m.split(".")[0] for m in modules} & {"torch", "executorch", "torchao", "numpy", "transformers"}
     ours = {m for m in modules if m.startswith("genai_pipeline")}
     assert ours <= {"genai_pipeline", "genai_pipeline.errors", "genai_pipeline.names", "genai_pipeline.options"}, ours
+
+
+def test_the_package_imports_no_torch_until_a_function_is_used():
+    modules = _imported_after("import genai_pipeline; genai_pipeline.QuantOptions(recipe='8da4w')")
+    assert not {m.split(".")[0] for m in modules} & {"torch", "executorch", "torchao", "numpy", "transformers"}
