@@ -28,18 +28,13 @@ DECODER_METHODS = {"dynamic": ["forward"], "hybrid": ["prefill", "decode"]}
 def split_program(checkpoint, tmp_path_factory):
     """split_program(mode) -> folder: the --split layout, each mode exported once per session.
     Prefill chunks of 8 tokens: a prompt with an image (about 20 tokens) ends in a partial chunk."""
-    from genai_pipeline.compile import compile_artifacts
+    import genai_pipeline
     from genai_pipeline.options import PrepareOptions
-    from genai_pipeline.prepare import prepare
-    from genai_pipeline.targets import get_target
 
     def build(mode: str) -> Path:
         def export() -> Path:
-            spec = infer_spec(json.loads((checkpoint / "config.json").read_text()))
             options = PrepareOptions(max_seq_len=MAX_SEQ, checkpoint=checkpoint, split=True, mode=mode, prefill_len=8)
-            out = tmp_path_factory.mktemp(f"smolvlm-split-{mode}")
-            compile_artifacts(prepare(spec, options), get_target("xnnpack"), out)
-            return out
+            return genai_pipeline.export(out=tmp_path_factory.mktemp(f"smolvlm-split-{mode}"), prepare=options).folder
 
         return once(f"split {mode}", export)
 

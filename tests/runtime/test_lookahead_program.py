@@ -6,18 +6,14 @@ from pathlib import Path
 import pytest
 import torch
 
+import genai_pipeline
 from conftest import Q4, REFERENCE
 from genai_pipeline.cli import main
-from genai_pipeline.compile import compile_artifacts
 from genai_pipeline.errors import InputError
 from genai_pipeline.options import PrepareOptions, QuantOptions
-from genai_pipeline.prepare import prepare
-from genai_pipeline.quantize import quantize
-from genai_pipeline.registry import get_spec
 from genai_pipeline.runtime.generate import generate, greedy_token
 from genai_pipeline.runtime.lookahead import LookaheadOptions
 from genai_pipeline.runtime.session import DecoderSession
-from genai_pipeline.targets import get_target
 from genai_pipeline.tokenizer import Tokenizer
 
 VERIFY_LEN = 8
@@ -34,8 +30,7 @@ def export_reference_verify(tmp_path_factory):
         if (mode, quant) not in built:
             out = tmp_path_factory.mktemp(f"reference_verify_{mode}_{quant.describe()}")
             options = PrepareOptions(mode=mode, max_seq_len=REFERENCE_MAX_SEQ, prefill_len=32, verify_len=VERIFY_LEN, long_prefill_len=0)
-            prepared = quantize(prepare(get_spec("reference"), options), quant, get_target("xnnpack"))
-            compile_artifacts(prepared, get_target("xnnpack"), out)
+            genai_pipeline.export("reference", out=out, prepare=options, quant=quant, verify=False)
             built[mode, quant] = out
         return built[mode, quant]
 

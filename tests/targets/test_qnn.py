@@ -339,21 +339,16 @@ def qnn_form_export(tmp_path_factory):
     with the stand-in backend where the SDK would partition and compile."""
     from conftest import save_hf_checkpoint
 
-    from genai_pipeline.compile import compile_artifacts
+    import genai_pipeline
     from genai_pipeline.options import CalibrationOptions, PrepareOptions, QuantOptions
-    from genai_pipeline.prepare import prepare
-    from genai_pipeline.quantize import quantize
-    from genai_pipeline.registry import get_spec
 
     checkpoint = save_hf_checkpoint(tmp_path_factory.mktemp("qnn_form_ckpt"), num_hidden_layers=1)
-    target = standin_target()
-    options = PrepareOptions(max_seq_len=32, prefill_len=8, checkpoint=checkpoint, cache_io=target.cache_io)
+    options = PrepareOptions(max_seq_len=32, prefill_len=8, checkpoint=checkpoint)
     quant = QuantOptions(recipe="16a8w", calibration=CalibrationOptions(limit=4, seq_len=16))
-    prepared = quantize(prepare(get_spec("smollm2-135m"), options), quant, target)
     StandInQnnBackend.calls.clear()
     StandInQnnBackend.programs.clear()
     out = tmp_path_factory.mktemp("qnn_form") / "out"
-    compile_artifacts(prepared, target, out)
+    genai_pipeline.export("smollm2-135m", out=out, prepare=options, quant=quant, target=standin_target(), verify=False)
     return out, list(StandInQnnBackend.calls), list(StandInQnnBackend.programs)
 
 
