@@ -15,9 +15,7 @@ import importlib as _importlib
 import sys as _sys
 import types as _types
 
-__version__ = "0.2.0"
-
-from genai_pipeline.options import (  # noqa: E402  (torch-free)
+from genai_pipeline.options import (  # torch-free
     BenchOptions,
     CalibrationOptions,
     DatasetSpec,
@@ -28,6 +26,8 @@ from genai_pipeline.options import (  # noqa: E402  (torch-free)
     QuantOptions,
     SamplingOptions,
 )
+
+__version__ = "0.2.0"
 
 # name -> the module it comes from, imported on first use (they import torch)
 _LAZY = {
