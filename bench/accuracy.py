@@ -1,8 +1,8 @@
 """Accuracy of our quantization recipes on a real model, as programs, beside llama.cpp's.
 
-For each variant (a QuantOptions of ours): export the program in a child process (prepare ->
-quantize -> compile, the Python API, so that options the CLI does not expose, e.g. today's
-torchao weight rule, can be measured), score the PROGRAM with `genai eval` on the same token ids
+For each variant (a QuantOptions of ours): export the program in a child process (the Python API,
+genai_pipeline.export, so that options the CLI does not expose, e.g. today's torchao weight rule,
+can be measured), score the PROGRAM with `genai eval` on the same token ids
 (perplexity, top-1 agreement and KL divergence against the float model), its file size, and
 decode / prefill speed with `genai bench` (round-robin over the variants, medians). Writes JSON
 and a perplexity-vs-size chart (PNG) under bench/results and prints a table.
@@ -90,23 +90,19 @@ def _child(argv: list[str], env=None) -> str:
 
 
 def export_one(checkpoint: str, out: str, quant: dict) -> None:
-    """In a child process: prepare -> quantize -> compile with QuantOptions(**quant)."""
-    from genai_pipeline.compile import compile_artifacts
-    from genai_pipeline.checkpoints import infer_checkpoint_spec
-    from genai_pipeline.prepare import PrepareOptions, prepare
-    from genai_pipeline.quantize import QuantOptions, quantize
-    from genai_pipeline.targets import get_target
+    """In a child process: genai_pipeline.export with QuantOptions(**quant), unverified (`genai eval`
+    scores it next). A calibrated QDQ model of the folder's previous export is reused."""
+    import genai_pipeline
+    from genai_pipeline.options import QuantOptions
 
-    spec, _ = infer_checkpoint_spec(Path(checkpoint))
-    target = get_target("xnnpack")
-    prepared = quantize(prepare(spec, PrepareOptions(checkpoint=Path(checkpoint))), QuantOptions(**quant), target, cache=Path(out))
-    compile_artifacts(prepared, target, Path(out))
+    (Path(out) / ".quant.json").unlink(missing_ok=True)  # what the folder held: not part of an export, which replaces it whole
+    genai_pipeline.export(checkpoint=checkpoint, out=out, quant=QuantOptions(**quant), verify=False)
 
 
 def _exported(folder: Path, quant: dict) -> bool:
     """Whether folder holds the export of `quant` as today's code describes it (a default that changed
     since, under the same name, is exported again)."""
-    from genai_pipeline.quantize import QuantOptions
+    from genai_pipeline.options import QuantOptions
 
     manifest = folder / "manifest.json"
     return (manifest.is_file() and (folder / ".quant.json").is_file() and json.loads((folder / ".quant.json").read_text()) == quant

@@ -28,7 +28,8 @@ DEFAULT_DATA = HERE.parent / "assets" / "reference-vlm" / "heldout.jsonl"
 
 
 def measure(folder: Path, data: Path, limit: int = 0, max_new_tokens: int = 16) -> dict:
-    from genai_pipeline.runtime.generate import Sampler, SamplingOptions, generate
+    from genai_pipeline.options import SamplingOptions
+    from genai_pipeline.runtime.generate import Sampler, generate
     from genai_pipeline.runtime.multimodal import MultimodalSession
     from genai_pipeline.tokenizer import Tokenizer
 

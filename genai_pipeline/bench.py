@@ -23,7 +23,6 @@ import resource
 import statistics
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -32,32 +31,11 @@ import torch
 from genai_pipeline.errors import InputError
 from genai_pipeline.limits import read_input_text
 from genai_pipeline.inspect import inspect_program
+from genai_pipeline.options import BenchOptions
 from genai_pipeline.runtime.generate import generate, greedy_token
 from genai_pipeline.runtime.lookahead import LookaheadOptions, lookahead_options
 from genai_pipeline.runtime.program import set_threads
 from genai_pipeline.runtime.session import DecoderSession, open_session
-
-
-@dataclass(frozen=True)
-class BenchOptions:
-    prompt_len: int = 128
-    gen_len: int = 128
-    repeats: int = 5
-    threads: int = 0  # 0: the runtime's default (one per core)
-    lookahead: int = 0  # > 0: also measure lookahead decoding with drafts of up to this many tokens
-    prompt_file: Path | None = None  # the prompt's text instead of prompt_len random ids
-    chat: bool = False  # prompt_file is a user message, rendered through the chat template
-
-    def __post_init__(self):
-        for name in ("prompt_len", "gen_len", "repeats"):
-            if getattr(self, name) < 1:
-                raise InputError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
-        if not 0 <= self.threads <= os.cpu_count():
-            raise InputError(f"--threads must be between 0 (one per core) and {os.cpu_count()}, the cores of this machine; got {self.threads}")
-        if self.lookahead < 0:
-            raise InputError(f"--lookahead must be >= 0, got {self.lookahead}")
-        if self.chat and self.prompt_file is None:
-            raise InputError("--chat needs --prompt-file (the user message)")
 
 
 def memory_bandwidth_gbs(megabytes: int = 256, repeats: int = 5) -> float:

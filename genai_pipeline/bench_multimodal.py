@@ -17,9 +17,10 @@ from pathlib import Path
 
 import torch
 
-from genai_pipeline.bench import BenchOptions, current_rss_mb, peak_rss_mb, timed_decode
+from genai_pipeline.bench import current_rss_mb, peak_rss_mb, timed_decode
 from genai_pipeline.errors import InputError
 from genai_pipeline.image_processing import Frames, expand_prompt
+from genai_pipeline.options import BenchOptions
 from genai_pipeline.runtime.generate import greedy_token
 from genai_pipeline.runtime.multimodal import MultimodalSession
 from genai_pipeline.runtime.program import set_threads

@@ -1,4 +1,5 @@
-"""Hand-offs between the stages: GraphBundle, PreparedModel, ArtifactSet and its manifest."""
+"""An export folder on disk: its manifest, atomic writes, staging and publishing, the checkpoint's fingerprint
+(the hand-offs between the stages are in artifacts.py)."""
 
 from __future__ import annotations
 
@@ -10,76 +11,18 @@ import os
 import shutil
 import sys
 import tempfile
-from dataclasses import dataclass, field
 from importlib.metadata import version
 from pathlib import Path
-from typing import Any, BinaryIO, Callable, Mapping
+from typing import BinaryIO, Callable
 
 import torch
-from torch import nn
 
 from genai_pipeline import __version__
 from genai_pipeline.errors import InputError, ProgramError
-from genai_pipeline.models.decoder import DecoderConfig
-from genai_pipeline.names import ArtifactKey, GraphName, Mode
-from genai_pipeline.registry import ModelSpec
+from genai_pipeline.names import Mode
 
 MANIFEST = "manifest.json"
 WEIGHT_FILES = ("*.safetensors", "*.pt", "*.gguf")  # what a checkpoint's fingerprint covers
-
-
-@dataclass(frozen=True)
-class GraphBundle:
-    """One graph to export: a module, its example inputs and which input dims are dynamic."""
-
-    name: GraphName
-    module: nn.Module
-    example_inputs: tuple
-    dynamic_shapes: Any = None
-    metadata: Mapping[str, Any] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class Artifact:
-    """The graphs that become the methods of one .pte, plus its constant (metadata) methods."""
-
-    key: ArtifactKey
-    module: nn.Module  # the eager module whose parameters and buffers every graph uses
-    graphs: Mapping[GraphName, GraphBundle]  # the deploy graphs: methods of the program
-    constant_methods: Mapping[str, Any]
-    # Calibrated by static quantization (dynamic length, every position's output); its
-    # encodings then serve every deploy graph. Never a method of the program.
-    quantize_graph: GraphBundle | None = None
-    # the calibrated QDQ model (an ExportedProgram), once quantized statically; a vision-language
-    # program's: {graph name: ExportedProgram} of its calibrated graphs (tower, text decoder)
-    qdq: Any = None
-    qdq_key: str | None = None  # hash of everything its calibration depended on
-    # int4 weights chosen by calibration (gptq) or taken from the checkpoint (a GGUF's Q4_0):
-    # {linear weight name: (values, scales)}, kept beside the program for `genai eval`
-    int4: Any = None
-    # smoothing factors folded into the float weights before quantization (quantize.smooth): {site: factors}
-    smoothing: Any = None
-
-
-@dataclass(frozen=True)
-class PreparedModel:
-    spec: ModelSpec
-    config: DecoderConfig
-    artifacts: Mapping[ArtifactKey, Artifact]
-    options: Any  # PrepareOptions; typed loosely to keep this module free of stage imports
-    weights: str  # checkpoint folder, or "random"
-    tokenizer_file: Path | None = None
-    special_tokens: Any = None  # checkpoints.special_tokens.SpecialTokens: ids and where each came from
-    recipe: str = "fp32"  # set by the quantize stage
-    quantization: Mapping[str, Any] = field(default_factory=dict)  # the QuantOptions applied, as data
-    manifest_extra: Mapping[str, Any] = field(default_factory=dict)  # more manifest keys (a multimodal model's `vision`)
-
-
-@dataclass(frozen=True)
-class ArtifactSet:
-    folder: Path
-    programs: Mapping[ArtifactKey, Path]
-    manifest: Mapping[str, Any]
 
 
 def atomic_write(path: Path, data: bytes | str | Callable[[BinaryIO], None]) -> None:

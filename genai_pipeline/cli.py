@@ -1,14 +1,13 @@
-"""`genai models | export | run | inspect`. Options and defaults come from the stage dataclasses."""
+"""`genai models | export | run | eval | bench | inspect`. Options and their defaults come from the
+dataclasses of options.py, which import no torch: `genai --help` answers at once."""
 
 from __future__ import annotations
 
 import argparse
-import ast
-import gc
+import dataclasses
 import json
 import logging
 import os
-import shutil
 import signal
 import sys
 import traceback
@@ -16,7 +15,20 @@ import warnings
 from pathlib import Path
 
 from genai_pipeline import names
-from genai_pipeline.errors import ExportError, GenAIError, InputError
+from genai_pipeline.errors import GenAIError, InputError
+from genai_pipeline.options import (
+    DEFAULT_MODEL,
+    LONG_PREFILL_CHUNKS,
+    BenchOptions,
+    CalibrationOptions,
+    EvalOptions,
+    ImageEvalOptions,
+    PrepareOptions,
+    QnnOptions,
+    QuantOptions,
+    SamplingOptions,
+    parse_override,
+)
 
 log = logging.getLogger("genai_pipeline")
 
@@ -32,7 +44,7 @@ def _quiet_libraries() -> None:
 
 
 def cmd_models(args) -> int:
-    from genai_pipeline.registry import DEFAULT_MODEL, SPECS
+    from genai_pipeline.registry import SPECS
 
     rows = [
         {
@@ -56,51 +68,9 @@ def cmd_models(args) -> int:
 
 
 def cmd_export(args) -> int:
-    from genai_pipeline.bundle import check_out_folder, make_staging_folder, publish, read_manifest, recover_interrupted
+    from genai_pipeline.export import export
+    from genai_pipeline.targets import get_target
 
-    out = Path(args.out)
-    recover_interrupted(out)
-    check_out_folder(out, Path(args.checkpoint) if args.checkpoint else None)  # never replace what is not ours
-    # Built beside --out and swapped in when complete: a failed or interrupted export leaves the
-    # previous one as it was, and nothing of the previous one lands in the new one.
-    staging = make_staging_folder(out)  # also the check that --out can be written, before any work
-    previous = signal.signal(signal.SIGTERM, _terminated)  # as Ctrl-C: the staging folder is removed
-    try:
-        blocked = _export(args, out, staging)
-        publish(staging, out)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)  # whatever stopped the export, its staging folder goes
-        signal.signal(signal.SIGTERM, previous)
-    if blocked is not None:
-        raise blocked
-    manifest = read_manifest(out)
-    log.info("wrote %s in %.1f s", out, manifest["export_seconds"])
-    for name, f in manifest["files"].items():
-        log.info("  %s  %.2f MB", name, f["bytes"] / (1 << 20))
-    return 0
-
-
-def _terminated(signum, frame):
-    raise KeyboardInterrupt
-
-
-def _export(args, out: Path, staging: Path) -> ExportError | None:
-    """The export, written into `staging`; the ExportError of a target that cannot lower on this
-    host (a complete QDQ-only export, to be published before the error is told)."""
-    from genai_pipeline.bundle import MANIFEST
-    from genai_pipeline.compile import compile_artifacts
-    from genai_pipeline.prepare import PrepareOptions, prepare
-    from genai_pipeline.checkpoints import infer_checkpoint_spec
-    from genai_pipeline.registry import DEFAULT_MODEL, get_spec
-    from genai_pipeline.data import CalibrationOptions
-    from genai_pipeline.quantize import QuantOptions, parse_override, quantize
-    from genai_pipeline.targets import check_recipe, get_target
-
-    if args.model is None and args.checkpoint:
-        spec, source = infer_checkpoint_spec(Path(args.checkpoint))
-        log.info("model: %s (inferred from %s)", spec.name, source)
-    else:
-        spec = get_spec(args.model or DEFAULT_MODEL)
     target = _qnn_configured(get_target(args.target), args)  # QNN options checked before any work
     quant = QuantOptions(
         recipe=args.recipe,
@@ -112,15 +82,6 @@ def _export(args, out: Path, staging: Path) -> ExportError | None:
         vision_recipe=args.vision_recipe,
         size_budget=args.size_budget,
     )
-    check_recipe(target, quant)  # refused before any work starts
-    if spec.vision is not None:
-        from genai_pipeline.quantize_multimodal import check_vision_language_quant
-
-        check_vision_language_quant(quant, split=args.split, target=target)
-        if args.long_prefill_len:
-            raise InputError("--long-prefill-len applies to text models; a vision-language program prefills in --prefill-len chunks")
-    elif quant.vision_recipe is not None:
-        raise InputError(f"--vision-recipe applies to vision-language models; {spec.name} is a text model")
     options = PrepareOptions(
         mode=args.mode,
         max_seq_len=args.max_seq_len,
@@ -132,51 +93,19 @@ def _export(args, out: Path, staging: Path) -> ExportError | None:
         split=args.split,
         cache_io=args.cache_io or target.cache_io,
     )
-    log.info("prepare %s (%s mode, max_seq_len %d)", spec.name, options.mode.value, options.max_seq_len)
-    # A calibrated QDQ model of the previous export in --out is reused when its key matches;
-    # compile writes it into the staging folder with the rest.
-    prepared = quantize(prepare(spec, options), quant, target, cache=out)
-    log.info("compile for %s (%s)", target.name, prepared.recipe)
-    report_tokens = None if quant.is_float else _report_tokens(prepared, quant)
-    blocked = None
+    previous = signal.signal(signal.SIGTERM, _terminated)  # as Ctrl-C: the export's staging folder is removed
     try:
-        compile_artifacts(prepared, target, staging)
-    except ExportError as e:
-        if not (staging / MANIFEST).is_file():
-            raise
-        blocked = e
-    # The report rebuilds the float and QDQ models from the manifest; the prepared model and its
-    # lowered graphs go first, or both sets are held at once (the export's peak RSS).
-    recipe, has_tokenizer = prepared.recipe, prepared.tokenizer_file is not None
-    del prepared
-    gc.collect()
-    verification = None
-    if not quant.is_float and has_tokenizer:
-        verification = _verify(staging, recipe, quant)
-    elif not quant.is_float:
-        log.warning("not verified against the float model: the checkpoint has no tokenizer to encode text with")
-    if report_tokens:
-        from genai_pipeline.report import write_quant_report
-
-        # before the swap: part of the folder and its manifest
-        write_quant_report(staging, *report_tokens, verification=verification)
-    return blocked
+        result = export(args.model, out=args.out, prepare=options, quant=quant, target=target)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    log.info("wrote %s in %.1f s", result.folder, result.manifest["export_seconds"])
+    for name, f in result.manifest["files"].items():
+        log.info("  %s  %.2f MB", name, f["bytes"] / (1 << 20))
+    return 0
 
 
-def _verify(staging: Path, recipe: str, quant):
-    """The finished program scored against its float model: one line, recorded in the manifest,
-    a warning past the thresholds (genai_pipeline/verify.py)."""
-    from genai_pipeline.bundle import record_in_manifest
-    from genai_pipeline.verify import verify_export
-
-    log.info("verifying the program against its float model")
-    texts = [d.path for d in quant.calibration.datasets if d.kind == "text"]
-    verification = verify_export(staging, recipe, texts)
-    record_in_manifest(staging, "verification", verification.as_manifest())
-    log.info("%s", verification.line())
-    if verification.warning:
-        log.warning("WARNING: %s", verification.warning)
-    return verification
+def _terminated(signum, frame):
+    raise KeyboardInterrupt
 
 
 def _qnn_configured(target, args):
@@ -184,40 +113,22 @@ def _qnn_configured(target, args):
     from genai_pipeline.names import Mode
     from genai_pipeline.targets import qnn
 
-    given = [flag for flag, on in (("--soc", args.soc != _default("targets/qnn:QnnOptions", "soc")), ("--qnn-option", args.qnn_option),
+    given = [flag for flag, on in (("--soc", args.soc != _default(QnnOptions, "soc")), ("--qnn-option", args.qnn_option),
                                    ("--no-weight-sharing", args.no_weight_sharing), ("--qnn-x86-emulator", args.qnn_x86_emulator)) if on]
     if target.name != qnn.TARGET.name:
         if given:
             raise InputError(f"{given[0]} applies to --target qnn only (the target is {target.name})")
         return target
-    options = qnn.QnnOptions(soc=args.soc, weight_sharing=not args.no_weight_sharing, x86_emulator=args.qnn_x86_emulator,
-                             options=tuple(args.qnn_option))
+    options = QnnOptions(soc=args.soc, weight_sharing=not args.no_weight_sharing, x86_emulator=args.qnn_x86_emulator,
+                         options=tuple(args.qnn_option))
     return qnn.configure(options, [g.value for g in Mode(args.mode).graphs])
 
 
-def _report_tokens(prepared, quant) -> tuple[list[int], str]:
-    """The quantization report's input: tokens of the calibration data (random tokens without
-    --calib), and a description of them. A dynamic recipe does not calibrate: the report says the
-    tokens only measure its noise, and random tokens then carry no accuracy warning."""
-    from genai_pipeline.data import calibration_tokens
-    from genai_pipeline.quantize import with_default_data
-    from genai_pipeline.tokenizer import Tokenizer
-
-    tokenizer = Tokenizer.from_folder(prepared.tokenizer_file.parent, bos_id=prepared.spec.bos_id) if prepared.tokenizer_file else None
-    data = with_default_data(quant.calibration)
-    samples = calibration_tokens(data, tokenizer, vocab_size=prepared.config.vocab_size, seed=prepared.options.seed)
-    tokens = [t for sample in samples for t in sample][: min(256, prepared.options.max_seq_len)]
-    source = ", ".join(map(str, data.datasets))
-    if quant.is_static:
-        return tokens, f"the calibration data ({source})"
-    return tokens, f"{source} data (only measured on: {quant.recipe} computes its activation scales at run time, nothing was calibrated)"
-
-
 def cmd_run(args) -> int:
-    from genai_pipeline.runtime.generate import Sampler, SamplingOptions, generate
     from genai_pipeline.bundle import folder_tokenizer, read_manifest
-    from genai_pipeline.runtime.multimodal import MultimodalSession, is_multimodal
+    from genai_pipeline.runtime.generate import Sampler, generate
     from genai_pipeline.runtime.lookahead import lookahead_options
+    from genai_pipeline.runtime.multimodal import MultimodalSession, is_multimodal
     from genai_pipeline.runtime.session import open_session
     from genai_pipeline.tokenizer import TextStream
 
@@ -360,7 +271,7 @@ def _user_messages(first: str | None, interactive: bool):
 
 
 def cmd_eval(args) -> int:
-    from genai_pipeline.evaluate import EvalOptions, evaluate
+    from genai_pipeline.evaluate import evaluate
 
     if (args.text is None) == (args.images is None):
         raise InputError("pass --text FILE (perplexity, top-1 agreement, KL) or --images FILE.jsonl (image questions), one of them")
@@ -389,7 +300,7 @@ def cmd_eval(args) -> int:
 
 
 def _eval_images(args) -> int:
-    from genai_pipeline.evaluate_images import ImageEvalOptions, evaluate_images
+    from genai_pipeline.evaluate_images import evaluate_images
 
     r = evaluate_images(Path(args.folder), ImageEvalOptions(images=Path(args.images), limit=args.limit))
     if args.json:
@@ -404,7 +315,7 @@ def _eval_images(args) -> int:
 
 
 def cmd_bench(args) -> int:
-    from genai_pipeline.bench import BenchOptions, bench
+    from genai_pipeline.bench import bench
     from genai_pipeline.bundle import read_manifest
     from genai_pipeline.runtime.multimodal import is_multimodal
 
@@ -476,10 +387,8 @@ class _HelpWithDefaults(argparse.ArgumentDefaultsHelpFormatter):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    # Defaults are read from the stage modules' option dataclasses without importing them (they
-    # import torch: seconds, for a `--help`); see _default.
-    quant, calib, prepare = "quantize:QuantOptions", "data/options:CalibrationOptions", "prepare:PrepareOptions"
-    sampling, bench, evaluate = "runtime/generate:SamplingOptions", "bench:BenchOptions", "evaluate:EvalOptions"
+    quant, calib, prepare = QuantOptions, CalibrationOptions, PrepareOptions
+    sampling, bench, evaluate = SamplingOptions, BenchOptions, EvalOptions
 
     def subcommand(name: str, help: str) -> argparse.ArgumentParser:
         return sub.add_parser(name, help=help, description=help, formatter_class=_HelpWithDefaults)
@@ -493,11 +402,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = subcommand("export", "prepare, compile and write .pte programs + manifest")
     p.add_argument("model", nargs="?", help="registry name (`genai models`); default: inferred from --checkpoint, "
-                                            f"else {_default('registry/__init__', 'DEFAULT_MODEL')}")
+                                            f"else {DEFAULT_MODEL}")
     p.add_argument("--checkpoint", help="local Hugging Face folder (config.json + *.safetensors), llama2.c folder (*.pt + tokenizer.model), "
                    "or llama.cpp GGUF file (or a folder holding one)")
     p.add_argument("--target", default="xnnpack", help="xnnpack, portable, or qnn (lowering needs the QNN SDK)")
-    p.add_argument("--soc", default=_default("targets/qnn:QnnOptions", "soc"),
+    p.add_argument("--soc", default=_default(QnnOptions, "soc"),
                    help="qnn: the Snapdragon SoC, e.g. SM8650, SM8750, SM8550; its HTP arch and VTCM come from ExecuTorch's table")
     p.add_argument("--no-weight-sharing", action="store_true",
                    help="qnn: one context binary per method instead of one shared by prefill and decode (HTP older than V73)")
@@ -529,7 +438,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prefill-len", type=int, default=_default(prepare, "prefill_len"), help="tokens per prefill call (hybrid mode)")
     p.add_argument("--long-prefill-len", type=int, metavar="N",
                    help=f"hybrid: add a `prefill_long` method of 1 to N tokens, which prompts then go through in chunks of up to N (0: none; "
-                        f"default: {_default('prepare', 'LONG_PREFILL_CHUNKS')} x --prefill-len where the cache holds it)")
+                        f"default: {LONG_PREFILL_CHUNKS} x --prefill-len where the cache holds it)")
     p.add_argument("--verify-len", type=int, default=_default(prepare, "verify_len"),
                    help="add a `verify` method of N tokens returning every token's logits, for `genai run --lookahead` (0: none)")
     p.add_argument("--cache-io", action="store_true",
@@ -599,23 +508,9 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _default(where: str, name: str):
-    """The default of field `name` of the dataclass `where` ("module/path:Class"), or a module
-    constant (`where` without ":Class"), as written in the source, read without importing the
-    module: the stage modules import torch, which takes seconds, and `genai --help` must answer at
-    once. The defaults stay written once, in the dataclasses; a test checks this reads them right."""
-    module, _, cls = where.partition(":")
-    tree = ast.parse(Path(__file__).parent.joinpath(module + ".py").read_text())
-    body = next(n.body for n in tree.body if isinstance(n, ast.ClassDef) and n.name == cls) if cls else tree.body
-    for node in body:
-        target = node.target if isinstance(node, ast.AnnAssign) else (node.targets[0] if isinstance(node, ast.Assign) else None)
-        if isinstance(target, ast.Name) and target.id == name:
-            if isinstance(node.value, ast.Attribute) and isinstance(node.value.value, ast.Name):  # an enum member, e.g. Mode.HYBRID
-                return getattr(getattr(names, node.value.value.id), node.value.attr)
-            if isinstance(node.value, ast.Name) and cls:  # a module constant, e.g. SMOOTH_ALPHA
-                return _default(module, node.value.id)
-            return ast.literal_eval(node.value)
-    raise LookupError(f"{where} has no {name}")
+def _default(options: type, name: str):
+    """The default of field `name` of an option class (options.py): every default is written once, there."""
+    return next(f.default for f in dataclasses.fields(options) if f.name == name)
 
 
 def _one_openmp_thread_per_caller(argv: list[str]) -> None:

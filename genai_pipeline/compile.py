@@ -12,7 +12,8 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from genai_pipeline.bundle import MANIFEST, Artifact, ArtifactSet, PreparedModel, atomic_write, sha256, tool_versions, weights_fingerprint
+from genai_pipeline.artifacts import Artifact, ArtifactSet, PreparedModel
+from genai_pipeline.bundle import MANIFEST, atomic_write, sha256, tool_versions, weights_fingerprint
 from genai_pipeline.chat_template import read_chat_template
 from genai_pipeline.errors import ExportError
 from genai_pipeline.names import GraphName

@@ -19,7 +19,6 @@ import copy
 import dataclasses
 import math
 import re
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -33,28 +32,14 @@ from genai_pipeline.limits import read_input_text
 from genai_pipeline.models.decoder import Decoder, DecoderConfig
 from genai_pipeline.models.vision import VisionLanguageModel
 from genai_pipeline.names import ArtifactKey, GraphName, Mode
-from genai_pipeline.quantize import int4_file, load_int4, quant_options_from, quantize_module, smooth, smoothing_file
+from genai_pipeline.options import EvalOptions, quant_options_from
+from genai_pipeline.quantize import int4_file, load_int4, quantize_module, smooth, smoothing_file
 from genai_pipeline.registry import get_spec
 from genai_pipeline.rotation import rotate, unrotated
 from genai_pipeline.runtime.cache_io import CacheIOContract, CacheIOSession, eager_runner
 from genai_pipeline.runtime.multimodal import MultimodalSession, is_multimodal
 from genai_pipeline.runtime.session import DecoderSession, EagerSession, open_session
 from genai_pipeline.upstream.executorch_logs import native_logs_hidden
-
-
-@dataclass(frozen=True)
-class EvalOptions:
-    text: Path
-    max_tokens: int = 4096  # tokens of the text to score
-    window: int = 0  # tokens per window, the cache starting empty each time; 0: the program's context
-
-    def __post_init__(self):
-        if not Path(self.text).is_file():
-            raise InputError(f"evaluation text '{self.text}' does not exist")
-        if self.max_tokens < 2:
-            raise InputError(f"--max-tokens must be at least 2, got {self.max_tokens}")
-        if self.window < 0 or self.window == 1:
-            raise InputError(f"--window must be 0 (the program's context) or at least 2, got {self.window}")
 
 
 def float_model(manifest: dict):

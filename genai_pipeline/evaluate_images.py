@@ -28,23 +28,12 @@ from tqdm import tqdm
 from genai_pipeline.bundle import check_weights, folder_tokenizer, read_manifest
 from genai_pipeline.errors import InputError
 from genai_pipeline.limits import read_input_text
+from genai_pipeline.options import ImageEvalOptions
 from genai_pipeline.runtime.generate import generate, greedy_token
 from genai_pipeline.runtime.multimodal import MultimodalSession, is_multimodal
 from genai_pipeline.upstream.executorch_logs import native_logs_hidden
 
 MARGIN = 4  # new tokens allowed past the expected answer's length
-
-
-@dataclass(frozen=True)
-class ImageEvalOptions:
-    images: Path  # a jsonl of {"image", "prompt", "answer"}
-    limit: int = 0  # the first N questions; 0: all
-
-    def __post_init__(self):
-        if not Path(self.images).is_file():
-            raise InputError(f"image questions '{self.images}' do not exist")
-        if self.limit < 0:
-            raise InputError(f"--limit must be >= 0, got {self.limit}")
 
 
 @dataclass(frozen=True)

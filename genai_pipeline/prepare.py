@@ -6,80 +6,25 @@ import dataclasses
 import json
 import logging
 import os
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from torch import nn
 from torch.export import Dim
 
-from genai_pipeline.bundle import Artifact, GraphBundle, PreparedModel
+from genai_pipeline.artifacts import Artifact, GraphBundle, PreparedModel
+from genai_pipeline.chat_template import read_chat_template
 from genai_pipeline.checkpoints import load_decoder, metadata_folder
 from genai_pipeline.checkpoints.hf import random_decoder
 from genai_pipeline.checkpoints.special_tokens import read_special_tokens
-from genai_pipeline.chat_template import read_chat_template
 from genai_pipeline.errors import CheckpointError, InputError
 from genai_pipeline.models.decoder import Decoder
 from genai_pipeline.names import ArtifactKey, GraphName, Mode
+from genai_pipeline.options import PrepareOptions
 from genai_pipeline.registry import ModelSpec, sized_as
 from genai_pipeline.tokenizer import find_tokenizer_file, tokenizer_kind
 
 log = logging.getLogger(__name__)
-
-LONG_PREFILL_CHUNKS = 4  # the default `prefill_long` length, in `prefill` lengths
-
-
-@dataclass(frozen=True)
-class PrepareOptions:
-    mode: Mode = Mode.HYBRID
-    max_seq_len: int = 512  # KV cache length: prompt + generated tokens
-    prefill_len: int = 32  # tokens per `prefill` call in hybrid mode
-    # Hybrid: the most tokens per `prefill_long` call, a second prefill method of any length up to it,
-    # which prompts go through in chunks (no padding; fewer, larger calls: each reads every weight once;
-    # longer chunks prefill slower per token at 135M: docs/decisions/0022);
-    # None: LONG_PREFILL_CHUNKS x prefill_len where the cache holds it; 0: none
-    long_prefill_len: int | None = None
-    # Tokens per `verify` call, an extra method returning the logits after EVERY token ([1, N,
-    # vocab]) for lookahead decoding (the last accepted token + up to N - 1 drafts), of any length
-    # up to N; 0: none.
-    verify_len: int = 0
-    checkpoint: Path | None = None  # local checkpoint folder (the entry's format); None: the entry's shipped weights, else random
-    seed: int = 0  # for random weights
-    # A vision-language model as one program per component (vision_encoder.pte, token_embedding.pte,
-    # text_decoder.pte: the layout NPU backends use) instead of one program with three methods.
-    split: bool = False
-    # The decoder's cache-I/O form (QNN's; --cache-io, always on for --target qnn): the KV cache,
-    # positions and attention mask are graph inputs/outputs (runtime/cache_io.py) instead of a
-    # cache inside the program updated by ExecuTorch's custom ops at a data-dependent position.
-    cache_io: bool = False
-
-    def __post_init__(self):
-        object.__setattr__(self, "mode", Mode(self.mode))
-        if self.cache_io and self.mode is Mode.DYNAMIC:
-            raise InputError("the cache-I/O form (--cache-io, --target qnn) has static shapes: use --mode hybrid or kv, not dynamic")
-        if self.cache_io and self.verify_len:
-            raise InputError("--verify-len is not available in the cache-I/O form (--cache-io, --target qnn) yet")
-        if self.max_seq_len < 2:
-            raise InputError(f"--max-seq-len must be at least 2, got {self.max_seq_len}")
-        if not 1 <= self.prefill_len <= self.max_seq_len:
-            raise InputError(f"--prefill-len must be between 1 and --max-seq-len ({self.max_seq_len}), got {self.prefill_len}")
-        if self.verify_len and not 2 <= self.verify_len <= self.max_seq_len:
-            raise InputError(f"--verify-len must be 0 (no verify method) or between 2 and --max-seq-len ({self.max_seq_len}), got {self.verify_len}")
-        if self.long_prefill_len and not (self._with_long and self.prefill_len < self.long_prefill_len <= self.max_seq_len):
-            raise InputError(f"--long-prefill-len takes 0 (none) or, in --mode hybrid without --cache-io, a length between --prefill-len "
-                             f"({self.prefill_len}) and --max-seq-len ({self.max_seq_len}); got {self.long_prefill_len}")
-
-    @property
-    def _with_long(self) -> bool:
-        return self.mode is Mode.HYBRID and not self.cache_io
-
-    @property
-    def long_prefill(self) -> int:
-        """The `prefill_long` length in effect (long_prefill_len, or its default); 0: no such method."""
-        if self.long_prefill_len is not None:
-            return self.long_prefill_len
-        long = LONG_PREFILL_CHUNKS * self.prefill_len
-        return long if self._with_long and long <= self.max_seq_len else 0
 
 
 class DecoderGraph(nn.Module):

@@ -19,18 +19,17 @@ import torch
 from torch import nn
 from torch.export import Dim
 
-from genai_pipeline.bundle import Artifact, GraphBundle, PreparedModel
+from genai_pipeline.artifacts import Artifact, GraphBundle, PreparedModel
+from genai_pipeline.chat_template import read_chat_template
 from genai_pipeline.checkpoints.multimodal import load_multimodal, random_multimodal, vision_config
 from genai_pipeline.checkpoints.special_tokens import read_special_tokens
-from genai_pipeline.chat_template import read_chat_template
 from genai_pipeline.errors import CheckpointError, InputError
+from genai_pipeline.image_processing import ImageProcessing, stated_tokens_per_image
 from genai_pipeline.models.decoder import Decoder
-from genai_pipeline.models.vision import VisionLanguageModel
+from genai_pipeline.models.vision import VisionConfig, VisionLanguageModel
 from genai_pipeline.names import ArtifactKey, GraphName, Mode
 from genai_pipeline.prepare import decoder_constants
 from genai_pipeline.registry import ModelSpec, sized_as
-from genai_pipeline.models.vision import VisionConfig
-from genai_pipeline.image_processing import ImageProcessing, stated_tokens_per_image
 from genai_pipeline.tokenizer import find_tokenizer_file
 
 log = logging.getLogger(__name__)
@@ -178,7 +177,7 @@ def read_processing(spec: ModelSpec, checkpoint: Path | None) -> tuple[ImageProc
 
 
 def prepare_multimodal(spec: ModelSpec, options) -> PreparedModel:
-    """`options`: prepare.PrepareOptions. In one program the text decoder runs with a dynamic
+    """`options`: options.PrepareOptions. In one program the text decoder runs with a dynamic
     length (the runner's convention), whatever --mode says; split, it takes --mode dynamic or hybrid."""
     if options.split and options.mode is Mode.KV:
         raise InputError("--split takes --mode dynamic (one forward method) or hybrid (prefill + decode)")

@@ -44,168 +44,27 @@ import logging
 import re
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from torch import nn
 
-from genai_pipeline.bundle import Artifact, GraphBundle, PreparedModel, tool_versions
+from genai_pipeline.artifacts import Artifact, GraphBundle, PreparedModel
+from genai_pipeline.bundle import tool_versions
 from genai_pipeline.chat_template import read_chat_template
-from genai_pipeline.data import CalibrationOptions, DatasetSpec, calibration_steps, iterate_with_progress
+from genai_pipeline.data import calibration_steps, iterate_with_progress
 from genai_pipeline.errors import InputError
+from genai_pipeline.options import EDGE_LAYERS, SMOOTH_ALPHA, CalibrationOptions, QuantOptions
 from genai_pipeline.rotation import can_rotate, rotate
 
 log = logging.getLogger(__name__)
 
-LINEAR_RECIPES = ("fp32", "8da4w", "8da8w")  # torchao, in eager mode
-STATIC_RECIPES = ("8a8w", "16a8w", "16a4w", "16a4w_block")  # PT2E, calibrated
-EMBEDDING_RECIPES = ("4w", "8w")
-AUTO_EMBEDDING = {"8da4w": "4w", "8da8w": "8w"}  # --embedding auto, by --recipe
-# The LM head ("output") by --recipe when 4-bit weights are not calibrated (weight_rule other than
-# gptq), unless an override names it: at 4 bits by mse it costs much, by GPTQ less than what its bytes buy
-# elsewhere (docs/decisions/0011)
-AUTO_HEAD = {"8da4w": "8da8w"}
-# Layers kept at 8 bits (8da8w) under a 4-bit recipe, unless an override names them: the attention's
-# value projection (as llama.cpp's Q4_K_M keeps attn_v higher; docs/decisions/0011)
-AUTO_8BIT = {"8da4w": (r"\.attention\.wv$",)}
-# ... and by layer (auto_8bit_mlp): the MLP's down projection w2 where Q4_K_M gives ffn_down more bits
-# (more_bits_layer; every w2 at 8 bits cost 1-thread decode speed beyond the bound: docs/decisions/0020),
-# and w1 / w3 of the first and last 1/15 of the layers (SmolLM2-135M: 0, 1, 28, 29; none below 15
-# layers), the blocks whose outputs lose the most to 4 bits (genai eval's layer SQNR; docs/decisions/0016)
-EDGE_LAYERS = {"8da4w": 1 / 15}
-WEIGHT_RULES = ("gptq", "mse", "q4_0", "torchao")  # how 4-bit weights are chosen (measured: docs/decisions/0011)
 # gptq's calibration text when no --calib is given: English prose that ships with the repository
 # (Python's documentation, the reference model's training split; disjoint from heldout.txt)
 DEFAULT_GPTQ_TEXT = Path(__file__).resolve().parent.parent / "assets" / "reference" / "sample.txt"
 GPTQ_TOKENS = 4096  # calibration tokens for gptq (docs/decisions/0011)
-# SmoothQuant's migration strength for the dynamic recipes' per-token int8 activations (docs/decisions/0016, 0017)
-SMOOTH_ALPHA = 0.5
 HEAD = "output"
 HEAD_ROTATION = "head_rotation"
-
-
-@dataclass(frozen=True)
-class QuantOptions:
-    recipe: str = "fp32"
-    group_size: int = 32  # int4 weights: values per scale
-    embedding: str | None = "auto"  # 8w, 4w; auto: by recipe; fp32 or None: keep it float
-    overrides: tuple[tuple[str, str], ...] = ()  # (regex over linear names, recipe), first match wins
-    block_size: int = 64  # 16a4w_block: values per scale
-    weight_rule: str = "gptq"  # 4-bit weights: gptq (calibrated), mse (least-squares scales), q4_0 (llama.cpp's, positive), torchao
-    head: str | None = "auto"  # the LM head's recipe; auto: AUTO_HEAD by recipe, else the recipe's
-    keep_8bit: tuple[str, ...] | None = None  # regexes of layers at 8da8w under 8da4w; None: AUTO_8BIT
-    smooth: float | None = SMOOTH_ALPHA  # dynamic recipes: SmoothQuant's alpha on the calibration text; None: off
-    rotate: bool = True  # dynamic recipes: rotate the residual stream first (rotation.py)
-    calibration: CalibrationOptions = CalibrationOptions()  # static recipes only
-    # A vision-language model's image tower and connector (quantize_multimodal.py); None: not given
-    # (the export then records the one AUTO_VISION chose). A text model refuses it.
-    vision_recipe: str | None = None
-    # 8da4w: the program's size in MB (10^6 bytes); the block linears kept at 8 bits are then measured
-    # and chosen (size_budget.py) instead of by the fixed rules (keep_8bit, auto_8bit_mlp)
-    size_budget: float | None = None
-    promoted: tuple[str, ...] | None = None  # with size_budget: the linears it chose (None: not yet chosen)
-
-    def __post_init__(self):
-        if self.recipe not in LINEAR_RECIPES + STATIC_RECIPES:
-            raise InputError(f"unknown recipe '{self.recipe}'; known: {', '.join(LINEAR_RECIPES + STATIC_RECIPES)}")
-        if self.vision_recipe is not None and self.vision_recipe not in LINEAR_RECIPES:
-            raise InputError(f"--vision-recipe must be one of {', '.join(LINEAR_RECIPES)}, got '{self.vision_recipe}'")
-        for _, recipe in self.overrides:
-            if recipe not in LINEAR_RECIPES or self.is_static:
-                raise InputError(f"overrides take {', '.join(LINEAR_RECIPES)} with a dynamic --recipe, got '{recipe}'")
-        if self.embedding == "auto":
-            object.__setattr__(self, "embedding", AUTO_EMBEDDING.get(self.recipe))
-        if self.embedding == "fp32":
-            object.__setattr__(self, "embedding", None)
-        if self.head == "auto":
-            object.__setattr__(self, "head", None if self.is_static or self.weight_rule == "gptq" else AUTO_HEAD.get(self.recipe))
-        if self.head is not None and (self.head not in LINEAR_RECIPES or self.is_static):
-            raise InputError(f"the LM head takes {', '.join(LINEAR_RECIPES)} with a dynamic --recipe, got '{self.head}'")
-        if self.size_budget is not None and (self.recipe != "8da4w" or not self.size_budget > 0):
-            raise InputError(f"--size-budget takes a size in MB above 0 with --recipe 8da4w, got {self.size_budget:g} with {self.recipe}")
-        if self.keep_8bit is None:
-            object.__setattr__(self, "keep_8bit", () if self.is_static or self.size_budget else AUTO_8BIT.get(self.recipe, ()))
-        if self.promoted is not None:
-            object.__setattr__(self, "promoted", tuple(self.promoted))
-        object.__setattr__(self, "keep_8bit", tuple(self.keep_8bit))
-        object.__setattr__(self, "overrides", tuple(tuple(o) for o in self.overrides))  # e.g. lists from JSON
-        if self.is_static or self.recipe == "fp32":
-            object.__setattr__(self, "smooth", None)
-            object.__setattr__(self, "rotate", False)
-        if self.smooth is not None and not 0 < self.smooth < 1:
-            raise InputError(f"the smoothing strength must be between 0 and 1, got {self.smooth}")
-        if self.weight_rule not in WEIGHT_RULES:
-            raise InputError(f"unknown weight rule '{self.weight_rule}'; known: {', '.join(WEIGHT_RULES)}")
-        if self.is_static and self.embedding:
-            raise InputError("--embedding goes with the dynamic recipes (8da4w, 8da8w); static recipes quantize what their quantizer annotates")
-        if self.embedding is not None and self.embedding not in EMBEDDING_RECIPES:
-            raise InputError(f"--embedding must be auto, fp32 or one of {', '.join(EMBEDDING_RECIPES)}, got '{self.embedding}'")
-        if self.group_size < 1 or self.group_size & (self.group_size - 1):
-            raise InputError(f"--group-size must be a power of two, got {self.group_size}")
-        if self.is_float and self.calibration.datasets:
-            raise InputError("--calib calibrates a quantized recipe, and --recipe fp32 quantizes nothing: drop --calib, "
-                             f"or pick a recipe ({', '.join(r for r in LINEAR_RECIPES + STATIC_RECIPES if r != 'fp32')})")
-        for pattern, _ in self.overrides:
-            try:
-                re.compile(pattern)
-            except re.error as e:
-                raise InputError(f"override pattern '{pattern}' is not a valid regex: {e}") from None
-
-    @property
-    def is_static(self) -> bool:
-        return self.recipe in STATIC_RECIPES
-
-    @property
-    def is_float(self) -> bool:
-        return (self.recipe == "fp32" and self.embedding is None and all(r == "fp32" for _, r in self.overrides)
-                and self.vision_recipe in (None, "fp32"))
-
-    def describe(self) -> str:
-        parts = [self.recipe + (f"-g{self.group_size}" if self.recipe == "8da4w" else "")]
-        if self.recipe == "8da4w" and self.weight_rule != "gptq":
-            parts[0] += f"-{self.weight_rule}"
-        if self.recipe == "16a4w_block":
-            parts[0] += f"-b{self.block_size}"
-        if self.rotate:
-            parts[0] += "-rot"
-        if self.smooth is not None:
-            parts[0] += f"-sq{self.smooth:g}"
-        if self.embedding:
-            parts.append(f"emb{self.embedding}")
-        if self.head:
-            parts.append(f"head{self.head}")
-        parts += [f"{p.replace(chr(92), '').strip('.$')}=8da8w" for p in self.keep_8bit]
-        if self.size_budget is not None:
-            parts.append(f"budget{self.size_budget:g}MB")
-        elif self.recipe in EDGE_LAYERS:
-            parts += ["more_bits.w2=8da8w", "edges.w1w3=8da8w"]
-        parts += [f"{p}={r}" for p, r in self.overrides]
-        if self.vision_recipe:
-            parts.append(f"vision{self.vision_recipe}")
-        return "+".join(parts)
-
-
-def quant_options_from(data: dict) -> QuantOptions:
-    """The inverse of the manifest's `quantization` entry."""
-    if not data:
-        return QuantOptions()
-    calibration = data.get("calibration") or {}
-    calibration = CalibrationOptions(
-        datasets=tuple(DatasetSpec(**d) for d in calibration.get("datasets", ())),
-        limit=calibration.get("limit"),
-        seq_len=calibration.get("seq_len", CalibrationOptions().seq_len),
-    )
-    overrides = tuple(tuple(o) for o in data.get("overrides", ()))
-    # exports made before rotation (0.x) record no `rotate`: they were not rotated
-    return QuantOptions(**{"rotate": False, **data, "overrides": overrides, "calibration": calibration})
-
-
-def parse_override(text: str) -> tuple[str, str]:
-    pattern, sep, recipe = text.rpartition("=")
-    if not sep or not pattern:
-        raise InputError(f"--quant-override takes REGEX=RECIPE (e.g. 'output=8da8w'), got '{text}'")
-    return pattern, recipe
 
 
 def linear_config(recipe: str, group_size: int):

@@ -35,10 +35,11 @@ import torch
 from torch import nn
 from torch.export import Dim
 
-from genai_pipeline.bundle import GraphBundle, PreparedModel
+from genai_pipeline.artifacts import GraphBundle, PreparedModel
 from genai_pipeline.errors import InputError
 from genai_pipeline.names import ArtifactKey, GraphName
-from genai_pipeline.quantize import HEAD, QuantOptions, calibrated_graph, gptq_int4, next_token_only, quantize_module, recipe_counts
+from genai_pipeline.options import QuantOptions
+from genai_pipeline.quantize import HEAD, calibrated_graph, gptq_int4, next_token_only, quantize_module, recipe_counts
 
 log = logging.getLogger(__name__)
 

@@ -14,7 +14,8 @@ import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from genai_pipeline.evaluate import EvalOptions, evaluate
+from genai_pipeline.evaluate import evaluate
+from genai_pipeline.options import EvalOptions
 
 BUILT_IN_TEXT = Path(__file__).resolve().parents[1] / "assets" / "reference" / "heldout.txt"
 TOKENS = 256  # enough for the figures to mean something, few enough to cost seconds

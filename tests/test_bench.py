@@ -7,10 +7,11 @@ import pytest
 import torch
 
 from conftest import Q4, TINY_MAX_SEQ
-from genai_pipeline.bench import BenchOptions, bench, memory_bandwidth_gbs, weight_bytes_per_token
+from genai_pipeline.bench import bench, memory_bandwidth_gbs, weight_bytes_per_token
 from genai_pipeline.bundle import read_manifest
 from genai_pipeline.cli import main
 from genai_pipeline.inspect import _constant_sizes, _read_program, inspect_program
+from genai_pipeline.options import BenchOptions
 
 
 def test_bench_reports_rates_memory_and_bandwidth_share(export_tiny, capsys):

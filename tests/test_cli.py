@@ -246,8 +246,9 @@ def test_run_chat_converses_on_stdin(capsys, monkeypatch, tmp_path, export_tiny)
     import io
 
     from genai_pipeline.chat_template import read_chat_template
+    from genai_pipeline.options import SamplingOptions
     from genai_pipeline.runtime.chat import Chat, end_of_turn_ids
-    from genai_pipeline.runtime.generate import Sampler, SamplingOptions
+    from genai_pipeline.runtime.generate import Sampler
     from genai_pipeline.runtime.session import DecoderSession
     from genai_pipeline.tokenizer import Tokenizer
 

@@ -7,8 +7,19 @@ import os
 import re
 import subprocess
 import sys
+from enum import Enum
 
-from genai_pipeline.cli import _default, build_parser
+from genai_pipeline.cli import build_parser
+from genai_pipeline.options import (
+    DEFAULT_MODEL,
+    BenchOptions,
+    CalibrationOptions,
+    EvalOptions,
+    PrepareOptions,
+    QnnOptions,
+    QuantOptions,
+    SamplingOptions,
+)
 
 NATIVE_LOG = re.compile(r"^\[[\w.]+:\d+\]", re.M)  # e.g. "[cpuinfo_utils.cpp:71] Reading file ..."
 
@@ -39,24 +50,20 @@ def test_every_option_has_help_and_shows_its_default():
 
 
 def test_option_defaults_are_the_dataclasses():
-    """The parser reads them from the source; here they are imported, torch and all."""
-    from genai_pipeline.bench import BenchOptions
-    from genai_pipeline.data import CalibrationOptions
-    from genai_pipeline.evaluate import EvalOptions
-    from genai_pipeline.prepare import PrepareOptions
-    from genai_pipeline.quantize import QuantOptions
-    from genai_pipeline.registry import DEFAULT_MODEL
-    from genai_pipeline.runtime.generate import SamplingOptions
-
-    where = {QuantOptions: "quantize", CalibrationOptions: "data/options", PrepareOptions: "prepare",
-             EvalOptions: "evaluate", BenchOptions: "bench", SamplingOptions: "runtime/generate"}
-    for cls, module in where.items():
-        for f in dataclasses.fields(cls):
-            if f.default is not dataclasses.MISSING and not dataclasses.is_dataclass(f.default):
-                assert _default(f"{module}:{cls.__name__}", f.name) == f.default, (cls.__name__, f.name)
-    assert _default("registry/__init__", "DEFAULT_MODEL") == DEFAULT_MODEL
-    defaults = {a.dest: a.default for a in _subparsers(build_parser())["export"]._actions}
-    assert defaults["mode"] == PrepareOptions().mode.value and defaults["recipe"] == QuantOptions().recipe
+    """Every flag that sets a field of an option class (options.py) defaults to that field's default."""
+    where = {"export": {QuantOptions: "", PrepareOptions: "", CalibrationOptions: "calib_", QnnOptions: ""},
+             "run": {SamplingOptions: ""}, "eval": {EvalOptions: ""}, "bench": {BenchOptions: ""}}
+    parsers, checked = _subparsers(build_parser()), []
+    for command, classes in where.items():
+        defaults = {a.dest: a.default for a in parsers[command]._actions}
+        for cls, prefix in classes.items():
+            for f in dataclasses.fields(cls):
+                if prefix + f.name in defaults and f.default is not dataclasses.MISSING:
+                    want = f.default.value if isinstance(f.default, Enum) else f.default
+                    assert defaults[prefix + f.name] == want, (command, cls.__name__, f.name)
+                    checked.append(f.name)
+    assert {"recipe", "mode", "max_seq_len", "seq_len", "soc", "temperature", "max_tokens", "prompt_len"} <= set(checked)
+    assert f"else {DEFAULT_MODEL}" in " ".join(parsers["export"].format_help().split())
 
 
 def test_runtime_log_lines_stay_off_the_terminal(export_tiny):

@@ -8,8 +8,8 @@ import torch
 from conftest import TINY_PREFILL, TINY_VOCAB, manifest
 from genai_pipeline.cli import main
 from genai_pipeline.errors import InputError
-from genai_pipeline.prepare import PrepareOptions
-from genai_pipeline.runtime.generate import Sampler, SamplingOptions, generate
+from genai_pipeline.options import PrepareOptions, SamplingOptions
+from genai_pipeline.runtime.generate import Sampler, generate
 from genai_pipeline.runtime.session import DecoderSession, EagerSession
 
 PROMPT = torch.randint(1, TINY_VOCAB, (19,), generator=torch.Generator().manual_seed(3)).tolist()  # not a multiple of 8

@@ -1,6 +1,7 @@
 """The export folder contract: built aside and swapped in whole, files under the user's umask,
 --out checked before any work, the checkpoint fingerprinted, the report part of the folder."""
 
+import importlib
 import json
 import os
 import shutil
@@ -13,7 +14,6 @@ import textwrap
 import pytest
 
 from conftest import copy_export
-from genai_pipeline import cli
 from genai_pipeline.bundle import (
     add_to_manifest,
     atomic_write,
@@ -26,6 +26,9 @@ from genai_pipeline.bundle import (
 )
 from genai_pipeline.cli import main
 from genai_pipeline.errors import InputError
+from genai_pipeline.options import QuantOptions
+
+export_module = importlib.import_module("genai_pipeline.export")  # genai_pipeline.export is the function
 
 
 @pytest.mark.parametrize("umask, mode", [(0o022, 0o644), (0o077, 0o600)])
@@ -54,7 +57,7 @@ def test_an_out_that_cannot_be_written_is_refused_before_any_work(capsys, monkey
     (tmp_path / "file").write_text("not a folder")
     out = {"file": tmp_path / "file", "under a file": tmp_path / "file" / "out",
            "unwritable parent": _unwritable_parent(tmp_path)}[case]
-    monkeypatch.setattr(cli, "_export", lambda *a: pytest.fail("the export started"))
+    monkeypatch.setattr(export_module, "_export", lambda *a: pytest.fail("the export started"))
     assert main(["export", "--out", str(out)]) == 2
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and err.startswith(f"error: --out '{out}'"), err
@@ -90,7 +93,7 @@ def test_an_out_holding_the_checkpoint_is_refused_and_the_checkpoint_kept(capsys
     }[case]
     monkeypatch.chdir(hf.parent / "hf" if case.startswith("relative") else tmp_path)
     before = _tree(tmp_path)
-    monkeypatch.setattr(cli, "_export", lambda *a: pytest.fail("the export started"))
+    monkeypatch.setattr(export_module, "_export", lambda *a: pytest.fail("the export started"))
     assert main(["export", "--checkpoint", str(checkpoint), "--out", str(out)]) == 2
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and "holds the checkpoint" in err, err
@@ -116,7 +119,7 @@ def test_an_out_that_is_not_only_our_export_is_refused_untouched(capsys, monkeyp
             (out / "manifest.json").write_text(manifest)
     capsys.readouterr()  # the session's export, if this test built it
     before = _tree(tmp_path)
-    monkeypatch.setattr(cli, "_export", lambda *a: pytest.fail("the export started"))
+    monkeypatch.setattr(export_module, "_export", lambda *a: pytest.fail("the export started"))
     assert main(["export", "--out", str(out)]) == 2
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and err.startswith(f"error: --out '{out}'"), err
@@ -249,11 +252,12 @@ def test_eval_and_report_refuse_weights_changed_since_the_export(capsys, tmp_pat
 def test_the_qdq_reuse_key_includes_the_tool_versions(monkeypatch, tiny_checkpoint):
     from genai_pipeline import quantize
     from genai_pipeline.bundle import tool_versions
-    from genai_pipeline.prepare import PrepareOptions, prepare
+    from genai_pipeline.options import PrepareOptions
+    from genai_pipeline.prepare import prepare
     from genai_pipeline.registry import get_spec
 
     prepared = prepare(get_spec("smollm2-135m"), PrepareOptions(max_seq_len=32, prefill_len=8, checkpoint=tiny_checkpoint))
-    options = quantize.QuantOptions(recipe="8a8w")
+    options = QuantOptions(recipe="8a8w")
     key = quantize.qdq_key(prepared, options, "xnnpack")
     assert quantize.qdq_key(prepared, options, "xnnpack") == key
     for tool in ("genai_pipeline", "torch", "executorch", "torchao"):

@@ -12,10 +12,10 @@ import torch
 
 from conftest import Q4, REFERENCE
 from genai_pipeline.cli import main
-from genai_pipeline.data import CalibrationOptions
 from genai_pipeline.errors import InputError
-from genai_pipeline.prepare import PrepareOptions, prepare
-from genai_pipeline.quantize import QuantOptions, quantize, quantize_module
+from genai_pipeline.options import CalibrationOptions, PrepareOptions, QuantOptions
+from genai_pipeline.prepare import prepare
+from genai_pipeline.quantize import quantize, quantize_module
 from genai_pipeline.registry import get_spec
 from genai_pipeline.size_budget import graph_bytes
 from genai_pipeline.targets import get_target

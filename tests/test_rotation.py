@@ -12,7 +12,8 @@ import torch
 from genai_pipeline.errors import InputError
 from genai_pipeline.evaluate import block_outputs
 from genai_pipeline.models.decoder import Decoder, DecoderConfig
-from genai_pipeline.quantize import QuantOptions, quantize_module
+from genai_pipeline.options import QuantOptions
+from genai_pipeline.quantize import quantize_module
 from genai_pipeline.rotation import can_rotate, random_hadamard, rotate
 
 
@@ -99,6 +100,6 @@ def test_rotation_lowers_the_loss_of_per_token_int8_activations():
 def test_rotation_is_recorded_and_off_where_it_does_not_apply():
     assert QuantOptions(recipe="8da4w").rotate and "-rot" in QuantOptions(recipe="8da4w").describe()
     assert not QuantOptions(recipe="8a8w").rotate and not QuantOptions().rotate  # static and float: not rotated
-    from genai_pipeline.quantize import quant_options_from
+    from genai_pipeline.options import quant_options_from
 
     assert quant_options_from({"recipe": "8da4w"}).rotate is False  # a manifest from before rotation

@@ -9,7 +9,8 @@ import torch
 
 from conftest import TINY_VOCAB
 from genai_pipeline.cli import main
-from genai_pipeline.runtime.generate import Sampler, SamplingOptions, generate
+from genai_pipeline.options import SamplingOptions
+from genai_pipeline.runtime.generate import Sampler, generate
 from genai_pipeline.runtime.program import load_program
 from genai_pipeline.runtime.session import DecoderSession, EagerSession
 

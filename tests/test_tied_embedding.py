@@ -9,8 +9,9 @@ import torch
 from test_weight_sharing import inspect_json
 
 from genai_pipeline.compile import compile_artifacts
-from genai_pipeline.prepare import PrepareOptions, prepare
-from genai_pipeline.quantize import QuantOptions, quantize
+from genai_pipeline.options import PrepareOptions, QuantOptions
+from genai_pipeline.prepare import prepare
+from genai_pipeline.quantize import quantize
 from genai_pipeline.registry import get_spec
 from genai_pipeline.targets import get_target
 

@@ -1,6 +1,5 @@
 """Calibration data for post-training quantization, read from local files only.
 
-    options.py        DatasetSpec, parse_dataset (`--calib NAME:ARG`), CalibrationOptions
     samples.py        Sample, Message, ContentPart; Hugging Face chat JSON -> Messages
     records.py        JSON / JSON-lines records with their position, for errors
     loaders.py        `text` and `messages` datasets
@@ -9,6 +8,8 @@
     collate.py        collate: token ids -> CalibrationSteps (chunks as inference feeds them)
     calibration.py    calibration_tokens / calibration_steps: options -> all of the above; render_sample:
                       Sample -> token ids (through the model's chat template, genai_pipeline/chat_template.py)
+
+What to read is CalibrationOptions (genai_pipeline/options.py: `--calib NAME:ARG` -> DatasetSpec).
 
 Typical use by the quantize stage, once per graph:
 
@@ -21,11 +22,9 @@ Typical use by the quantize stage, once per graph:
 
 from genai_pipeline.data.calibration import LOADERS, calibration_steps, calibration_tokens, load_dataset, render_sample
 from genai_pipeline.data.collate import CalibrationStep, check_seq_len, collate, iterate_with_progress, random_token_lists
-from genai_pipeline.data.options import DATASET_KINDS, CalibrationOptions, DatasetSpec, parse_dataset
 from genai_pipeline.data.samples import ContentPart, Message, Sample
 
 __all__ = [
-    "DATASET_KINDS", "LOADERS", "CalibrationOptions", "CalibrationStep", "ContentPart", "DatasetSpec",
-    "Message", "Sample", "calibration_steps", "calibration_tokens", "check_seq_len", "collate", "iterate_with_progress",
-    "load_dataset", "parse_dataset", "random_token_lists", "render_sample",
+    "LOADERS", "CalibrationStep", "ContentPart", "Message", "Sample", "calibration_steps", "calibration_tokens",
+    "check_seq_len", "collate", "iterate_with_progress", "load_dataset", "random_token_lists", "render_sample",
 ]

@@ -9,7 +9,6 @@ the cursor `pos`.
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Protocol
@@ -18,28 +17,13 @@ import numpy as np
 import torch
 
 from genai_pipeline.errors import InputError
+from genai_pipeline.options import SamplingOptions
 from genai_pipeline.runtime.lookahead import DraftSizer, LookaheadOptions, NgramDrafter
 
 
 class Steppable(Protocol):
     def prefill(self, tokens: list[int]) -> torch.Tensor: ...
     def step(self, token: int) -> torch.Tensor: ...
-
-
-@dataclass(frozen=True)
-class SamplingOptions:
-    temperature: float = 0.0  # 0: greedy
-    top_k: int = 0  # 0: off
-    top_p: float = 1.0  # 1: off
-    seed: int = 0
-
-    def __post_init__(self):
-        if not 0 <= self.temperature < math.inf:  # NaN too
-            raise InputError(f"--temperature must be a number >= 0, got {self.temperature}")
-        if self.top_k < 0:
-            raise InputError(f"--top-k must be >= 0, got {self.top_k}")
-        if not 0 < self.top_p <= 1:
-            raise InputError(f"--top-p must be in (0, 1], got {self.top_p}")
 
 
 # Per-token sampling runs beside a decode step of a few ms (SmolLM2-135M: ~3.6), so it avoids

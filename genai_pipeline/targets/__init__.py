@@ -65,7 +65,7 @@ def get_target(name: str) -> Target:
 
 
 def check_recipe(target: Target, quant) -> None:
-    """Refuse a quantization (a quantize.QuantOptions) the backend cannot run."""
+    """Refuse a quantization (an options.QuantOptions) the backend cannot run."""
     vision = (quant.vision_recipe,) if quant.vision_recipe else ()
     for recipe in (quant.recipe, *(r for _, r in quant.overrides), *vision):
         if recipe not in target.recipes:

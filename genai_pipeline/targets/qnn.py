@@ -18,20 +18,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from genai_pipeline.errors import ExportError, InputError
+from genai_pipeline.options import QnnOptions
 from genai_pipeline.targets import GroupedLowering, Target
 
 # QuantDtype names of ExecuTorch's Qualcomm quantizer, by our recipe names.
 QUANT_DTYPES = {"16a8w": "use_16a8w", "16a4w": "use_16a4w", "16a4w_block": "use_16a4w_block", "8a8w": "use_8a8w"}
 WEIGHT_SHARING_MIN_ARCH = 73  # HTP arch from which one context binary can share weights between graphs
 SPEC_KEY = "qnn_compile_spec"  # ExecuTorch's QCOM_QNN_COMPILE_SPEC
-
-
-@dataclass(frozen=True)
-class QnnOptions:
-    soc: str = "SM8650"  # --soc, any name of ExecuTorch's QcomChipset table, case-insensitive
-    weight_sharing: bool = True  # multi-graph programs: one context binary, weights shared (--no-weight-sharing)
-    x86_emulator: bool = False  # --qnn-x86-emulator: HTP emulated on x86, which shares neither weights nor buffers
-    options: tuple[str, ...] = ()  # --qnn-option [METHOD:]KEY=VALUE, HTP backend options
 
 
 def _no_download() -> None:

@@ -7,7 +7,8 @@ import json
 from conftest import TINY_VOCAB, save_hf_checkpoint, train_tokenizer
 
 from genai_pipeline.checkpoints.special_tokens import read_special_tokens
-from genai_pipeline.prepare import PrepareOptions, prepare
+from genai_pipeline.options import PrepareOptions
+from genai_pipeline.prepare import prepare
 from genai_pipeline.registry import get_spec
 
 CHATML = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"

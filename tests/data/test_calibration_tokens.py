@@ -6,10 +6,9 @@ import pytest
 
 from conftest import train_tokenizer
 from genai_pipeline.chat_template import ChatTemplate
-from genai_pipeline.data import (
-    DATASET_KINDS, LOADERS, CalibrationOptions, calibration_steps, calibration_tokens, random_token_lists,
-)
+from genai_pipeline.data import LOADERS, calibration_steps, calibration_tokens, random_token_lists
 from genai_pipeline.errors import DataError, InputError
+from genai_pipeline.options import DATASET_KINDS, CalibrationOptions
 from genai_pipeline.tokenizer import Tokenizer
 
 VOCAB = 300

@@ -4,9 +4,10 @@ import json
 
 import pytest
 
-from genai_pipeline.data import ContentPart, DatasetSpec, Message, load_dataset
+from genai_pipeline.data import ContentPart, Message, load_dataset
 from genai_pipeline.data.loaders import load_messages, load_text
 from genai_pipeline.errors import DataError
+from genai_pipeline.options import DatasetSpec
 
 CHAT = [
     {"messages": [{"role": "user", "content": "What is a list?"}, {"role": "assistant", "content": "A mutable sequence."}]},

@@ -2,8 +2,8 @@
 
 import pytest
 
-from genai_pipeline.data import DATASET_KINDS, CalibrationOptions, DatasetSpec, parse_dataset
 from genai_pipeline.errors import DataError, GenAIError, InputError
+from genai_pipeline.options import DATASET_KINDS, CalibrationOptions, DatasetSpec, parse_dataset
 
 
 def test_parse_name_and_argument():

@@ -4,9 +4,10 @@ import json
 
 import pytest
 
-from genai_pipeline.data import DatasetSpec, load_dataset
+from genai_pipeline.data import load_dataset
 from genai_pipeline.data.lm_eval import load_lm_eval, render_document
 from genai_pipeline.errors import DataError
+from genai_pipeline.options import DatasetSpec
 
 
 def _jsonl(path, docs):

@@ -132,7 +132,8 @@ def test_fused_projections_compute_the_same(tiny_eager, recipe, change, fused):
     """XNNPACK's lowering fuses the linears that read one input (targets/xnnpack.py), and RoPE
     rotates q and k as one tensor: the same logits, prefill then a decode step."""
     from genai_pipeline.models.decoder import Decoder
-    from genai_pipeline.quantize import QuantOptions, concat_rows, quantize_module
+    from genai_pipeline.options import QuantOptions
+    from genai_pipeline.quantize import concat_rows, quantize_module
 
     torch.manual_seed(0)
     model = tiny_eager()

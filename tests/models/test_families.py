@@ -8,14 +8,13 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+import genai_pipeline
 from conftest import TINY_VOCAB
 from genai_pipeline.checkpoints.hf import load_decoder
-from genai_pipeline.compile import compile_artifacts
 from genai_pipeline.errors import CheckpointError
-from genai_pipeline.prepare import PrepareOptions, prepare
+from genai_pipeline.options import PrepareOptions
 from genai_pipeline.registry import get_spec
 from genai_pipeline.runtime.session import DecoderSession, EagerSession
-from genai_pipeline.targets import get_target
 from tiny_hf import FAMILIES, MAX_SEQ, max_diff_to_transformers, save_tiny
 
 PREFILL_LEN = 8
@@ -75,7 +74,7 @@ def exported(request, tmp_path_factory):
     folder = save_tiny(tmp_path_factory.mktemp(f"{model_type}_checkpoint"), model_type)
     out = tmp_path_factory.mktemp(f"{model_type}_hybrid")
     options = PrepareOptions(mode="hybrid", max_seq_len=MAX_SEQ, prefill_len=PREFILL_LEN, checkpoint=folder)
-    compile_artifacts(prepare(spec, options), get_target("xnnpack"), out)
+    genai_pipeline.export(spec.name, out=out, prepare=options)
     return spec, folder, out
 
 

@@ -212,15 +212,9 @@ def _hf_greedy(reference, ids: list[int], pixel_values: torch.Tensor, n: int, eo
 @pytest.fixture(scope="session")
 def program(checkpoint, tmp_path_factory) -> Path:
     """The default layout, exported once: one program, three methods."""
-    from genai_pipeline.compile import compile_artifacts
-    from genai_pipeline.prepare import PrepareOptions, prepare
-    from genai_pipeline.targets import get_target
 
     def build() -> Path:
-        spec = infer_spec(json.loads((checkpoint / "config.json").read_text()))
-        out = tmp_path_factory.mktemp("smolvlm-program")
-        compile_artifacts(prepare(spec, PrepareOptions(max_seq_len=MAX_SEQ, checkpoint=checkpoint)), get_target("xnnpack"), out)
-        return out
+        return export_program(checkpoint, tmp_path_factory.mktemp("smolvlm-program"), MAX_SEQ)
 
     return once("program", build)
 
@@ -455,7 +449,8 @@ def test_export_refuses_a_tokenizer_that_spells_image_otherwise(checkpoint, tmp_
     import shutil
 
     from genai_pipeline.errors import CheckpointError
-    from genai_pipeline.prepare import PrepareOptions, prepare
+    from genai_pipeline.options import PrepareOptions
+    from genai_pipeline.prepare import prepare
 
     folder = Path(shutil.copytree(checkpoint, tmp_path / "ckpt"))
     config = json.loads((folder / "config.json").read_text())
@@ -475,10 +470,7 @@ def test_special_tokens_past_the_runners_vocabulary_are_named(caplog):
 
 def export_program(checkpoint: Path, out: Path, max_seq_len: int) -> Path:
     """A vision-language checkpoint exported (fp32, xnnpack) with the entry its config.json names."""
-    from genai_pipeline.compile import compile_artifacts
-    from genai_pipeline.prepare import PrepareOptions, prepare
-    from genai_pipeline.targets import get_target
+    import genai_pipeline
+    from genai_pipeline.options import PrepareOptions
 
-    spec = infer_spec(json.loads((checkpoint / "config.json").read_text()))
-    compile_artifacts(prepare(spec, PrepareOptions(max_seq_len=max_seq_len, checkpoint=checkpoint)), get_target("xnnpack"), out)
-    return out
+    return genai_pipeline.export(out=out, prepare=PrepareOptions(max_seq_len=max_seq_len, checkpoint=checkpoint)).folder

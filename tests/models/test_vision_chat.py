@@ -21,8 +21,9 @@ from genai_pipeline.chat_template import read_chat_template
 from genai_pipeline.cli import main
 from genai_pipeline.errors import InputError
 from genai_pipeline.image_processing import Frames, ImageProcessing, expand_rendered_chat
+from genai_pipeline.options import SamplingOptions
 from genai_pipeline.runtime.chat import Chat, end_of_turn_ids
-from genai_pipeline.runtime.generate import Sampler, SamplingOptions, generate
+from genai_pipeline.runtime.generate import Sampler, generate
 from genai_pipeline.runtime.multimodal import MultimodalSession
 from genai_pipeline.tokenizer import Tokenizer
 

@@ -57,7 +57,7 @@ def _relative(got: torch.Tensor, want: torch.Tensor) -> float:
 
 
 def test_auto_vision_recipe_follows_the_decoder():
-    from genai_pipeline.quantize import QuantOptions
+    from genai_pipeline.options import QuantOptions
     from genai_pipeline.quantize_multimodal import resolved
 
     assert resolved(QuantOptions(recipe="8da4w")).vision_recipe == "8da8w"

@@ -15,7 +15,8 @@ from test_vision import IMAGE, MAX_SEQ, NEW_TOKENS, PROMPT, SPECIALS, infer_spec
 from test_vision import checkpoint, image_file, program  # noqa: F401  session fixtures (built once: test_vision.once)
 
 from genai_pipeline.cli import main
-from genai_pipeline.runtime.generate import Sampler, SamplingOptions, generate
+from genai_pipeline.options import SamplingOptions
+from genai_pipeline.runtime.generate import Sampler, generate
 from genai_pipeline.runtime.multimodal import MultimodalSession
 from genai_pipeline.tokenizer import Tokenizer
 
@@ -27,17 +28,13 @@ DECODER_METHODS = {"dynamic": ["forward"], "hybrid": ["prefill", "decode"]}
 def split_program(checkpoint, tmp_path_factory):
     """split_program(mode) -> folder: the --split layout, each mode exported once per session.
     Prefill chunks of 8 tokens: a prompt with an image (about 20 tokens) ends in a partial chunk."""
-    from genai_pipeline.compile import compile_artifacts
-    from genai_pipeline.prepare import PrepareOptions, prepare
-    from genai_pipeline.targets import get_target
+    import genai_pipeline
+    from genai_pipeline.options import PrepareOptions
 
     def build(mode: str) -> Path:
         def export() -> Path:
-            spec = infer_spec(json.loads((checkpoint / "config.json").read_text()))
             options = PrepareOptions(max_seq_len=MAX_SEQ, checkpoint=checkpoint, split=True, mode=mode, prefill_len=8)
-            out = tmp_path_factory.mktemp(f"smolvlm-split-{mode}")
-            compile_artifacts(prepare(spec, options), get_target("xnnpack"), out)
-            return out
+            return genai_pipeline.export(out=tmp_path_factory.mktemp(f"smolvlm-split-{mode}"), prepare=options).folder
 
         return once(f"split {mode}", export)
 

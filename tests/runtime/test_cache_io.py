@@ -93,7 +93,8 @@ def test_cache_io_program_run_by_the_driver_gives_the_eager_logits(export_tiny, 
     assert shapes[3:] == [(1, 2, TINY_MAX_SEQ, 16)] * 4  # k_past, v_past of 2 layers
 
     # `genai run` drives it through the same session: greedy text equals the eager model's
-    from genai_pipeline.runtime.generate import Sampler, SamplingOptions, generate
+    from genai_pipeline.options import SamplingOptions
+    from genai_pipeline.runtime.generate import Sampler, generate
 
     assert main(["run", str(folder), "--prompt", "The module", "--max-new-tokens", "8", "--json"]) == 0
     ran = json.loads(capsys.readouterr().out)

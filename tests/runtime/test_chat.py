@@ -8,18 +8,19 @@ import pytest
 import torch
 
 from conftest import REFERENCE, TINY_MAX_SEQ, TINY_PREFILL, TINY_VOCAB
+from genai_pipeline.chat_template import ChatTemplate, read_chat_template, render_chat
 from genai_pipeline.checkpoints.hf import load_decoder
 from genai_pipeline.compile import compile_artifacts
-from genai_pipeline.chat_template import ChatTemplate, read_chat_template, render_chat
 from genai_pipeline.data.samples import Message
 from genai_pipeline.errors import ChatTemplateError, ContextFullError, ExportError
-from genai_pipeline.prepare import PrepareOptions, prepare
+from genai_pipeline.options import PrepareOptions, SamplingOptions
+from genai_pipeline.prepare import prepare
 from genai_pipeline.registry import get_spec
 from genai_pipeline.runtime.chat import Chat, Reply, end_of_turn_ids
-from genai_pipeline.runtime.generate import Sampler, SamplingOptions, generate
+from genai_pipeline.runtime.generate import Sampler, generate
 from genai_pipeline.runtime.session import DecoderSession, EagerSession
-from genai_pipeline.tokenizer import Tokenizer
 from genai_pipeline.targets import Target
+from genai_pipeline.tokenizer import Tokenizer
 
 # ChatML with the tiny tokenizer's only special token, <|endoftext|>, opening the chat and ending each turn.
 TEMPLATE = (

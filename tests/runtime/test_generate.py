@@ -4,7 +4,8 @@ import pytest
 import torch
 
 from genai_pipeline.errors import InputError
-from genai_pipeline.runtime.generate import Sampler, SamplingOptions, generate, greedy_token
+from genai_pipeline.options import SamplingOptions
+from genai_pipeline.runtime.generate import Sampler, generate, greedy_token
 
 
 class Scripted:

@@ -8,7 +8,7 @@ import sys
 import pytest
 from conftest import Q4
 
-from genai_pipeline.quantize import QuantOptions
+from genai_pipeline.options import QuantOptions
 
 
 @pytest.mark.parametrize("quant", [QuantOptions(), Q4], ids=["fp32", "8da4w"])

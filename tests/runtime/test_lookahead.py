@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from genai_pipeline.errors import InputError
-from genai_pipeline.runtime.generate import Sampler, SamplingOptions, generate
+from genai_pipeline.options import SamplingOptions
+from genai_pipeline.runtime.generate import Sampler, generate
 from genai_pipeline.runtime.lookahead import DraftSizer, LookaheadOptions, NgramDrafter
 
 

@@ -6,18 +6,15 @@ from pathlib import Path
 import pytest
 import torch
 
+import genai_pipeline
 from conftest import Q4, REFERENCE
 from genai_pipeline.cli import main
-from genai_pipeline.compile import compile_artifacts
 from genai_pipeline.errors import InputError
-from genai_pipeline.prepare import PrepareOptions, prepare
-from genai_pipeline.quantize import QuantOptions, quantize
-from genai_pipeline.registry import get_spec
+from genai_pipeline.options import PrepareOptions, QuantOptions
 from genai_pipeline.runtime.generate import generate, greedy_token
 from genai_pipeline.runtime.lookahead import LookaheadOptions
 from genai_pipeline.runtime.session import DecoderSession
 from genai_pipeline.tokenizer import Tokenizer
-from genai_pipeline.targets import get_target
 
 VERIFY_LEN = 8
 REFERENCE_MAX_SEQ = 256
@@ -33,8 +30,7 @@ def export_reference_verify(tmp_path_factory):
         if (mode, quant) not in built:
             out = tmp_path_factory.mktemp(f"reference_verify_{mode}_{quant.describe()}")
             options = PrepareOptions(mode=mode, max_seq_len=REFERENCE_MAX_SEQ, prefill_len=32, verify_len=VERIFY_LEN, long_prefill_len=0)
-            prepared = quantize(prepare(get_spec("reference"), options), quant, get_target("xnnpack"))
-            compile_artifacts(prepared, get_target("xnnpack"), out)
+            genai_pipeline.export("reference", out=out, prepare=options, quant=quant, verify=False)
             built[mode, quant] = out
         return built[mode, quant]
 
@@ -58,7 +54,8 @@ def assert_lookahead_is_lossless(folder: Path, prompts: list[str], max_new_token
     results = []
     for text in prompts:
         if chat:
-            from genai_pipeline.bench import BenchOptions, bench_prompt
+            from genai_pipeline.bench import bench_prompt
+            from genai_pipeline.options import BenchOptions
 
             file = Path(folder) / ".lookahead_prompt.txt"  # bench_prompt reads a file, as genai bench does
             file.write_text(text, encoding="utf-8")

@@ -19,6 +19,7 @@ from executorch.exir.backend.backend_details import BackendDetails, PreprocessRe
 from executorch.exir.backend.partitioner import DelegationSpec, Partitioner, PartitionResult
 from executorch.exir.backend.utils import tag_constant_data
 
+from genai_pipeline.options import QnnOptions
 from genai_pipeline.targets import qnn
 
 MAGIC = b"STANDINQNN"
@@ -99,7 +100,7 @@ class StandInPartitioner(Partitioner):
         return PartitionResult(tagged_exported_program=program, partition_tags={"standin_0": self.delegation_spec})
 
 
-def standin_target(options: qnn.QnnOptions = qnn.QnnOptions()):
+def standin_target(options: QnnOptions = QnnOptions()):
     """The QNN target as configured for a user, with only the partitioner (and the QnnManager
     context, which needs the SDK) replaced: spec building, QNN's export and edge passes, the
     grouping and the checks after lowering are the real ones."""

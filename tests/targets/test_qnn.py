@@ -11,11 +11,12 @@ import torch
 from qnn_standin import StandInQnnBackend, parse, standin_target
 from tqdm import tqdm
 
-from genai_pipeline.bundle import Artifact, GraphBundle
+from genai_pipeline.artifacts import Artifact, GraphBundle
 from genai_pipeline.compile import _to_executorch
 from genai_pipeline.errors import ExportError, InputError
 from genai_pipeline.inspect import inspect_program
 from genai_pipeline.names import ArtifactKey, GraphName
+from genai_pipeline.options import QnnOptions
 from genai_pipeline.targets import qnn
 
 HYBRID = ("prefill", "decode")
@@ -26,7 +27,7 @@ HYBRID = ("prefill", "decode")
 def test_specs_name_the_soc_its_arch_and_share_weights_in_hybrid_mode():
     from executorch.backends.qualcomm.serialization.qc_schema import HtpArch, QcomChipset
 
-    p = qnn.plan(qnn.QnnOptions(soc="sm8650"), HYBRID)  # case-insensitive
+    p = qnn.plan(QnnOptions(soc="sm8650"), HYBRID)  # case-insensitive
     specs = qnn.compile_specs(p)
     assert set(specs) == set(HYBRID) and p.groups == (HYBRID,)
     assert [s.key for s in specs["prefill"]] == ["qnn_compile_spec"]
@@ -41,39 +42,39 @@ def test_specs_name_the_soc_its_arch_and_share_weights_in_hybrid_mode():
 
 
 def test_single_graph_emulator_and_no_weight_sharing_plans():
-    kv = qnn.plan(qnn.QnnOptions(soc="SM8450"), ("decode",))  # one graph: V69 is fine, nothing to share
+    kv = qnn.plan(QnnOptions(soc="SM8450"), ("decode",))  # one graph: V69 is fine, nothing to share
     assert not kv.weight_sharing and not kv.shared_buffer and kv.groups == (("decode",),)
-    emu = qnn.plan(qnn.QnnOptions(soc="SM8650", x86_emulator=True), HYBRID)
+    emu = qnn.plan(QnnOptions(soc="SM8650", x86_emulator=True), HYBRID)
     assert not emu.weight_sharing and not emu.shared_buffer and emu.groups == (("prefill",), ("decode",))
-    two = qnn.plan(qnn.QnnOptions(soc="SM8450", weight_sharing=False), HYBRID)  # the V69 alternative
+    two = qnn.plan(QnnOptions(soc="SM8450", weight_sharing=False), HYBRID)  # the V69 alternative
     assert not two.weight_sharing and two.shared_buffer and two.groups == (("prefill",), ("decode",))
     assert not qnn.describe(qnn.compile_specs(two)["decode"][0].value)["weight_sharing"]
 
 
 def test_qnn_options_pass_through_to_the_htp_options():
-    p = qnn.plan(qnn.QnnOptions(options=("precision=fp16", "max_sf_buf_size=1048576", "use_multi_contexts=true",
+    p = qnn.plan(QnnOptions(options=("precision=fp16", "max_sf_buf_size=1048576", "use_multi_contexts=true",
                                          "performance_mode=high_performance")), HYBRID)
     d = qnn.describe(qnn.compile_specs(p)["decode"][0].value)
     assert d["precision"] == "fp16" and d["spill_fill_bytes"] == 1 << 20 and d["multi_contexts"]
     assert d["performance_mode"] == "high_performance" and d["htp_arch"] == "V75" and d["soc"] == "SM8650"
     # without weight sharing, methods have a context binary each and may differ
-    p = qnn.plan(qnn.QnnOptions(weight_sharing=False, options=("decode:precision=fp16",)), HYBRID)
+    p = qnn.plan(QnnOptions(weight_sharing=False, options=("decode:precision=fp16",)), HYBRID)
     summary = qnn.summary(p)
     assert summary["precision"] == "quantized" and summary["per_method"] == {"decode": {"precision": "fp16"}}
     assert summary["context_binaries"] == [["prefill"], ["decode"]]
 
 
 @pytest.mark.parametrize("options, methods, message", [
-    (qnn.QnnOptions(soc="SM9999"), HYBRID, "unknown SoC 'SM9999'; known SoCs: QCM6490, QCS9100, SA8255"),
-    (qnn.QnnOptions(soc="sm8450"), HYBRID, "SoC SM8450 has HTP V69, and prefill and decode sharing weights in one "
+    (QnnOptions(soc="SM9999"), HYBRID, "unknown SoC 'SM9999'; known SoCs: QCM6490, QCS9100, SA8255"),
+    (QnnOptions(soc="sm8450"), HYBRID, "SoC SM8450 has HTP V69, and prefill and decode sharing weights in one "
                                            "context binary needs V73 or newer"),
-    (qnn.QnnOptions(soc="SM8350"), HYBRID, "--mode kv, or with --no-weight-sharing"),
-    (qnn.QnnOptions(options=("decode:precision=fp16",)), HYBRID,
+    (QnnOptions(soc="SM8350"), HYBRID, "--mode kv, or with --no-weight-sharing"),
+    (QnnOptions(options=("decode:precision=fp16",)), HYBRID,
      "methods prefill and decode share one context binary but their QNN options differ in precision"),
-    (qnn.QnnOptions(options=("precision=int4",)), HYBRID, "--qnn-option precision: bad value 'int4' (one of: quantized, fp16)"),
-    (qnn.QnnOptions(options=("optimization_level=3",)), HYBRID, "has no such field"),
-    (qnn.QnnOptions(options=("vtcm=4",)), HYBRID, "unknown key 'vtcm'"),
-    (qnn.QnnOptions(options=("forward:precision=fp16",)), HYBRID, "no method 'forward'"),
+    (QnnOptions(options=("precision=int4",)), HYBRID, "--qnn-option precision: bad value 'int4' (one of: quantized, fp16)"),
+    (QnnOptions(options=("optimization_level=3",)), HYBRID, "has no such field"),
+    (QnnOptions(options=("vtcm=4",)), HYBRID, "unknown key 'vtcm'"),
+    (QnnOptions(options=("forward:precision=fp16",)), HYBRID, "no method 'forward'"),
 ])
 def test_bad_qnn_input_is_one_clear_line(options, methods, message):
     with pytest.raises(InputError) as e:
@@ -84,13 +85,13 @@ def test_bad_qnn_input_is_one_clear_line(options, methods, message):
 # ---- 2. validation of what was built ------------------------------------------------------------
 
 def test_specs_are_compared_as_enums_with_what_was_asked():
-    p = qnn.plan(qnn.QnnOptions(soc="SM8650"), HYBRID)
+    p = qnn.plan(QnnOptions(soc="SM8650"), HYBRID)
     specs = qnn.compile_specs(p)
     qnn.check_specs(specs, p)  # the decoded SoC is an enum: comparing it with "SM8650" would always fail
-    other = qnn.compile_specs(qnn.plan(qnn.QnnOptions(soc="SM8750"), HYBRID))
+    other = qnn.compile_specs(qnn.plan(QnnOptions(soc="SM8750"), HYBRID))
     with pytest.raises(ExportError, match="names SoC SM8750, but SM8650 was asked"):
         qnn.check_specs({"prefill": other["prefill"], "decode": specs["decode"]}, p)
-    fp16 = qnn.compile_specs(qnn.plan(qnn.QnnOptions(options=("precision=fp16",)), HYBRID))
+    fp16 = qnn.compile_specs(qnn.plan(QnnOptions(options=("precision=fp16",)), HYBRID))
     with pytest.raises(ExportError, match="share one QNN context binary but carry different compile specs"):
         qnn.check_specs({"prefill": specs["prefill"], "decode": fp16["decode"]}, p)
 
@@ -186,7 +187,7 @@ def test_inspect_shows_the_shared_payload_and_the_decoded_spec(standin_pte):
 def test_without_weight_sharing_each_method_has_its_own_payload(tmp_path):
     StandInQnnBackend.calls.clear()
     with tqdm(disable=True) as progress:
-        program = _to_executorch(_artifact(), standin_target(qnn.QnnOptions(soc="SM8450", weight_sharing=False)),
+        program = _to_executorch(_artifact(), standin_target(QnnOptions(soc="SM8450", weight_sharing=False)),
                                  progress, quantized=False)
     path = tmp_path / "two.pte"
     path.write_bytes(program.buffer)
@@ -200,7 +201,7 @@ def test_after_lowering_methods_meant_for_one_context_binary_but_split_are_caugh
     """A lowering that gave decode other specs, in a payload of its own, where one shared
     context binary was planned, is an error, not a surprise on the device."""
     target = standin_target()
-    fp16 = qnn.compile_specs(qnn.plan(qnn.QnnOptions(options=("precision=fp16",)), HYBRID))["decode"]
+    fp16 = qnn.compile_specs(qnn.plan(QnnOptions(options=("precision=fp16",)), HYBRID))["decode"]
     real = target.grouped
 
     def grouped(methods):
@@ -217,7 +218,7 @@ def test_with_an_sdk_the_partitioner_is_qnns_on_the_same_path(tmp_path, monkeypa
     lib.mkdir(parents=True)
     (lib / "libQnnHtp.so").write_bytes(b"")
     monkeypatch.setenv("QNN_SDK_ROOT", str(tmp_path / "sdk"))
-    target = qnn.configure(qnn.QnnOptions())
+    target = qnn.configure(QnnOptions())
     assert target.lowering_blocked() is None  # no refusal in code once an SDK is there
     grouped = target.grouped(HYBRID)
     partitioner = grouped.partitioner(grouped.compile_specs["prefill"])
@@ -266,17 +267,17 @@ def test_v69_hybrid_alternatives_pass_the_checks(capsys):
 # ---- 4. manifest, inspect and run of a QNN export ----------------------------------------------
 
 def test_qnn_export_manifest_inspect_and_run(tmp_path, capsys):
-    from genai_pipeline.bundle import PreparedModel
+    from genai_pipeline.artifacts import PreparedModel
     from genai_pipeline.cli import main
     from genai_pipeline.compile import compile_artifacts
-    from genai_pipeline.prepare import PrepareOptions
+    from genai_pipeline.options import PrepareOptions
     from genai_pipeline.registry import get_spec
 
     spec = get_spec("smollm2-135m")
     prepared = PreparedModel(spec=spec, config=spec.config, artifacts={ArtifactKey.TEXT_DECODER: _artifact()},
                              options=PrepareOptions(mode="hybrid", max_seq_len=16, prefill_len=8), weights="random")
     out = tmp_path / "qnn"
-    compile_artifacts(prepared, standin_target(qnn.QnnOptions(soc="sm8750")), out)
+    compile_artifacts(prepared, standin_target(QnnOptions(soc="sm8750")), out)
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["target"] == "qnn" and manifest["status"] == "complete"
     cs = manifest["compile_spec"]
@@ -304,15 +305,15 @@ def test_with_an_sdk_multi_contexts_get_one_spill_fill_size_for_every_delegate(t
     monkeypatch.setenv("QNN_SDK_ROOT", str(tmp_path / "sdk"))
     seen = []
     monkeypatch.setattr(utils, "update_spill_fill_size", lambda modules: seen.append(modules) or 4096)
-    target = standin_target(qnn.QnnOptions(options=("use_multi_contexts=true",)))
+    target = standin_target(QnnOptions(options=("use_multi_contexts=true",)))
     with tqdm(disable=True) as progress:
         _to_executorch(_artifact(), target, progress, quantized=False)
     assert len(seen) == 1 and len(seen[0]) == 2  # prefill's and decode's delegate, in one call
     assert all(m.backend_id == "StandInQnnBackend" for m in seen[0])
-    given = qnn.plan(qnn.QnnOptions(options=("use_multi_contexts=true", "max_sf_buf_size=65536")), HYBRID)
+    given = qnn.plan(QnnOptions(options=("use_multi_contexts=true", "max_sf_buf_size=65536")), HYBRID)
     assert qnn.size_spill_fill(None, given) is None and len(seen) == 1  # a size the user gave is kept
     monkeypatch.setenv("QNN_SDK_ROOT", "")
-    assert qnn.size_spill_fill(None, qnn.plan(qnn.QnnOptions(options=("use_multi_contexts=true",)), HYBRID)) is None
+    assert qnn.size_spill_fill(None, qnn.plan(QnnOptions(options=("use_multi_contexts=true",)), HYBRID)) is None
 
 
 def test_with_an_sdk_root_lowering_reaches_qnns_own_backend(tmp_path, monkeypatch):
@@ -322,7 +323,7 @@ def test_with_an_sdk_root_lowering_reaches_qnns_own_backend(tmp_path, monkeypatc
     lib.mkdir(parents=True)
     (lib / "libQnnHtp.so").write_bytes(b"")  # found by our check, not loadable
     monkeypatch.setenv("QNN_SDK_ROOT", str(tmp_path / "sdk"))
-    target = qnn.configure(qnn.QnnOptions(), HYBRID)
+    target = qnn.configure(QnnOptions(), HYBRID)
     assert target.lowering_blocked() is None
     with pytest.raises(RuntimeError, match="Failed to initialize QNN backend"):
         with tqdm(disable=True) as progress:
@@ -338,21 +339,16 @@ def qnn_form_export(tmp_path_factory):
     with the stand-in backend where the SDK would partition and compile."""
     from conftest import save_hf_checkpoint
 
-    from genai_pipeline.compile import compile_artifacts
-    from genai_pipeline.data import CalibrationOptions
-    from genai_pipeline.prepare import PrepareOptions, prepare
-    from genai_pipeline.quantize import QuantOptions, quantize
-    from genai_pipeline.registry import get_spec
+    import genai_pipeline
+    from genai_pipeline.options import CalibrationOptions, PrepareOptions, QuantOptions
 
     checkpoint = save_hf_checkpoint(tmp_path_factory.mktemp("qnn_form_ckpt"), num_hidden_layers=1)
-    target = standin_target()
-    options = PrepareOptions(max_seq_len=32, prefill_len=8, checkpoint=checkpoint, cache_io=target.cache_io)
+    options = PrepareOptions(max_seq_len=32, prefill_len=8, checkpoint=checkpoint)
     quant = QuantOptions(recipe="16a8w", calibration=CalibrationOptions(limit=4, seq_len=16))
-    prepared = quantize(prepare(get_spec("smollm2-135m"), options), quant, target)
     StandInQnnBackend.calls.clear()
     StandInQnnBackend.programs.clear()
     out = tmp_path_factory.mktemp("qnn_form") / "out"
-    compile_artifacts(prepared, target, out)
+    genai_pipeline.export("smollm2-135m", out=out, prepare=options, quant=quant, target=standin_target(), verify=False)
     return out, list(StandInQnnBackend.calls), list(StandInQnnBackend.programs)
 
 

@@ -11,8 +11,9 @@ from conftest import Q4, TINY_MAX_SEQ, TINY_PREFILL
 from genai_pipeline import compile
 from genai_pipeline.compile import compile_artifacts, lower
 from genai_pipeline.names import Mode
-from genai_pipeline.prepare import PrepareOptions, prepare
-from genai_pipeline.quantize import QuantOptions, quantize
+from genai_pipeline.options import PrepareOptions, QuantOptions
+from genai_pipeline.prepare import prepare
+from genai_pipeline.quantize import quantize
 from genai_pipeline.registry import get_spec
 from genai_pipeline.targets import get_target
 from genai_pipeline.upstream import exir_lowering

@@ -1,0 +1,158 @@
+"""export: THE pipeline. A registry entry or a checkpoint -> prepare -> quantize -> compile -> verify
+-> report, built in a staging folder beside `out` and swapped in whole when complete.
+
+`genai export`, the Python API (`genai_pipeline.export`), the benchmark scripts and the tests'
+fixtures all call export(); nothing else chains the stages. The caller hands in a configured
+target (the CLI turns its QNN flags into one) and sees errors as GenAIError subclasses whose
+message a user can act on; progress goes to this module's logger.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import logging
+import shutil
+from pathlib import Path
+
+from genai_pipeline.artifacts import ArtifactSet
+from genai_pipeline.bundle import (
+    MANIFEST,
+    check_out_folder,
+    make_staging_folder,
+    publish,
+    read_manifest,
+    record_in_manifest,
+    recover_interrupted,
+)
+from genai_pipeline.checkpoints import infer_checkpoint_spec
+from genai_pipeline.compile import compile_artifacts
+from genai_pipeline.data import calibration_tokens
+from genai_pipeline.errors import ExportError, InputError
+from genai_pipeline.names import ArtifactKey
+from genai_pipeline.options import DEFAULT_MODEL, PrepareOptions, QuantOptions
+from genai_pipeline.prepare import prepare
+from genai_pipeline.quantize import quantize, with_default_data
+from genai_pipeline.quantize_multimodal import check_vision_language_quant
+from genai_pipeline.registry import ModelSpec, get_spec
+from genai_pipeline.report import write_quant_report
+from genai_pipeline.targets import Target, check_recipe, get_target
+from genai_pipeline.tokenizer import Tokenizer
+from genai_pipeline.verify import Verification, verify_export
+
+log = logging.getLogger(__name__)
+
+
+def export(model: str | None = None, *, out: str | Path, checkpoint: str | Path | None = None,
+           prepare: PrepareOptions = PrepareOptions(), quant: QuantOptions = QuantOptions(),
+           target: str | Target = "xnnpack", verify: bool = True) -> ArtifactSet:
+    """Export `model` (a registry name, `genai models`; None: the entry inferred from `checkpoint`,
+    else DEFAULT_MODEL) into the folder `out`, and return what is there.
+
+    `checkpoint`: a local Hugging Face folder, llama2.c folder or GGUF file (else `prepare.checkpoint`;
+    neither: the entry's shipped weights, or random ones). `target`: a name (xnnpack, portable, qnn)
+    or a configured Target (targets.qnn.configure). `verify`: a quantized program is scored against
+    its float model and a quantization report written beside it, as `genai export` always does.
+
+    `out` may be absent, empty, or an export of ours holding nothing else; it is replaced only when
+    the new export is complete. A target that cannot lower on this host (QNN without its SDK)
+    publishes its QDQ-only export, then raises ExportError saying why."""
+    target = get_target(target) if isinstance(target, str) else target
+    if checkpoint is not None:
+        if prepare.checkpoint is not None and Path(prepare.checkpoint) != Path(checkpoint):
+            raise InputError(f"two checkpoints given: '{checkpoint}' and prepare.checkpoint '{prepare.checkpoint}'")
+        prepare = dataclasses.replace(prepare, checkpoint=Path(checkpoint))
+    out = Path(out)
+    recover_interrupted(out)
+    check_out_folder(out, prepare.checkpoint)  # never replace what is not ours
+    # Built beside `out` and swapped in when complete: a failed or interrupted export leaves the
+    # previous one as it was, and nothing of the previous one lands in the new one.
+    staging = make_staging_folder(out)  # also the check that `out` can be written, before any work
+    try:
+        blocked = _export(model, prepare, quant, target, out, staging, verify)
+        publish(staging, out)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)  # whatever stopped the export, its staging folder goes
+    if blocked is not None:
+        raise blocked
+    manifest = read_manifest(out)
+    programs = {ArtifactKey(key): out / a["file"] for key, a in manifest["artifacts"].items() if a.get("file")}
+    return ArtifactSet(folder=out, programs=programs, manifest=manifest)
+
+
+def _spec(model: str | None, checkpoint: Path | None) -> ModelSpec:
+    if model is None and checkpoint is not None:
+        spec, source = infer_checkpoint_spec(checkpoint)
+        log.info("model: %s (inferred from %s)", spec.name, source)
+        return spec
+    return get_spec(model or DEFAULT_MODEL)
+
+
+def _export(model: str | None, options: PrepareOptions, quant: QuantOptions, target: Target, out: Path, staging: Path,
+            verify: bool) -> ExportError | None:
+    """The export, written into `staging`; the ExportError of a target that cannot lower on this
+    host (a complete QDQ-only export, to be published before the error is told)."""
+    spec = _spec(model, options.checkpoint)
+    check_recipe(target, quant)  # refused before any work starts
+    if spec.vision is not None:
+        check_vision_language_quant(quant, split=options.split, target=target)
+        if options.long_prefill_len:
+            raise InputError("--long-prefill-len applies to text models; a vision-language program prefills in --prefill-len chunks")
+    elif quant.vision_recipe is not None:
+        raise InputError(f"--vision-recipe applies to vision-language models; {spec.name} is a text model")
+    if target.cache_io and not options.cache_io:
+        options = dataclasses.replace(options, cache_io=True)  # the form this target lowers
+    log.info("prepare %s (%s mode, max_seq_len %d)", spec.name, options.mode.value, options.max_seq_len)
+    # A calibrated QDQ model of the previous export in `out` is reused when its key matches;
+    # compile writes it into the staging folder with the rest.
+    prepared = quantize(prepare(spec, options), quant, target, cache=out)
+    log.info("compile for %s (%s)", target.name, prepared.recipe)
+    report_tokens = None if quant.is_float or not verify else _report_tokens(prepared, quant)
+    blocked = None
+    try:
+        compile_artifacts(prepared, target, staging)
+    except ExportError as e:
+        if not (staging / MANIFEST).is_file():
+            raise
+        blocked = e
+    # The report rebuilds the float and QDQ models from the manifest; the prepared model and its
+    # lowered graphs go first, or both sets are held at once (the export's peak RSS).
+    recipe, has_tokenizer = prepared.recipe, prepared.tokenizer_file is not None
+    del prepared
+    gc.collect()
+    if quant.is_float or not verify:
+        return blocked
+    verification = None
+    if has_tokenizer:
+        verification = _verify(staging, recipe, quant)
+    else:
+        log.warning("not verified against the float model: the checkpoint has no tokenizer to encode text with")
+    write_quant_report(staging, *report_tokens, verification=verification)  # before the swap: part of the folder
+    return blocked
+
+
+def _verify(staging: Path, recipe: str, quant: QuantOptions) -> Verification:
+    """The finished program scored against its float model: one line, recorded in the manifest,
+    a warning past the thresholds (genai_pipeline/verify.py)."""
+    log.info("verifying the program against its float model")
+    texts = [d.path for d in quant.calibration.datasets if d.kind == "text"]
+    verification = verify_export(staging, recipe, texts)
+    record_in_manifest(staging, "verification", verification.as_manifest())
+    log.info("%s", verification.line())
+    if verification.warning:
+        log.warning("WARNING: %s", verification.warning)
+    return verification
+
+
+def _report_tokens(prepared, quant: QuantOptions) -> tuple[list[int], str]:
+    """The quantization report's input: tokens of the calibration data (random tokens without
+    --calib), and a description of them. A dynamic recipe does not calibrate: the report says the
+    tokens only measure its noise, and random tokens then carry no accuracy warning."""
+    tokenizer = Tokenizer.from_folder(prepared.tokenizer_file.parent, bos_id=prepared.spec.bos_id) if prepared.tokenizer_file else None
+    data = with_default_data(quant.calibration)
+    samples = calibration_tokens(data, tokenizer, vocab_size=prepared.config.vocab_size, seed=prepared.options.seed)
+    tokens = [t for sample in samples for t in sample][: min(256, prepared.options.max_seq_len)]
+    source = ", ".join(map(str, data.datasets))
+    if quant.is_static:
+        return tokens, f"the calibration data ({source})"
+    return tokens, f"{source} data (only measured on: {quant.recipe} computes its activation scales at run time, nothing was calibrated)"
