@@ -1,6 +1,7 @@
 """Hostile inputs end in one clean line: the seeded corpus (GGUFs, templates, images), a property
 test over GGUF metadata values, export folders a reader may meet, and the CLI's own arguments."""
 
+import importlib
 import json
 import math
 import signal
@@ -230,8 +231,9 @@ def test_non_finite_weights_are_refused_naming_the_tensor(tmp_path):
 
 def test_eval_refuses_to_score_non_finite_logits(tmp_path, export_tiny, monkeypatch):
     """A program whose logits are NaN: eval fails naming it, never 'perplexity nan'."""
-    from genai_pipeline import evaluate as evaluate_module
     from genai_pipeline.errors import ProgramError
+
+    evaluate_module = importlib.import_module("genai_pipeline.evaluate")  # the module, not the API's function
 
     folder = copy_export(export_tiny("kv"), tmp_path / "out")
     (tmp_path / "text.txt").write_text("The list object holds items in order. " * 8)
