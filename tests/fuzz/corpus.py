@@ -188,7 +188,7 @@ def gguf_cases() -> dict[str, list[tuple[str, bytes]]]:
             for _ in range(rng.choice((1, 1, 2, 4))):
                 at = rng.randrange(lo, hi)
                 data[at] = rng.choice((data[at] ^ (1 << rng.randrange(8)), 0xFF, 0x00, 0x7F))
-            cases[f"gguf: byte flips in the {region}"].append((f"{region} #{n}", bytes(data)))
+            flips.append((f"{region} #{n}", bytes(data)))
     data_lo = regions["data"][0]
     for n, value in enumerate((float("nan"), float("inf"), float("-inf"))):
         data = bytearray(base)
