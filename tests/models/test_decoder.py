@@ -86,7 +86,7 @@ def test_tied_head_is_its_own_graph_input_over_the_same_storage(tmp_path):
     """A tied head and the embedding lookup are two graph inputs over one table, so lowering a
     delegated head beside a portable lookup copies nothing (see Decoder.tie_weights)."""
     from genai_pipeline.checkpoints import load_decoder
-    from genai_pipeline.prepare import DecoderGraph
+    from genai_pipeline.prepare.text import DecoderGraph
     from genai_pipeline.registry import get_spec
 
     save_hf_checkpoint(tmp_path, tie_word_embeddings=True)
