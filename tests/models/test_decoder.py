@@ -133,7 +133,8 @@ def test_fused_projections_compute_the_same(tiny_eager, recipe, change, fused):
     rotates q and k as one tensor: the same logits, prefill then a decode step."""
     from genai_pipeline.models.decoder import Decoder
     from genai_pipeline.options import QuantOptions
-    from genai_pipeline.quantize import concat_rows, quantize_module
+    from genai_pipeline.quantize.recipes import quantize_module
+    from genai_pipeline.quantize.weights import concat_rows
 
     torch.manual_seed(0)
     model = tiny_eager()
