@@ -318,28 +318,32 @@ def recipe_default(model, calib: list[int], window: int, recipe: str, smooth: fl
     """What `--recipe R` does to the eager model (QuantOptions' defaults but the smoothing strength)."""
     from torch import nn
 
-    from genai_pipeline import quantize as q
-    from genai_pipeline.rotation import rotate
+    from genai_pipeline.options import QuantOptions
+    from genai_pipeline.quantize.calibration import input_absmax
+    from genai_pipeline.quantize.gptq import gptq_weights
+    from genai_pipeline.quantize.recipes import quantize_module, recipe_for
+    from genai_pipeline.quantize.rotation import rotate
+    from genai_pipeline.quantize.smoothing import smooth as smooth_model, smoothing_scales
 
-    options = q.QuantOptions(recipe=recipe, smooth=smooth, rotate=rotated)
+    options = QuantOptions(recipe=recipe, smooth=smooth, rotate=rotated)
     if rotated:
         rotate(model)
     if smooth is not None:
-        q.smooth(model, q.smoothing_scales(model, q.input_absmax(model, [calib], window), smooth))
+        smooth_model(model, smoothing_scales(model, input_absmax(model, [calib], window), smooth))
     computed = None
     if recipe == "8da4w":
-        names = {n for n, m in model.named_modules() if isinstance(m, nn.Linear) and q.recipe_for(n, options, len(model.layers)) == "8da4w"}
-        computed = q.gptq_weights(model, names, [calib], window, options.group_size)
-    q.quantize_module(model, options, computed)
+        names = {n for n, m in model.named_modules() if isinstance(m, nn.Linear) and recipe_for(n, options, len(model.layers)) == "8da4w"}
+        computed = gptq_weights(model, names, [calib], window, options.group_size)
+    quantize_module(model, options, computed)
     return model
 
 
 def _neg_q4_0(w, group_size):
     """llama.cpp's Q4_0 exactly: d = (signed value of largest magnitude) / -8, negative scales."""
     import torch
-    from genai_pipeline.quantize import _groups
+    from genai_pipeline.quantize.weights import groups
 
-    g = _groups(w, group_size)
+    g = groups(w, group_size)
     d = g.gather(-1, g.abs().argmax(-1, keepdim=True)) / -8
     d = torch.where(d == 0, torch.ones_like(d), d)
     return torch.clamp(torch.round(g / d), -8, 7).reshape(w.shape).to(torch.int8), d.squeeze(-1)
@@ -353,7 +357,8 @@ def fake_quantize(model, hessians, rule="mse", group_size=32, head=8, emb="float
     import torch
     from torch import nn
 
-    from genai_pipeline.quantize import RULES, gptq_qparams, intx_weight, mse_qparams, torchao_qparams, wmse_qparams
+    from genai_pipeline.quantize.gptq import gptq_qparams
+    from genai_pipeline.quantize.weights import RULES, intx_weight, mse_qparams, torchao_qparams, wmse_qparams
 
     rules = {**RULES, "q4_0neg": _neg_q4_0}
     for name, m in list(model.named_modules()):

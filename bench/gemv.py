@@ -27,7 +27,7 @@ def build(recipe: str, group_size: int, dim: int, layers: int, path: Path) -> in
     from torch import nn
     from torchao.quantization import quantize_
 
-    from genai_pipeline.quantize import linear_config
+    from genai_pipeline.quantize.weights import linear_config
 
     torch.manual_seed(0)
     stack = nn.Sequential(*[nn.Linear(dim, dim, bias=False) for _ in range(layers)])

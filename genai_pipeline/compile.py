@@ -17,7 +17,8 @@ from genai_pipeline.bundle import MANIFEST, atomic_write, sha256, tool_versions,
 from genai_pipeline.chat_template import read_chat_template
 from genai_pipeline.errors import ExportError
 from genai_pipeline.names import GraphName
-from genai_pipeline.quantize import int4_file, save_int4, smoothing_file
+from genai_pipeline.quantize.smoothing import smoothing_file
+from genai_pipeline.quantize.weights import int4_file, save_int4
 from genai_pipeline.targets import Target
 from genai_pipeline.upstream.executorch_program_manager import store_shared_bytes_once
 from genai_pipeline.upstream.exir_lowering import lower_grouped, to_edge_transform_and_lower

@@ -33,9 +33,11 @@ from genai_pipeline.models.decoder import Decoder, DecoderConfig
 from genai_pipeline.models.vision import VisionLanguageModel
 from genai_pipeline.names import ArtifactKey, GraphName, Mode
 from genai_pipeline.options import EvalOptions, quant_options_from
-from genai_pipeline.quantize import int4_file, load_int4, quantize_module, smooth, smoothing_file
+from genai_pipeline.quantize.recipes import quantize_module
+from genai_pipeline.quantize.smoothing import smooth, smoothing_file
+from genai_pipeline.quantize.weights import int4_file, load_int4
+from genai_pipeline.quantize.rotation import rotate, unrotated
 from genai_pipeline.registry import get_spec
-from genai_pipeline.rotation import rotate, unrotated
 from genai_pipeline.runtime.cache_io import CacheIOContract, CacheIOSession, eager_runner
 from genai_pipeline.runtime.multimodal import MultimodalSession, is_multimodal
 from genai_pipeline.runtime.session import DecoderSession, EagerSession, open_session
@@ -70,7 +72,7 @@ def _float_vision_language_model(spec, manifest: dict):
 def text_decoder(model):
     """The text decoder of a float or quantized model (a VisionLanguageModel's `decoder`; a static
     recipe's QDQ model without its tower)."""
-    from genai_pipeline.quantize_multimodal import StaticVisionLanguage
+    from genai_pipeline.quantize.multimodal import StaticVisionLanguage
 
     if isinstance(model, StaticVisionLanguage):
         return dataclasses.replace(model, vision=None)
@@ -93,7 +95,7 @@ def block_outputs(model, tokens: list[int], contract: CacheIOContract | None = N
     A QDQ model from `.qdq.pt2` is a flat graph: its block outputs are the residual adds that
     end each block, recognisable by the `layers.<i>` module path torch.export records. `contract`:
     the QDQ model is in the cache-I/O form and takes that form's inputs (an empty cache)."""
-    from genai_pipeline.quantize_multimodal import StaticVisionLanguage
+    from genai_pipeline.quantize.multimodal import StaticVisionLanguage
 
     with torch.no_grad(), native_logs_hidden():
         if isinstance(model, VisionLanguageModel):
@@ -134,7 +136,7 @@ def _vision_language_blocks(model: VisionLanguageModel, tokens: list[int]) -> di
 
 def _static_vision_language_blocks(model, tokens: list[int]) -> dict[str, torch.Tensor]:
     """`_vision_language_blocks`' outputs, under the same names, of a static recipe's QDQ graphs
-    (quantize_multimodal.StaticVisionLanguage); without its tower, the text decoder's as a text
+    (quantize/multimodal.py's StaticVisionLanguage); without its tower, the text decoder's as a text
     model's (`layers.<i>`)."""
     embeddings = model.embed(torch.tensor([tokens]))
     decoder = _graph_blocks(model.decoder, embeddings, torch.tensor([0]))[0]
@@ -204,7 +206,7 @@ def quantized_model(folder: Path, manifest: dict, reference: Decoder, in_place: 
     if quant.is_float:
         return None
     if quant.is_static and "vision" in manifest:  # the calibrated tower and text decoder, the float token embedding
-        from genai_pipeline.quantize_multimodal import StaticVisionLanguage
+        from genai_pipeline.quantize.multimodal import StaticVisionLanguage
 
         files = manifest["artifacts"][ArtifactKey.MULTIMODAL.value]["qdq"]
         graphs = {name: torch.export.load(Path(folder) / file).module() for name, file in files.items()}
@@ -214,7 +216,7 @@ def quantized_model(folder: Path, manifest: dict, reference: Decoder, in_place: 
         return torch.export.load(Path(folder) / qdq_file).module()
     model = reference if in_place else copy.deepcopy(reference)
     if "vision" in manifest:  # every component, each with its recipe
-        from genai_pipeline.quantize_multimodal import quantize_model
+        from genai_pipeline.quantize.multimodal import quantize_model
 
         computed = int4_file(folder, ArtifactKey.MULTIMODAL.value)
         quantize_model(model, quant, load_int4(computed) if computed.is_file() else None)

@@ -32,8 +32,9 @@ from genai_pipeline.errors import ExportError, InputError
 from genai_pipeline.names import ArtifactKey
 from genai_pipeline.options import DEFAULT_MODEL, PrepareOptions, QuantOptions
 from genai_pipeline.prepare import prepare
-from genai_pipeline.quantize import quantize, with_default_data
-from genai_pipeline.quantize_multimodal import check_vision_language_quant
+from genai_pipeline.quantize import quantize
+from genai_pipeline.quantize.calibration import with_default_data
+from genai_pipeline.quantize.multimodal import check_vision_language_quant
 from genai_pipeline.registry import ModelSpec, get_spec
 from genai_pipeline.report import write_quant_report
 from genai_pipeline.targets import Target, check_recipe, get_target

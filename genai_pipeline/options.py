@@ -4,8 +4,8 @@ maps its flags into (and reads its defaults from) and what the Python API takes.
 Imports nothing but the standard library, `errors` and `names`, so that `genai --help` and
 `import genai_pipeline` need no torch.
 
-    PrepareOptions       genai export: graphs, modes, lengths, the checkpoint (prepare.py)
-    QuantOptions         genai export: the recipe and its knobs (quantize.py), with
+    PrepareOptions       genai export: graphs, modes, lengths, the checkpoint (prepare/)
+    QuantOptions         genai export: the recipe and its knobs (quantize/), with
     CalibrationOptions   its calibration data (`--calib NAME:ARG` -> DatasetSpec; data/)
     QnnOptions           genai export --target qnn (targets/qnn.py)
     SamplingOptions      genai run (runtime/generate.py)
@@ -186,7 +186,7 @@ class QuantOptions:
     smooth: float | None = SMOOTH_ALPHA  # dynamic recipes: SmoothQuant's alpha on the calibration text; None: off
     rotate: bool = True  # dynamic recipes: rotate the residual stream first (rotation.py)
     calibration: CalibrationOptions = CalibrationOptions()  # static recipes only
-    # A vision-language model's image tower and connector (quantize_multimodal.py); None: not given
+    # A vision-language model's image tower and connector (quantize/multimodal.py); None: not given
     # (the export then records the one AUTO_VISION chose). A text model refuses it.
     vision_recipe: str | None = None
     # 8da4w: the program's size in MB (10^6 bytes); the block linears kept at 8 bits are then measured

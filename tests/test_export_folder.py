@@ -250,7 +250,7 @@ def test_eval_and_report_refuse_weights_changed_since_the_export(capsys, tmp_pat
 
 
 def test_the_qdq_reuse_key_includes_the_tool_versions(monkeypatch, tiny_checkpoint):
-    from genai_pipeline import quantize
+    from genai_pipeline.quantize import static
     from genai_pipeline.bundle import tool_versions
     from genai_pipeline.options import PrepareOptions
     from genai_pipeline.prepare import prepare
@@ -258,8 +258,8 @@ def test_the_qdq_reuse_key_includes_the_tool_versions(monkeypatch, tiny_checkpoi
 
     prepared = prepare(get_spec("smollm2-135m"), PrepareOptions(max_seq_len=32, prefill_len=8, checkpoint=tiny_checkpoint))
     options = QuantOptions(recipe="8a8w")
-    key = quantize.qdq_key(prepared, options, "xnnpack")
-    assert quantize.qdq_key(prepared, options, "xnnpack") == key
+    key = static.qdq_key(prepared, options, "xnnpack")
+    assert static.qdq_key(prepared, options, "xnnpack") == key
     for tool in ("genai_pipeline", "torch", "executorch", "torchao"):
-        monkeypatch.setattr(quantize, "tool_versions", lambda tool=tool: {**tool_versions(), tool: "0.0.1"})
-        assert quantize.qdq_key(prepared, options, "xnnpack") != key, tool
+        monkeypatch.setattr(static, "tool_versions", lambda tool=tool: {**tool_versions(), tool: "0.0.1"})
+        assert static.qdq_key(prepared, options, "xnnpack") != key, tool

@@ -9,7 +9,7 @@ import sys
 import pytest
 import torch
 
-from genai_pipeline import quantize
+from genai_pipeline.quantize import text as quantize_text
 from genai_pipeline.cli import main
 from genai_pipeline.verify import Verification, held_out_text, warning
 
@@ -34,7 +34,7 @@ def test_a_quantized_export_records_its_verification(tmp_path):
 
 
 def test_a_broken_recipe_trips_the_warning(tmp_path, monkeypatch):
-    real = quantize.quantize_module
+    real = quantize_text.quantize_module
 
     def broken(module, options, *args, **kwargs):  # the rows of every down projection shuffled before quantizing
         with torch.no_grad():
@@ -43,7 +43,7 @@ def test_a_broken_recipe_trips_the_warning(tmp_path, monkeypatch):
                 w.copy_(w[torch.randperm(w.shape[0], generator=torch.Generator().manual_seed(0))])
         return real(module, options, *args, **kwargs)
 
-    monkeypatch.setattr(quantize, "quantize_module", broken)
+    monkeypatch.setattr(quantize_text, "quantize_module", broken)
     stderr = export(tmp_path / "broken", "--recipe", "8da8w")
     verification = json.loads((tmp_path / "broken" / "manifest.json").read_text())["verification"]
     assert verification["perplexity_change"] > 0.25

@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable
 
-from genai_pipeline.checkpoints import gguf, hf, llama2c
+from genai_pipeline.checkpoints import gguf, gguf_vocab, hf, llama2c
 from genai_pipeline.errors import CheckpointError
 from genai_pipeline.models.decoder import Decoder
 from genai_pipeline.registry import ModelSpec, infer_llama2c_spec, infer_spec
@@ -29,7 +29,7 @@ def load_decoder(spec: ModelSpec, folder: Path, max_seq_len: int) -> Decoder:
 def metadata_folder(checkpoint: Path) -> Path:
     """Where a checkpoint's tokenizer, tokenizer_config.json and generation_config.json are: the
     folder itself, or for a GGUF a temporary folder of those files converted from its metadata."""
-    return gguf.checkpoint_folder(checkpoint) if gguf.gguf_file(Path(checkpoint)) is not None else Path(checkpoint)
+    return gguf_vocab.checkpoint_folder(checkpoint) if gguf.gguf_file(Path(checkpoint)) is not None else Path(checkpoint)
 
 
 def infer_checkpoint_spec(folder: Path) -> tuple[ModelSpec, str]:

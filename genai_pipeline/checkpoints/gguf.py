@@ -6,10 +6,9 @@ with the `gguf` package's memory-mapped reader and hand the rest of the pipeline
 Face folder would have given it:
 - `config_dict`: the metadata as a config.json dict (`model_type`, `hidden_size`, ...), so the
   registry's `infer_spec` and each family's `config_from_checkpoint` read it unchanged;
-- `checkpoint_folder`: config.json, tokenizer.json, tokenizer_config.json and
+- `gguf_vocab.checkpoint_folder`: config.json, tokenizer.json, tokenizer_config.json and
   generation_config.json written into a temporary folder (no weights), so special tokens, the
-  tokenizer copy and the chat template are read from a normal folder downstream (the vocabulary's
-  conversion: `gguf_vocab.py`);
+  tokenizer copy and the chat template are read from a normal folder downstream;
 - `load_decoder`: each tensor dequantized to float32 one at a time and assigned into a
   meta-device decoder (one copy of the weights, as `hf.py` does).
 
@@ -26,16 +25,12 @@ What llama.cpp's convert_hf_to_gguf.py changed, undone here, per architecture (`
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import functools
-import json
 import math
 import mmap
 import re
-import shutil
 import struct
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -402,11 +397,11 @@ def _gemma3_config(reader, config: dict) -> None:
 
 def read_config(path: Path) -> dict:
     """config.json-equivalent dict of a .gguf file (or folder holding one)."""
-    file = _require_gguf(path)
+    file = require_gguf(path)
     return config_dict(open_reader(file), file)
 
 
-def _require_gguf(path: Path) -> Path:
+def require_gguf(path: Path) -> Path:
     file = gguf_file(path)
     if file is None:
         raise CheckpointError(f"'{path}' is not a .gguf file nor a folder holding one")
@@ -478,7 +473,7 @@ def _decoder_config(spec: ModelSpec, reader, file: Path) -> DecoderConfig:
 
 def load_decoder(spec: ModelSpec, path: Path, max_seq_len: int) -> Decoder:
     """Build the decoder on the meta device and assign every tensor, dequantized one at a time."""
-    file = _require_gguf(path)
+    file = require_gguf(path)
     reader = open_reader(file)
     _, arch = architecture(reader, file)
     config = _decoder_config(spec, reader, file)
@@ -503,7 +498,7 @@ def read_q4_0(path: Path) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
     llama's q/k rows unpermuted like the weights, which moves the scales' rows along with them."""
     import gguf
 
-    file = _require_gguf(path)
+    file = require_gguf(path)
     reader = open_reader(file)
     _, arch = architecture(reader, file)
     config = _decoder_config_from(reader, file)
@@ -532,31 +527,3 @@ def _decoder_config_from(reader, file: Path) -> DecoderConfig:
     from genai_pipeline.registry import infer_spec
 
     return _decoder_config(infer_spec(config_dict(reader, file)), reader, file)
-
-
-# -- the Hugging Face files a GGUF stands for ----------------------------------------------------
-
-_FOLDERS: dict[tuple[str, float], Path] = {}
-
-
-def checkpoint_folder(path: Path) -> Path:
-    """A folder (temporary, owned by this process, removed at exit) holding the Hugging Face
-    metadata files of a GGUF: config.json, tokenizer.json, tokenizer_config.json,
-    generation_config.json. No weights. Written once per file per process."""
-    from genai_pipeline.checkpoints.gguf_vocab import tokenizer_files
-
-    file = _require_gguf(path)
-    key = (str(file.resolve()), file.stat().st_mtime if file.is_file() else 0.0)
-    if key in _FOLDERS and _FOLDERS[key].is_dir():
-        return _FOLDERS[key]
-    reader = open_reader(file)
-    config = config_dict(reader, file)
-    tokenizer, tokenizer_config, generation_config = tokenizer_files(reader, file)
-    folder = Path(tempfile.mkdtemp(prefix=f"genai-gguf-{file.stem[:40]}-"))
-    atexit.register(shutil.rmtree, folder, ignore_errors=True)
-    (folder / "config.json").write_text(json.dumps(config, indent=2))
-    (folder / "tokenizer.json").write_text(tokenizer, encoding="utf-8")
-    (folder / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=2, ensure_ascii=False), encoding="utf-8")
-    (folder / "generation_config.json").write_text(json.dumps(generation_config, indent=2))
-    _FOLDERS[key] = folder
-    return folder

@@ -1,5 +1,6 @@
 """A GGUF's vocabulary as the tokenizer.json, tokenizer_config.json and generation_config.json
 a Hugging Face folder would hold.
+`checkpoint_folder` writes them (and config.json) into a temporary folder that stands for the GGUF.
 
 The tokenizer.json must be read alike by `tokenizers` (our runtime) and by ExecuTorch's C++
 tokenizer (`pytorch_tokenizers`, used by TextLLMRunner), so it keeps to the components both know:
@@ -20,13 +21,17 @@ both are matched whole in text as llama.cpp does.
 
 from __future__ import annotations
 
+import atexit
 import json
 import logging
 import numbers
+import shutil
+import tempfile
 from pathlib import Path
 
 import numpy as np
 
+from genai_pipeline.checkpoints.gguf import config_dict, open_reader, require_gguf
 from genai_pipeline.checkpoints.gguf import metadata as _field
 from genai_pipeline.errors import CheckpointError
 
@@ -263,3 +268,29 @@ def tokenizer_files(reader, file: Path) -> tuple[str, dict, dict]:
     eos_ids = list(dict.fromkeys(i for i in (ids["eos"], ids["eot"], ids["eom"]) if i is not None))
     generation_config = {"bos_token_id": ids["bos"], "eos_token_id": eos_ids[0] if len(eos_ids) == 1 else eos_ids}
     return json.dumps(tokenizer, ensure_ascii=False), tokenizer_config, generation_config
+
+
+# -- the Hugging Face files a GGUF stands for ----------------------------------------------------
+
+_FOLDERS: dict[tuple[str, float], Path] = {}
+
+
+def checkpoint_folder(path: Path) -> Path:
+    """A folder (temporary, owned by this process, removed at exit) holding the Hugging Face
+    metadata files of a GGUF: config.json, tokenizer.json, tokenizer_config.json,
+    generation_config.json. No weights. Written once per file per process."""
+    file = require_gguf(path)
+    key = (str(file.resolve()), file.stat().st_mtime if file.is_file() else 0.0)
+    if key in _FOLDERS and _FOLDERS[key].is_dir():
+        return _FOLDERS[key]
+    reader = open_reader(file)
+    config = config_dict(reader, file)
+    tokenizer, tokenizer_config, generation_config = tokenizer_files(reader, file)
+    folder = Path(tempfile.mkdtemp(prefix=f"genai-gguf-{file.stem[:40]}-"))
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    (folder / "config.json").write_text(json.dumps(config, indent=2))
+    (folder / "tokenizer.json").write_text(tokenizer, encoding="utf-8")
+    (folder / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=2, ensure_ascii=False), encoding="utf-8")
+    (folder / "generation_config.json").write_text(json.dumps(generation_config, indent=2))
+    _FOLDERS[key] = folder
+    return folder

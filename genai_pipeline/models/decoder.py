@@ -473,7 +473,7 @@ class FeedForward(nn.Module):
 
 class Block(nn.Module):
     # Each pre-norm and the linears reading its output (submodule names): the norm's scale can move
-    # into them (rotation.py, SmoothQuant in quantize.py)
+    # into them (quantize/rotation.py, SmoothQuant in quantize/smoothing.py)
     NORM_READERS = {"attention_norm": ("attention.wq", "attention.wk", "attention.wv"),
                     "ffn_norm": ("feed_forward.w1", "feed_forward.w3")}
 

@@ -47,7 +47,7 @@ class ModelSpec:
     # The registry entry this spec is or derives from (a checkpoint of another size: see `sized_as`).
     entry: str = ""
     # A vision-language model's image side (registry.multimodal.VisionSpec); None: text only. Its
-    # key_map then names tensors of `prepare_multimodal.VisionLanguageModel` (decoder.*, vision.*).
+    # key_map then names tensors of `models.vision.VisionLanguageModel` (decoder.*, vision.*).
     vision: object | None = None
 
     def __post_init__(self):

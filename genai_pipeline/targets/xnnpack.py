@@ -76,7 +76,7 @@ def _swap_tied_int4_lookup(decoder) -> None:
 
 def _adapt_for_lowering(module, static_shapes: bool) -> None:
     from genai_pipeline.models.decoder import Decoder, RMSNorm
-    from genai_pipeline.quantize import concat_rows
+    from genai_pipeline.quantize.weights import concat_rows
 
     for norm in module.modules():
         if isinstance(norm, RMSNorm):

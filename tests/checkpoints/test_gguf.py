@@ -19,6 +19,7 @@ import torch
 
 from genai_pipeline.checkpoints import infer_checkpoint_spec, load_decoder, metadata_folder
 from genai_pipeline.checkpoints import gguf as ours
+from genai_pipeline.checkpoints import gguf_vocab
 from genai_pipeline.errors import CheckpointError
 from genai_pipeline.registry import infer_spec
 from tests.conftest import REPO, TINY_MAX_SEQ, TINY_VOCAB, save_hf_checkpoint, train_sentencepiece, train_tokenizer
@@ -500,7 +501,7 @@ def test_unsupported_tensor_type(tmp_path):
 
 def test_unconvertible_vocabulary(tmp_path):
     with pytest.raises(CheckpointError, match="'bert' vocabulary"):
-        ours.checkpoint_folder(_minimal(tmp_path / "v.gguf", tokenizer="bert"))
+        gguf_vocab.checkpoint_folder(_minimal(tmp_path / "v.gguf", tokenizer="bert"))
 
 
 def test_folder_with_two_ggufs(tmp_path):

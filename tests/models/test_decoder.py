@@ -86,7 +86,7 @@ def test_tied_head_is_its_own_graph_input_over_the_same_storage(tmp_path):
     """A tied head and the embedding lookup are two graph inputs over one table, so lowering a
     delegated head beside a portable lookup copies nothing (see Decoder.tie_weights)."""
     from genai_pipeline.checkpoints import load_decoder
-    from genai_pipeline.prepare import DecoderGraph
+    from genai_pipeline.prepare.text import DecoderGraph
     from genai_pipeline.registry import get_spec
 
     save_hf_checkpoint(tmp_path, tie_word_embeddings=True)
@@ -133,7 +133,8 @@ def test_fused_projections_compute_the_same(tiny_eager, recipe, change, fused):
     rotates q and k as one tensor: the same logits, prefill then a decode step."""
     from genai_pipeline.models.decoder import Decoder
     from genai_pipeline.options import QuantOptions
-    from genai_pipeline.quantize import concat_rows, quantize_module
+    from genai_pipeline.quantize.recipes import quantize_module
+    from genai_pipeline.quantize.weights import concat_rows
 
     torch.manual_seed(0)
     model = tiny_eager()

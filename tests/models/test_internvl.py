@@ -15,7 +15,7 @@ import torch
 from test_vision import SPECIALS, VOCAB, _hf_greedy, _run, _tokenizer, export_program, photo, printable, write_ppm
 
 from genai_pipeline.checkpoints.multimodal import load_multimodal
-from genai_pipeline.prepare_multimodal import read_processing
+from genai_pipeline.prepare.multimodal import read_processing
 from genai_pipeline.registry import infer_spec
 from genai_pipeline.registry.internvl import IMAGENET_MEAN, IMAGENET_STD
 from genai_pipeline.image_processing import Frames, expand_prompt, image_frames, image_prompt

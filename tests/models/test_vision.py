@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from genai_pipeline.checkpoints.multimodal import load_multimodal
-from genai_pipeline.prepare_multimodal import read_processing
+from genai_pipeline.prepare.multimodal import read_processing
 from genai_pipeline.registry import get_spec, infer_spec
 from genai_pipeline.image_processing import ImageProcessing, expand_prompt, image_frames
 
@@ -460,7 +460,7 @@ def test_export_refuses_a_tokenizer_that_spells_image_otherwise(checkpoint, tmp_
 
 
 def test_special_tokens_past_the_runners_vocabulary_are_named(caplog):
-    from genai_pipeline.prepare_multimodal import check_sampleable
+    from genai_pipeline.prepare.multimodal import check_sampleable
 
     check_sampleable({"eos[0]": 2, "bos": 1}, runner_vocab=384, logits=384)
     assert not caplog.records

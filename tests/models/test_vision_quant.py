@@ -1,4 +1,4 @@
-"""A quantized vision-language export, per component (genai_pipeline/quantize_multimodal.py), and
+"""A quantized vision-language export, per component (genai_pipeline/quantize/multimodal.py), and
 what reads one: `genai eval --images` (evaluate_images.py) and `genai bench` (bench_multimodal.py).
 The static recipe (8a8w, calibrated on chats with images) is at the end of the file.
 
@@ -58,7 +58,7 @@ def _relative(got: torch.Tensor, want: torch.Tensor) -> float:
 
 def test_auto_vision_recipe_follows_the_decoder():
     from genai_pipeline.options import QuantOptions
-    from genai_pipeline.quantize_multimodal import resolved
+    from genai_pipeline.quantize.multimodal import resolved
 
     assert resolved(QuantOptions(recipe="8da4w")).vision_recipe == "8da8w"
     assert resolved(QuantOptions(recipe="8da8w")).vision_recipe == "8da8w"
@@ -297,7 +297,7 @@ def test_static_manifest_and_report_name_every_component(static_vlm):
 
 
 class _QDQSession:
-    """The static recipe's QDQ model (quantize_multimodal.StaticVisionLanguage) behind the
+    """The static recipe's QDQ model (quantize/multimodal.py's StaticVisionLanguage) behind the
     prefill/step interface: MultimodalSession's splice, in eager mode."""
 
     def __init__(self, qdq, image_token_id: int, max_seq_len: int):
@@ -314,7 +314,7 @@ class _QDQSession:
         return logits
 
     def prefill(self, tokens: list[int]) -> torch.Tensor:
-        from genai_pipeline.quantize_multimodal import spliced_embeddings
+        from genai_pipeline.quantize.multimodal import spliced_embeddings
 
         embeddings = spliced_embeddings(self.qdq.embed, self.qdq.vision, tokens, self.frames, self.image_token_id)
         self.frames = []

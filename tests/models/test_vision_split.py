@@ -80,7 +80,7 @@ def test_each_split_program_stores_its_components_weights_once(split_program, ch
     within 2 % of its tensors' bytes; prefill and decode share one copy."""
     from genai_pipeline.checkpoints.multimodal import load_multimodal
     from genai_pipeline.inspect import inspect_program
-    from genai_pipeline.prepare_multimodal import read_processing
+    from genai_pipeline.prepare.multimodal import read_processing
 
     spec = infer_spec(json.loads((checkpoint / "config.json").read_text()))
     model = load_multimodal(spec, checkpoint, MAX_SEQ, read_processing(spec, checkpoint)[1])

@@ -12,7 +12,7 @@ from conftest import TINY_MAX_SEQ, TINY_PREFILL
 from genai_pipeline.checkpoints.hf import random_decoder
 from genai_pipeline.models.decoder import MASK_HIDDEN, DecoderConfig
 from genai_pipeline.names import GraphName
-from genai_pipeline.prepare import CacheIOGraph
+from genai_pipeline.prepare.cache_io import CacheIOGraph
 from genai_pipeline.runtime.cache_io import CacheIOContract, CacheIOSession, eager_runner
 from genai_pipeline.runtime.session import EagerSession, open_session
 

@@ -28,7 +28,7 @@ from genai_pipeline.image_processing import ImageProcessing, stated_tokens_per_i
 from genai_pipeline.models.decoder import Decoder
 from genai_pipeline.models.vision import VisionConfig, VisionLanguageModel
 from genai_pipeline.names import ArtifactKey, GraphName, Mode
-from genai_pipeline.prepare import decoder_constants
+from genai_pipeline.prepare.common import decoder_constants
 from genai_pipeline.registry import ModelSpec, sized_as
 from genai_pipeline.tokenizer import find_tokenizer_file
 

@@ -15,9 +15,10 @@ from genai_pipeline.cli import main
 from genai_pipeline.errors import InputError
 from genai_pipeline.options import CalibrationOptions, PrepareOptions, QuantOptions
 from genai_pipeline.prepare import prepare
-from genai_pipeline.quantize import quantize, quantize_module
+from genai_pipeline.quantize import quantize
+from genai_pipeline.quantize.recipes import quantize_module
 from genai_pipeline.registry import get_spec
-from genai_pipeline.size_budget import graph_bytes
+from genai_pipeline.quantize.size_budget import graph_bytes
 from genai_pipeline.targets import get_target
 
 
@@ -263,7 +264,7 @@ def test_given_weights_are_checked(tiny_eager):
 
 @pytest.mark.parametrize("rule", ["mse", "q4_0", "torchao"])
 def test_4bit_rules_give_xnnpack_scales(rule):
-    from genai_pipeline.quantize import RULES
+    from genai_pipeline.quantize.weights import RULES
 
     w = torch.randn(64, 128) * torch.rand(64, 1)
     q, d = RULES[rule](w, 32)
@@ -274,7 +275,8 @@ def test_4bit_rules_give_xnnpack_scales(rule):
 
 
 def test_gptq_beats_round_to_nearest_on_the_layer_output_and_round_trips():
-    from genai_pipeline.quantize import gptq_qparams, int4_file, load_int4, mse_qparams, save_int4
+    from genai_pipeline.quantize.gptq import gptq_qparams
+    from genai_pipeline.quantize.weights import int4_file, load_int4, mse_qparams, save_int4
 
     g = torch.Generator().manual_seed(0)
     x = torch.randn(2048, 128, generator=g) @ torch.randn(128, 128, generator=g) * 0.1  # correlated inputs
@@ -293,7 +295,7 @@ def test_gptq_beats_round_to_nearest_on_the_layer_output_and_round_trips():
 def test_gptq_solves_together_only_the_layers_that_read_one_input(tiny_eager):
     from torch import nn
 
-    from genai_pipeline.quantize import input_hessians
+    from genai_pipeline.quantize.gptq import input_hessians
 
     model = tiny_eager()
     names = {n for n, m in model.named_modules() if isinstance(m, nn.Linear) and n != "output"}
@@ -312,7 +314,9 @@ def test_one_calibration_pass_gives_gptq_the_hessians_of_the_smoothed_model(tiny
     from torch import nn
 
     from conftest import TINY_MAX_SEQ
-    from genai_pipeline.quantize import input_hessians, input_statistics, smooth, smoothed_hessians, smoothed_inputs, smoothing_scales
+    from genai_pipeline.quantize.calibration import input_statistics
+    from genai_pipeline.quantize.gptq import input_hessians
+    from genai_pipeline.quantize.smoothing import smooth, smoothed_hessians, smoothed_inputs, smoothing_scales
 
     model = tiny_eager().eval()
     ids = [(7 * i) % 300 + 1 for i in range(48)]
@@ -329,7 +333,7 @@ def test_one_calibration_pass_gives_gptq_the_hessians_of_the_smoothed_model(tiny
 
 
 def test_8da4w_keeps_the_mlp_inputs_of_the_edge_layers_at_8_bits():
-    from genai_pipeline.quantize import recipe_for
+    from genai_pipeline.quantize.recipes import recipe_for
 
     options = QuantOptions(recipe="8da4w")
     eight = {i for i in range(30) for w in ("w1", "w3") if recipe_for(f"layers.{i}.feed_forward.{w}", options, 30) == "8da8w"}
@@ -341,7 +345,7 @@ def test_8da4w_keeps_the_mlp_inputs_of_the_edge_layers_at_8_bits():
 
 def test_8da4w_keeps_w2_at_8_bits_in_llama_cpps_more_bits_layers():
     """llama.cpp's use_more_bits (Q4_K_M's ffn_down): the first and last eighth, every third between."""
-    from genai_pipeline.quantize import recipe_for
+    from genai_pipeline.quantize.recipes import recipe_for
 
     def eight(n_layers, options=QuantOptions(recipe="8da4w")):
         return {i for i in range(n_layers) if recipe_for(f"layers.{i}.feed_forward.w2", options, n_layers) == "8da8w"}
@@ -356,7 +360,8 @@ def test_8da4w_keeps_w2_at_8_bits_in_llama_cpps_more_bits_layers():
 
 def test_smoothing_keeps_the_float_function_and_balances_inputs_and_weights(tiny_eager):
     from conftest import TINY_MAX_SEQ
-    from genai_pipeline.quantize import input_absmax, smooth, smoothing_scales
+    from genai_pipeline.quantize.calibration import input_absmax
+    from genai_pipeline.quantize.smoothing import smooth, smoothing_scales
 
     model = tiny_eager().eval()
     ids = [(7 * i) % 300 + 1 for i in range(48)]

@@ -12,11 +12,14 @@ from genai_pipeline.errors import InputError
 from genai_pipeline.evaluate import float_model, quantized_model
 from genai_pipeline.options import CalibrationOptions, PrepareOptions, QuantOptions
 from genai_pipeline.prepare import prepare
-from genai_pipeline.quantize import gptq_samples, held_out_tokens, q4_0_qparams, quantize, recipe_for, torchao_qparams
-from genai_pipeline.quantize_multimodal import check_vision_language_quant
+from genai_pipeline.quantize import quantize
+from genai_pipeline.quantize.calibration import SENSITIVITY_TOKENS, gptq_samples, held_out_tokens
+from genai_pipeline.quantize.multimodal import check_vision_language_quant
+from genai_pipeline.quantize.recipes import recipe_for
 from genai_pipeline.registry import get_spec
-from genai_pipeline.rotation import rotate
-from genai_pipeline.size_budget import SENSITIVITY_TOKENS, graph_bytes, layer_groups, linear_bytes, program_bytes, promote, promotion_gains
+from genai_pipeline.quantize.rotation import rotate
+from genai_pipeline.quantize.size_budget import graph_bytes, layer_groups, linear_bytes, program_bytes, promote, promotion_gains
+from genai_pipeline.quantize.weights import q4_0_qparams, torchao_qparams
 from genai_pipeline.targets import get_target
 
 

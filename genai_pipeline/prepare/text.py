@@ -1,11 +1,9 @@
-"""prepare: a registry entry (+ optional local checkpoint) -> the graphs of each artifact."""
+"""prepare, for a text entry: the decoder (+ optional local checkpoint) -> the graphs of its program."""
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
-import os
 from pathlib import Path
 
 import torch
@@ -17,10 +15,11 @@ from genai_pipeline.chat_template import read_chat_template
 from genai_pipeline.checkpoints import load_decoder, metadata_folder
 from genai_pipeline.checkpoints.hf import random_decoder
 from genai_pipeline.checkpoints.special_tokens import read_special_tokens
-from genai_pipeline.errors import CheckpointError, InputError
 from genai_pipeline.models.decoder import Decoder
 from genai_pipeline.names import ArtifactKey, GraphName, Mode
 from genai_pipeline.options import PrepareOptions
+from genai_pipeline.prepare.cache_io import cache_io_graphs
+from genai_pipeline.prepare.common import check_vocabulary, decoder_constants
 from genai_pipeline.registry import ModelSpec, sized_as
 from genai_pipeline.tokenizer import find_tokenizer_file, tokenizer_kind
 
@@ -37,28 +36,6 @@ class DecoderGraph(nn.Module):
 
     def forward(self, tokens: torch.Tensor, input_pos: torch.Tensor) -> torch.Tensor:
         return self.decoder(tokens, input_pos, last_only=self.last_only)
-
-
-class CacheIOGraph(nn.Module):
-    """The decoder's cache-I/O form (QNN's) as one exported method: the KV cache, positions and
-    mask are graph I/O (runtime/cache_io.py has the contract). Same wrapped decoder, same weights."""
-
-    def __init__(self, decoder: Decoder, last_only: bool = True):
-        super().__init__()
-        self.decoder, self.last_only = decoder, last_only
-
-    def forward(self, tokens, positions, mask, k_past: list, v_past: list, window_mask=None):
-        return self.decoder.forward_cache_io(tokens, positions, mask, window_mask, k_past, v_past, self.last_only)
-
-
-def cache_io_example_inputs(decoder: Decoder, rows: int) -> tuple:
-    """Example inputs of a cache-I/O graph taking `rows` tokens per call (window_mask only for a
-    model with sliding-window layers)."""
-    c, s = decoder.config, decoder.max_seq_len
-    cache = [torch.zeros(1, c.n_kv_heads, s, c.head_dim) for _ in range(c.n_layers)]
-    inputs = (torch.zeros(1, rows, dtype=torch.long), torch.zeros(1, rows, dtype=torch.long),
-              torch.zeros(1, 1, rows, s + rows), cache, [t.clone() for t in cache])
-    return inputs + ((torch.zeros(1, 1, rows, s + rows),) if any(decoder.layer_windowed) else ())
 
 
 def _graphs(decoder: Decoder, options: PrepareOptions) -> dict[GraphName, GraphBundle]:
@@ -99,83 +76,7 @@ def _graphs(decoder: Decoder, options: PrepareOptions) -> dict[GraphName, GraphB
     return graphs
 
 
-def _cache_io_graphs(decoder: Decoder, options: PrepareOptions) -> tuple[dict, GraphBundle, dict]:
-    """The cache-I/O form: its deploy graphs (static T), its quantize graph (dynamic T, every
-    row's logits) and the manifest's description of the I/O contract."""
-    from genai_pipeline.runtime.cache_io import FORM, CacheIOContract
-
-    decoder.use_cache_io()
-    rows = {GraphName.PREFILL: options.prefill_len, GraphName.DECODE: 1}
-    rows = {name: rows[name] for name in options.mode.graphs}
-    contract = CacheIOContract.of(decoder, {name.value: n for name, n in rows.items()})
-    next_token = CacheIOGraph(decoder, last_only=True)
-    graphs = {name: GraphBundle(name, next_token, cache_io_example_inputs(decoder, n)) for name, n in rows.items()}
-    t = Dim("rows", min=1, max=options.max_seq_len)
-    per_layer = [None] * decoder.config.n_layers
-    mask = {2: t, 3: t + options.max_seq_len}
-    dynamic = ({1: t}, {1: t}, mask, per_layer, per_layer) + ((mask,) if any(decoder.layer_windowed) else ())
-    quantize_graph = GraphBundle(GraphName.FORWARD, CacheIOGraph(decoder, last_only=False), cache_io_example_inputs(decoder, 2),
-                                 dynamic_shapes=dynamic, metadata={"cache_io": contract})
-    return graphs, quantize_graph, {"decoder_form": FORM, "cache_io": contract.as_manifest()}
-
-
-def decoder_constants(spec: ModelSpec, config, max_seq_len: int, dynamic: bool) -> dict:
-    """ExecuTorch's LLM metadata methods, which its runners read (the context, the special tokens)."""
-    return {
-        "get_max_seq_len": max_seq_len,
-        "get_max_context_len": max_seq_len,
-        "get_vocab_size": config.vocab_size,
-        "get_n_layers": config.n_layers,
-        "get_bos_id": spec.bos_id if spec.bos_id is not None else -1,
-        "get_eos_ids": list(spec.eos_ids),
-        "use_kv_cache": True,
-        "use_sdpa_with_kv_cache": True,
-        "enable_dynamic_shape": dynamic,
-    }
-
-
-def check_kv_cache_fits(config, max_seq_len: int) -> None:
-    """Refuse, before anything is allocated, a --max-seq-len whose float KV cache alone would take
-    more than half of this machine's memory (the export holds the model and its graphs beside it)."""
-    cache = 2 * config.n_layers * max_seq_len * config.n_kv_heads * config.head_dim * 4
-    memory = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    if cache > memory / 2:
-        raise InputError(f"--max-seq-len {max_seq_len} needs a KV cache of {cache / 2**30:,.1f} GiB, more than half of this "
-                         f"machine's {memory / 2**30:.1f} GiB of memory; lower --max-seq-len")
-
-
-def check_vocabulary(rows: int, tokenizer: Path | None, special) -> None:
-    """Every id the program may be fed or asked to stop on has a row in the embedding: a special id
-    or a tokenizer.json id past the rows would fail only at run time, deep in the runtime."""
-    named = [("bos_id", special.bos_id), *(("eos_ids", i) for i in special.eos_ids), ("pad_id", special.pad_id)]
-    for name, token in named:
-        if token is not None and not 0 <= token < rows:
-            where = ", ".join(special.sources.get(name, ())) or "the registry entry"
-            raise CheckpointError(f"the checkpoint's {name.rstrip('s').removesuffix('_id')} token id {token} (from {where}) is past "
-                                  f"its {rows} embedding rows; the checkpoint is inconsistent")
-    if tokenizer is not None and tokenizer.name == "tokenizer.json":
-        try:
-            data = json.loads(tokenizer.read_text(encoding="utf-8"))
-            vocab = (data.get("model") or {}).get("vocab") or {}
-            ids = [*(vocab.values() if isinstance(vocab, dict) else ()), *(t.get("id") for t in data.get("added_tokens") or ())]
-            top = max((i for i in ids if isinstance(i, int)), default=-1)
-        except (ValueError, AttributeError, TypeError):
-            return  # the tokenizer's own reader says what is wrong with it, where it is read
-        if top >= rows:
-            raise CheckpointError(f"'{tokenizer}' has token ids up to {top}, past the model's {rows} embedding rows; "
-                                  "the tokenizer does not belong to these weights")
-
-
-def prepare(spec: ModelSpec, options: PrepareOptions) -> PreparedModel:
-    check_kv_cache_fits(spec.config, options.max_seq_len)
-    if spec.vision is not None:  # a vision-language model: its own module (components, one program)
-        if options.cache_io:
-            raise InputError(f"{spec.name} is a vision-language model: the cache-I/O form (--cache-io, --target qnn) is built for text decoders only so far")
-        from genai_pipeline.prepare_multimodal import prepare_multimodal
-
-        return prepare_multimodal(spec, options)
-    if options.split:
-        raise InputError(f"--split applies to vision-language models only; {spec.name} is a text-only model (its export is one program already)")
+def prepare_text(spec: ModelSpec, options: PrepareOptions) -> PreparedModel:
     checkpoint = options.checkpoint or spec.checkpoint
     if checkpoint is not None:
         log.info("loading %s from %s", spec.name, checkpoint)
@@ -213,7 +114,7 @@ def prepare(spec: ModelSpec, options: PrepareOptions) -> PreparedModel:
         constants["get_prefill_len"] = options.prefill_len
     extra = {}
     if options.cache_io:
-        graphs, quantize_graph, extra = _cache_io_graphs(decoder, options)
+        graphs, quantize_graph, extra = cache_io_graphs(decoder, options)
         constants["use_sdpa_with_kv_cache"] = False  # plain attention; the cache is graph I/O
     else:
         graphs = _graphs(decoder, options)

@@ -8,21 +8,28 @@ gain is how much the KL divergence of the model's next-token distribution from t
 falls when that group alone takes 8-bit values, on calibration text that GPTQ did not fit (on the
 text it fitted, w2's 4-bit loss measured far below its loss elsewhere; docs/decisions/0021). Groups are
 then promoted greedily by gain per byte until the program's estimated size reaches the budget. The
-fixed rules of the default (AUTO_8BIT, more_bits_layer, EDGE_LAYERS in quantize.py) are not
+fixed rules of the default (AUTO_8BIT, EDGE_LAYERS in options.py, more_bits_layer in recipes.py) are not
 applied: the measurement replaces them. The weights' bytes are estimated as the program stores
 them (program_bytes); what the graphs and delegate payloads add is bounded by graph_bytes.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import torch
 from torch import nn
 
+from genai_pipeline.artifacts import PreparedModel
 from genai_pipeline.data import iterate_with_progress
+from genai_pipeline.errors import InputError
+from genai_pipeline.options import QuantOptions
+from genai_pipeline.quantize.calibration import held_out_tokens
+from genai_pipeline.quantize.recipes import recipe_for
+from genai_pipeline.quantize.weights import RULES, torchao_qparams
 
 log = logging.getLogger(__name__)
 
@@ -31,7 +38,6 @@ log = logging.getLogger(__name__)
 # 135 KB (4 blocks, 3 methods), 618 KB (SmolLM2-135M, 30 blocks, 2 methods), 903 KB (30 blocks, 3)
 GRAPH_BYTES_PER_BLOCK_AND_METHOD = 12_000
 GRAPH_BYTES = 32_000
-SENSITIVITY_TOKENS = 2048  # held-out calibration tokens the gains are measured on
 SENSITIVITY_WINDOW = 512  # tokens per run from position 0
 BANDS = 10  # layer_groups: bands of adjacent blocks
 
@@ -160,3 +166,35 @@ def promote(module: nn.Module, four_bit: dict[str, torch.Tensor], eight_bit: dic
              sum(map(len, windows)), time.perf_counter() - started)
     promoted = {n for g in chosen for n in groups[g]}
     return tuple(n for n in four_bit if n in promoted)
+
+
+def budget_room(decoder: nn.Module, options: QuantOptions, n_methods: int) -> float:
+    """The bytes a size budget leaves for 8-bit layers beyond a program of n_methods methods with
+    every candidate at 4 bits (program_bytes, graph_bytes); a budget below it is refused."""
+    n_layers = len(decoder.layers)
+    smallest = dataclasses.replace(options, promoted=())
+    floor = (program_bytes(decoder, lambda n: recipe_for(n, smallest, n_layers), options.embedding, options.group_size)
+             + graph_bytes(n_layers, n_methods))
+    if floor > options.size_budget * 1e6:
+        raise InputError(f"--size-budget {options.size_budget:g} MB is too small: with every layer at 4 bits this program takes "
+                         f"{floor / 1e6:.2f} MB; raise the budget")
+    return options.size_budget * 1e6 - floor
+
+
+def with_promoted(prepared: PreparedModel, decoder: nn.Module, options: QuantOptions, int4: Mapping, room: float) -> QuantOptions:
+    """`options` with the linears its size budget keeps at 8 bits within `room` more bytes
+    (budget_room; size_budget.py), measured on held_out_tokens with each candidate at the 4-bit
+    values the export stores (`int4`: gptq's or a GGUF's, else the weight rule's) or at 8da8w's."""
+    def dequantized(q: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
+        return q.float() * d.float().repeat_interleave(q.shape[1] // d.shape[1], dim=1)
+
+    n_layers = len(decoder.layers)
+    smallest = dataclasses.replace(options, promoted=())
+    four_bit, eight_bit, rule = {}, {}, RULES[options.weight_rule]
+    for name, m in decoder.named_modules():
+        if isinstance(m, nn.Linear) and name.startswith("layers.") and recipe_for(name, smallest, n_layers) == "8da4w":
+            four_bit[name] = dequantized(*(int4.get(f"{name}.weight") or rule(m.weight, options.group_size)))
+            eight_bit[name] = dequantized(*torchao_qparams(m.weight, m.in_features, bits=8, bf16=False))  # torchao's 8da8w rule
+    tokens, window = held_out_tokens(prepared, options), min(SENSITIVITY_WINDOW, prepared.options.max_seq_len)
+    windows = [tokens[i : i + window] for i in range(0, len(tokens), window)]
+    return dataclasses.replace(options, promoted=promote(decoder, four_bit, eight_bit, windows, room, options.group_size))

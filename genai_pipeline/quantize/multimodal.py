@@ -1,4 +1,4 @@
-"""quantize, for a vision-language model: each component with its own recipe, through quantize.py's
+"""quantize, for a vision-language model: each component with its own recipe, through the text path's
 functions (the text path's, not copies).
 
 - text decoder: `--recipe` exactly as for a text model (8da4w: GPTQ on calibration text, the
@@ -14,7 +14,7 @@ functions (the text path's, not copies).
 - `--calib` chats with images for GPTQ are refused (it would see `<image>` tokens without the
   image's embeddings).
 - static `8a8w` (xnnpack; `quantize_static`): the target's PT2E quantizer on two graphs of the one
-  program, through quantize.py's `calibrated_graph`: the tower on the frames of the `--calib`
+  program, through static.py's `calibrated_graph`: the tower on the frames of the `--calib`
   chats' images (preprocessed as the runtime does), then the text decoder on each chat's whole
   prompt embedded with those frames' features spliced in, the features of the calibrated QDQ tower
   (what the program's decoder will see); the decoder's adds and multiplies stay float
@@ -39,7 +39,9 @@ from genai_pipeline.artifacts import GraphBundle, PreparedModel
 from genai_pipeline.errors import InputError
 from genai_pipeline.names import ArtifactKey, GraphName
 from genai_pipeline.options import QuantOptions
-from genai_pipeline.quantize import HEAD, calibrated_graph, gptq_int4, next_token_only, quantize_module, recipe_counts
+from genai_pipeline.quantize.gptq import gptq_int4
+from genai_pipeline.quantize.recipes import HEAD, quantize_module, recipe_counts
+from genai_pipeline.quantize.static import calibrated_graph, next_token_only
 
 log = logging.getLogger(__name__)
 
@@ -157,7 +159,7 @@ def quantize_vision_language(prepared: PreparedModel, options: QuantOptions, tar
     _check_calibration_images(options)
     if options.is_static:
         return quantize_static(prepared, options, target)
-    # neither rotated nor smoothed: the text path's rotation and SmoothQuant (quantize.py) are not
+    # neither rotated nor smoothed: the text path's rotation and SmoothQuant (smoothing.py) are not
     # applied to a vision-language decoder yet (its image features enter the residual stream unrotated)
     options = dataclasses.replace(resolved(options), smooth=None, rotate=False)
     if options.is_float:

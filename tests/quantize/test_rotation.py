@@ -13,8 +13,8 @@ from genai_pipeline.errors import InputError
 from genai_pipeline.evaluate import block_outputs
 from genai_pipeline.models.decoder import Decoder, DecoderConfig
 from genai_pipeline.options import QuantOptions
-from genai_pipeline.quantize import quantize_module
-from genai_pipeline.rotation import can_rotate, random_hadamard, rotate
+from genai_pipeline.quantize.recipes import quantize_module
+from genai_pipeline.quantize.rotation import can_rotate, random_hadamard, rotate
 
 
 def _decoder(seed: int = 0, **config) -> Decoder:

@@ -1,0 +1,25 @@
+"""prepare: a registry entry (+ optional local checkpoint) -> the graphs of each artifact.
+
+A text entry is prepared by text.py, a vision-language entry by multimodal.py; both build on
+common.py (and text.py on cache_io.py) and never import each other."""
+
+from __future__ import annotations
+
+from genai_pipeline.artifacts import PreparedModel
+from genai_pipeline.errors import InputError
+from genai_pipeline.options import PrepareOptions
+from genai_pipeline.prepare.common import check_kv_cache_fits
+from genai_pipeline.prepare.multimodal import prepare_multimodal
+from genai_pipeline.prepare.text import prepare_text
+from genai_pipeline.registry import ModelSpec
+
+
+def prepare(spec: ModelSpec, options: PrepareOptions) -> PreparedModel:
+    check_kv_cache_fits(spec.config, options.max_seq_len)
+    if spec.vision is not None:  # a vision-language model: its own module (components, one program)
+        if options.cache_io:
+            raise InputError(f"{spec.name} is a vision-language model: the cache-I/O form (--cache-io, --target qnn) is built for text decoders only so far")
+        return prepare_multimodal(spec, options)
+    if options.split:
+        raise InputError(f"--split applies to vision-language models only; {spec.name} is a text-only model (its export is one program already)")
+    return prepare_text(spec, options)

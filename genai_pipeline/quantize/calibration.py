@@ -1,0 +1,119 @@
+"""quantize, calibration text and the per-layer statistics measured on it: gptq's and smoothing's
+samples, a size budget's held-out tokens, each linear's input statistics."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from genai_pipeline.artifacts import PreparedModel
+from genai_pipeline.chat_template import read_chat_template
+from genai_pipeline.errors import InputError
+from genai_pipeline.options import CalibrationOptions, QuantOptions
+
+log = logging.getLogger(__name__)
+
+
+# gptq's calibration text when no --calib is given: English prose that ships with the repository
+# (Python's documentation, the reference model's training split; disjoint from heldout.txt)
+DEFAULT_GPTQ_TEXT = Path(__file__).resolve().parents[2] / "assets" / "reference" / "sample.txt"
+
+
+GPTQ_TOKENS = 4096  # calibration tokens for gptq (docs/decisions/0011)
+SENSITIVITY_TOKENS = 2048  # a size budget's held-out calibration tokens, the gains are measured on (size_budget.py)
+
+
+@torch.no_grad()
+def observe_inputs(module: nn.Module, names: set[str], samples: list[list[int]], window: int,
+                   record: Callable[[str, torch.Tensor], None]) -> None:
+    """Run `samples` (token lists) through `module` from position 0 in windows, calling
+    record(name, x) with each named layer's input as float rows, [tokens, in_features]."""
+
+    def hook(name):
+        return lambda _, inputs, __: record(name, inputs[0].detach().reshape(-1, inputs[0].shape[-1]).float())
+
+    handles = [m.register_forward_hook(hook(n)) for n, m in module.named_modules() if n in names]
+    try:
+        for sample in samples:
+            for i in range(0, len(sample), window):
+                module(torch.tensor([sample[i : i + window]]), torch.tensor([0]))
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def gptq_samples(prepared: PreparedModel, options: QuantOptions) -> list[list[int]]:
+    """gptq's (and smoothing's) calibration tokens: --calib's samples, else the first GPTQ_TOKENS of
+    DEFAULT_GPTQ_TEXT; with a size budget, without the tokens held out for it (held_out_tokens)."""
+    return _calibration_split(prepared, options)[0]
+
+
+def held_out_tokens(prepared: PreparedModel, options: QuantOptions) -> list[int]:
+    """A size budget's measuring text (size_budget.SENSITIVITY_TOKENS): DEFAULT_GPTQ_TEXT's tokens
+    after gptq's, or the last tokens of --calib's samples, which gptq then does not fit."""
+    return _calibration_split(prepared, options)[1]
+
+
+def _calibration_split(prepared: PreparedModel, options: QuantOptions) -> tuple[list[list[int]], list[int]]:
+    from genai_pipeline.tokenizer import Tokenizer
+
+    
+    checkpoint = prepared.tokenizer_file.parent if prepared.tokenizer_file else None
+    if checkpoint is None:
+        raise InputError("--recipe 8da4w calibrates its 4-bit weights (gptq) on text, and the checkpoint has no tokenizer; "
+                         "pass a checkpoint with one, or set the weight rule to mse")
+    tokenizer = Tokenizer.from_folder(checkpoint, bos_id=prepared.spec.bos_id)
+    if options.calibration.datasets:
+        from genai_pipeline.data.calibration import calibration_tokens
+
+        samples = calibration_tokens(options.calibration, tokenizer, vocab_size=prepared.config.vocab_size,
+                                     chat_template=read_chat_template(checkpoint), seed=prepared.options.seed)
+        if options.size_budget is None:
+            return samples, []
+        held, fit = [], [list(sample) for sample in samples]
+        while fit and len(held) < SENSITIVITY_TOKENS:  # from the end, splitting the last sample it needs
+            take = min(SENSITIVITY_TOKENS - len(held), len(fit[-1]))
+            held = fit[-1][len(fit[-1]) - take :] + held
+            fit[-1] = fit[-1][: len(fit[-1]) - take]
+            if not fit[-1]:
+                fit.pop()
+        if sum(map(len, fit)) < SENSITIVITY_TOKENS:
+            raise InputError(f"--size-budget measures layers on {SENSITIVITY_TOKENS} calibration tokens that gptq does not fit: "
+                             f"give --calib data of at least {2 * SENSITIVITY_TOKENS} tokens, or no --calib")
+        return fit, held
+    ids = tokenizer.encode(DEFAULT_GPTQ_TEXT.read_text(encoding="utf-8"))
+    return [ids[:GPTQ_TOKENS]], ids[GPTQ_TOKENS : GPTQ_TOKENS + SENSITIVITY_TOKENS]
+
+
+@torch.no_grad()
+def input_absmax(module: nn.Module, samples: list[list[int]], window: int) -> dict[str, torch.Tensor]:
+    """Per input channel, the largest magnitude each linear layer's input reaches over `samples`."""
+    return input_statistics(module, samples, window)[0]
+
+
+@torch.no_grad()
+def input_statistics(module: nn.Module, samples: list[list[int]], window: int,
+                     hessian_names: set[str] = frozenset()) -> tuple[dict, dict]:
+    """One pass over `samples` (observe_inputs) for both calibrations: per linear, each input
+    channel's largest magnitude (smoothing's); for the linears in `hessian_names`, X^T X of their
+    inputs (GPTQ's)."""
+    absmax, hessians = {}, {}
+
+    def record(name: str, x: torch.Tensor) -> None:
+        a = x.abs().amax(0)
+        absmax[name] = torch.maximum(absmax[name], a) if name in absmax else a
+        if name in hessian_names:
+            hessians[name] = hessians.get(name, 0) + x.T @ x
+
+    observe_inputs(module, {n for n, m in module.named_modules() if isinstance(m, nn.Linear)}, samples, window, record)
+    return absmax, hessians
+
+
+def with_default_data(calibration: CalibrationOptions) -> CalibrationOptions:
+    """No --calib given: random tokens (calibrating on them warns that accuracy will suffer)."""
+    return calibration if calibration.datasets else dataclasses.replace(calibration, datasets=("random",))
