@@ -36,7 +36,7 @@ from pathlib import Path
 import numpy as np
 
 from genai_pipeline.errors import InputError
-from genai_pipeline.limits import IMAGE_PIXELS
+from genai_pipeline.limits import check_image_pixels
 
 MAX_IMAGE_SIZE = 4096  # transformers' Idefics3 cap on either edge after the first resize
 LANCZOS = 1  # PIL.Image.Resampling.LANCZOS, the value processor configs store as `resample`
@@ -164,21 +164,13 @@ def read_image(path: Path) -> np.ndarray:
     Image.MAX_IMAGE_PIXELS = None
     try:
         with Image.open(path) as image:
-            check_pixels(path, *image.size)
+            check_image_pixels(path, *image.size)
             image.load()
             return to_rgb(image)
     except Image.UnidentifiedImageError:
         raise InputError(f"'{path}' is not an image file Pillow can read (supported: PNG, JPEG, GIF, BMP, TIFF, WebP, PPM, ...)") from None
     except (OSError, ValueError, SyntaxError) as e:  # truncated or damaged data
         raise InputError(f"cannot decode image '{path}': {e}; the file is truncated or corrupt") from None
-
-
-def check_pixels(source, width: int, height: int) -> None:
-    """Refuse an image that declares more pixels than the limit, before it is decoded."""
-    limit = IMAGE_PIXELS.value()
-    if width * height > limit:
-        raise InputError(f"image '{source}' declares {width} x {height} = {width * height:,} pixels, over the limit of "
-                         f"{limit:,}; shrink it, or raise the limit with {IMAGE_PIXELS.variable}=N")
 
 
 def to_rgb(image) -> np.ndarray:

@@ -36,6 +36,14 @@ IMAGE_PIXELS = Limit("GENAI_MAX_IMAGE_PIXELS", 89_478_485, "pixels")
 INPUT_BYTES = Limit("GENAI_MAX_INPUT_BYTES", 1 << 30, "bytes")
 
 
+def check_image_pixels(source, width: int, height: int) -> None:
+    """Refuse an image that declares more pixels than IMAGE_PIXELS, before it is decoded."""
+    limit = IMAGE_PIXELS.value()
+    if width * height > limit:
+        raise InputError(f"image '{source}' declares {width} x {height} = {width * height:,} pixels, over the limit of "
+                         f"{limit:,}; shrink it, or raise the limit with {IMAGE_PIXELS.variable}=N")
+
+
 def read_input_text(path, what: str, error=InputError, errors: str = "strict") -> str:
     """A UTF-8 text file read whole, once its size is known to be within INPUT_BYTES."""
     if not os.path.isfile(path):

@@ -25,19 +25,16 @@ What llama.cpp's convert_hf_to_gguf.py changed, undone here, per architecture (`
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import math
-import mmap
 import re
-import struct
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from genai_pipeline.checkpoints.hf import assign_weights, check_hyperparameters, empty_decoder
+from genai_pipeline.checkpoints.gguf_checks import check_blocks, check_layout, check_metadata, check_token_id, whole
+from genai_pipeline.checkpoints.hf import assign_weights, empty_decoder
 from genai_pipeline.checkpoints.llama2c import interleaved_to_halves
 from genai_pipeline.errors import CheckpointError
 from genai_pipeline.models.decoder import Decoder, DecoderConfig
@@ -159,110 +156,15 @@ def _reader(file: str, mtime_ns: int, size: int):
         raise CheckpointError(f"cannot read '{file}': {reason}; the file is truncated or not a GGUF") from None
 
 
-# GGUF value types: id -> (struct format, bytes); 8 is a string (u64 length + bytes), 9 an array
-_SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
-_STRING, _ARRAY = 8, 9
-MAX_DIMS = 4  # llama.cpp's GGML_MAX_DIMS
-
-
-def check_layout(file: Path) -> None:
-    """Walk a GGUF's header with every count and offset checked against the file's size, before
-    the `gguf` reader (which trusts them) builds anything: an array that declares 2^40 entries or
-    a tensor past the end of the file is refused in one line instead of filling the memory."""
-    import gguf
-
-    with open(file, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if file.stat().st_size else \
-            contextlib.nullcontext(b"") as data:
-        size, pos = len(data), 0
-
-        def take(fmt: str, what: str):
-            nonlocal pos
-            n = struct.calcsize("<" + fmt)
-            if pos + n > size:
-                raise CheckpointError(f"'{file}' ends inside {what} (byte {pos} of {size}); the file is truncated or not a GGUF")
-            value = struct.unpack_from("<" + fmt, data, pos)[0]
-            pos += n
-            return value
-
-        def skip(n: int, what: str) -> None:
-            nonlocal pos
-            if n > size - pos:
-                raise CheckpointError(f"'{file}': {what} declares {n:,} bytes, but {size - pos:,} remain; the file is "
-                                      "truncated or corrupt")
-            pos += n
-
-        def value(kind: int, what: str, depth: int = 0) -> None:
-            if kind in _SCALARS:
-                take(_SCALARS[kind], what)
-            elif kind == _STRING:
-                skip(take("Q", what), what)
-            elif kind == _ARRAY and depth == 0:
-                item, count = take("I", what), take("Q", what)
-                if count > size - pos:  # every entry takes a byte at least
-                    raise CheckpointError(f"'{file}': {what} declares {count:,} entries, more than the "
-                                          f"{size - pos:,} bytes that remain; the file is corrupt")
-                if item in _SCALARS:
-                    skip(count * struct.calcsize("<" + _SCALARS[item]), what)
-                else:
-                    for _ in range(count):
-                        value(item, what, depth + 1)
-            else:
-                raise CheckpointError(f"'{file}': {what} has value type {kind}, which GGUF does not define; the file is corrupt")
-
-        if take("4s", "the header") != b"GGUF":
-            raise CheckpointError(f"'{file}' is not a GGUF (no GGUF magic); pass a llama.cpp .gguf file")
-        version = take("I", "the header")
-        if version not in (2, 3):
-            raise CheckpointError(f"'{file}' is GGUF version {version}; versions 2 and 3 are read")
-        tensors, kvs = take("Q", "the header"), take("Q", "the header")
-        if tensors > size or kvs > size:
-            raise CheckpointError(f"'{file}' declares {tensors:,} tensors and {kvs:,} metadata keys in {size:,} bytes; the file is corrupt")
-        alignment = 32
-        for _ in range(kvs):
-            key_at = pos
-            skip(take("Q", "a metadata key"), "a metadata key")
-            key = bytes(data[key_at + 8 : pos]).decode("utf-8", "replace")
-            kind = take("I", f"metadata '{key}'")
-            if key == "general.alignment" and kind == 4:
-                alignment = struct.unpack_from("<I", data, pos)[0]
-            value(kind, f"metadata '{key}'")
-        if not alignment or alignment & (alignment - 1):
-            raise CheckpointError(f"'{file}': general.alignment is {alignment}; expected a power of two")
-        extents = []
-        for _ in range(tensors):
-            name_at = pos
-            skip(take("Q", "a tensor's name"), "a tensor's name")
-            name = bytes(data[name_at + 8 : pos]).decode("utf-8", "replace")
-            dims = take("I", f"tensor '{name}'")
-            if not 1 <= dims <= MAX_DIMS:
-                raise CheckpointError(f"'{file}': tensor '{name}' has {dims} dimensions; GGUF tensors have 1 to {MAX_DIMS}")
-            shape = [take("Q", f"tensor '{name}'") for _ in range(dims)]
-            kind, offset = take("I", f"tensor '{name}'"), take("Q", f"tensor '{name}'")
-            try:
-                block, block_bytes = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(kind)]
-            except (ValueError, KeyError):
-                raise CheckpointError(f"'{file}': tensor '{name}' has type {kind}, which GGUF does not define") from None
-            nbytes = math.prod(shape) // block * block_bytes
-            if not 0 < nbytes <= size or shape[0] % block:
-                raise CheckpointError(f"'{file}': tensor '{name}' has shape {shape}, impossible for its type and the file's size")
-            extents.append((name, offset, nbytes))
-        start = -(-pos // alignment) * alignment
-        for name, offset, nbytes in extents:
-            if start + offset + nbytes > size:
-                raise CheckpointError(f"'{file}': tensor '{name}' lies past the end of the file (bytes {start + offset:,} "
-                                      f"to {start + offset + nbytes:,} of {size:,}); the file is truncated or corrupt")
-
-
 def metadata(reader, key: str, default=None):
     """One metadata value (a string, number or list), or `default` when the file has none."""
     field = reader.fields.get(key)
     if field is None:
         return default
     try:
-        value = field.contents()
+        return field.contents()
     except Exception as e:  # a damaged field
         raise CheckpointError(f"GGUF metadata '{key}' cannot be read ({e})") from None
-    return value
 
 
 def architecture(reader, file: Path) -> tuple[str, Arch]:
@@ -292,7 +194,7 @@ def config_dict(reader, file: Path) -> dict:
     missing = [k for k in ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size") if k not in config]
     if missing:
         raise CheckpointError(f"'{file}' lacks metadata for {', '.join(missing)} of its {name} architecture")
-    _check_metadata(name, config, tensors, file)
+    check_metadata(name, config, tensors, file, CONFIG_KEYS)
     # The embedding's rows are the truth for the vocabulary size (some files pad the token list).
     config["vocab_size"] = int(tensors["token_embd.weight"].shape[-1])
     config["tie_word_embeddings"] = "output.weight" not in tensors
@@ -302,39 +204,8 @@ def config_dict(reader, file: Path) -> dict:
     for key, ours in TOKEN_ID_KEYS.items():
         value = metadata(reader, f"tokenizer.ggml.{key}")
         if value is not None:
-            if not _whole(value) or not 0 <= value < config["vocab_size"]:
-                raise CheckpointError(f"'{file}': tokenizer.ggml.{key} is {value!r}; expected a token id in [0, "
-                                      f"{config['vocab_size']}), the rows of token_embd")
-            config[ours] = value
+            config[ours] = check_token_id(f"tokenizer.ggml.{key}", value, config["vocab_size"], file)
     return config
-
-
-def _whole(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def check_blocks(arch: str, block_count: int, tensors, file: Path) -> None:
-    """The blocks the tensor table holds must be 0 .. block_count - 1, before a model of that many
-    layers is built (a file declaring a billion would otherwise fill the memory)."""
-    blocks = {int(m.group(1)) for t in tensors if (m := re.match(r"blk\.(\d+)\.", t))}
-    if len(blocks) != block_count or blocks != set(range(block_count)):  # the count first: range(10**9) is no set to build
-        raise CheckpointError(f"'{file}': {arch}.block_count is {block_count}, but the tensors hold {len(blocks)} "
-                              "block(s); the file is inconsistent")
-
-
-def _check_metadata(arch: str, config: dict, tensors: dict, file: Path) -> None:
-    """Every hyperparameter typed and in range, and the sizes the tensors have, before anything is
-    built from them: one line naming the key, its value and what was expected."""
-    keys = {ours: key for key, ours in CONFIG_KEYS.items()}
-    check_hyperparameters(config, f"'{file}'", lambda ours: f"{arch}.{keys.get(ours, ours)}")
-    if any(t.startswith("blk.") for t in tensors):  # else a vocabulary-only file (llama.cpp ships some)
-        check_blocks(arch, config["num_hidden_layers"], tensors, file)
-    dim = int(tensors["token_embd.weight"].shape[0])
-    if config["hidden_size"] != dim:
-        raise CheckpointError(f"'{file}': {arch}.embedding_length is {config['hidden_size']}, but token_embd is {dim} wide")
-    if "head_dim" not in config and config["hidden_size"] % config["num_attention_heads"]:
-        raise CheckpointError(f"'{file}': {arch}.embedding_length {config['hidden_size']} is not a multiple of "
-                              f"{arch}.attention.head_count {config['num_attention_heads']}")
 
 
 def _rope_config(reader, name: str, config: dict, tensors: dict, file: Path) -> None:
@@ -342,7 +213,7 @@ def _rope_config(reader, name: str, config: dict, tensors: dict, file: Path) -> 
     spells them. llama.cpp keeps Llama 3's and LongRoPE's per-frequency factors as tensors."""
     head_dim = int(config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"])
     rope_dim = metadata(reader, f"{name}.rope.dimension_count")
-    if rope_dim is not None and not (_whole(rope_dim) and 0 < rope_dim <= head_dim and rope_dim % 2 == 0):
+    if rope_dim is not None and not (whole(rope_dim) and 0 < rope_dim <= head_dim and rope_dim % 2 == 0):
         raise CheckpointError(f"'{file}': {name}.rope.dimension_count is {rope_dim!r}; expected an even whole number "
                               f"in (0, {head_dim}], the head size")
     if rope_dim is not None and int(rope_dim) != head_dim:
