@@ -636,7 +636,7 @@ def task_prompt_ids(folder: Path, work: Path) -> dict[str, Path]:
     template), in a JSON file: the peers run the same ids (their random-weight models share the vocabulary)."""
     from genai_pipeline.bench import bench_prompt
     from genai_pipeline.options import BenchOptions
-    from genai_pipeline.runtime.session import open_session
+    from genai_pipeline.runtime.open import open_session
 
     session, files = open_session(folder), {}
     for task, prompt in LOOKAHEAD_TASKS.items():

@@ -32,7 +32,7 @@ __version__ = "0.2.0"
 # name -> the module it comes from, imported on first use (they import torch)
 _LAZY = {
     "export": "genai_pipeline.export",
-    "open_session": "genai_pipeline.runtime.session",
+    "open_session": "genai_pipeline.runtime.open",
     "generate": "genai_pipeline.runtime.generate",
     "Sampler": "genai_pipeline.runtime.generate",
     "Tokenizer": "genai_pipeline.tokenizer",

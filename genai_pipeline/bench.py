@@ -35,7 +35,8 @@ from genai_pipeline.options import BenchOptions
 from genai_pipeline.runtime.generate import generate, greedy_token
 from genai_pipeline.runtime.lookahead import LookaheadOptions, lookahead_options
 from genai_pipeline.runtime.program import set_threads
-from genai_pipeline.runtime.session import DecoderSession, open_session
+from genai_pipeline.runtime.open import open_session
+from genai_pipeline.runtime.session import DecoderSession
 
 
 def memory_bandwidth_gbs(megabytes: int = 256, repeats: int = 5) -> float:

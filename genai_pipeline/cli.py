@@ -129,7 +129,7 @@ def cmd_run(args) -> int:
     from genai_pipeline.runtime.generate import Sampler, generate
     from genai_pipeline.runtime.lookahead import lookahead_options
     from genai_pipeline.runtime.multimodal import MultimodalSession, is_multimodal
-    from genai_pipeline.runtime.session import open_session
+    from genai_pipeline.runtime.open import open_session
     from genai_pipeline.tokenizer import TextStream
 
     if args.chat and args.json:

@@ -40,7 +40,8 @@ from genai_pipeline.quantize.rotation import rotate, unrotated
 from genai_pipeline.registry import get_spec
 from genai_pipeline.runtime.cache_io import CacheIOContract, CacheIOSession, eager_runner
 from genai_pipeline.runtime.multimodal import MultimodalSession, is_multimodal
-from genai_pipeline.runtime.session import DecoderSession, EagerSession, open_session
+from genai_pipeline.runtime.open import open_session
+from genai_pipeline.runtime.session import DecoderSession, EagerSession
 from genai_pipeline.upstream.executorch_logs import native_logs_hidden
 
 

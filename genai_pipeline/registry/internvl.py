@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from genai_pipeline.models.decoder import DecoderConfig
 from genai_pipeline.models.vision import VisionConfig
-from genai_pipeline.registry import ModelSpec
+from genai_pipeline.registry.spec import ModelSpec
 from genai_pipeline.registry.hf_config import unsupported
 from genai_pipeline.registry.llava import TEXT_KEY_MAP
 from genai_pipeline.registry.multimodal import VisionSpec

@@ -7,7 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from genai_pipeline.models.decoder import DecoderConfig, RopeScaling
-from genai_pipeline.registry import ModelSpec, chat_templates
+import genai_pipeline.registry.chat_templates as chat_templates
+from genai_pipeline.registry.spec import ModelSpec
 from genai_pipeline.registry.hf_config import decoder_fields, rope_fields
 
 ASSETS = Path(__file__).resolve().parents[2] / "assets"

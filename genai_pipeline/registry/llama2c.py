@@ -9,7 +9,7 @@ Llama 2's architecture trained on TinyStories by llama2.c's train.py, which save
 from __future__ import annotations
 
 from genai_pipeline.models.decoder import DecoderConfig
-from genai_pipeline.registry import ModelSpec
+from genai_pipeline.registry.spec import ModelSpec
 from genai_pipeline.tokenizer import TokenizerKind
 
 # llama2.c's model.py keeps Meta's tensor names, which are ours; listed so that the loader refuses

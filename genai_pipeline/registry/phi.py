@@ -10,7 +10,8 @@ from __future__ import annotations
 import math
 
 from genai_pipeline.models.decoder import DecoderConfig, LongRopeScaling
-from genai_pipeline.registry import ModelSpec, chat_templates
+import genai_pipeline.registry.chat_templates as chat_templates
+from genai_pipeline.registry.spec import ModelSpec
 from genai_pipeline.registry.hf_config import decoder_fields, rope_fields, sliding_window_fields
 from genai_pipeline.registry.llama import HF_KEY_MAP
 

@@ -6,7 +6,8 @@
 from __future__ import annotations
 
 from genai_pipeline.models.decoder import DecoderConfig
-from genai_pipeline.registry import ModelSpec, chat_templates
+import genai_pipeline.registry.chat_templates as chat_templates
+from genai_pipeline.registry.spec import ModelSpec
 from genai_pipeline.registry.hf_config import decoder_fields, rope_fields, sliding_window_fields
 from genai_pipeline.registry.llama import HF_KEY_MAP
 

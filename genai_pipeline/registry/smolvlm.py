@@ -10,7 +10,7 @@ import dataclasses
 
 from genai_pipeline.models.decoder import DecoderConfig
 from genai_pipeline.models.vision import VisionConfig
-from genai_pipeline.registry import ModelSpec
+from genai_pipeline.registry.spec import ModelSpec
 from genai_pipeline.registry.hf_config import text_config, unsupported
 from genai_pipeline.registry.llama import ASSETS, HF_KEY_MAP, config_from_hf
 from genai_pipeline.registry.multimodal import VisionSpec

@@ -17,24 +17,7 @@ from genai_pipeline.runtime.program import load_program
 from genai_pipeline.upstream.executorch_logs import native_logs_hidden
 
 
-def open_session(folder: Path, verify: bool = False):
-    """The session of a text-decoder export: a DecoderSession, or for a program in the cache-I/O
-    form (QNN's; the manifest's `decoder_form`) a CacheIOSession driving its methods, which owns
-    the KV cache and builds positions and masks as a device runner does."""
-    from genai_pipeline.runtime.cache_io import CacheIOContract, CacheIOSession, program_runner
-
-    folder = Path(folder)
-    manifest = read_manifest(folder)
-    contract = CacheIOContract.from_manifest(manifest)
-    if contract is None:
-        return DecoderSession(folder, verify)
-    program = _load_decoder_program(folder, manifest, verify)
-    with native_logs_hidden():
-        methods = {GraphName(m): program.load_method(m) for m in contract.tokens_per_call}
-    return CacheIOSession(contract, program_runner(methods), manifest)
-
-
-def _check_runnable(folder: Path, manifest: dict) -> None:
+def check_runnable(folder: Path, manifest: dict) -> None:
     if manifest.get("status", "complete") == "qdq-only":
         raise ProgramError(
             f"'{folder}' holds only a QDQ model: lowering to {manifest.get('target')} was not possible "
@@ -47,19 +30,6 @@ def _check_runnable(folder: Path, manifest: dict) -> None:
             raise ProgramError(f"'{folder}': {why}")
 
 
-def _load_decoder_program(folder: Path, manifest: dict, verify: bool):
-    _check_runnable(folder, manifest)
-    try:
-        entry = manifest["artifacts"][ArtifactKey.TEXT_DECODER.value]
-        expected = manifest["files"][entry["file"]]
-    except (KeyError, ValueError, TypeError) as e:
-        raise ProgramError(f"'{folder}/manifest.json' lacks {e}; re-export the model") from None
-    program = load_program(folder / entry["file"], expected["bytes"], expected["sha256"] if verify else None)
-    check_constants(program, folder / entry["file"], manifest)
-    return program
-
-
-
 def check_room(positions: int, max_seq_len: int) -> None:
     """One line when a session would run past the program's context (every session's check)."""
     if positions > max_seq_len:
@@ -67,6 +37,7 @@ def check_room(positions: int, max_seq_len: int) -> None:
             f"{positions} tokens do not fit the program's context of {max_seq_len}; "
             "use a shorter prompt / fewer new tokens, or re-export with a larger --max-seq-len"
         )
+
 
 def check_constants(program, path: Path, manifest: dict) -> None:
     """The program's own metadata methods against its manifest: a program of another export under
@@ -88,7 +59,7 @@ class DecoderSession:
         folder = Path(folder)
         self.folder = folder
         self.manifest = read_manifest(folder)
-        _check_runnable(folder, self.manifest)
+        check_runnable(folder, self.manifest)
         try:
             entry = self.manifest["artifacts"][ArtifactKey.TEXT_DECODER.value]
             self.mode = Mode(self.manifest["mode"])

@@ -1,6 +1,6 @@
 """Portable: no delegate; every op runs on ExecuTorch's portable kernels. The reference target."""
 
-from genai_pipeline.targets import Target
+from genai_pipeline.targets.target import Target
 
 TARGET = Target(
     name="portable",

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from genai_pipeline.errors import ExportError, InputError
 from genai_pipeline.options import QnnOptions
-from genai_pipeline.targets import GroupedLowering, Target
+from genai_pipeline.targets.target import GroupedLowering, Target
 
 # QuantDtype names of ExecuTorch's Qualcomm quantizer, by our recipe names.
 QUANT_DTYPES = {"16a8w": "use_16a8w", "16a4w": "use_16a4w", "16a4w_block": "use_16a4w_block", "8a8w": "use_8a8w"}

@@ -5,7 +5,7 @@ ExecuTorch's XNNPACK backend is in upstream/xnnpack_preprocess.py and upstream/x
 import torch
 from torch import nn
 
-from genai_pipeline.targets import Target
+from genai_pipeline.targets.target import Target
 from genai_pipeline.upstream import xnnpack_preprocess
 from genai_pipeline.upstream.xnnpack_dynamic_slice import delegate_dynamic_slices
 

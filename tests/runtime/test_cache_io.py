@@ -14,7 +14,8 @@ from genai_pipeline.models.decoder import MASK_HIDDEN, DecoderConfig
 from genai_pipeline.names import GraphName
 from genai_pipeline.prepare.cache_io import CacheIOGraph
 from genai_pipeline.runtime.cache_io import CacheIOContract, CacheIOSession, eager_runner
-from genai_pipeline.runtime.session import EagerSession, open_session
+from genai_pipeline.runtime.open import open_session
+from genai_pipeline.runtime.session import EagerSession
 
 PROMPT = [5, 17, 42, 7, 99, 3, 250, 11, 64, 8, 120, 33, 2, 77, 150, 9, 31, 200, 45]  # 19: chunks of 8, 8 and a left-padded 3
 
