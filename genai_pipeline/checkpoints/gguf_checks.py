@@ -62,6 +62,8 @@ def check_layout(file: Path) -> None:
                 else:
                     for _ in range(count):
                         value(item, what, depth + 1)
+            elif kind == _ARRAY:
+                raise CheckpointError(f"'{file}': {what} is an array of arrays, which llama.cpp never writes; the file is corrupt")
             else:
                 raise CheckpointError(f"'{file}': {what} has value type {kind}, which GGUF does not define; the file is corrupt")
 
