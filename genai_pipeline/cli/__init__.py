@@ -3,8 +3,6 @@ dataclasses of options.py, which import no torch: `genai --help` answers at once
 
 from __future__ import annotations
 
-import argparse
-import dataclasses
 import json
 import logging
 import os
@@ -14,11 +12,11 @@ import traceback
 import warnings
 from pathlib import Path
 
-from genai_pipeline import names
+from genai_pipeline.cli.chat import chat
+from genai_pipeline.cli.parser import build_parser, default
 from genai_pipeline.errors import GenAIError, InputError
 from genai_pipeline.options import (
     DEFAULT_MODEL,
-    LONG_PREFILL_CHUNKS,
     BenchOptions,
     CalibrationOptions,
     EvalOptions,
@@ -113,7 +111,7 @@ def _qnn_configured(target, args):
     from genai_pipeline.names import Mode
     from genai_pipeline.targets import qnn
 
-    given = [flag for flag, on in (("--soc", args.soc != _default(QnnOptions, "soc")), ("--qnn-option", args.qnn_option),
+    given = [flag for flag, on in (("--soc", args.soc != default(QnnOptions, "soc")), ("--qnn-option", args.qnn_option),
                                    ("--no-weight-sharing", args.no_weight_sharing), ("--qnn-x86-emulator", args.qnn_x86_emulator)) if on]
     if target.name != qnn.TARGET.name:
         if given:
@@ -149,7 +147,7 @@ def cmd_run(args) -> int:
     tokenizer = folder_tokenizer(Path(args.folder), session.manifest)
     lookahead = lookahead_options(args.lookahead, session)
     if args.chat:
-        return _chat(args, session, tokenizer, Sampler(sampling), lookahead)
+        return chat(args, session, tokenizer, Sampler(sampling), lookahead)
     if isinstance(session, MultimodalSession):
         prompt = session.encode_prompt(tokenizer, args.prompt, images, args.max_tiles)
     else:
@@ -193,81 +191,6 @@ def cmd_run(args) -> int:
             log.info("lookahead: %.2f tokens per call, %d of %d drafted tokens kept",
                      result.tokens_per_call, result.accepted, result.drafted)
     return 0
-
-
-def _chat(args, session, tokenizer, sampler, lookahead) -> int:
-    """`genai run --chat`: user messages from stdin (--prompt first), replies streamed to stdout."""
-    from genai_pipeline.chat_template import read_chat_template
-    from genai_pipeline.errors import ContextFullError, InputError
-    from genai_pipeline.runtime.chat import Chat, end_of_turn_ids
-    from genai_pipeline.tokenizer import TextStream
-
-    folder = Path(args.folder)
-    template = read_chat_template(folder)
-    if template is None:
-        raise InputError(
-            f"'{folder}' has no chat template (chat_template.jinja, or chat_template in tokenizer_config.json); "
-            "write one there as chat_template.jinja, or export from a checkpoint that has one"
-        )
-    stop_ids = end_of_turn_ids(folder, tokenizer, session.manifest.get("eos_ids", ()), template)
-    chat = Chat(session, tokenizer, template, sampler, stop_ids, args.max_new_tokens, system=args.system, lookahead=lookahead)
-    for image in args.image:  # --image with --chat: for the first message
-        chat.attach_image(Path(image), args.max_tiles)
-    interactive = sys.stdin.isatty()
-    if interactive:
-        import readline  # noqa: F401  line editing and history for input()
-
-        log.info("chat with %s: %s/reset clears the conversation, /exit or Ctrl-D quits", session.manifest.get("model"),
-                 "/image PATH attaches an image to your next message, " if chat.takes_images else "")
-    for text in _user_messages(args.prompt, interactive):
-        if text.strip() == "/exit":
-            break
-        if text.strip() == "/reset":
-            chat.reset()
-            log.info("conversation cleared")
-            continue
-        if text.strip().split(maxsplit=1)[:1] == ["/image"]:
-            path = text.strip()[len("/image"):].strip()
-            try:
-                if not path:
-                    raise InputError("/image needs a path: /image PATH")
-                chat.attach_image(Path(path), args.max_tiles)
-            except InputError as e:  # a bad file: one line, the conversation goes on
-                log.warning("%s", e)
-                continue
-            log.info("%s goes with your next message", path)
-            continue
-        if not text.strip():
-            continue
-        stream = TextStream(tokenizer)
-        try:
-            reply = chat.send(text, on_token=lambda token: print(stream.push(token), end="", flush=True))
-        except ContextFullError as e:
-            log.warning("%s; /reset clears the conversation", e)
-            continue
-        except InputError as e:  # e.g. a template that does not mark images
-            log.warning("%s", e)
-            continue
-        print(stream.flush(), flush=True)
-        if reply.stop_reason == "context":
-            log.warning("the reply filled the program's context of %d tokens; /reset clears the conversation",
-                        session.max_seq_len)
-        log.debug("kept %d cached tokens, prefilled %d, replied %d (%s)",
-                  reply.reused, reply.prefilled, len(reply.tokens), reply.stop_reason)
-    return 0
-
-
-def _user_messages(first: str | None, interactive: bool):
-    """--prompt, then stdin line by line until its end (Ctrl-D)."""
-    if first is not None:
-        yield first
-    while True:
-        try:
-            yield input("> " if interactive else "")
-        except EOFError:
-            if interactive:
-                print()  # the shell's prompt starts on a line of its own
-            return
 
 
 def cmd_eval(args) -> int:
@@ -376,141 +299,8 @@ def cmd_inspect(args) -> int:
     return 0
 
 
-class _HelpWithDefaults(argparse.ArgumentDefaultsHelpFormatter):
-    """Every option's help ends with its default, unless there is none to show (None, an empty
-    list, a required option): the help text says what leaving it out means."""
-
-    def _get_help_string(self, action):
-        if action.default is None or action.default == [] or action.required:
-            return action.help
-        return super()._get_help_string(action)
-
-
-def build_parser() -> argparse.ArgumentParser:
-    quant, calib, prepare = QuantOptions, CalibrationOptions, PrepareOptions
-    sampling, bench, evaluate = SamplingOptions, BenchOptions, EvalOptions
-
-    def subcommand(name: str, help: str) -> argparse.ArgumentParser:
-        return sub.add_parser(name, help=help, description=help, formatter_class=_HelpWithDefaults)
-
-    parser = argparse.ArgumentParser(prog="genai", description="LLM checkpoints to verified ExecuTorch programs.")
-    sub = parser.add_subparsers(dest="command", required=True)
-
-    p = subcommand("models", "list the registry")
-    p.add_argument("--json", action="store_true", help="print the list as JSON")
-    p.set_defaults(func=cmd_models)
-
-    p = subcommand("export", "prepare, compile and write .pte programs + manifest")
-    p.add_argument("model", nargs="?", help="registry name (`genai models`); default: inferred from --checkpoint, "
-                                            f"else {DEFAULT_MODEL}")
-    p.add_argument("--checkpoint", help="local Hugging Face folder (config.json + *.safetensors), llama2.c folder (*.pt + tokenizer.model), "
-                   "or llama.cpp GGUF file (or a folder holding one)")
-    p.add_argument("--target", default="xnnpack", help="xnnpack, portable, or qnn (lowering needs the QNN SDK)")
-    p.add_argument("--soc", default=_default(QnnOptions, "soc"),
-                   help="qnn: the Snapdragon SoC, e.g. SM8650, SM8750, SM8550; its HTP arch and VTCM come from ExecuTorch's table")
-    p.add_argument("--no-weight-sharing", action="store_true",
-                   help="qnn: one context binary per method instead of one shared by prefill and decode (HTP older than V73)")
-    p.add_argument("--qnn-x86-emulator", action="store_true", help="qnn: for the HTP emulator on x86 (no weight sharing, no shared buffers)")
-    p.add_argument("--qnn-option", action="append", default=[], metavar="[METHOD:]KEY=VALUE",
-                   help="qnn: an HTP option of the compile spec (repeatable), e.g. precision=fp16, performance_mode=burst, "
-                        "use_multi_contexts=true, max_sf_buf_size=BYTES (spill-fill); METHOD: only with --no-weight-sharing")
-    p.add_argument("--recipe", default=_default(quant, "recipe"),
-                   help="xnnpack: fp32, 8da4w, 8da8w, 8a8w; qnn: 16a8w, 16a4w, 16a4w_block, 8a8w")
-    p.add_argument("--group-size", type=int, default=_default(quant, "group_size"), help="int4 group size")
-    p.add_argument("--embedding", default=_default(quant, "embedding"), help="token embedding: auto (8da4w: 4w, 8da8w: 8w, else fp32), fp32, 8w or 4w")
-    p.add_argument("--vision-recipe", choices=("fp32", "8da8w", "8da4w"),
-                   help="a vision-language model's image tower and connector (their linear layers; patch and position "
-                        "embeddings stay float); default: 8da8w under --recipe 8da4w, else --recipe's")
-    p.add_argument("--quant-override", action="append", default=[], metavar="REGEX=RECIPE",
-                   help="recipe for linear layers whose name matches REGEX (first match wins), e.g. output=8da8w")
-    p.add_argument("--size-budget", type=float, metavar="MB",
-                   help="8da4w: the program's size in MB (10^6 bytes); which block linears keep 8 bits is then chosen by their "
-                        "measured gain per byte on the calibration text, instead of by the fixed rules")
-    p.add_argument("--block-size", type=int, default=_default(quant, "block_size"), help="16a4w_block block size")
-    p.add_argument("--calib", action="append", default=[], metavar="NAME:ARG",
-                   help="calibration data for static recipes (repeatable): random, text:FILE, messages:FILE.json, "
-                        "hf-chat:DIR, lm-eval:FILE; none given: random")
-    p.add_argument("--calib-limit", type=int, default=_default(calib, "limit"), help="samples in all; default: every sample (random: 8)")
-    p.add_argument("--calib-seq-len", type=int, default=_default(calib, "seq_len"), help="tokens per sample")
-    p.add_argument("--mode", default=_default(prepare, "mode").value, choices=[m.value for m in names.Mode],
-                   help="hybrid: prefill + decode methods; kv: decode only; dynamic: one forward of any length")
-    p.add_argument("--max-seq-len", type=int, default=_default(prepare, "max_seq_len"), help="KV cache length: prompt + generated tokens")
-    p.add_argument("--prefill-len", type=int, default=_default(prepare, "prefill_len"), help="tokens per prefill call (hybrid mode)")
-    p.add_argument("--long-prefill-len", type=int, metavar="N",
-                   help=f"hybrid: add a `prefill_long` method of 1 to N tokens, which prompts then go through in chunks of up to N (0: none; "
-                        f"default: {LONG_PREFILL_CHUNKS} x --prefill-len where the cache holds it)")
-    p.add_argument("--verify-len", type=int, default=_default(prepare, "verify_len"),
-                   help="add a `verify` method of N tokens returning every token's logits, for `genai run --lookahead` (0: none)")
-    p.add_argument("--cache-io", action="store_true",
-                   help="the decoder's cache-I/O form (always for --target qnn): KV cache, positions and attention mask as "
-                        "method inputs/outputs, static shapes, no custom ops; the runtime owns the cache")
-    p.add_argument("--seed", type=int, default=_default(prepare, "seed"), help="seed for random weights")
-    p.add_argument("--split", action="store_true",
-                   help="vision-language models: one program per component (vision_encoder.pte, token_embedding.pte, "
-                        "text_decoder.pte with --mode's methods) instead of one program with three methods")
-    p.add_argument("--out", required=True, help="output folder: built beside it, then swapped in when complete")
-    p.set_defaults(func=cmd_export)
-
-    p = subcommand("run", "generate text with an exported folder")
-    p.add_argument("folder", help="a folder written by `genai export`")
-    p.add_argument("--prompt", help="the text to continue; with --chat, the first user message")
-    p.add_argument("--chat", action="store_true",
-                   help="a conversation through the folder's chat template: user messages from stdin, "
-                        "/image PATH attaches an image to the next message (vision-language models; --image: to the first), "
-                        "/reset clears it, /exit or end of input quits")
-    p.add_argument("--system", help="with --chat: the system message")
-    p.add_argument("--max-new-tokens", type=int, default=128, help="tokens to generate at most")
-    p.add_argument("--temperature", type=float, default=_default(sampling, "temperature"), help="0: greedy")
-    p.add_argument("--top-k", type=int, default=_default(sampling, "top_k"), help="sample among the K likeliest tokens; 0: off")
-    p.add_argument("--top-p", type=float, default=_default(sampling, "top_p"), help="sample within probability mass P; 1: off")
-    p.add_argument("--seed", type=int, default=_default(sampling, "seed"), help="sampling seed")
-    p.add_argument("--json", action="store_true", help="print one JSON object instead of streaming text")
-    p.add_argument("--no-verify", action="store_true", help="skip the sha256 check of the program against its manifest")
-    p.add_argument("--image", action="append", default=[], metavar="PATH",
-                   help="an image for a vision-language model (repeatable): each <image> in the prompt takes the next; none: images first")
-    p.add_argument("--max-tiles", type=int, default=0, help="cap on the tiles an image is split into (0: the processor's own limit)")
-    p.add_argument("--lookahead", type=int, default=0, metavar="N",
-                   help="draft up to N tokens from the context and check them in one call (lossless; needs a program "
-                        "exported with --verify-len; 0: off)")
-    p.set_defaults(func=cmd_run)
-
-    p = subcommand("eval", "a program against its float model: perplexity, top-1 agreement and KL on text, "
-                           "or exact match and answer perplexity on image questions")
-    p.add_argument("folder", help="a folder written by `genai export`")
-    p.add_argument("--text", help="UTF-8 text to score (a vision-language program: its text path)")
-    p.add_argument("--images", metavar="FILE.jsonl",
-                   help='image questions, one {"image", "prompt", "answer"} a line (image paths relative to the file), '
-                        "for a vision-language program")
-    p.add_argument("--limit", type=int, default=0, help="--images: the first N questions (0: all)")
-    p.add_argument("--max-tokens", type=int, default=_default(evaluate, "max_tokens"), help="tokens of the text to score")
-    p.add_argument("--window", type=int, default=_default(evaluate, "window"), help="tokens per window (the cache starts empty in each); 0: the program's context")
-    p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.set_defaults(func=cmd_eval)
-
-    p = subcommand("bench", "load time, prefill and decode speed, peak RSS, bandwidth share; a vision-language program: "
-                            "image encode time, time to first token with one image, decode speed, peak RSS")
-    p.add_argument("folder", help="a folder written by `genai export`")
-    p.add_argument("--prompt-len", type=int, default=_default(bench, "prompt_len"), help="prompt tokens to prefill (a vision-language program: text tokens after the image)")
-    p.add_argument("--gen-len", type=int, default=_default(bench, "gen_len"), help="tokens to decode")
-    p.add_argument("--repeats", type=int, default=_default(bench, "repeats"), help="timed runs after a warm-up; medians are reported")
-    p.add_argument("--threads", type=int, default=_default(bench, "threads"), help="runtime threads; 0: one per core")
-    p.add_argument("--lookahead", type=int, default=_default(bench, "lookahead"), metavar="N",
-                   help="also time lookahead decoding (drafts of up to N tokens) against plain decoding, alternating; 0: off")
-    p.add_argument("--prompt-file", help="the prompt's text instead of --prompt-len random ids")
-    p.add_argument("--chat", action="store_true", help="--prompt-file is a user message, through the chat template")
-    p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.set_defaults(func=cmd_bench)
-
-    p = subcommand("inspect", "methods, delegates, shared data and metadata of a .pte")
-    p.add_argument("file", help="a .pte program, or an export folder: each of its programs")
-    p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.set_defaults(func=cmd_inspect)
-    return parser
-
-
-def _default(options: type, name: str):
-    """The default of field `name` of an option class (options.py): every default is written once, there."""
-    return next(f.default for f in dataclasses.fields(options) if f.name == name)
+COMMANDS = {"models": cmd_models, "export": cmd_export, "run": cmd_run, "eval": cmd_eval, "bench": cmd_bench,
+            "inspect": cmd_inspect}
 
 
 def _one_openmp_thread_per_caller(argv: list[str]) -> None:
@@ -534,7 +324,7 @@ def main(argv: list[str] | None = None) -> int:
     log.propagate = False
     args = build_parser().parse_args(argv)
     try:
-        return args.func(args)
+        return COMMANDS[args.command](args)
     except GenAIError as e:
         if os.environ.get("GENAI_DEBUG") and e.__cause__ is not None:  # e.g. the lowering failure it wraps
             traceback.print_exception(e.__cause__)
@@ -555,6 +345,3 @@ def main(argv: list[str] | None = None) -> int:
         log.handlers = []  # the handler holds this call's stderr
         log.propagate = True  # a caller in the same process (a test's caplog) sees the package's records again
 
-
-if __name__ == "__main__":
-    sys.exit(main())
