@@ -299,10 +299,6 @@ def cmd_inspect(args) -> int:
     return 0
 
 
-COMMANDS = {"models": cmd_models, "export": cmd_export, "run": cmd_run, "eval": cmd_eval, "bench": cmd_bench,
-            "inspect": cmd_inspect}
-
-
 def _one_openmp_thread_per_caller(argv: list[str]) -> None:
     """For the commands that time programs: ExecuTorch's custom SDPA kernel calls MKL from inside
     ExecuTorch's own thread pool, and by default each such call starts an OpenMP team whose
@@ -324,7 +320,9 @@ def main(argv: list[str] | None = None) -> int:
     log.propagate = False
     args = build_parser().parse_args(argv)
     try:
-        return COMMANDS[args.command](args)
+        commands = {"models": cmd_models, "export": cmd_export, "run": cmd_run, "eval": cmd_eval, "bench": cmd_bench,
+                    "inspect": cmd_inspect}
+        return commands[args.command](args)
     except GenAIError as e:
         if os.environ.get("GENAI_DEBUG") and e.__cause__ is not None:  # e.g. the lowering failure it wraps
             traceback.print_exception(e.__cause__)
