@@ -50,6 +50,7 @@ demo: $(STAMP)
 	@$(BIN)/genai run out/reference-vlm --image $(VLM_IMAGE) --prompt "$(VLM_QUESTION)" --max-new-tokens 8
 
 test: $(STAMP) $(SMOLLM2_GGUF) $(PHOTOS)
+	$(BIN)/ruff format --check --quiet
 	$(BIN)/ruff check --quiet
 	$(BIN)/lint-imports
 	$(BIN)/python -m pytest -q -n 2 --dist loadgroup

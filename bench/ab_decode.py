@@ -20,10 +20,9 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1, help="ExecuTorch's threadpool (as genai bench --threads)")
     args = parser.parse_args()
 
-    import torch
-
     import executorch.extension.llm.custom_ops.custom_ops  # noqa: F401  kernels the programs call
     import executorch.kernels.quantized  # noqa: F401
+    import torch
     from executorch.extension.pybindings import portable_lib
     from executorch.runtime import Runtime
 
@@ -36,12 +35,12 @@ def main() -> None:
     token = torch.tensor([[7]])
     for step in range(args.steps):
         position = torch.tensor([step % 256])
-        for i in ((0, 1) if step % 2 else (1, 0)):
+        for i in (0, 1) if step % 2 else (1, 0):
             start = time.perf_counter()
             methods[i].execute([token, position])
             times[i].append(time.perf_counter() - start)
     for program, t in zip(args.programs, times):
-        t = t[args.steps // 20:]  # warm-up
+        t = t[args.steps // 20 :]  # warm-up
         q = statistics.quantiles(t, n=4)
         print(f"{program}: median {statistics.median(t) * 1e6:.1f} us (p25 {q[0] * 1e6:.1f}, p75 {q[2] * 1e6:.1f})")
 

@@ -22,10 +22,9 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1, help="ExecuTorch's threadpool (as genai bench --threads)")
     args = parser.parse_args()
 
-    import torch
-
     import executorch.extension.llm.custom_ops.custom_ops  # noqa: F401  kernels the programs call
     import executorch.kernels.quantized  # noqa: F401
+    import torch
     from executorch.extension.pybindings import portable_lib
     from executorch.runtime import Runtime
 
@@ -40,7 +39,7 @@ def main() -> None:
             method.execute([tokens, torch.tensor([0])])
             t.append(time.perf_counter() - start)
     for program, t in zip(args.programs, times):
-        t = t[max(1, args.calls // 20):]  # warm-up
+        t = t[max(1, args.calls // 20) :]  # warm-up
         print(f"{program}: median {statistics.median(t) * 1e3:.2f} ms ({args.tokens / statistics.median(t):.0f} tok/s)")
 
 

@@ -28,11 +28,11 @@ import json
 import os
 import platform
 import statistics
+import struct
 import subprocess
 import sys
 import time
 import zlib
-import struct
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -48,15 +48,33 @@ VARIANTS = {
     "8da4w-norot": {"recipe": "8da4w", "rotate": False},  # the default, not rotated
     "8da4w-nosq": {"recipe": "8da4w", "smooth": None, "rotate": False},  # the default, neither smoothed nor rotated
     "8da4w-head8": {"recipe": "8da4w", "head": "8da8w", "overrides": W2_4BIT},  # gptq, head and wv 8-bit
-    "8da4w-mse": {"recipe": "8da4w", "weight_rule": "mse", "keep_8bit": [], "overrides": W2_4BIT},  # no calibration: mse scales, head 8da8w
+    "8da4w-mse": {
+        "recipe": "8da4w",
+        "weight_rule": "mse",
+        "keep_8bit": [],
+        "overrides": W2_4BIT,
+    },  # no calibration: mse scales, head 8da8w
     "8da4w-nowv8": {"recipe": "8da4w", "keep_8bit": [], "overrides": W2_4BIT},  # gptq, 4-bit but the edge layers' w1/w3
-    "8da4w-today": {"recipe": "8da4w", "weight_rule": "torchao", "head": "8da4w", "keep_8bit": [], "overrides": W2_4BIT,
-                    "smooth": None, "rotate": False},  # the default when the accuracy issue was filed (but the edge layers)
+    "8da4w-today": {
+        "recipe": "8da4w",
+        "weight_rule": "torchao",
+        "head": "8da4w",
+        "keep_8bit": [],
+        "overrides": W2_4BIT,
+        "smooth": None,
+        "rotate": False,
+    },  # the default when the accuracy issue was filed (but the edge layers)
     "8da4w-head4": {"recipe": "8da4w", "overrides": W2_4BIT},  # every w2 4-bit: the smallest
     "8da4w-head4-norot": {"recipe": "8da4w", "overrides": W2_4BIT, "rotate": False},
     "8da4w-w2all8": {"recipe": "8da4w", "overrides": W2_8BIT},  # every w2 8-bit: the default before the mix
     "8da4w-wv4": {"recipe": "8da4w", "keep_8bit": [], "overrides": W2_8BIT},  # wv at 4 bits (docs/decisions/0017)
-    "8da4w-mse-head4": {"recipe": "8da4w", "weight_rule": "mse", "head": "8da4w", "keep_8bit": [], "overrides": W2_4BIT},
+    "8da4w-mse-head4": {
+        "recipe": "8da4w",
+        "weight_rule": "mse",
+        "head": "8da4w",
+        "keep_8bit": [],
+        "overrides": W2_4BIT,
+    },
     "8da4w-q4_0": {"recipe": "8da4w", "weight_rule": "q4_0"},
     "8da4w-budget": {"recipe": "8da4w", "size_budget": 91.6},  # --size-budget at the default's size (87.4 MiB)
     "8da4w-budget105": {"recipe": "8da4w", "size_budget": 105},  # llama.cpp Q4_K_M's size
@@ -95,7 +113,9 @@ def export_one(checkpoint: str, out: str, quant: dict) -> None:
     import genai_pipeline
     from genai_pipeline.options import QuantOptions
 
-    (Path(out) / ".quant.json").unlink(missing_ok=True)  # what the folder held: not part of an export, which replaces it whole
+    (Path(out) / ".quant.json").unlink(
+        missing_ok=True
+    )  # what the folder held: not part of an export, which replaces it whole
     genai_pipeline.export(checkpoint=checkpoint, out=out, quant=QuantOptions(**quant), verify=False)
 
 
@@ -105,8 +125,12 @@ def _exported(folder: Path, quant: dict) -> bool:
     from genai_pipeline.options import QuantOptions
 
     manifest = folder / "manifest.json"
-    return (manifest.is_file() and (folder / ".quant.json").is_file() and json.loads((folder / ".quant.json").read_text()) == quant
-            and json.loads(manifest.read_text())["recipe"] == QuantOptions(**quant).describe())
+    return (
+        manifest.is_file()
+        and (folder / ".quant.json").is_file()
+        and json.loads((folder / ".quant.json").read_text()) == quant
+        and json.loads(manifest.read_text())["recipe"] == QuantOptions(**quant).describe()
+    )
 
 
 def main() -> None:
@@ -119,11 +143,22 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=3, help="rounds of genai bench over the variants")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--work", default=str(HERE / ".work" / "accuracy"), help="exports are cached here")
-    p.add_argument("--llamacpp", action="store_true", help="measure llama.cpp's Q4_0 ... Q8_0 of the same fp32 folder on the same ids "
-                   "(llama-cpp-python in bench/.envs/llamacpp, built by bench/compare.py); else the issue's figures")
+    p.add_argument(
+        "--llamacpp",
+        action="store_true",
+        help="measure llama.cpp's Q4_0 ... Q8_0 of the same fp32 folder on the same ids "
+        "(llama-cpp-python in bench/.envs/llamacpp, built by bench/compare.py); else the issue's figures",
+    )
     p.add_argument("--json", default=str(HERE / "results" / "accuracy.json"))
-    p.add_argument("--levers", nargs="*", choices=list(LEVERS), help="the eager fake-quant study instead (all levers if none named)")
-    p.add_argument("--calib-text", default=str(REPO / "assets" / "reference" / "sample.txt"), help="for the levers that calibrate")
+    p.add_argument(
+        "--levers",
+        nargs="*",
+        choices=list(LEVERS),
+        help="the eager fake-quant study instead (all levers if none named)",
+    )
+    p.add_argument(
+        "--calib-text", default=str(REPO / "assets" / "reference" / "sample.txt"), help="for the levers that calibrate"
+    )
     p.add_argument("--calib-tokens", type=int, default=4096)
     p.add_argument("--export-one", nargs=3, metavar=("CHECKPOINT", "OUT", "QUANT_JSON"), help=argparse.SUPPRESS)
     if sys.argv[1:2] == ["_score-gguf"]:  # in llama.cpp's venv: nothing of ours is importable there
@@ -147,22 +182,47 @@ def main() -> None:
             _child([sys.executable, __file__, "--export-one", args.checkpoint, str(folder), json.dumps(quant)], env)
             (folder / ".quant.json").write_text(json.dumps(quant))
             print(f"exported {name} in {time.perf_counter() - t:.0f} s", file=sys.stderr, flush=True)
-        result = json.loads(_child([*cli, "eval", str(folder), "--text", args.text, "--max-tokens", str(args.max_tokens),
-                                    "--window", str(args.window), "--json"], env))
+        result = json.loads(
+            _child(
+                [
+                    *cli,
+                    "eval",
+                    str(folder),
+                    "--text",
+                    args.text,
+                    "--max-tokens",
+                    str(args.max_tokens),
+                    "--window",
+                    str(args.window),
+                    "--json",
+                ],
+                env,
+            )
+        )
         manifest = json.loads((folder / "manifest.json").read_text())
         rows[name] = {
-            "system": "genai", "variant": name, "quant": quant, "recipe": manifest["recipe"],
+            "system": "genai",
+            "variant": name,
+            "quant": quant,
+            "recipe": manifest["recipe"],
             "file_mib": round((folder / "text_decoder.pte").stat().st_size / 2**20, 1),
             "perplexity": round(result["perplexity"]["program"], 3),
             "float_perplexity": round(result["perplexity"]["float"], 3),
             "qdq_perplexity": round(result["perplexity"]["qdq"], 3) if result["perplexity"]["qdq"] else None,
-            "top1_agreement": round(result["top1_agreement"], 4), "kl_divergence": round(result["kl_divergence"], 4),
-            "tokens": result["tokens"], "decode": [], "prefill": [],
+            "top1_agreement": round(result["top1_agreement"], 4),
+            "kl_divergence": round(result["kl_divergence"], 4),
+            "tokens": result["tokens"],
+            "decode": [],
+            "prefill": [],
         }
         print(f"scored {name}: ppl {rows[name]['perplexity']}", file=sys.stderr, flush=True)
     for _ in range(args.repeats):  # round-robin: every variant sees the same load, in turn
         for name in args.variants:
-            out = json.loads(_child([*cli, "bench", str(work / name), "--json", "--repeats", "3", "--threads", str(args.threads)], env))
+            out = json.loads(
+                _child(
+                    [*cli, "bench", str(work / name), "--json", "--repeats", "3", "--threads", str(args.threads)], env
+                )
+            )
             rows[name]["decode"].append(out["decode_tokens_per_s"])
             rows[name]["prefill"].append(out["prefill_tokens_per_s"])
     for row in rows.values():
@@ -173,32 +233,49 @@ def main() -> None:
     peers = llamacpp_rows(args, work) if args.llamacpp else LLAMACPP_REFERENCE
     peer_fp = next(r["perplexity"] for r in peers if r["variant"] == "F32")
     if args.llamacpp and fp is not None and abs(peer_fp / fp - 1) > FP32_AGREEMENT:
-        raise SystemExit(f"the fp32 perplexities disagree on the same ids: genai {fp:.3f}, llama.cpp {peer_fp:.3f}: "
-                         "the two protocols do not score the same thing")
+        raise SystemExit(
+            f"the fp32 perplexities disagree on the same ids: genai {fp:.3f}, llama.cpp {peer_fp:.3f}: "
+            "the two protocols do not score the same thing"
+        )
     all_rows = list(rows.values()) + peers
     for row in all_rows:
         row["vs_float"] = round(row["perplexity"] / (fp if row["system"] == "genai" else peer_fp) - 1, 4)
-    print(f"{'system':<10} {'variant':<14} {'MiB':>6} {'ppl':>7} {'vs fp32':>8} {'top-1':>6} {'KL':>6} {'decode':>7} {'prefill':>8}")
+    print(
+        f"{'system':<10} {'variant':<14} {'MiB':>6} {'ppl':>7} {'vs fp32':>8} {'top-1':>6} {'KL':>6} {'decode':>7} {'prefill':>8}"
+    )
     for r in all_rows:
         f = lambda k, fmt: format(r[k], fmt) if r.get(k) is not None else "-"
-        print(f"{r['system']:<10} {r['variant']:<14} {f('file_mib', '6.1f'):>6} {r['perplexity']:7.2f} {100 * r['vs_float']:+7.1f}% "
-              f"{f('top1_agreement', '6.3f'):>6} {f('kl_divergence', '6.3f'):>6} {f('decode_tokens_per_s', '7.1f'):>7} "
-              f"{f('prefill_tokens_per_s', '8.1f'):>8}" + ("  (the issue's figures, not re-run)" if r.get("reference") else ""))
+        print(
+            f"{r['system']:<10} {r['variant']:<14} {f('file_mib', '6.1f'):>6} {r['perplexity']:7.2f} {100 * r['vs_float']:+7.1f}% "
+            f"{f('top1_agreement', '6.3f'):>6} {f('kl_divergence', '6.3f'):>6} {f('decode_tokens_per_s', '7.1f'):>7} "
+            f"{f('prefill_tokens_per_s', '8.1f'):>8}"
+            + ("  (the issue's figures, not re-run)" if r.get("reference") else "")
+        )
     result = {
-        "checkpoint": args.checkpoint, "text": args.text, "max_tokens": args.max_tokens, "window": args.window,
-        "float_perplexity": fp, "llamacpp_float_perplexity": peer_fp, "threads": args.threads, "repeats": args.repeats,
+        "checkpoint": args.checkpoint,
+        "text": args.text,
+        "max_tokens": args.max_tokens,
+        "window": args.window,
+        "float_perplexity": fp,
+        "llamacpp_float_perplexity": peer_fp,
+        "threads": args.threads,
+        "repeats": args.repeats,
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "load": os.getloadavg()},
-        "llamacpp": "measured on the same ids" if args.llamacpp else "the issue's figures (not re-run)", "rows": all_rows,
+        "llamacpp": "measured on the same ids" if args.llamacpp else "the issue's figures (not re-run)",
+        "rows": all_rows,
     }
     out = Path(args.json)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
     png = out.with_suffix(".png")
-    png.write_bytes(chart([r for r in all_rows if r.get("file_mib") and r["variant"] != "F32"]))  # fp32 would squash the axis
+    png.write_bytes(
+        chart([r for r in all_rows if r.get("file_mib") and r["variant"] != "F32"])
+    )  # fp32 would squash the axis
     print(f"wrote {out} and {png}")
 
 
 # ---- llama.cpp on the same ids (--llamacpp)
+
 
 def eval_ids(checkpoint: str, text: str, max_tokens: int) -> list[int]:
     """The ids `genai eval` scores: the checkpoint's tokenizer on the text, the first max_tokens."""
@@ -206,7 +283,9 @@ def eval_ids(checkpoint: str, text: str, max_tokens: int) -> list[int]:
     from genai_pipeline.tokenizer import Tokenizer
 
     spec, _ = infer_checkpoint_spec(Path(checkpoint))
-    return Tokenizer.from_folder(Path(checkpoint), bos_id=spec.bos_id).encode(Path(text).read_text(encoding="utf-8", errors="replace"))[:max_tokens]
+    return Tokenizer.from_folder(Path(checkpoint), bos_id=spec.bos_id).encode(
+        Path(text).read_text(encoding="utf-8", errors="replace")
+    )[:max_tokens]
 
 
 def llamacpp_rows(args, work: Path) -> list[dict]:
@@ -215,31 +294,50 @@ def llamacpp_rows(args, work: Path) -> list[dict]:
     import compare
 
     if not (compare.ENVS / "llamacpp" / "done.json").is_file():
-        raise SystemExit(f"--llamacpp needs llama-cpp-python in {compare.ENVS / 'llamacpp'}, which bench/compare.py builds "
-                         "(its done.json is not there)")
+        raise SystemExit(
+            f"--llamacpp needs llama-cpp-python in {compare.ENVS / 'llamacpp'}, which bench/compare.py builds "
+            "(its done.json is not there)"
+        )
     (work / "logs").mkdir(parents=True, exist_ok=True)
     inst = compare.install_llamacpp(work)  # the finished build's record, read from done.json
     model, out = {"folder": str(Path(args.checkpoint).resolve())}, work / "llamacpp"
-    files = {name: compare.export_llamacpp(model, name, ftype, out, work, inst, args.threads)["file"]
-             for name, ftype in {"F32": None, **LLAMACPP_FTYPES}.items()}
+    files = {
+        name: compare.export_llamacpp(model, name, ftype, out, work, inst, args.threads)["file"]
+        for name, ftype in {"F32": None, **LLAMACPP_FTYPES}.items()
+    }
     ids = eval_ids(args.checkpoint, args.text, args.max_tokens)
     # scored once per (ids, window, files); one thread: llama.cpp's threads spin-wait, which a shared host punishes
     key = zlib.crc32(json.dumps([ids, args.window, list(files.values())]).encode())
     ids_file, scored = work / f"ids-{key:08x}.json", out / f"scores-{key:08x}.json"
     if not scored.is_file():
         ids_file.write_text(json.dumps(ids))
-        _, _, stdout = compare.run_child([inst["python"], __file__, "_score-gguf", ids_file, args.window, 1, *files.values()],
-                                         log=work / "logs" / "llamacpp-score.log")
+        _, _, stdout = compare.run_child(
+            [inst["python"], __file__, "_score-gguf", ids_file, args.window, 1, *files.values()],
+            log=work / "logs" / "llamacpp-score.log",
+        )
         scored.write_text(stdout)
     scores = json.loads(scored.read_text())
     vocab = json.loads((Path(args.checkpoint) / "config.json").read_text())["vocab_size"]
     rows = []
     for name, file in files.items():
-        speed = [json.loads(compare.run_child([inst["python"], compare.__file__, "_run-llamacpp", file, vocab, 128, 128, args.threads])[2])
-                 for _ in range(args.repeats)]
-        rows.append({"system": "llama.cpp", "variant": name, "file_mib": round(Path(file).stat().st_size / 2**20, 1), **scores[file],
-                     "decode_tokens_per_s": statistics.median(s["decode_tokens_per_s"] for s in speed) if speed else None,
-                     "prefill_tokens_per_s": statistics.median(s["prefill_tokens_per_s"] for s in speed) if speed else None})
+        speed = [
+            json.loads(
+                compare.run_child(
+                    [inst["python"], compare.__file__, "_run-llamacpp", file, vocab, 128, 128, args.threads]
+                )[2]
+            )
+            for _ in range(args.repeats)
+        ]
+        rows.append(
+            {
+                "system": "llama.cpp",
+                "variant": name,
+                "file_mib": round(Path(file).stat().st_size / 2**20, 1),
+                **scores[file],
+                "decode_tokens_per_s": statistics.median(s["decode_tokens_per_s"] for s in speed) if speed else None,
+                "prefill_tokens_per_s": statistics.median(s["prefill_tokens_per_s"] for s in speed) if speed else None,
+            }
+        )
         print(f"scored llama.cpp {name}: ppl {rows[-1]['perplexity']}", file=sys.stderr, flush=True)
     return rows
 
@@ -254,8 +352,16 @@ def worker_score_gguf(ids_file: str, window: int, threads: int, files: list[str]
     windows = [ids[i : i + window] for i in range(0, len(ids) - 1, window)]
     reference, out = None, {}
     for file in files:
-        llm = Llama(model_path=file, n_ctx=window, n_batch=window, n_ubatch=window, logits_all=True,
-                    n_threads=threads, n_threads_batch=threads, verbose=False)
+        llm = Llama(
+            model_path=file,
+            n_ctx=window,
+            n_batch=window,
+            n_ubatch=window,
+            logits_all=True,
+            n_threads=threads,
+            n_threads_batch=threads,
+            verbose=False,
+        )
         nll, count, agree, kl, mine = 0.0, 0, 0, 0.0, []
         for k, w in enumerate(windows):
             llm.reset()
@@ -271,9 +377,12 @@ def worker_score_gguf(ids_file: str, window: int, threads: int, files: list[str]
                 agree += int((reference[k].argmax(-1) == lp.argmax(-1)).sum())
                 kl += float((np.exp(reference[k]) * (reference[k] - lp)).sum())
         reference = reference if reference is not None else mine
-        out[file] = {"perplexity": round(float(np.exp(nll / count)), 3), "tokens": count,
-                     "top1_agreement": round(agree / count, 4) if file != files[0] else 1.0,
-                     "kl_divergence": round(kl / count, 4) if file != files[0] else 0.0}
+        out[file] = {
+            "perplexity": round(float(np.exp(nll / count)), 3),
+            "tokens": count,
+            "top1_agreement": round(agree / count, 4) if file != files[0] else 1.0,
+            "kl_divergence": round(kl / count, 4) if file != files[0] else 0.0,
+        }
         del llm
     print(json.dumps(out))
 
@@ -323,7 +432,8 @@ def recipe_default(model, calib: list[int], window: int, recipe: str, smooth: fl
     from genai_pipeline.quantize.gptq import gptq_weights
     from genai_pipeline.quantize.recipes import quantize_module, recipe_for
     from genai_pipeline.quantize.rotation import rotate
-    from genai_pipeline.quantize.smoothing import smooth as smooth_model, smoothing_scales
+    from genai_pipeline.quantize.smoothing import smooth as smooth_model
+    from genai_pipeline.quantize.smoothing import smoothing_scales
 
     options = QuantOptions(recipe=recipe, smooth=smooth, rotate=rotated)
     if rotated:
@@ -332,7 +442,11 @@ def recipe_default(model, calib: list[int], window: int, recipe: str, smooth: fl
         smooth_model(model, smoothing_scales(model, input_absmax(model, [calib], window), smooth))
     computed = None
     if recipe == "8da4w":
-        names = {n for n, m in model.named_modules() if isinstance(m, nn.Linear) and recipe_for(n, options, len(model.layers)) == "8da4w"}
+        names = {
+            n
+            for n, m in model.named_modules()
+            if isinstance(m, nn.Linear) and recipe_for(n, options, len(model.layers)) == "8da4w"
+        }
         computed = gptq_weights(model, names, [calib], window, options.group_size)
     quantize_module(model, options, computed)
     return model
@@ -341,6 +455,7 @@ def recipe_default(model, calib: list[int], window: int, recipe: str, smooth: fl
 def _neg_q4_0(w, group_size):
     """llama.cpp's Q4_0 exactly: d = (signed value of largest magnitude) / -8, negative scales."""
     import torch
+
     from genai_pipeline.quantize.weights import groups
 
     g = groups(w, group_size)
@@ -374,7 +489,11 @@ def fake_quantize(model, hessians, rule="mse", group_size=32, head=8, emb="float
                 q, d = rules[rule](m.weight, group_size)
             m.weight = nn.Parameter(intx_weight(q, d, bits, dynamic=act), requires_grad=False)
         elif isinstance(m, nn.Embedding) and emb != "float":
-            q, d = mse_qparams(m.weight, group_size, 4, bf16=False) if emb == "4" else torchao_qparams(m.weight, m.embedding_dim, 8, bf16=False)
+            q, d = (
+                mse_qparams(m.weight, group_size, 4, bf16=False)
+                if emb == "4"
+                else torchao_qparams(m.weight, m.embedding_dim, 8, bf16=False)
+            )
             m.weight = nn.Parameter(intx_weight(q, d, int(emb), dynamic=False), requires_grad=False)
     return model
 
@@ -407,11 +526,14 @@ def levers(args) -> None:
         return out
 
     hessians = {}  # per linear: X^T X of its inputs over the calibration text
+
     def hook(name):
         def record(_, inputs, __):
             x = inputs[0].detach().reshape(-1, inputs[0].shape[-1]).float()
             hessians[name] = hessians.get(name, 0) + x.T @ x
+
         return record
+
     handles = [m.register_forward_hook(hook(n)) for n, m in model.named_modules() if isinstance(m, nn.Linear)]
     calib = tok.encode(Path(args.calib_text).read_text(encoding="utf-8"))[: args.calib_tokens]
     with torch.no_grad():
@@ -424,41 +546,100 @@ def levers(args) -> None:
 
     base = logprobs(model)
     n = sum(len(t) for t in targets)
+
     def metrics(lp):
         nll = sum(-l.gather(1, t[:, None]).sum().item() for l, t in zip(lp, targets))
         top1 = sum((p.argmax(-1) == q.argmax(-1)).sum().item() for p, q in zip(base, lp)) / n
         kl = sum((p.exp() * (p - q)).sum().item() for p, q in zip(base, lp)) / n
         return math.exp(nll / n), top1, kl
+
     fp = metrics(base)[0]
     rows = [{"lever": "float", "perplexity": fp}]
-    print(f"float perplexity {fp:.3f} on {n} tokens; calibration (imatrix, GPTQ): {len(calib)} tokens of {args.calib_text}")
+    print(
+        f"float perplexity {fp:.3f} on {n} tokens; calibration (imatrix, GPTQ): {len(calib)} tokens of {args.calib_text}"
+    )
     for name in args.levers or LEVERS:
         t = time.perf_counter()
         lever = LEVERS[name]
-        quantized = (recipe_default(copy.deepcopy(model), calib, args.window, **lever) if "recipe" in lever
-                     else fake_quantize(copy.deepcopy(model), hessians, **lever))
+        quantized = (
+            recipe_default(copy.deepcopy(model), calib, args.window, **lever)
+            if "recipe" in lever
+            else fake_quantize(copy.deepcopy(model), hessians, **lever)
+        )
         ppl, top1, kl = metrics(logprobs(quantized))
-        rows.append({"lever": name, "settings": LEVERS[name], "perplexity": ppl, "vs_float": ppl / fp - 1, "top1_agreement": top1, "kl_divergence": kl})
-        print(f"{name:<46} ppl {ppl:7.3f} ({100 * (ppl / fp - 1):+6.1f} %)  top-1 {100 * top1:5.1f} %  KL {kl:.4f}  [{time.perf_counter() - t:.0f} s]", flush=True)
+        rows.append(
+            {
+                "lever": name,
+                "settings": LEVERS[name],
+                "perplexity": ppl,
+                "vs_float": ppl / fp - 1,
+                "top1_agreement": top1,
+                "kl_divergence": kl,
+            }
+        )
+        print(
+            f"{name:<46} ppl {ppl:7.3f} ({100 * (ppl / fp - 1):+6.1f} %)  top-1 {100 * top1:5.1f} %  KL {kl:.4f}  [{time.perf_counter() - t:.0f} s]",
+            flush=True,
+        )
     out = Path(args.json).with_name("levers.json")
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"checkpoint": args.checkpoint, "text": args.text, "tokens": n, "window": args.window, "rows": rows}, indent=2, default=str) + "\n")
+    out.write_text(
+        json.dumps(
+            {"checkpoint": args.checkpoint, "text": args.text, "tokens": n, "window": args.window, "rows": rows},
+            indent=2,
+            default=str,
+        )
+        + "\n"
+    )
     print(f"wrote {out}")
 
 
 # A small PNG chart with the standard library only (the venv has neither matplotlib nor Pillow).
 _FONT = {  # 3x5 pixels per glyph, rows top to bottom
-    "0": "111101101101111", "1": "010110010010111", "2": "111001111100111", "3": "111001111001111",
-    "4": "101101111001001", "5": "111100111001111", "6": "111100111101111", "7": "111001001001001",
-    "8": "111101111101111", "9": "111101111001111", ".": "000000000000010", "%": "101001010100101",
-    "+": "000010111010000", "-": "000000111000000", " ": "000000000000000", "_": "000000000000111",
-    "M": "101111111101101", "i": "010000010010010", "B": "110101110101110", "G": "111100101101111",
-    "L": "100100100100111", "Q": "111101101111001", "K": "101110100110101", "a": "000111011101111",
-    "d": "001001111101111", "w": "000101101111101", "x": "000101010101000", "p": "000111101111100",
-    "l": "010010010010010", "e": "000111111100111", "r": "000111100100100", "s": "000111110011111",
-    "y": "000101111001111", "m": "000111111101101", "o": "000111101101111", "h": "100100111101101",
-    "t": "010111010010011", "n": "000110101101101", "b": "100100111101111", "c": "000111100100111",
-    "g": "000111101111011", "k": "100101110110101", "v": "000101101101010", "f": "011100110100100",
+    "0": "111101101101111",
+    "1": "010110010010111",
+    "2": "111001111100111",
+    "3": "111001111001111",
+    "4": "101101111001001",
+    "5": "111100111001111",
+    "6": "111100111101111",
+    "7": "111001001001001",
+    "8": "111101111101111",
+    "9": "111101111001111",
+    ".": "000000000000010",
+    "%": "101001010100101",
+    "+": "000010111010000",
+    "-": "000000111000000",
+    " ": "000000000000000",
+    "_": "000000000000111",
+    "M": "101111111101101",
+    "i": "010000010010010",
+    "B": "110101110101110",
+    "G": "111100101101111",
+    "L": "100100100100111",
+    "Q": "111101101111001",
+    "K": "101110100110101",
+    "a": "000111011101111",
+    "d": "001001111101111",
+    "w": "000101101111101",
+    "x": "000101010101000",
+    "p": "000111101111100",
+    "l": "010010010010010",
+    "e": "000111111100111",
+    "r": "000111100100100",
+    "s": "000111110011111",
+    "y": "000101111001111",
+    "m": "000111111101101",
+    "o": "000111101101111",
+    "h": "100100111101101",
+    "t": "010111010010011",
+    "n": "000110101101101",
+    "b": "100100111101111",
+    "c": "000111100100111",
+    "g": "000111101111011",
+    "k": "100101110110101",
+    "v": "000101101101010",
+    "f": "011100110100100",
     "F": "111100110100100",
 }
 
@@ -516,7 +697,12 @@ def chart(rows, w=900, h=560) -> bytes:
     def chunk(kind, data):
         return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
 
-    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 8, 2, 0, 0, 0)) + chunk(b"IDAT", zlib.compress(raw, 9)) + chunk(b"IEND", b"")
+    return (
+        b"\x89PNG\r\n\x1a\n"
+        + chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 8, 2, 0, 0, 0))
+        + chunk(b"IDAT", zlib.compress(raw, 9))
+        + chunk(b"IEND", b"")
+    )
 
 
 if __name__ == "__main__":

@@ -67,62 +67,129 @@ ENVS = (HERE / ".envs").resolve()  # may be a link to venvs shared between work 
 LLAMACPP_VERSION = "0.3.36"
 OPTIMUM_VERSION = "1.1.0"
 # onnxruntime-genai and its model builder (onnxruntime_genai.models.builder), with what the builder imports
-ORTGENAI_PINNED = ["onnxruntime-genai==0.18.0", "onnxruntime==1.31.1", "onnx==1.23.2", "onnx-ir==1.1.0",
-                   "onnxscript==0.7.2", "torch==2.13.0", "transformers>=5,<6", "safetensors", "numpy"]
+ORTGENAI_PINNED = [
+    "onnxruntime-genai==0.18.0",
+    "onnxruntime==1.31.1",
+    "onnx==1.23.2",
+    "onnx-ir==1.1.0",
+    "onnxscript==0.7.2",
+    "torch==2.13.0",
+    "transformers>=5,<6",
+    "safetensors",
+    "numpy",
+]
 PINNED = ["torch==2.13.0", "executorch==1.5.1", "torchao==0.18.0"]  # the main venv's, for the optimum venv
 # llama.cpp built for this CPU, except AMX: on this machine (a Firecracker VM with AMX in its CPUID) ggml's AMX
 # matmul segfaults on the first Q4_0 prefill (ggml_backend_amx_mul_mat, 0.3.36), so its AVX-512 VNNI kernels
 # and Q4_0 repacking run instead. Explicit -mno-amx-* flags override what -march=native turns on.
-LLAMACPP_BUILD = {"CMAKE_ARGS": "-DGGML_NATIVE=ON -DLLAVA_BUILD=OFF",
-                  "CFLAGS": "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16",
-                  "CXXFLAGS": "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"}
+LLAMACPP_BUILD = {
+    "CMAKE_ARGS": "-DGGML_NATIVE=ON -DLLAVA_BUILD=OFF",
+    "CFLAGS": "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16",
+    "CXXFLAGS": "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16",
+}
 
-COMMON = dict(rms_norm_eps=1e-5, hidden_act="silu", tie_word_embeddings=True, initializer_range=0.02,
-              attention_bias=False, mlp_bias=False, bos_token_id=0, eos_token_id=0, pad_token_id=None)
+COMMON = dict(
+    rms_norm_eps=1e-5,
+    hidden_act="silu",
+    tie_word_embeddings=True,
+    initializer_range=0.02,
+    attention_bias=False,
+    mlp_bias=False,
+    bos_token_id=0,
+    eos_token_id=0,
+    pad_token_id=None,
+)
 SHAPES = {
-    "smollm2-135m": dict(hidden_size=576, num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3,
-                         intermediate_size=1536, vocab_size=49152, max_position_embeddings=2048,
-                         rope_parameters={"rope_type": "default", "rope_theta": 100000.0}),
-    "llama3_2-1b": dict(hidden_size=2048, num_hidden_layers=16, num_attention_heads=32, num_key_value_heads=8,
-                        intermediate_size=8192, vocab_size=128256, max_position_embeddings=131072,
-                        head_dim=64,
-                        rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 32.0,
-                                         "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                                         "original_max_position_embeddings": 8192}),
+    "smollm2-135m": dict(
+        hidden_size=576,
+        num_hidden_layers=30,
+        num_attention_heads=9,
+        num_key_value_heads=3,
+        intermediate_size=1536,
+        vocab_size=49152,
+        max_position_embeddings=2048,
+        rope_parameters={"rope_type": "default", "rope_theta": 100000.0},
+    ),
+    "llama3_2-1b": dict(
+        hidden_size=2048,
+        num_hidden_layers=16,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        intermediate_size=8192,
+        vocab_size=128256,
+        max_position_embeddings=131072,
+        head_dim=64,
+        rope_parameters={
+            "rope_type": "llama3",
+            "rope_theta": 500000.0,
+            "factor": 32.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 8192,
+        },
+    ),
 }
 # recipe class -> variants per system: (variant name, arguments)
-GENAI_RECIPES = {"fp32": [("fp32", ["--recipe", "fp32"])],
-                 "8da8w": [("8da8w", ["--recipe", "8da8w"])],
-                 "8da4w": [("8da4w", ["--recipe", "8da4w"]), ("8da4w+emb8w", ["--recipe", "8da4w", "--embedding", "8w"]),
-                           # the default keeps attention.wv, feed_forward.w2 and the edge layers' w1/w3 at 8 bits
-                           # (accuracy); this one is 4-bit throughout, as the peers' programs: the bytes a token
-                           # reads, like for like
-                           ("8da4w-all4bit", ["--recipe", "8da4w", "--quant-override", "attention.wv=8da4w",
-                                              "--quant-override", r"feed_forward.w[123]=8da4w"]),
-                           # the Q4_0-size program of the accuracy table (bench/accuracy.py's 8da4w-head4)
-                           ("8da4w-w2at4", ["--recipe", "8da4w", "--quant-override", "feed_forward.w2=8da4w"])]}
+GENAI_RECIPES = {
+    "fp32": [("fp32", ["--recipe", "fp32"])],
+    "8da8w": [("8da8w", ["--recipe", "8da8w"])],
+    "8da4w": [
+        ("8da4w", ["--recipe", "8da4w"]),
+        ("8da4w+emb8w", ["--recipe", "8da4w", "--embedding", "8w"]),
+        # the default keeps attention.wv, feed_forward.w2 and the edge layers' w1/w3 at 8 bits
+        # (accuracy); this one is 4-bit throughout, as the peers' programs: the bytes a token
+        # reads, like for like
+        (
+            "8da4w-all4bit",
+            [
+                "--recipe",
+                "8da4w",
+                "--quant-override",
+                "attention.wv=8da4w",
+                "--quant-override",
+                r"feed_forward.w[123]=8da4w",
+            ],
+        ),
+        # the Q4_0-size program of the accuracy table (bench/accuracy.py's 8da4w-head4)
+        ("8da4w-w2at4", ["--recipe", "8da4w", "--quant-override", "feed_forward.w2=8da4w"]),
+    ],
+}
 LLAMACPP_RECIPES = {"fp32": [("F32", None)], "8da8w": [("Q8_0", 7)], "8da4w": [("Q4_0", 2)]}  # llama_ftype values
 # the builder's int4: blocks of 32 (its default), MatMulNBits with accuracy level 4 (int8 activations, as 8da4w)
-ORTGENAI_RECIPES = {"fp32": [("fp32", ["-p", "fp32"])], "8da8w": [],
-                    "8da4w": [("int4", ["-p", "int4", "--extra_options", "int4_block_size=32", "int4_accuracy_level=4"])]}
-OPTIMUM_RECIPES = {"fp32": [("fp32", [])],
-                   "8da8w": [("8da8w", ["--qlinear", "8da8w"])],
-                   "8da4w": [("8da4w", ["--qlinear", "8da4w"]), ("8da4w+emb8w", ["--qlinear", "8da4w", "--qembedding", "8w"])]}
+ORTGENAI_RECIPES = {
+    "fp32": [("fp32", ["-p", "fp32"])],
+    "8da8w": [],
+    "8da4w": [("int4", ["-p", "int4", "--extra_options", "int4_block_size=32", "int4_accuracy_level=4"])],
+}
+OPTIMUM_RECIPES = {
+    "fp32": [("fp32", [])],
+    "8da8w": [("8da8w", ["--qlinear", "8da8w"])],
+    "8da4w": [("8da4w", ["--qlinear", "8da4w"]), ("8da4w+emb8w", ["--qlinear", "8da4w", "--qembedding", "8w"])],
+}
 
 
 # ----------------------------------------------------------------------------- child processes
+
 
 class ChildFailed(Exception):
     pass
 
 
-def run_child(argv: list, log: Path | None = None, env: dict | None = None, cwd: Path | None = None) -> tuple[float, float, str]:
+def run_child(
+    argv: list, log: Path | None = None, env: dict | None = None, cwd: Path | None = None
+) -> tuple[float, float, str]:
     """Wall seconds, peak RSS in MB and stdout of one child process; its stderr goes to `log`."""
     start = time.perf_counter()
     err = open(log, "w") if log else subprocess.DEVNULL
     try:
-        child = subprocess.Popen([str(a) for a in argv], stdout=subprocess.PIPE, stderr=err, text=True,
-                                 env={**os.environ, **(env or {})}, cwd=cwd)
+        child = subprocess.Popen(
+            [str(a) for a in argv],
+            stdout=subprocess.PIPE,
+            stderr=err,
+            text=True,
+            env={**os.environ, **(env or {})},
+            cwd=cwd,
+        )
         out = child.stdout.read()
         _, status, usage = os.wait4(child.pid, 0)
     finally:
@@ -156,6 +223,7 @@ def say(*parts) -> None:
 
 # ----------------------------------------------------------------------------- stage 1: model
 
+
 def worker_build_model(shape: str, out: str, seed: int) -> None:
     """Runs in the main venv: the random-weight HF folder."""
     import torch
@@ -181,38 +249,54 @@ def worker_build_model(shape: str, out: str, seed: int) -> None:
     # A byte-level BPE trained on prose that ships with Python, padded with reserved tokens to the
     # model's vocab size (the harness feeds random token ids; the tokenizer only has to be valid).
     import pydoc_data.topics
+
     text = list(pydoc_data.topics.topics.values())
     specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    tok.train_from_iterator(text, trainers.BpeTrainer(
-        vocab_size=min(vocab, 4096), special_tokens=specials,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False))
+    tok.train_from_iterator(
+        text,
+        trainers.BpeTrainer(
+            vocab_size=min(vocab, 4096),
+            special_tokens=specials,
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+            show_progress=False,
+        ),
+    )
     spec = json.loads(tok.to_str())
     table = spec["model"]["vocab"]
     for i in range(len(table), vocab):
         table[f"<|reserved_{i}|>"] = i
     tok = Tokenizer.from_str(json.dumps(spec))
     assert tok.get_vocab_size() == vocab, (tok.get_vocab_size(), vocab)
-    PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<|endoftext|>", eos_token="<|endoftext|>",
-                            unk_token=None).save_pretrained(out)
+    PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token="<|endoftext|>", eos_token="<|endoftext|>", unk_token=None
+    ).save_pretrained(out)
 
 
 def build_model(shape: str, work: Path, seed: int) -> dict:
     folder = work / shape / "hf"
 
     def make():
-        wall, rss, _ = run_child([MAIN_PY, __file__, "_build-model", shape, folder, str(seed)],
-                                 log=work / "logs" / f"{shape}-build-model.log")
+        wall, rss, _ = run_child(
+            [MAIN_PY, __file__, "_build-model", shape, folder, str(seed)],
+            log=work / "logs" / f"{shape}-build-model.log",
+        )
         n = sum(f.stat().st_size for f in folder.glob("*.safetensors"))
-        return {"folder": str(folder), "seed": seed, "build_s": round(wall, 1), "build_peak_rss_mb": round(rss),
-                "safetensors_mb": round(n / 2**20, 1)}
+        return {
+            "folder": str(folder),
+            "seed": seed,
+            "build_s": round(wall, 1),
+            "build_peak_rss_mb": round(rss),
+            "safetensors_mb": round(n / 2**20, 1),
+        }
 
     return cached(folder / "done.json", make)
 
 
 # ----------------------------------------------------------------------------- stage 2: installs
+
 
 def install_llamacpp(work: Path) -> dict:
     env = ENVS / "llamacpp"
@@ -227,23 +311,70 @@ def install_llamacpp(work: Path) -> dict:
             run_child(["python3", "-m", "venv", env])
         sdist = src / f"llama_cpp_python-{LLAMACPP_VERSION}.tar.gz"
         if not sdist.exists():  # the sdist carries llama.cpp, its converter and gguf-py: PyPI only
-            run_child([py, "-m", "pip", "download", "--no-binary", ":all:", "--no-deps",
-                       f"llama-cpp-python=={LLAMACPP_VERSION}", "-d", src], log=log)
+            run_child(
+                [
+                    py,
+                    "-m",
+                    "pip",
+                    "download",
+                    "--no-binary",
+                    ":all:",
+                    "--no-deps",
+                    f"llama-cpp-python=={LLAMACPP_VERSION}",
+                    "-d",
+                    src,
+                ],
+                log=log,
+            )
         tree = src / f"llama_cpp_python-{LLAMACPP_VERSION}"
         if not tree.exists():
             with tarfile.open(sdist) as tar:
                 tar.extractall(src, filter="data")
-        have = subprocess.run([py, "-c", "import llama_cpp; print(llama_cpp.__version__)"], capture_output=True, text=True)
+        have = subprocess.run(
+            [py, "-c", "import llama_cpp; print(llama_cpp.__version__)"], capture_output=True, text=True
+        )
         flags = env / "build-flags.json"  # a finished build in this venv with the same flags is kept
-        built = have.stdout.strip() == LLAMACPP_VERSION and flags.exists() and json.loads(flags.read_text()) == LLAMACPP_BUILD
-        run_child([py, "-m", "pip", "install", *([] if built else ["--force-reinstall", "--no-deps", "--no-cache-dir", sdist])],
-                  log=log, env={**LLAMACPP_BUILD, "CMAKE_BUILD_PARALLEL_LEVEL": str(os.cpu_count())})
+        built = (
+            have.stdout.strip() == LLAMACPP_VERSION
+            and flags.exists()
+            and json.loads(flags.read_text()) == LLAMACPP_BUILD
+        )
+        run_child(
+            [
+                py,
+                "-m",
+                "pip",
+                "install",
+                *([] if built else ["--force-reinstall", "--no-deps", "--no-cache-dir", sdist]),
+            ],
+            log=log,
+            env={**LLAMACPP_BUILD, "CMAKE_BUILD_PARALLEL_LEVEL": str(os.cpu_count())},
+        )
         flags.write_text(json.dumps(LLAMACPP_BUILD))
-        run_child([py, "-m", "pip", "install", "llama-cpp-python==" + LLAMACPP_VERSION, "gguf", "numpy", "torch==2.13.0",
-                   "transformers>=5", "safetensors", "sentencepiece"], log=log)
+        run_child(
+            [
+                py,
+                "-m",
+                "pip",
+                "install",
+                "llama-cpp-python==" + LLAMACPP_VERSION,
+                "gguf",
+                "numpy",
+                "torch==2.13.0",
+                "transformers>=5",
+                "safetensors",
+                "sentencepiece",
+            ],
+            log=log,
+        )
         _, _, version = run_child([py, "-c", "import llama_cpp; print(llama_cpp.__version__)"])
-        return {"python": str(py), "llama_cpp_python": version.strip(), "llama_cpp_tree": str(tree / "vendor" / "llama.cpp"),
-                "build": LLAMACPP_BUILD, "install_s": round(time.perf_counter() - t)}
+        return {
+            "python": str(py),
+            "llama_cpp_python": version.strip(),
+            "llama_cpp_tree": str(tree / "vendor" / "llama.cpp"),
+            "build": LLAMACPP_BUILD,
+            "install_s": round(time.perf_counter() - t),
+        }
 
     return cached(env / "done.json", make)
 
@@ -259,61 +390,111 @@ def pip_venv(name: str, work: Path, requirements: list[str], report: tuple[str, 
         if not py.exists():
             run_child(["python3", "-m", "venv", env])
         run_child([py, "-m", "pip", "install", *requirements], log=work / "logs" / f"{name}-install.log")
-        _, _, out = run_child([py, "-c", "import importlib.metadata as m; import json, sys; "
-                               "print(json.dumps({p: m.version(p) for p in sys.argv[1:]}))", *report])
+        _, _, out = run_child(
+            [
+                py,
+                "-c",
+                "import importlib.metadata as m; import json, sys; "
+                "print(json.dumps({p: m.version(p) for p in sys.argv[1:]}))",
+                *report,
+            ]
+        )
         return {"python": str(py), "versions": json.loads(out), "install_s": round(time.perf_counter() - t)}
 
     return cached(env / "done.json", make)
 
 
 def install_optimum(work: Path) -> dict:
-    return pip_venv("optimum", work, [f"optimum-executorch=={OPTIMUM_VERSION}", *PINNED],
-                    ("optimum-executorch", "optimum", "executorch", "torch", "torchao", "transformers"))
+    return pip_venv(
+        "optimum",
+        work,
+        [f"optimum-executorch=={OPTIMUM_VERSION}", *PINNED],
+        ("optimum-executorch", "optimum", "executorch", "torch", "torchao", "transformers"),
+    )
 
 
 def install_ortgenai(work: Path) -> dict:
-    return pip_venv("ortgenai", work, ORTGENAI_PINNED, ("onnxruntime-genai", "onnxruntime", "onnx", "torch", "transformers"))
+    return pip_venv(
+        "ortgenai", work, ORTGENAI_PINNED, ("onnxruntime-genai", "onnxruntime", "onnx", "torch", "transformers")
+    )
 
 
 # ----------------------------------------------------------------------------- stage 3: exports
+
 
 def genai_source(ref: str, work: Path) -> dict:
     """Where `genai` runs from: a snapshot of git `ref`'s genai_pipeline/ (other engineers edit the
     working tree while this runs) and its assets/, or the working tree itself with ref 'worktree'."""
     head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
     if ref == "worktree":
-        dirty = subprocess.run(["git", "status", "--porcelain", "genai_pipeline"], cwd=ROOT, capture_output=True,
-                               text=True).stdout.strip()
-        return {"ref": "worktree", "sha": head + ("-dirty" if dirty else ""), "key": "worktree", "cwd": str(ROOT), "env": {}}
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "genai_pipeline"], cwd=ROOT, capture_output=True, text=True
+        ).stdout.strip()
+        return {
+            "ref": "worktree",
+            "sha": head + ("-dirty" if dirty else ""),
+            "key": "worktree",
+            "cwd": str(ROOT),
+            "env": {},
+        }
     sha = subprocess.run(["git", "rev-parse", ref], cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
     # exports are named by the content of genai_pipeline/ and assets/ (their git tree ids), not by the commit:
     # a commit elsewhere (bench/, tests/) reuses them
-    trees = subprocess.run(["git", "rev-parse", f"{sha}:genai_pipeline", f"{sha}:assets"], cwd=ROOT, capture_output=True,
-                           text=True, check=True).stdout.split()
+    trees = subprocess.run(
+        ["git", "rev-parse", f"{sha}:genai_pipeline", f"{sha}:assets"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
     key = hashlib.sha1(" ".join(trees).encode()).hexdigest()[:12]
     dest = work / "genai-src" / key
     if not (dest / "assets").exists():
         dest.mkdir(parents=True, exist_ok=True)
         # assets/: the calibration text the 8da4w recipe's GPTQ reads, beside the package
-        archive = subprocess.run(["git", "archive", sha, "genai_pipeline", "assets"], cwd=ROOT, capture_output=True,
-                                 check=True).stdout
+        archive = subprocess.run(
+            ["git", "archive", sha, "genai_pipeline", "assets"], cwd=ROOT, capture_output=True, check=True
+        ).stdout
         subprocess.run(["tar", "-x", "-C", dest], input=archive, check=True)
     # `python -m` puts the current directory first on sys.path: run from the snapshot
     return {"ref": ref, "sha": sha, "key": key, "cwd": str(dest), "env": {"PYTHONPATH": str(dest)}}
 
 
 def export_genai_program(export_args: list, out: Path, work: Path, src: dict) -> dict:
-    wall, rss, _ = run_child([MAIN_PY, "-m", "genai_pipeline.cli", "export", *export_args],
-                             log=work / "logs" / f"{out.parent.parent.name}-{out.name}-export.log",
-                             cwd=src["cwd"], env=src["env"])
-    return {"file": str(out / "text_decoder.pte"), "export_s": round(wall, 1), "export_peak_rss_mb": round(rss),
-            "genai_sha": src["sha"]}
+    wall, rss, _ = run_child(
+        [MAIN_PY, "-m", "genai_pipeline.cli", "export", *export_args],
+        log=work / "logs" / f"{out.parent.parent.name}-{out.name}-export.log",
+        cwd=src["cwd"],
+        env=src["env"],
+    )
+    return {
+        "file": str(out / "text_decoder.pte"),
+        "export_s": round(wall, 1),
+        "export_peak_rss_mb": round(rss),
+        "genai_sha": src["sha"],
+    }
 
 
 def export_genai(shape, model, recipe_args, mode, out: Path, work: Path, max_seq_len: int, src: dict) -> dict:
-    return cached(out / "done.json", lambda: export_genai_program(
-        ["--checkpoint", model["folder"], *recipe_args, "--mode", mode, "--max-seq-len", str(max_seq_len), "--out", out],
-        out, work, src))
+    return cached(
+        out / "done.json",
+        lambda: export_genai_program(
+            [
+                "--checkpoint",
+                model["folder"],
+                *recipe_args,
+                "--mode",
+                mode,
+                "--max-seq-len",
+                str(max_seq_len),
+                "--out",
+                out,
+            ],
+            out,
+            work,
+            src,
+        ),
+    )
 
 
 def worker_convert_gguf(tree: str, hf: str, outfile: str) -> None:
@@ -351,17 +532,26 @@ def export_llamacpp(model, name, ftype, out: Path, work: Path, inst: dict, threa
     def make():
         out.mkdir(parents=True, exist_ok=True)
         if ftype is None:
-            wall, rss, _ = run_child([inst["python"], __file__, "_convert-gguf", inst["llama_cpp_tree"], model["folder"], f32],
-                                     log=work / "logs" / f"{out.parent.parent.name}-gguf-F32.log")
+            wall, rss, _ = run_child(
+                [inst["python"], __file__, "_convert-gguf", inst["llama_cpp_tree"], model["folder"], f32],
+                log=work / "logs" / f"{out.parent.parent.name}-gguf-F32.log",
+            )
             what = "convert_hf_to_gguf.py --outtype f32"
         else:
             base = export_llamacpp(model, "F32", None, out, work, inst, threads)
-            wall, rss, _ = run_child([inst["python"], __file__, "_quantize", f32, target, str(ftype), str(threads)],
-                                     log=work / "logs" / f"{out.parent.parent.name}-gguf-{name}.log")
+            wall, rss, _ = run_child(
+                [inst["python"], __file__, "_quantize", f32, target, str(ftype), str(threads)],
+                log=work / "logs" / f"{out.parent.parent.name}-gguf-{name}.log",
+            )
             what = f"convert_hf_to_gguf.py --outtype f32 ({base['export_s']} s) + llama_model_quantize(ftype={ftype}) ({wall:.1f} s)"
             # the whole path from the HF folder, as for the other systems
-            return {"file": str(target), "export_s": round(base["export_s"] + wall, 1), "quantize_s": round(wall, 1),
-                    "export_peak_rss_mb": max(base["export_peak_rss_mb"], round(rss)), "how": what}
+            return {
+                "file": str(target),
+                "export_s": round(base["export_s"] + wall, 1),
+                "quantize_s": round(wall, 1),
+                "export_peak_rss_mb": max(base["export_peak_rss_mb"], round(rss)),
+                "how": what,
+            }
         return {"file": str(target), "export_s": round(wall, 1), "export_peak_rss_mb": round(rss), "how": what}
 
     return cached(out / f"{name}.done.json", make)
@@ -370,37 +560,75 @@ def export_llamacpp(model, name, ftype, out: Path, work: Path, inst: dict, threa
 def export_optimum(model, args, out: Path, work: Path, inst: dict, max_seq_len: int) -> dict:
     def make():
         cli = Path(inst["python"]).parent / "optimum-cli"
-        argv = [cli, "export", "executorch", "--model", model["folder"], "--task", "text-generation",
-                "--recipe", "xnnpack", "--use_custom_sdpa", "--use_custom_kv_cache", "--max_seq_len", str(max_seq_len),
-                *args, "--output_dir", out]
+        argv = [
+            cli,
+            "export",
+            "executorch",
+            "--model",
+            model["folder"],
+            "--task",
+            "text-generation",
+            "--recipe",
+            "xnnpack",
+            "--use_custom_sdpa",
+            "--use_custom_kv_cache",
+            "--max_seq_len",
+            str(max_seq_len),
+            *args,
+            "--output_dir",
+            out,
+        ]
         wall, rss, _ = run_child(argv, log=work / "logs" / f"{out.parent.parent.name}-{out.name}-export.log")
         ptes = sorted(out.glob("*.pte"))
         if not ptes:
             raise ChildFailed(f"no .pte in {out}")
-        return {"file": str(ptes[0]), "export_s": round(wall, 1), "export_peak_rss_mb": round(rss),
-                "command": " ".join(map(str, argv))}
+        return {
+            "file": str(ptes[0]),
+            "export_s": round(wall, 1),
+            "export_peak_rss_mb": round(rss),
+            "command": " ".join(map(str, argv)),
+        }
 
     return cached(out / "done.json", make)
 
 
 def export_ortgenai(model, args, out: Path, work: Path, inst: dict) -> dict:
     def make():
-        argv = [inst["python"], "-m", "onnxruntime_genai.models.builder", "-i", model["folder"], "-o", out,
-                "-e", "cpu", "-c", out.parent / f"{out.name}-cache", *args]
-        wall, rss, _ = run_child(argv, log=work / "logs" / f"{out.parent.parent.name}-{out.name}-export.log",
-                                 env={"HF_HUB_OFFLINE": "1"})
+        argv = [
+            inst["python"],
+            "-m",
+            "onnxruntime_genai.models.builder",
+            "-i",
+            model["folder"],
+            "-o",
+            out,
+            "-e",
+            "cpu",
+            "-c",
+            out.parent / f"{out.name}-cache",
+            *args,
+        ]
+        wall, rss, _ = run_child(
+            argv, log=work / "logs" / f"{out.parent.parent.name}-{out.name}-export.log", env={"HF_HUB_OFFLINE": "1"}
+        )
         onnx = out / "model.onnx"
         if not onnx.exists():
             raise ChildFailed(f"no model.onnx in {out}")
         # what a decode step reads: the graph and its external weights
         mb = sum(f.stat().st_size for f in out.iterdir() if f.name.startswith("model.onnx"))
-        return {"file": str(onnx), "export_s": round(wall, 1), "export_peak_rss_mb": round(rss),
-                "weights_mb": round(mb / 2**20, 1), "command": " ".join(map(str, argv))}
+        return {
+            "file": str(onnx),
+            "export_s": round(wall, 1),
+            "export_peak_rss_mb": round(rss),
+            "weights_mb": round(mb / 2**20, 1),
+            "command": " ".join(map(str, argv)),
+        }
 
     return cached(out / "done.json", make)
 
 
 # ----------------------------------------------------------------------------- stage 4: measurements
+
 
 def prompt_ids(vocab: int, prompt: str) -> list[int]:
     """`prompt`: a count of seeded random ids (as genai bench draws them), or a JSON file of a task's ids."""
@@ -431,8 +659,16 @@ def worker_run_llamacpp(path: str, vocab: int, prompt: str, gen_len: int, thread
 
     ids = prompt_ids(vocab, prompt)
     t = time.perf_counter()
-    llm = Llama(model_path=path, n_ctx=len(ids) + gen_len + 8, n_batch=512, n_ubatch=512, n_threads=threads,
-                n_threads_batch=threads, flash_attn=flash_attn, verbose=False)
+    llm = Llama(
+        model_path=path,
+        n_ctx=len(ids) + gen_len + 8,
+        n_batch=512,
+        n_ubatch=512,
+        n_threads=threads,
+        n_threads_batch=threads,
+        flash_attn=flash_attn,
+        verbose=False,
+    )
     load_s = time.perf_counter() - t
 
     n_vocab = llm.n_vocab()
@@ -454,9 +690,9 @@ def worker_run_llamacpp(path: str, vocab: int, prompt: str, gen_len: int, thread
 
 def worker_run_optimum(path: str, vocab: int, prompt: str, gen_len: int, threads: int) -> None:
     import torch
+    from executorch.extension.llm.custom_ops import custom_ops  # noqa: F401  custom SDPA and KV-cache update kernels
     from executorch.extension.pybindings import portable_lib
     from executorch.kernels import quantized  # noqa: F401  the quantized ops' kernels, as optimum's runner loads them
-    from executorch.extension.llm.custom_ops import custom_ops  # noqa: F401  custom SDPA and KV-cache update kernels
 
     portable_lib._unsafe_reset_threadpool(threads)
     t = time.perf_counter()
@@ -484,6 +720,7 @@ def prompt_text(tokenizer_json: str, n: int) -> str:
     """Prose that the model's tokenizer makes `n` tokens of, for runners that take text (ExecuTorch's
     TextLLMRunner): the first n tokens of Python's own topic help, decoded."""
     import pydoc_data.topics
+
     from tokenizers import Tokenizer
 
     tok = Tokenizer.from_file(tokenizer_json)
@@ -502,9 +739,9 @@ def worker_run_textllm(path: str, tokenizer_json: str, prompt_len: int, gen_len:
     evaluated - inference start); decode = generated / (end - prompt evaluated), where `generated` counts the
     decode steps' tokens only (max_new_tokens = gen_len + 1: the first token comes from prefill)."""
     from executorch.extension.llm.custom_ops import custom_ops  # noqa: F401  custom SDPA and KV-cache update kernels
+    from executorch.extension.llm.runner import GenerationConfig, TextLLMRunner
     from executorch.extension.pybindings import portable_lib
     from executorch.kernels import quantized  # noqa: F401  the quantized ops' kernels
-    from executorch.extension.llm.runner import GenerationConfig, TextLLMRunner
 
     text = prompt_text(tokenizer_json, prompt_len)
     out = os.dup(1)  # the runner prints the tokens it generates to stdout; the result line is ours
@@ -515,13 +752,23 @@ def worker_run_textllm(path: str, tokenizer_json: str, prompt_len: int, gen_len:
     for warming in (True, False):
         runner.reset()
         stats.clear()
-        runner.generate(text, GenerationConfig(echo=False, max_new_tokens=gen_len + 1, temperature=0.0, warming=warming),
-                        stats_callback=stats.append)
+        runner.generate(
+            text,
+            GenerationConfig(echo=False, max_new_tokens=gen_len + 1, temperature=0.0, warming=warming),
+            stats_callback=stats.append,
+        )
     s = stats[-1]
-    result = {"load_s": round((s.model_load_end_ms - s.model_load_start_ms) / 1000, 3),
-              "prompt_tokens": s.num_prompt_tokens, "generated_tokens": s.num_generated_tokens,
-              "prefill_tokens_per_s": round(1000 * s.num_prompt_tokens / max(1, s.prompt_eval_end_ms - s.inference_start_ms), 1),
-              "decode_tokens_per_s": round(1000 * s.num_generated_tokens / max(1, s.inference_end_ms - s.prompt_eval_end_ms), 1)}
+    result = {
+        "load_s": round((s.model_load_end_ms - s.model_load_start_ms) / 1000, 3),
+        "prompt_tokens": s.num_prompt_tokens,
+        "generated_tokens": s.num_generated_tokens,
+        "prefill_tokens_per_s": round(
+            1000 * s.num_prompt_tokens / max(1, s.prompt_eval_end_ms - s.inference_start_ms), 1
+        ),
+        "decode_tokens_per_s": round(
+            1000 * s.num_generated_tokens / max(1, s.inference_end_ms - s.prompt_eval_end_ms), 1
+        ),
+    }
     os.write(out, (json.dumps(result) + "\n").encode())
 
 
@@ -554,8 +801,15 @@ def worker_run_ortgenai(folder: str, vocab: int, prompt: str, gen_len: int, thre
             generator.generate_next_token()
         decode_rate = gen_len / (time.perf_counter() - t)
         del generator
-    print(json.dumps({"load_s": round(load_s, 3), "prefill_tokens_per_s": round(prefill_rate, 1),
-                      "decode_tokens_per_s": round(decode_rate, 1)}))
+    print(
+        json.dumps(
+            {
+                "load_s": round(load_s, 3),
+                "prefill_tokens_per_s": round(prefill_rate, 1),
+                "decode_tokens_per_s": round(decode_rate, 1),
+            }
+        )
+    )
 
 
 # ExecuTorch's custom SDPA kernel calls MKL from inside ExecuTorch's thread pool: with OpenMP's default team
@@ -572,31 +826,99 @@ def runs_of(variant: dict, args, task: tuple[str, Path] | None = None) -> list[d
     here = {"cwd": str(ROOT), "env": {}}
     if v["system"] == "genai":
         src = v["genai_src"]
-        runs = [("genai bench", args.threads, [MAIN_PY, "-m", "genai_pipeline.cli", "bench", Path(v["file"]).parent, "--json",
-                                               "--prompt-len", args.prompt_len, "--gen-len", args.gen_len, "--repeats", 1,
-                                               "--threads", args.threads], src)]
+        runs = [
+            (
+                "genai bench",
+                args.threads,
+                [
+                    MAIN_PY,
+                    "-m",
+                    "genai_pipeline.cli",
+                    "bench",
+                    Path(v["file"]).parent,
+                    "--json",
+                    "--prompt-len",
+                    args.prompt_len,
+                    "--gen-len",
+                    args.gen_len,
+                    "--repeats",
+                    1,
+                    "--threads",
+                    args.threads,
+                ],
+                src,
+            )
+        ]
         if v["variant"].endswith("/dynamic"):  # one `forward`: the program ExecuTorch's runner takes
-            runs.append(("TextLLMRunner", args.threads, [MAIN_PY, __file__, "_run-textllm", v["file"],
-                                                         Path(v["file"]).parent / "tokenizer.json", *n, args.threads],
-                         {"cwd": src["cwd"], "env": {**src["env"], **ONE_OMP_THREAD}}))
+            runs.append(
+                (
+                    "TextLLMRunner",
+                    args.threads,
+                    [
+                        MAIN_PY,
+                        __file__,
+                        "_run-textllm",
+                        v["file"],
+                        Path(v["file"]).parent / "tokenizer.json",
+                        *n,
+                        args.threads,
+                    ],
+                    {"cwd": src["cwd"], "env": {**src["env"], **ONE_OMP_THREAD}},
+                )
+            )
     elif v["system"] == "optimum":
-        runs = [("TextLLMRunner", args.threads, [v["python"], __file__, "_run-textllm", v["file"], v["tokenizer"], *n,
-                                                 args.threads], {**here, "env": ONE_OMP_THREAD}),
-                ("python loop", args.threads, [v["python"], __file__, "_run-optimum", v["file"], v["vocab"], *n,
-                                               args.threads], {**here, "env": ONE_OMP_THREAD})]
+        runs = [
+            (
+                "TextLLMRunner",
+                args.threads,
+                [v["python"], __file__, "_run-textllm", v["file"], v["tokenizer"], *n, args.threads],
+                {**here, "env": ONE_OMP_THREAD},
+            ),
+            (
+                "python loop",
+                args.threads,
+                [v["python"], __file__, "_run-optimum", v["file"], v["vocab"], *n, args.threads],
+                {**here, "env": ONE_OMP_THREAD},
+            ),
+        ]
     elif v["system"] == "llamacpp":
-        runs = [(f"{t} thr{' flash-attn' if fa else ''}", t,
-                 [v["python"], __file__, "_run-llamacpp", v["file"], v["vocab"], *n, t, int(fa)], here)
-                for t in args.llamacpp_threads for fa in (False, True)]
+        runs = [
+            (
+                f"{t} thr{' flash-attn' if fa else ''}",
+                t,
+                [v["python"], __file__, "_run-llamacpp", v["file"], v["vocab"], *n, t, int(fa)],
+                here,
+            )
+            for t in args.llamacpp_threads
+            for fa in (False, True)
+        ]
     else:
-        runs = [("generator loop", args.threads, [v["python"], __file__, "_run-ortgenai", Path(v["file"]).parent,
-                                                  v["vocab"], *n, args.threads], here)]
+        runs = [
+            (
+                "generator loop",
+                args.threads,
+                [v["python"], __file__, "_run-ortgenai", Path(v["file"]).parent, v["vocab"], *n, args.threads],
+                here,
+            )
+        ]
     if task is not None:  # runners that take ids (not TextLLMRunner); genai's plain decoding is in its lookahead rows
-        return [{**v, "id": f"{v['id']}/{name}/{task[0]}", "runner": f"{name}: {task[0]}", "task": task[0], "threads": t,
-                 "argv": argv, "run_in": where} for name, t, argv, where in runs
-                if v["system"] != "genai" and name != "TextLLMRunner"]
-    return [{**v, "id": f"{v['id']}/{name}", "runner": name, "threads": t, "argv": argv, "run_in": where}
-            for name, t, argv, where in runs]
+        return [
+            {
+                **v,
+                "id": f"{v['id']}/{name}/{task[0]}",
+                "runner": f"{name}: {task[0]}",
+                "task": task[0],
+                "threads": t,
+                "argv": argv,
+                "run_in": where,
+            }
+            for name, t, argv, where in runs
+            if v["system"] != "genai" and name != "TextLLMRunner"
+        ]
+    return [
+        {**v, "id": f"{v['id']}/{name}", "runner": name, "threads": t, "argv": argv, "run_in": where}
+        for name, t, argv, where in runs
+    ]
 
 
 def measure(row: dict, work: Path) -> dict:
@@ -614,11 +936,24 @@ def measure(row: dict, work: Path) -> dict:
     if "lookahead" in got:  # the row's decode rate is lookahead's; plain decoding's of the same text beside it
         la = got["lookahead"]
         decode = la["decode_tokens_per_s"]
-        ahead = {"plain_decode_tokens_per_s": la["plain_decode_tokens_per_s"], "speedup": la["speedup"],
-                 "tokens_per_call": la["tokens_per_call"], "tokens": la["tokens"], "first_difference": la["first_difference"],
-                 "verify_cost_in_steps": la.get("verify_cost_in_steps")}
-    return {"prefill_tokens_per_s": got["prefill_tokens_per_s"], "decode_tokens_per_s": decode,
-            "load_s": got["load_s"], "run_peak_rss_mb": round(rss), "loadavg_1m_before": load, **share, **tokens, **ahead}
+        ahead = {
+            "plain_decode_tokens_per_s": la["plain_decode_tokens_per_s"],
+            "speedup": la["speedup"],
+            "tokens_per_call": la["tokens_per_call"],
+            "tokens": la["tokens"],
+            "first_difference": la["first_difference"],
+            "verify_cost_in_steps": la.get("verify_cost_in_steps"),
+        }
+    return {
+        "prefill_tokens_per_s": got["prefill_tokens_per_s"],
+        "decode_tokens_per_s": decode,
+        "load_s": got["load_s"],
+        "run_peak_rss_mb": round(rss),
+        "loadavg_1m_before": load,
+        **share,
+        **tokens,
+        **ahead,
+    }
 
 
 # ----------------------------------------------------------------------------- lookahead rows
@@ -627,8 +962,10 @@ def measure(row: dict, work: Path) -> dict:
 # that repeats, which random weights never write. The prompts: a grounded task and free chat, of the
 # ones bench/lookahead_drafts.py replays (bench/prompts).
 REAL_SMOLLM2 = ROOT / ".cache" / "SmolLM2-135M-Instruct.Q4_1.gguf"
-LOOKAHEAD_TASKS = {"rewrite": ROOT / "bench" / "prompts" / "rewrite.txt",
-                   "free chat": ROOT / "bench" / "prompts" / "free-chat.txt"}
+LOOKAHEAD_TASKS = {
+    "rewrite": ROOT / "bench" / "prompts" / "rewrite.txt",
+    "free chat": ROOT / "bench" / "prompts" / "free-chat.txt",
+}
 
 
 def task_prompt_ids(folder: Path, work: Path) -> dict[str, Path]:
@@ -654,8 +991,15 @@ def lookahead_runs(args, work: Path, problems: list) -> tuple[list[dict], dict[s
     same shapes as the random-weight model the peers run) and are judged against the peers' runs of the
     same task's ids. Returns the runs and the tasks' id files."""
     if not REAL_SMOLLM2.exists():
-        problems.append({"shape": "smollm2-135m", "system": "genai", "variant": "lookahead", "stage": "model",
-                         "reason": f"{REAL_SMOLLM2} missing (make test fetches it)"})
+        problems.append(
+            {
+                "shape": "smollm2-135m",
+                "system": "genai",
+                "variant": "lookahead",
+                "stage": "model",
+                "reason": f"{REAL_SMOLLM2} missing (make test fetches it)",
+            }
+        )
         return [], {}
     src = genai_source(args.genai_ref, work)
     runs, tasks = [], {}
@@ -664,27 +1008,83 @@ def lookahead_runs(args, work: Path, problems: list) -> tuple[list[dict], dict[s
         out = work / "lookahead" / f"genai-{src['key'][:8]}-smollm2-135m-instruct-{recipe}-dynamic-verify{verify_len}"
         say(f"[lookahead] export genai SmolLM2-135M-Instruct {recipe} dynamic --verify-len {verify_len}")
         try:
-            rec = cached(out / "done.json", lambda: export_genai_program(
-                ["--checkpoint", REAL_SMOLLM2, "--recipe", recipe, "--mode", "dynamic", "--verify-len", verify_len,
-                 "--max-seq-len", "1024", "--out", out], out, work, src))
+            rec = cached(
+                out / "done.json",
+                lambda: export_genai_program(
+                    [
+                        "--checkpoint",
+                        REAL_SMOLLM2,
+                        "--recipe",
+                        recipe,
+                        "--mode",
+                        "dynamic",
+                        "--verify-len",
+                        verify_len,
+                        "--max-seq-len",
+                        "1024",
+                        "--out",
+                        out,
+                    ],
+                    out,
+                    work,
+                    src,
+                ),
+            )
         except ChildFailed as e:
-            problems.append({"shape": "smollm2-135m", "system": "genai", "variant": f"{recipe} lookahead {draft_len}",
-                             "stage": "export", "reason": last_error_line(e), "detail": str(e)[-3000:]})
+            problems.append(
+                {
+                    "shape": "smollm2-135m",
+                    "system": "genai",
+                    "variant": f"{recipe} lookahead {draft_len}",
+                    "stage": "export",
+                    "reason": last_error_line(e),
+                    "detail": str(e)[-3000:],
+                }
+            )
             continue
         tasks = tasks or task_prompt_ids(out, work)
         for task, prompt in LOOKAHEAD_TASKS.items():
-            argv = [MAIN_PY, "-m", "genai_pipeline.cli", "bench", out, "--json", "--prompt-file", prompt, "--chat",
-                    "--gen-len", args.lookahead_gen_len, "--lookahead", draft_len, "--repeats", 1, "--threads", args.threads]
-            runs.append({"id": f"smollm2-135m-genai-{recipe}-lookahead-{draft_len}/{task}", "shape": "smollm2-135m",
-                         "system": "genai", "recipe_class": recipe, "variant": f"{recipe}/dynamic real",
-                         "runner": f"lookahead {draft_len}: {task}",
-                         "task": task, "threads": args.threads, "file_mb": round(Path(rec["file"]).stat().st_size / 2**20, 1),
-                         "export_s": rec["export_s"], "export_peak_rss_mb": rec["export_peak_rss_mb"], "argv": argv,
-                         "run_in": src})
+            argv = [
+                MAIN_PY,
+                "-m",
+                "genai_pipeline.cli",
+                "bench",
+                out,
+                "--json",
+                "--prompt-file",
+                prompt,
+                "--chat",
+                "--gen-len",
+                args.lookahead_gen_len,
+                "--lookahead",
+                draft_len,
+                "--repeats",
+                1,
+                "--threads",
+                args.threads,
+            ]
+            runs.append(
+                {
+                    "id": f"smollm2-135m-genai-{recipe}-lookahead-{draft_len}/{task}",
+                    "shape": "smollm2-135m",
+                    "system": "genai",
+                    "recipe_class": recipe,
+                    "variant": f"{recipe}/dynamic real",
+                    "runner": f"lookahead {draft_len}: {task}",
+                    "task": task,
+                    "threads": args.threads,
+                    "file_mb": round(Path(rec["file"]).stat().st_size / 2**20, 1),
+                    "export_s": rec["export_s"],
+                    "export_peak_rss_mb": rec["export_peak_rss_mb"],
+                    "argv": argv,
+                    "run_in": src,
+                }
+            )
     return runs, tasks
 
 
 # ----------------------------------------------------------------------------- driver
+
 
 def prepare_variants(shape: str, args, work: Path, problems: list) -> list[dict]:
     say(f"[{shape}] model")
@@ -698,11 +1098,30 @@ def prepare_variants(shape: str, args, work: Path, problems: list) -> list[dict]
             say(f"[{shape}] export {system} {name}")
             rec = make()
             mb = rec.get("weights_mb") or round(Path(rec["file"]).stat().st_size / 2**20, 1)
-            variants.append({"id": vid, "shape": shape, "system": system, "recipe_class": recipe, "variant": name,
-                             "vocab": vocab, "file_mb": mb, **rec, **(extra or {})})
+            variants.append(
+                {
+                    "id": vid,
+                    "shape": shape,
+                    "system": system,
+                    "recipe_class": recipe,
+                    "variant": name,
+                    "vocab": vocab,
+                    "file_mb": mb,
+                    **rec,
+                    **(extra or {}),
+                }
+            )
         except ChildFailed as e:
-            problems.append({"shape": shape, "system": system, "variant": name, "stage": "export",
-                             "reason": last_error_line(e), "detail": str(e)[-3000:]})
+            problems.append(
+                {
+                    "shape": shape,
+                    "system": system,
+                    "variant": name,
+                    "stage": "export",
+                    "reason": last_error_line(e),
+                    "detail": str(e)[-3000:],
+                }
+            )
             say(f"  failed: {last_error_line(e)}")
 
     base = work / shape / "exports"
@@ -714,9 +1133,13 @@ def prepare_variants(shape: str, args, work: Path, problems: list) -> list[dict]
                     continue
                 for mode in args.modes:
                     out = base / f"genai-{src['key'][:8]}-{name}-{mode}"
-                    add("genai", recipe, f"{name}/{mode}",
+                    add(
+                        "genai",
+                        recipe,
+                        f"{name}/{mode}",
                         lambda: export_genai(shape, model, rargs, mode, out, work, args.max_seq_len, src),
-                        {"genai_src": src})
+                        {"genai_src": src},
+                    )
     if "llamacpp" in args.systems:
         inst = installs.get("llamacpp")
         if isinstance(inst, dict) and "python" in inst:
@@ -724,9 +1147,13 @@ def prepare_variants(shape: str, args, work: Path, problems: list) -> list[dict]
                 for name, ftype in LLAMACPP_RECIPES[recipe]:
                     if args.variants and name not in args.variants:
                         continue
-                    add("llamacpp", recipe, name,
+                    add(
+                        "llamacpp",
+                        recipe,
+                        name,
                         lambda: export_llamacpp(model, name, ftype, base / "llamacpp", work, inst, args.threads),
-                        {"python": inst["python"]})
+                        {"python": inst["python"]},
+                    )
     if "optimum" in args.systems:
         inst = installs.get("optimum")
         if isinstance(inst, dict) and "python" in inst:
@@ -734,9 +1161,13 @@ def prepare_variants(shape: str, args, work: Path, problems: list) -> list[dict]
                 for name, oargs in OPTIMUM_RECIPES[recipe]:
                     if args.variants and name not in args.variants:
                         continue
-                    add("optimum", recipe, name,
+                    add(
+                        "optimum",
+                        recipe,
+                        name,
                         lambda: export_optimum(model, oargs, base / f"optimum-{name}", work, inst, args.max_seq_len),
-                        {"python": inst["python"], "tokenizer": str(Path(model["folder"]) / "tokenizer.json")})
+                        {"python": inst["python"], "tokenizer": str(Path(model["folder"]) / "tokenizer.json")},
+                    )
     if "ortgenai" in args.systems:
         inst = installs.get("ortgenai")
         if isinstance(inst, dict) and "python" in inst:
@@ -744,9 +1175,13 @@ def prepare_variants(shape: str, args, work: Path, problems: list) -> list[dict]
                 for name, bargs in ORTGENAI_RECIPES[recipe]:
                     if args.variants and name not in args.variants:
                         continue
-                    add("ortgenai", recipe, name,
+                    add(
+                        "ortgenai",
+                        recipe,
+                        name,
                         lambda: export_ortgenai(model, bargs, base / f"ortgenai-{name}", work, inst),
-                        {"python": inst["python"]})
+                        {"python": inst["python"]},
+                    )
     return variants
 
 
@@ -762,8 +1197,21 @@ def summarize(rows_in: list[dict], samples: dict) -> list[dict]:
     for v in rows_in:
         got = samples.get(v["id"], [])
         ok = [s for s in got if "error" not in s]
-        row = {k: v.get(k) for k in ("shape", "system", "recipe_class", "variant", "runner", "task", "threads", "file_mb",
-                                     "export_s", "export_peak_rss_mb")}
+        row = {
+            k: v.get(k)
+            for k in (
+                "shape",
+                "system",
+                "recipe_class",
+                "variant",
+                "runner",
+                "task",
+                "threads",
+                "file_mb",
+                "export_s",
+                "export_peak_rss_mb",
+            )
+        }
         if ok:
             for key in ("prefill_tokens_per_s", "decode_tokens_per_s", "load_s", "run_peak_rss_mb"):
                 row[key] = round(statistics.median(s[key] for s in ok), 1 if key != "load_s" else 3)
@@ -788,70 +1236,102 @@ def summarize(rows_in: list[dict], samples: dict) -> list[dict]:
     for row in rows:
         if row["system"] != "genai":
             continue
-        peers = [r for r in rows if r["system"] != "genai" and r["shape"] == row["shape"]
-                 and r["recipe_class"] == row["recipe_class"] and r["task"] == row["task"]]
+        peers = [
+            r
+            for r in rows
+            if r["system"] != "genai"
+            and r["shape"] == row["shape"]
+            and r["recipe_class"] == row["recipe_class"]
+            and r["task"] == row["task"]
+        ]
         ratios = {}
-        for key, peer_key, better in (("prefill_tokens_per_s", "prefill_tokens_per_s", max),
-                                      ("decode_tokens_per_s", "decode_tokens_per_s", max),
-                                      ("plain_decode_tokens_per_s", "decode_tokens_per_s", max),  # a lookahead row's
-                                      ("file_mb", "file_mb", min), ("export_s", "export_s", min),
-                                      ("export_peak_rss_mb", "export_peak_rss_mb", min),
-                                      ("run_peak_rss_mb", "run_peak_rss_mb", min)):
+        for key, peer_key, better in (
+            ("prefill_tokens_per_s", "prefill_tokens_per_s", max),
+            ("decode_tokens_per_s", "decode_tokens_per_s", max),
+            ("plain_decode_tokens_per_s", "decode_tokens_per_s", max),  # a lookahead row's
+            ("file_mb", "file_mb", min),
+            ("export_s", "export_s", min),
+            ("export_peak_rss_mb", "export_peak_rss_mb", min),
+            ("run_peak_rss_mb", "run_peak_rss_mb", min),
+        ):
             vals = [(r[peer_key], r) for r in peers if r.get(peer_key)]
             if vals and row.get(key):
                 val, who = better(vals, key=lambda x: x[0])
-                ratios[key] = {"ratio": ratio(row[key], val), "best_peer": f"{who['system']} {who['variant']} {who['runner']}"}
+                ratios[key] = {
+                    "ratio": ratio(row[key], val),
+                    "best_peer": f"{who['system']} {who['variant']} {who['runner']}",
+                }
         row["vs_best_peer"] = ratios
     return rows
 
 
 def print_table(rows: list[dict], problems: list[dict]) -> None:
-    head = (f"{'shape':<13} {'system':<9} {'variant':<19} {'runner':<27} {'file MB':>8} {'export s':>8} {'exp RSS':>8} "
-            f"{'prefill t/s':>11} {'decode t/s':>10} {'load s':>7} {'run RSS':>8}  {'prefill/best':>12} {'decode/best':>11}")
+    head = (
+        f"{'shape':<13} {'system':<9} {'variant':<19} {'runner':<27} {'file MB':>8} {'export s':>8} {'exp RSS':>8} "
+        f"{'prefill t/s':>11} {'decode t/s':>10} {'load s':>7} {'run RSS':>8}  {'prefill/best':>12} {'decode/best':>11}"
+    )
     print("\n" + head + "\n" + "-" * len(head))
     for r in rows:
         vs = r.get("vs_best_peer", {})
         fmt = lambda k: f"{vs[k]['ratio']:.2f}" if k in vs and vs[k]["ratio"] is not None else "-"
         num = lambda k, w, p=1: f"{r[k]:>{w}.{p}f}" if r.get(k) is not None else f"{'-':>{w}}"
-        print(f"{r['shape']:<13} {r['system']:<9} {r['variant']:<19} {r['runner']:<27} {num('file_mb', 8)} {num('export_s', 8)} "
-              f"{num('export_peak_rss_mb', 8, 0)} {num('prefill_tokens_per_s', 11)} {num('decode_tokens_per_s', 10)} "
-              f"{num('load_s', 7, 2)} {num('run_peak_rss_mb', 8, 0)}  {fmt('prefill_tokens_per_s'):>12} "
-              f"{fmt('decode_tokens_per_s'):>11}" + (f"  run failed: {r['run_error'][:80]}" if r.get("run_error") else ""))
-    print("(ratios: genai / the best peer row of the same shape and recipe class; fp32 ~ F32, 8da8w ~ Q8_0, "
-          "8da4w ~ Q4_0 ~ onnxruntime-genai int4)")
+        print(
+            f"{r['shape']:<13} {r['system']:<9} {r['variant']:<19} {r['runner']:<27} {num('file_mb', 8)} {num('export_s', 8)} "
+            f"{num('export_peak_rss_mb', 8, 0)} {num('prefill_tokens_per_s', 11)} {num('decode_tokens_per_s', 10)} "
+            f"{num('load_s', 7, 2)} {num('run_peak_rss_mb', 8, 0)}  {fmt('prefill_tokens_per_s'):>12} "
+            f"{fmt('decode_tokens_per_s'):>11}" + (f"  run failed: {r['run_error'][:80]}" if r.get("run_error") else "")
+        )
+    print(
+        "(ratios: genai / the best peer row of the same shape and recipe class; fp32 ~ F32, 8da8w ~ Q8_0, "
+        "8da4w ~ Q4_0 ~ onnxruntime-genai int4)"
+    )
     for r in rows:
         for key in ("decode_tokens_per_s", "prefill_tokens_per_s"):
             if key in r.get("vs_best_peer", {}):
-                print(f"{r['shape']} genai {r['variant']} {r['runner']}: {key.split('_')[0]} best peer = "
-                      f"{r['vs_best_peer'][key]['best_peer']}")
+                print(
+                    f"{r['shape']} genai {r['variant']} {r['runner']}: {key.split('_')[0]} best peer = "
+                    f"{r['vs_best_peer'][key]['best_peer']}"
+                )
     for r in rows:
         if r.get("speedup") is not None:
             plain = r.get("vs_best_peer", {}).get("plain_decode_tokens_per_s")
-            print(f"{r['shape']} genai {r['variant']} {r['runner']}: {r['decode_tokens_per_s']} tok/s vs plain {r['plain_decode_tokens_per_s']} "
-                  f"in the same process ({r['speedup']:.2f}x; plain / best peer on the same prompt: "
-                  f"{plain['ratio'] if plain else '-'}), {r['tokens_per_call']:.2f} tokens per call, "
-                  f"first token differing from plain decoding: {r['first_difference']}")
+            print(
+                f"{r['shape']} genai {r['variant']} {r['runner']}: {r['decode_tokens_per_s']} tok/s vs plain {r['plain_decode_tokens_per_s']} "
+                f"in the same process ({r['speedup']:.2f}x; plain / best peer on the same prompt: "
+                f"{plain['ratio'] if plain else '-'}), {r['tokens_per_call']:.2f} tokens per call, "
+                f"first token differing from plain decoding: {r['first_difference']}"
+            )
     for r in rows:
         if r.get("bandwidth_share") is not None:
-            print(f"{r['shape']} genai {r['variant']}: decode reads weights at {100 * r['bandwidth_share']:.0f} % "
-                  "of the machine's measured copy bandwidth")
+            print(
+                f"{r['shape']} genai {r['variant']}: decode reads weights at {100 * r['bandwidth_share']:.0f} % "
+                "of the machine's measured copy bandwidth"
+            )
     for p in problems:
         print(f"NOT RUN  {p.get('shape', '')} {p['system']} {p.get('variant', '')} [{p['stage']}]: {p['reason']}")
 
 
 def markdown_table(rows: list[dict], host: dict) -> str:
     """The table in markdown, as the decision records in docs/decisions/ show it."""
-    lines = ["| shape | system | variant | runner | MB | prefill tok/s | decode tok/s | prefill / best peer | decode / best peer |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| shape | system | variant | runner | MB | prefill tok/s | decode tok/s | prefill / best peer | decode / best peer |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
         vs = r.get("vs_best_peer", {})
         ratio_of = lambda k: f"{vs[k]['ratio']:.2f}" if k in vs and vs[k]["ratio"] is not None else ""
-        num = lambda k: f"{r[k]:.1f}" if r.get(k) is not None else (r.get("run_error", "")[:40] if k.startswith("decode") else "")
-        lines.append(f"| {r['shape']} | {r['system']} | {r['variant']} | {r['runner']} | {r.get('file_mb') or ''} | "
-                     f"{num('prefill_tokens_per_s')} | {num('decode_tokens_per_s')} | {ratio_of('prefill_tokens_per_s')} | "
-                     f"{ratio_of('decode_tokens_per_s')} |")
-    lines.append(f"\n{host['cpu_model']}, {host['cpus']} cpus, AMX: {', '.join(host['amx']) or 'none'}; "
-                 f"load average at start {', '.join(f'{x:.1f}' for x in host['loadavg_start'])}")
+        num = lambda k: (
+            f"{r[k]:.1f}" if r.get(k) is not None else (r.get("run_error", "")[:40] if k.startswith("decode") else "")
+        )
+        lines.append(
+            f"| {r['shape']} | {r['system']} | {r['variant']} | {r['runner']} | {r.get('file_mb') or ''} | "
+            f"{num('prefill_tokens_per_s')} | {num('decode_tokens_per_s')} | {ratio_of('prefill_tokens_per_s')} | "
+            f"{ratio_of('decode_tokens_per_s')} |"
+        )
+    lines.append(
+        f"\n{host['cpu_model']}, {host['cpus']} cpus, AMX: {', '.join(host['amx']) or 'none'}; "
+        f"load average at start {', '.join(f'{x:.1f}' for x in host['loadavg_start'])}"
+    )
     return "\n".join(lines) + "\n"
 
 
@@ -864,36 +1344,61 @@ def machine() -> dict:
         if key.strip() in ("model name", "flags", "cpu family", "model") and key.strip() not in cpu:
             cpu[key.strip()] = value.strip()
     flags = cpu.get("flags", "").split()
-    return {"cpus": os.cpu_count(), "platform": platform.platform(), "cpu_model": cpu.get("model name"),
-            "cpu_family": cpu.get("cpu family"), "cpu_model_number": cpu.get("model"),
-            "amx": [f for f in flags if f.startswith("amx")],
-            "avx512": [f for f in flags if f.startswith("avx512") or f in ("avx_vnni", "avx2", "fma", "f16c")],
-            "cpu_flags": flags, "loadavg_start": os.getloadavg()}
+    return {
+        "cpus": os.cpu_count(),
+        "platform": platform.platform(),
+        "cpu_model": cpu.get("model name"),
+        "cpu_family": cpu.get("cpu family"),
+        "cpu_model_number": cpu.get("model"),
+        "amx": [f for f in flags if f.startswith("amx")],
+        "avx512": [f for f in flags if f.startswith("avx512") or f in ("avx_vnni", "avx2", "fma", "f16c")],
+        "cpu_flags": flags,
+        "loadavg_start": os.getloadavg(),
+    }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shapes", nargs="+", default=["smollm2-135m"], choices=list(SHAPES))
-    parser.add_argument("--systems", nargs="+", default=["genai", "llamacpp", "optimum", "ortgenai"],
-                        choices=["genai", "llamacpp", "optimum", "ortgenai"])
+    parser.add_argument(
+        "--systems",
+        nargs="+",
+        default=["genai", "llamacpp", "optimum", "ortgenai"],
+        choices=["genai", "llamacpp", "optimum", "ortgenai"],
+    )
     parser.add_argument("--recipes", nargs="+", default=["fp32", "8da8w", "8da4w"], choices=list(GENAI_RECIPES))
     parser.add_argument("--modes", nargs="+", default=["dynamic", "hybrid"], help="genai modes")
-    parser.add_argument("--variants", nargs="+", default=[],
-                        help="only these variant names (e.g. 8da4w Q4_0), for any system; default: every one")
+    parser.add_argument(
+        "--variants",
+        nargs="+",
+        default=[],
+        help="only these variant names (e.g. 8da4w Q4_0), for any system; default: every one",
+    )
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--llamacpp-threads", type=int, nargs="+", default=[1, 2],
-                        help="llama.cpp thread settings to try (each with and without flash attention)")
-    parser.add_argument("--lookahead", type=int, nargs="+", default=[7],
-                        help="draft lengths of the lookahead rows (real SmolLM2-135M-Instruct; a program with a `verify` "
-                             "method of up to N + 1 tokens each); 0: no lookahead rows")
+    parser.add_argument(
+        "--llamacpp-threads",
+        type=int,
+        nargs="+",
+        default=[1, 2],
+        help="llama.cpp thread settings to try (each with and without flash attention)",
+    )
+    parser.add_argument(
+        "--lookahead",
+        type=int,
+        nargs="+",
+        default=[7],
+        help="draft lengths of the lookahead rows (real SmolLM2-135M-Instruct; a program with a `verify` "
+        "method of up to N + 1 tokens each); 0: no lookahead rows",
+    )
     parser.add_argument("--lookahead-gen-len", type=int, default=200)
     parser.add_argument("--prompt-len", type=int, default=128)
     parser.add_argument("--gen-len", type=int, default=128)
     parser.add_argument("--max-seq-len", type=int, default=512)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--genai-ref", default="HEAD",
-                        help="git ref whose genai_pipeline/ is exported and measured, or 'worktree'")
+    parser.add_argument(
+        "--genai-ref", default="HEAD", help="git ref whose genai_pipeline/ is exported and measured, or 'worktree'"
+    )
     parser.add_argument("--skip-install", action="store_true", help="use the venvs under bench/.envs as they are")
     parser.add_argument("--work", default=str(HERE / ".work"))
     parser.add_argument("--json", default=str(HERE / "results" / "compare.json"))
@@ -905,7 +1410,11 @@ def main() -> None:
 
     host = machine()
     say(f"{host['cpu_model']}, {host['cpus']} cpus, AMX: {host['amx'] or 'none'}, load average {host['loadavg_start']}")
-    for system, install in (("llamacpp", install_llamacpp), ("optimum", install_optimum), ("ortgenai", install_ortgenai)):
+    for system, install in (
+        ("llamacpp", install_llamacpp),
+        ("optimum", install_optimum),
+        ("ortgenai", install_ortgenai),
+    ):
         if system not in args.systems:
             continue
         say(f"install {system}")
@@ -916,7 +1425,9 @@ def main() -> None:
             installs[system] = install(work)
         except ChildFailed as e:
             installs[system] = None
-            problems.append({"system": system, "stage": "install", "reason": last_error_line(e), "detail": str(e)[-3000:]})
+            problems.append(
+                {"system": system, "stage": "install", "reason": last_error_line(e), "detail": str(e)[-3000:]}
+            )
             say(f"  failed: {last_error_line(e)}")
 
     variants = []
@@ -926,8 +1437,13 @@ def main() -> None:
     args.lookahead = [n for n in args.lookahead if n > 0]
     if args.lookahead and "genai" in args.systems and "smollm2-135m" in args.shapes:
         ahead, tasks = lookahead_runs(args, work, problems)
-        runs += ahead + [run for v in variants if v["shape"] == "smollm2-135m" for task in tasks.items()
-                         for run in runs_of(v, args, task)]
+        runs += ahead + [
+            run
+            for v in variants
+            if v["shape"] == "smollm2-135m"
+            for task in tasks.items()
+            for run in runs_of(v, args, task)
+        ]
 
     samples: dict[str, list] = {}
     measured = time.time()
@@ -944,13 +1460,33 @@ def main() -> None:
     print_table(rows, problems)
     result = {
         "machine": {**host, "loadavg_end": os.getloadavg()},
-        "settings": {k: getattr(args, k) for k in ("shapes", "systems", "recipes", "modes", "variants", "repeats", "threads",
-                                                    "llamacpp_threads", "lookahead", "lookahead_gen_len", "prompt_len", "gen_len", "max_seq_len", "seed",
-                                                    "genai_ref")},
+        "settings": {
+            k: getattr(args, k)
+            for k in (
+                "shapes",
+                "systems",
+                "recipes",
+                "modes",
+                "variants",
+                "repeats",
+                "threads",
+                "llamacpp_threads",
+                "lookahead",
+                "lookahead_gen_len",
+                "prompt_len",
+                "gen_len",
+                "max_seq_len",
+                "seed",
+                "genai_ref",
+            )
+        },
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
         "installs": installs,
-        "models": {s: json.loads((work / s / "hf" / "done.json").read_text()) for s in args.shapes
-                   if (work / s / "hf" / "done.json").exists()},
+        "models": {
+            s: json.loads((work / s / "hf" / "done.json").read_text())
+            for s in args.shapes
+            if (work / s / "hf" / "done.json").exists()
+        },
         "rows": rows,
         "samples": samples,
         "not_run": problems,
@@ -960,8 +1496,10 @@ def main() -> None:
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
     Path(args.json).with_suffix(".md").write_text(markdown_table(rows, host))
-    print(f"wrote {args.json} and its table as {Path(args.json).with_suffix('.md').name}; {(time.time() - started) / 60:.1f} min in all, {(time.time() - measured) / 60:.1f} "
-          f"of them measuring; load average now {os.getloadavg()}")
+    print(
+        f"wrote {args.json} and its table as {Path(args.json).with_suffix('.md').name}; {(time.time() - started) / 60:.1f} min in all, {(time.time() - measured) / 60:.1f} "
+        f"of them measuring; load average now {os.getloadavg()}"
+    )
 
 
 WORKERS = {

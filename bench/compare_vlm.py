@@ -50,8 +50,17 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from compare import (ENVS, LLAMACPP_BUILD, LLAMACPP_VERSION, ChildFailed, cached, genai_source,  # noqa: E402
-                     last_error_line, run_child, say)
+from compare import (  # noqa: E402
+    ENVS,
+    LLAMACPP_BUILD,
+    LLAMACPP_VERSION,
+    ChildFailed,
+    cached,
+    genai_source,
+    last_error_line,
+    run_child,
+    say,
+)
 
 MAIN_PY = Path(sys.executable)  # the main venv: genai, torch, transformers 5.25
 ROOT = HERE.parent
@@ -64,36 +73,79 @@ ET_ENV = {"OMP_NUM_THREADS": "1"}
 
 IMAGE = 512
 TOKENS_PER_IMAGE = 64
-TEXT = dict(model_type="llama", vocab_size=49280, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
-            num_attention_heads=9, num_key_value_heads=3, head_dim=64, max_position_embeddings=8192, rms_norm_eps=1e-5,
-            hidden_act="silu", tie_word_embeddings=False, rope_parameters={"rope_type": "default", "rope_theta": 100000.0},
-            bos_token_id=1, eos_token_id=49279, pad_token_id=2)
-VISION = dict(model_type="smolvlm_vision", hidden_size=768, intermediate_size=3072, num_hidden_layers=12,
-              num_attention_heads=12, patch_size=16, image_size=IMAGE, hidden_act="gelu_pytorch_tanh", layer_norm_eps=1e-6)
+TEXT = dict(
+    model_type="llama",
+    vocab_size=49280,
+    hidden_size=576,
+    intermediate_size=1536,
+    num_hidden_layers=30,
+    num_attention_heads=9,
+    num_key_value_heads=3,
+    head_dim=64,
+    max_position_embeddings=8192,
+    rms_norm_eps=1e-5,
+    hidden_act="silu",
+    tie_word_embeddings=False,
+    rope_parameters={"rope_type": "default", "rope_theta": 100000.0},
+    bos_token_id=1,
+    eos_token_id=49279,
+    pad_token_id=2,
+)
+VISION = dict(
+    model_type="smolvlm_vision",
+    hidden_size=768,
+    intermediate_size=3072,
+    num_hidden_layers=12,
+    num_attention_heads=12,
+    patch_size=16,
+    image_size=IMAGE,
+    hidden_act="gelu_pytorch_tanh",
+    layer_norm_eps=1e-6,
+)
 SPECIAL = {"<global-img>": 49152, "<fake_token_around_image>": 49189, "<image>": 49190, "<end_of_utterance>": 49279}
 CHAT_TEMPLATE = (  # SmolVLM's (transformers' processing_smolvlm DEFAULT_CHAT_TEMPLATE, images and text only)
     "<|im_start|>{% for message in messages %}{{message['role'] | capitalize}}{% if message['content'] is string %}"
     "{{': ' + message['content']}}{% else %}{% if message['content'][0]['type'] == 'image' %}{{':'}}{% else %}{{': '}}"
     "{% endif %}{% for line in message['content'] %}{% if line['type'] == 'text' %}{{line['text']}}"
     "{% elif line['type'] == 'image' %}{{ '<image>' }}{% endif %}{% endfor %}{% endif %}<end_of_utterance>\n"
-    "{% endfor %}{% if add_generation_prompt %}{{ 'Assistant:' }}{% endif %}")
+    "{% endfor %}{% if add_generation_prompt %}{{ 'Assistant:' }}{% endif %}"
+)
 QUESTION = "Describe this image in detail."
 
 # recipe class -> variants per system
 # The 8da4w decoder's GPTQ calibrates on assets/reference/sample.txt by default; genai runs from a snapshot of
 # genai_pipeline/ only, so the same file is named explicitly.
-GENAI_RECIPES = {"fp32": [("fp32", ["--recipe", "fp32"])],
-                 "8da4w": [("8da4w+vision8da8w", ["--recipe", "8da4w", "--vision-recipe", "8da8w",
-                                                   "--calib", f"text:{ROOT / 'assets' / 'reference' / 'sample.txt'}"])]}
-OPTIMUM_RECIPES = {"fp32": [("fp32", [])],
-                   "8da4w": [("8da4w+vision8da8w", ["--qlinear", "8da4w", "--qlinear_encoder", "8da8w"])]}
+GENAI_RECIPES = {
+    "fp32": [("fp32", ["--recipe", "fp32"])],
+    "8da4w": [
+        (
+            "8da4w+vision8da8w",
+            [
+                "--recipe",
+                "8da4w",
+                "--vision-recipe",
+                "8da8w",
+                "--calib",
+                f"text:{ROOT / 'assets' / 'reference' / 'sample.txt'}",
+            ],
+        )
+    ],
+}
+OPTIMUM_RECIPES = {
+    "fp32": [("fp32", [])],
+    "8da4w": [("8da4w+vision8da8w", ["--qlinear", "8da4w", "--qlinear_encoder", "8da8w"])],
+}
 LLAMACPP_RECIPES = {"fp32": [("F32+mmproj-F32", (None, "f32"))], "8da4w": [("Q4_0+mmproj-Q8_0", (2, "q8_0"))]}
-MTMD_BUILD = {**LLAMACPP_BUILD, "CMAKE_ARGS": "-DGGML_NATIVE=ON -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF "
-              "-DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF -DLLAMA_USE_PREBUILT_UI=OFF "
-              "-DMTMD_VIDEO=OFF -DBUILD_SHARED_LIBS=ON -DCMAKE_BUILD_TYPE=Release"}
+MTMD_BUILD = {
+    **LLAMACPP_BUILD,
+    "CMAKE_ARGS": "-DGGML_NATIVE=ON -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF "
+    "-DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF -DLLAMA_USE_PREBUILT_UI=OFF "
+    "-DMTMD_VIDEO=OFF -DBUILD_SHARED_LIBS=ON -DCMAKE_BUILD_TYPE=Release",
+}
 
 
 # ----------------------------------------------------------------------------- stage 1: model and image
+
 
 def worker_build_model(out: str, seed: int) -> None:
     """Runs in the main venv: the random-weight SmolVLM folder, its tokenizer and processor files."""
@@ -106,9 +158,16 @@ def worker_build_model(out: str, seed: int) -> None:
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    config = transformers.SmolVLMConfig(text_config=TEXT, vision_config=VISION, scale_factor=4,
-                                        image_token_id=SPECIAL["<image>"], tie_word_embeddings=False,
-                                        bos_token_id=1, eos_token_id=SPECIAL["<end_of_utterance>"], pad_token_id=2)
+    config = transformers.SmolVLMConfig(
+        text_config=TEXT,
+        vision_config=VISION,
+        scale_factor=4,
+        image_token_id=SPECIAL["<image>"],
+        tie_word_embeddings=False,
+        bos_token_id=1,
+        eos_token_id=SPECIAL["<end_of_utterance>"],
+        pad_token_id=2,
+    )
     config.architectures = ["SmolVLMForConditionalGeneration"]
     # as SmolVLM's own config.json has it: llama.cpp's converter picks the text model's class by this name
     config.text_config.architectures = ["VLlama3ForCausalLM"]
@@ -134,22 +193,54 @@ def worker_build_model(out: str, seed: int) -> None:
     tok.add_special_tokens(added)
     assert all(tok.token_to_id(t) == i for t, i in SPECIAL.items()) and tok.get_vocab_size() == TEXT["vocab_size"]
     tok.save(str(out / "tokenizer.json"))
-    (out / "tokenizer_config.json").write_text(json.dumps({
-        "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<|im_start|>", "eos_token": "<end_of_utterance>",
-        "pad_token": "<|im_end|>", "unk_token": "<|endoftext|>", "add_bos_token": False, "add_eos_token": False,
-        "model_max_length": 8192, "chat_template": CHAT_TEMPLATE,
-        "extra_special_tokens": {"image_token": "<image>", "fake_image_token": "<fake_token_around_image>",
-                                 "global_image_token": "<global-img>", "end_of_utterance_token": "<end_of_utterance>"},
-    }, indent=2) + "\n")
+    (out / "tokenizer_config.json").write_text(
+        json.dumps(
+            {
+                "tokenizer_class": "PreTrainedTokenizerFast",
+                "bos_token": "<|im_start|>",
+                "eos_token": "<end_of_utterance>",
+                "pad_token": "<|im_end|>",
+                "unk_token": "<|endoftext|>",
+                "add_bos_token": False,
+                "add_eos_token": False,
+                "model_max_length": 8192,
+                "chat_template": CHAT_TEMPLATE,
+                "extra_special_tokens": {
+                    "image_token": "<image>",
+                    "fake_image_token": "<fake_token_around_image>",
+                    "global_image_token": "<global-img>",
+                    "end_of_utterance_token": "<end_of_utterance>",
+                },
+            },
+            indent=2,
+        )
+        + "\n"
+    )
     (out / "chat_template.jinja").write_text(CHAT_TEMPLATE)
-    (out / "preprocessor_config.json").write_text(json.dumps({
-        "image_processor_type": "Idefics3ImageProcessor", "do_convert_rgb": True, "do_resize": True,
-        "size": {"longest_edge": IMAGE}, "max_image_size": {"longest_edge": IMAGE}, "do_image_splitting": False,
-        "resample": 1, "do_rescale": True, "rescale_factor": 1 / 255, "do_normalize": True,
-        "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5], "do_pad": True,
-    }, indent=2) + "\n")
-    (out / "processor_config.json").write_text(json.dumps(
-        {"image_seq_len": TOKENS_PER_IMAGE, "processor_class": "Idefics3Processor"}, indent=2) + "\n")
+    (out / "preprocessor_config.json").write_text(
+        json.dumps(
+            {
+                "image_processor_type": "Idefics3ImageProcessor",
+                "do_convert_rgb": True,
+                "do_resize": True,
+                "size": {"longest_edge": IMAGE},
+                "max_image_size": {"longest_edge": IMAGE},
+                "do_image_splitting": False,
+                "resample": 1,
+                "do_rescale": True,
+                "rescale_factor": 1 / 255,
+                "do_normalize": True,
+                "image_mean": [0.5, 0.5, 0.5],
+                "image_std": [0.5, 0.5, 0.5],
+                "do_pad": True,
+            },
+            indent=2,
+        )
+        + "\n"
+    )
+    (out / "processor_config.json").write_text(
+        json.dumps({"image_seq_len": TOKENS_PER_IMAGE, "processor_class": "Idefics3Processor"}, indent=2) + "\n"
+    )
 
     # The benchmark's image: 512 x 512, seeded (smooth gradients + noise), PNG for every system.
     import numpy as np
@@ -165,25 +256,49 @@ def build_model(work: Path, seed: int) -> dict:
     folder = work / "smolvlm-256m" / "hf"
 
     def make():
-        wall, rss, _ = run_child([MAIN_PY, __file__, "_build-model", folder, str(seed)],
-                                 log=work / "logs" / "smolvlm-build-model.log", env={"PYTHONPATH": str(ROOT)})
+        wall, rss, _ = run_child(
+            [MAIN_PY, __file__, "_build-model", folder, str(seed)],
+            log=work / "logs" / "smolvlm-build-model.log",
+            env={"PYTHONPATH": str(ROOT)},
+        )
         n = sum(f.stat().st_size for f in folder.glob("*.safetensors"))
-        return {"folder": str(folder), "image": str(folder / "image.png"), "seed": seed, "build_s": round(wall, 1),
-                "safetensors_mb": round(n / 2**20, 1)}
+        return {
+            "folder": str(folder),
+            "image": str(folder / "image.png"),
+            "seed": seed,
+            "build_s": round(wall, 1),
+            "safetensors_mb": round(n / 2**20, 1),
+        }
 
     return cached(folder / "done.json", make)
 
 
-
 # ----------------------------------------------------------------------------- stage 2: exports
+
 
 def export_genai(model: dict, name: str, recipe_args: list, out: Path, work: Path, max_seq_len: int, src: dict) -> dict:
     def make():
-        argv = [MAIN_PY, "-m", "genai_pipeline.cli", "export", "--checkpoint", model["folder"], *recipe_args,
-                "--max-seq-len", str(max_seq_len), "--out", out]
+        argv = [
+            MAIN_PY,
+            "-m",
+            "genai_pipeline.cli",
+            "export",
+            "--checkpoint",
+            model["folder"],
+            *recipe_args,
+            "--max-seq-len",
+            str(max_seq_len),
+            "--out",
+            out,
+        ]
         wall, rss, _ = run_child(argv, log=work / "logs" / f"genai-{name}-export.log", cwd=src["cwd"], env=src["env"])
-        return {"file": str(out / "multimodal.pte"), "export_s": round(wall, 1), "export_peak_rss_mb": round(rss),
-                "genai_sha": src["sha"], "command": " ".join(map(str, argv[1:]))}
+        return {
+            "file": str(out / "multimodal.pte"),
+            "export_s": round(wall, 1),
+            "export_peak_rss_mb": round(rss),
+            "genai_sha": src["sha"],
+            "command": " ".join(map(str, argv[1:])),
+        }
 
     return cached(out / "done.json", make)
 
@@ -198,7 +313,9 @@ def worker_export_optimum(argv: list) -> None:
     from optimum.exporters.executorch import integrations
 
     def local_inputs(self):
-        return torch.rand(1, 1, 3, IMAGE, IMAGE, dtype=self.model.dtype, generator=torch.Generator().manual_seed(0)), None
+        return torch.rand(
+            1, 1, 3, IMAGE, IMAGE, dtype=self.model.dtype, generator=torch.Generator().manual_seed(0)
+        ), None
 
     integrations.VisionExportableModule.prepare_export_inputs = local_inputs
     from optimum.commands.optimum_cli import main
@@ -227,9 +344,12 @@ def idefics3_folder(model: dict) -> Path:
 
 def probe_optimum_smolvlm(model: dict, work: Path, inst: dict, problems: list) -> None:
     """Whether optimum-executorch takes the folder as it is (`model_type` smolvlm); the answer is cached."""
+
     def make():
-        code = ("import transformers as t; t.AutoModelForPreTraining.from_config(t.AutoConfig.from_pretrained(%r))"
-                % model["folder"])
+        code = (
+            "import transformers as t; "
+            f"t.AutoModelForPreTraining.from_config(t.AutoConfig.from_pretrained({model['folder']!r}))"
+        )
         try:
             run_child([inst["python"], "-c", code], log=work / "logs" / "optimum-smolvlm-probe.log")
             return {"loads": True}
@@ -238,9 +358,16 @@ def probe_optimum_smolvlm(model: dict, work: Path, inst: dict, problems: list) -
 
     got = cached(work / "smolvlm-256m" / "optimum-smolvlm-probe.json", make)
     if not got["loads"]:
-        problems.append({"system": "optimum", "variant": "model_type smolvlm", "stage": "export",
-                         "reason": "optimum-executorch loads multimodal models with AutoModelForPreTraining: "
-                                   + got["reason"][:160] + " -- exported from the same weights as idefics3 instead"})
+        problems.append(
+            {
+                "system": "optimum",
+                "variant": "model_type smolvlm",
+                "stage": "export",
+                "reason": "optimum-executorch loads multimodal models with AutoModelForPreTraining: "
+                + got["reason"][:160]
+                + " -- exported from the same weights as idefics3 instead",
+            }
+        )
 
 
 def export_error(log: Path) -> str | None:
@@ -253,22 +380,48 @@ def export_error(log: Path) -> str | None:
 
 def export_optimum(model: dict, name: str, args: list, out: Path, work: Path, inst: dict, max_seq_len: int) -> dict:
     def make():
-        argv = ["export", "executorch", "--model", idefics3_folder(model), "--task", "image-text-to-text",
-                "--recipe", "xnnpack", "--use_custom_sdpa", "--use_custom_kv_cache", "--max_seq_len", str(max_seq_len),
-                *args, "--output_dir", out]
+        argv = [
+            "export",
+            "executorch",
+            "--model",
+            idefics3_folder(model),
+            "--task",
+            "image-text-to-text",
+            "--recipe",
+            "xnnpack",
+            "--use_custom_sdpa",
+            "--use_custom_kv_cache",
+            "--max_seq_len",
+            str(max_seq_len),
+            *args,
+            "--output_dir",
+            out,
+        ]
         try:
-            wall, rss, _ = run_child([inst["python"], __file__, "_export-optimum", *argv],
-                                     log=work / "logs" / f"optimum-{name}-export.log")
-        except ChildFailed as e:  # deterministic (same code, same model): kept, so a re-run does not spend minutes on it
+            wall, rss, _ = run_child(
+                [inst["python"], __file__, "_export-optimum", *argv], log=work / "logs" / f"optimum-{name}-export.log"
+            )
+        except (
+            ChildFailed
+        ) as e:  # deterministic (same code, same model): kept, so a re-run does not spend minutes on it
             if e.args[0].startswith("exit -"):  # a signal, not optimum's answer
                 raise
-            return {"failed": export_error(work / "logs" / f"optimum-{name}-export.log") or last_error_line(e),
-                    "detail": str(e)[-3000:], "command": "optimum-cli " + " ".join(map(str, argv))}
+            return {
+                "failed": export_error(work / "logs" / f"optimum-{name}-export.log") or last_error_line(e),
+                "detail": str(e)[-3000:],
+                "command": "optimum-cli " + " ".join(map(str, argv)),
+            }
         ptes = sorted(out.glob("*.pte"))
         if not ptes:
             raise ChildFailed(f"no .pte in {out}")
-        return {"file": str(ptes[0]), "export_s": round(wall, 1), "export_peak_rss_mb": round(rss),
-                "command": "optimum-cli " + " ".join(map(str, argv)) + " (sample image input replaced: see worker_export_optimum)"}
+        return {
+            "file": str(ptes[0]),
+            "export_s": round(wall, 1),
+            "export_peak_rss_mb": round(rss),
+            "command": "optimum-cli "
+            + " ".join(map(str, argv))
+            + " (sample image input replaced: see worker_export_optimum)",
+        }
 
     return cached(out / "done.json", make)
 
@@ -280,7 +433,15 @@ def worker_convert_gguf(tree: str, hf: str, outfile: str, outtype: str, mmproj: 
     sys.path.insert(1, str(Path(tree) / "gguf-py"))
     import runpy
 
-    sys.argv = ["convert_hf_to_gguf.py", hf, "--outtype", outtype, "--outfile", outfile, *(["--mmproj"] if mmproj == "1" else [])]
+    sys.argv = [
+        "convert_hf_to_gguf.py",
+        hf,
+        "--outtype",
+        outtype,
+        "--outfile",
+        outfile,
+        *(["--mmproj"] if mmproj == "1" else []),
+    ]
     runpy.run_path(str(Path(tree) / "convert_hf_to_gguf.py"), run_name="__main__")
 
 
@@ -290,8 +451,19 @@ def export_llamacpp(model: dict, name: str, recipe: tuple, out: Path, work: Path
 
     def convert(outfile: Path, outtype: str, mmproj: bool) -> dict:
         def make():
-            wall, rss, _ = run_child([inst["python"], __file__, "_convert-gguf", LLAMA_TREE, model["folder"], outfile, outtype,
-                                      "1" if mmproj else "0"], log=work / "logs" / f"llamacpp-{outfile.stem}.log")
+            wall, rss, _ = run_child(
+                [
+                    inst["python"],
+                    __file__,
+                    "_convert-gguf",
+                    LLAMA_TREE,
+                    model["folder"],
+                    outfile,
+                    outtype,
+                    "1" if mmproj else "0",
+                ],
+                log=work / "logs" / f"llamacpp-{outfile.stem}.log",
+            )
             return {"file": str(outfile), "export_s": round(wall, 1), "export_peak_rss_mb": round(rss)}
 
         return cached(outfile.with_suffix(".done.json"), make)
@@ -304,17 +476,25 @@ def export_llamacpp(model: dict, name: str, recipe: tuple, out: Path, work: Path
         target = out / f"text-{name.split('+')[0]}.gguf"
 
         def make():
-            wall, rss, _ = run_child([inst["python"], HERE / "compare.py", "_quantize", text["file"], target, str(ftype),
-                                      str(threads)], log=work / "logs" / f"llamacpp-{target.stem}.log")
+            wall, rss, _ = run_child(
+                [inst["python"], HERE / "compare.py", "_quantize", text["file"], target, str(ftype), str(threads)],
+                log=work / "logs" / f"llamacpp-{target.stem}.log",
+            )
             return {"file": str(target), "export_s": round(wall, 1), "export_peak_rss_mb": round(rss)}
 
         steps.append(cached(target.with_suffix(".done.json"), make))
     text_file = steps[-1]["file"] if ftype is not None else text["file"]
     size = Path(text_file).stat().st_size + Path(proj["file"]).stat().st_size
-    return {"file": text_file, "mmproj": proj["file"], "bytes": size, "export_s": round(sum(s["export_s"] for s in steps), 1),
-            "export_peak_rss_mb": max(s["export_peak_rss_mb"] for s in steps),
-            "how": "convert_hf_to_gguf.py --outtype f32" + (f" + llama_model_quantize(ftype={ftype})" if ftype else "")
-                   + f"; convert_hf_to_gguf.py --mmproj --outtype {mmproj_type}"}
+    return {
+        "file": text_file,
+        "mmproj": proj["file"],
+        "bytes": size,
+        "export_s": round(sum(s["export_s"] for s in steps), 1),
+        "export_peak_rss_mb": max(s["export_peak_rss_mb"] for s in steps),
+        "how": "convert_hf_to_gguf.py --outtype f32"
+        + (f" + llama_model_quantize(ftype={ftype})" if ftype else "")
+        + f"; convert_hf_to_gguf.py --mmproj --outtype {mmproj_type}",
+    }
 
 
 def build_mtmd(work: Path) -> dict:
@@ -329,9 +509,16 @@ def build_mtmd(work: Path) -> dict:
         log = work / "logs" / "llamacpp-mtmd-build.log"
         t = time.perf_counter()
         env = {k: v for k, v in MTMD_BUILD.items() if k != "CMAKE_ARGS"}
-        run_child(["cmake", "-S", LLAMA_TREE, "-B", MTMD / "build", "-G", "Ninja", *MTMD_BUILD["CMAKE_ARGS"].split()],
-                  log=log, env=env)
-        run_child(["cmake", "--build", MTMD / "build", "--target", "llama-mtmd-cli", "-j", str(os.cpu_count())], log=log, env=env)
+        run_child(
+            ["cmake", "-S", LLAMA_TREE, "-B", MTMD / "build", "-G", "Ninja", *MTMD_BUILD["CMAKE_ARGS"].split()],
+            log=log,
+            env=env,
+        )
+        run_child(
+            ["cmake", "--build", MTMD / "build", "--target", "llama-mtmd-cli", "-j", str(os.cpu_count())],
+            log=log,
+            env=env,
+        )
         return {"binary": str(binary), "build": MTMD_BUILD, "build_s": round(time.perf_counter() - t)}
 
     done = MTMD / "done.json"
@@ -340,9 +527,8 @@ def build_mtmd(work: Path) -> dict:
     return cached(done, make)
 
 
-
-
 # ----------------------------------------------------------------------------- stage 3: measurements
+
 
 def worker_prompt(hf: str, out: str) -> None:
     """Main venv: the prompt as transformers' processor makes it (chat template, image expanded) and its
@@ -369,7 +555,11 @@ def timed_pass(prefill, step, reset, gen_len: int) -> dict:
         for _ in range(gen_len):
             token = step(token)
         decode = gen_len / (time.perf_counter() - t)
-    return {"encode_ms": round(encode_s * 1e3, 1), "ttft_ms": round(ttft * 1e3, 1), "decode_tokens_per_s": round(decode, 1)}
+    return {
+        "encode_ms": round(encode_s * 1e3, 1),
+        "ttft_ms": round(ttft * 1e3, 1),
+        "decode_tokens_per_s": round(decode, 1),
+    }
 
 
 def worker_run_genai(folder: str, prompt_file: str, image: str, gen_len: int, threads: int) -> None:
@@ -409,9 +599,9 @@ def worker_run_et_multimodal(pte: str, prompt_file: str, gen_len: int, threads: 
     `text_decoder` methods called as ExecuTorch's MultimodalRunner calls them (decoder positions as a range);
     the image's embeddings put at the `<image>` ids' places."""
     import torch
+    from executorch.extension.llm.custom_ops import custom_ops  # noqa: F401  custom SDPA and KV-cache update kernels
     from executorch.extension.pybindings import portable_lib
     from executorch.kernels import quantized  # noqa: F401  the quantized ops' kernels
-    from executorch.extension.llm.custom_ops import custom_ops  # noqa: F401  custom SDPA and KV-cache update kernels
 
     portable_lib._unsafe_reset_threadpool(threads)
     reference = torch.load(prompt_file)
@@ -449,15 +639,17 @@ def worker_run_et_multimodal(pte: str, prompt_file: str, gen_len: int, threads: 
     print(json.dumps({"load_s": round(load_s, 3), "prompt_tokens": len(ids), **got}))
 
 
-def worker_run_et_runner(pte: str, prompt_file: str, tokenizer: str, pixels_kind: str, gen_len: int, threads: int) -> None:
+def worker_run_et_runner(
+    pte: str, prompt_file: str, tokenizer: str, pixels_kind: str, gen_len: int, threads: int
+) -> None:
     """Main venv: the program in ExecuTorch's own MultimodalRunner (C++ loop and sampler): the prompt's ids before
     the image run, the image, the ids after it; its Stats give TTFT (image encode + prefill + first token) and
     the decode rate. `pixels_kind`: uint8 (genai's encoder normalises inside) or float (the processor's values)."""
     import torch
+    from executorch.extension.llm.custom_ops import custom_ops  # noqa: F401  custom SDPA and KV-cache update kernels
     from executorch.extension.llm.runner import GenerationConfig, MultimodalRunner, make_image_input, make_token_input
     from executorch.extension.pybindings import portable_lib
     from executorch.kernels import quantized  # noqa: F401  the quantized ops' kernels
-    from executorch.extension.llm.custom_ops import custom_ops  # noqa: F401  custom SDPA and KV-cache update kernels
 
     portable_lib._unsafe_reset_threadpool(threads)
     reference = torch.load(prompt_file)
@@ -471,13 +663,23 @@ def worker_run_et_runner(pte: str, prompt_file: str, tokenizer: str, pixels_kind
     for _ in range(2):  # warm-up, timed
         runner.reset()
         inputs = [make_token_input(ids[:first]), make_image_input(pixels.contiguous()), make_token_input(ids[last:])]
-        runner.generate(inputs, GenerationConfig(echo=False, max_new_tokens=gen_len, temperature=0.0),
-                        stats_callback=stats.append)
+        runner.generate(
+            inputs, GenerationConfig(echo=False, max_new_tokens=gen_len, temperature=0.0), stats_callback=stats.append
+        )
     s = stats[-1]
     decode_ms = s.inference_end_ms - s.first_token_ms
-    print(json.dumps({"ttft_ms": s.first_token_ms - s.inference_start_ms, "prompt_tokens": s.num_prompt_tokens,
-                      "generated_tokens": s.num_generated_tokens,
-                      "decode_tokens_per_s": round((s.num_generated_tokens - 1) / decode_ms * 1e3, 1) if decode_ms > 0 else None}))
+    print(
+        json.dumps(
+            {
+                "ttft_ms": s.first_token_ms - s.inference_start_ms,
+                "prompt_tokens": s.num_prompt_tokens,
+                "generated_tokens": s.num_generated_tokens,
+                "decode_tokens_per_s": round((s.num_generated_tokens - 1) / decode_ms * 1e3, 1)
+                if decode_ms > 0
+                else None,
+            }
+        )
+    )
 
 
 MTMD_ENCODE = re.compile(r"mtmd batch encoding done in (\d+) ms")
@@ -493,11 +695,35 @@ def run_mtmd(variant: dict, model: dict, mtmd: dict, args, log: Path, threads: i
     the token is fed back, so the pieces' spacing is the decode steps'."""
     import selectors
 
-    argv = [mtmd["binary"], "-m", variant["file"], "--mmproj", variant["mmproj"], "--image", model["image"],
-            "-p", QUESTION, "-n", args.gen_len, "--ignore-eos", "--temp", "0", "-t", threads, "-tb", threads,
-            "-c", args.max_seq_len, "--no-warmup"]
-    child = subprocess.Popen([str(a) for a in argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                             env={**os.environ, "LD_LIBRARY_PATH": str(Path(mtmd["binary"]).parent)})
+    argv = [
+        mtmd["binary"],
+        "-m",
+        variant["file"],
+        "--mmproj",
+        variant["mmproj"],
+        "--image",
+        model["image"],
+        "-p",
+        QUESTION,
+        "-n",
+        args.gen_len,
+        "--ignore-eos",
+        "--temp",
+        "0",
+        "-t",
+        threads,
+        "-tb",
+        threads,
+        "-c",
+        args.max_seq_len,
+        "--no-warmup",
+    ]
+    child = subprocess.Popen(
+        [str(a) for a in argv],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env={**os.environ, "LD_LIBRARY_PATH": str(Path(mtmd["binary"]).parent)},
+    )
     sel = selectors.DefaultSelector()
     sel.register(child.stdout, selectors.EVENT_READ, "out")
     sel.register(child.stderr, selectors.EVENT_READ, "err")
@@ -522,8 +748,12 @@ def run_mtmd(variant: dict, model: dict, mtmd: dict, args, log: Path, threads: i
             elif encode_start is not None:
                 out_chunks.append((now, data))
     rc = child.wait()
-    log.write_text("\n".join(err) + "\n--- stdout, seconds after the first encode started ---\n"
-                   + "\n".join(f"{t - encode_start:9.3f} {d!r}" for t, d in out_chunks) + "\n")
+    log.write_text(
+        "\n".join(err)
+        + "\n--- stdout, seconds after the first encode started ---\n"
+        + "\n".join(f"{t - encode_start:9.3f} {d!r}" for t, d in out_chunks)
+        + "\n"
+    )
     if rc != 0:
         raise ChildFailed(f"exit {rc}: llama-mtmd-cli\n" + "\n".join(err[-15:]))
     encode = [int(m) for m in MTMD_ENCODE.findall("\n".join(err))]
@@ -534,9 +764,14 @@ def run_mtmd(variant: dict, model: dict, mtmd: dict, args, log: Path, threads: i
     # reported apart, and the rate is that of the steps after it.
     first, second, last = generated[0][0], generated[1][0], generated[-1][0]
     steps = len(generated) - 2
-    return {"encode_ms": float(sum(encode)), "image_frames": len(encode), "encode_ms_per_frame": round(sum(encode) / len(encode), 1),
-            "ttft_ms": round((first - encode_start) * 1e3, 1), "first_decode_step_ms": round((second - first) * 1e3, 1),
-            "decode_tokens_per_s": round(steps / (last - second), 1) if steps > 0 and last > second else None}
+    return {
+        "encode_ms": float(sum(encode)),
+        "image_frames": len(encode),
+        "encode_ms_per_frame": round(sum(encode) / len(encode), 1),
+        "ttft_ms": round((first - encode_start) * 1e3, 1),
+        "first_decode_step_ms": round((second - first) * 1e3, 1),
+        "decode_tokens_per_s": round(steps / (last - second), 1) if steps > 0 and last > second else None,
+    }
 
 
 def measure(variant: dict, model: dict, mtmd: dict | None, args, work: Path) -> dict:
@@ -567,7 +802,15 @@ def summarize(variants: list[dict], samples: dict) -> list[dict]:
         got = samples.get(v["id"], [])
         ok = [s for s in got if "error" not in s]
         row = {k: v.get(k) for k in ("system", "recipe_class", "variant", "file_mb", "export_s", "export_peak_rss_mb")}
-        for key in ("encode_ms", "image_frames", "ttft_ms", "decode_tokens_per_s", "load_s", "run_peak_rss_mb", "prompt_tokens"):
+        for key in (
+            "encode_ms",
+            "image_frames",
+            "ttft_ms",
+            "decode_tokens_per_s",
+            "load_s",
+            "run_peak_rss_mb",
+            "prompt_tokens",
+        ):
             vals = [s[key] for s in ok if s.get(key) is not None]
             if vals:
                 row[key] = round(statistics.median(vals), 1 if key != "load_s" else 3)
@@ -583,22 +826,28 @@ def summarize(variants: list[dict], samples: dict) -> list[dict]:
         row["vs_peers"] = {}
         for peer in (r for r in rows if r["system"] != "genai" and r["recipe_class"] == row["recipe_class"]):
             row["vs_peers"][f"{peer['system']} {peer['variant']}"] = {
-                k: round(row[k] / peer[k], 2) for k in ("file_mb", "export_s", "encode_ms", "ttft_ms", "decode_tokens_per_s")
-                if row.get(k) and peer.get(k)}
+                k: round(row[k] / peer[k], 2)
+                for k in ("file_mb", "export_s", "encode_ms", "ttft_ms", "decode_tokens_per_s")
+                if row.get(k) and peer.get(k)
+            }
     return rows
 
 
 def print_table(rows: list[dict], problems: list[dict]) -> None:
-    head = (f"{'system':<9} {'variant':<19} {'file MB':>8} {'export s':>8} {'encode ms':>9} {'TTFT ms':>8} "
-            f"{'decode t/s':>10} {'prompt':>6} {'load avg':>14}")
+    head = (
+        f"{'system':<9} {'variant':<19} {'file MB':>8} {'export s':>8} {'encode ms':>9} {'TTFT ms':>8} "
+        f"{'decode t/s':>10} {'prompt':>6} {'load avg':>14}"
+    )
     print("\n" + head + "\n" + "-" * len(head))
     for r in rows:
         num = lambda k, w, p=1: f"{r[k]:>{w}.{p}f}" if r.get(k) is not None else f"{'-':>{w}}"
         loads = r.get("loadavg_1m_samples") or []
         load = f"{min(loads):.1f}-{max(loads):.1f}" if loads else "-"
-        print(f"{r['system']:<9} {r['variant']:<19} {num('file_mb', 8)} {num('export_s', 8)} {num('encode_ms', 9)} "
-              f"{num('ttft_ms', 8)} {num('decode_tokens_per_s', 10)} {num('prompt_tokens', 6, 0)} {load:>14}"
-              + (f"  run failed: {r['run_error'][:80]}" if r.get("run_error") else ""))
+        print(
+            f"{r['system']:<9} {r['variant']:<19} {num('file_mb', 8)} {num('export_s', 8)} {num('encode_ms', 9)} "
+            f"{num('ttft_ms', 8)} {num('decode_tokens_per_s', 10)} {num('prompt_tokens', 6, 0)} {load:>14}"
+            + (f"  run failed: {r['run_error'][:80]}" if r.get("run_error") else "")
+        )
     for r in rows:
         for peer, ratios in (r.get("vs_peers") or {}).items():
             print(f"genai {r['variant']} / {peer}: " + ", ".join(f"{k} {v:.2f}x" for k, v in ratios.items()))
@@ -607,6 +856,7 @@ def print_table(rows: list[dict], problems: list[dict]) -> None:
 
 
 # ----------------------------------------------------------------------------- driver
+
 
 def prepare_variants(args, work: Path, problems: list) -> tuple[dict, list[dict]]:
     say("model")
@@ -618,17 +868,41 @@ def prepare_variants(args, work: Path, problems: list) -> tuple[dict, list[dict]
             say(f"export {system} {name}")
             rec = make()
             if rec.get("failed"):
-                problems.append({"system": system, "variant": name, "stage": "export", "reason": rec["failed"],
-                                 "command": rec.get("command"), "detail": rec.get("detail")})
+                problems.append(
+                    {
+                        "system": system,
+                        "variant": name,
+                        "stage": "export",
+                        "reason": rec["failed"],
+                        "command": rec.get("command"),
+                        "detail": rec.get("detail"),
+                    }
+                )
                 say(f"  failed: {rec['failed'][:300]}")
                 return
             size = rec.get("bytes") or Path(rec["file"]).stat().st_size
-            variants.append({"id": f"{system}-{name}", "system": system, "recipe_class": recipe, "variant": name,
-                             "file_mb": round(size / 2**20, 1), **rec, **(extra or {})})
+            variants.append(
+                {
+                    "id": f"{system}-{name}",
+                    "system": system,
+                    "recipe_class": recipe,
+                    "variant": name,
+                    "file_mb": round(size / 2**20, 1),
+                    **rec,
+                    **(extra or {}),
+                }
+            )
             say(f"  {variants[-1]['file_mb']} MB, {rec['export_s']} s")
         except ChildFailed as e:
-            problems.append({"system": system, "variant": name, "stage": "export", "reason": last_error_line(e),
-                             "detail": str(e)[-3000:]})
+            problems.append(
+                {
+                    "system": system,
+                    "variant": name,
+                    "stage": "export",
+                    "reason": last_error_line(e),
+                    "detail": str(e)[-3000:],
+                }
+            )
             say(f"  failed: {last_error_line(e)}")
 
     base = work / "smolvlm-256m" / "exports"
@@ -636,26 +910,40 @@ def prepare_variants(args, work: Path, problems: list) -> tuple[dict, list[dict]
         src = genai_source(args.genai_ref, work)
         # exports are keyed by genai_pipeline/'s tree, not the commit: a commit elsewhere does not redo them
         ref = "HEAD" if args.genai_ref == "worktree" else args.genai_ref
-        tree = subprocess.run(["git", "rev-parse", f"{ref}:genai_pipeline"], cwd=ROOT, capture_output=True, text=True,
-                              check=True).stdout.strip()[:8] + ("-dirty" if src["sha"].endswith("-dirty") else "")
+        tree = subprocess.run(
+            ["git", "rev-parse", f"{ref}:genai_pipeline"], cwd=ROOT, capture_output=True, text=True, check=True
+        ).stdout.strip()[:8] + ("-dirty" if src["sha"].endswith("-dirty") else "")
     for recipe in args.recipes:
         if "genai" in args.systems:
             for name, rargs in GENAI_RECIPES[recipe]:
                 out = base / f"genai-{tree}-{name}"
-                add("genai", recipe, name, lambda: export_genai(model, name, rargs, out, work, args.max_seq_len, src),
-                    {"genai_src": src})
+                add(
+                    "genai",
+                    recipe,
+                    name,
+                    lambda: export_genai(model, name, rargs, out, work, args.max_seq_len, src),
+                    {"genai_src": src},
+                )
         if "optimum" in args.systems:
             inst = read_install("optimum", problems)
             if inst and recipe == args.recipes[0]:
                 probe_optimum_smolvlm(model, work, inst, problems)
             for name, oargs in OPTIMUM_RECIPES[recipe] if inst else []:
-                add("optimum", recipe, name,
-                    lambda: export_optimum(model, name, oargs, base / f"optimum-{name}", work, inst, args.max_seq_len))
+                add(
+                    "optimum",
+                    recipe,
+                    name,
+                    lambda: export_optimum(model, name, oargs, base / f"optimum-{name}", work, inst, args.max_seq_len),
+                )
         if "llamacpp" in args.systems:
             inst = read_install("llamacpp", problems)
             for name, lrec in LLAMACPP_RECIPES[recipe] if inst else []:
-                add("llamacpp", recipe, name,
-                    lambda: export_llamacpp(model, name, lrec, base / "llamacpp", work, inst, args.threads))
+                add(
+                    "llamacpp",
+                    recipe,
+                    name,
+                    lambda: export_llamacpp(model, name, lrec, base / "llamacpp", work, inst, args.threads),
+                )
     return model, variants
 
 
@@ -665,26 +953,42 @@ def read_install(system: str, problems: list) -> dict | None:
     if done.exists():
         return json.loads(done.read_text())
     if not any(p["system"] == system and p["stage"] == "install" for p in problems):
-        problems.append({"system": system, "stage": "install",
-                         "reason": f"{done} is missing: install it with compare.py --systems {system} first"})
+        problems.append(
+            {
+                "system": system,
+                "stage": "install",
+                "reason": f"{done} is missing: install it with compare.py --systems {system} first",
+            }
+        )
     return None
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--systems", nargs="+", default=["genai", "optimum", "llamacpp"], choices=["genai", "optimum", "llamacpp"])
+    parser.add_argument(
+        "--systems", nargs="+", default=["genai", "optimum", "llamacpp"], choices=["genai", "optimum", "llamacpp"]
+    )
     parser.add_argument("--recipes", nargs="+", default=["fp32", "8da4w"], choices=list(GENAI_RECIPES))
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--llamacpp-threads", type=int, default=0,
-                        help="llama-mtmd-cli's -t/-tb (default: --threads); on a crowded host ggml's threads, which "
-                             "wait for each other at every op, may do better with 1")
+    parser.add_argument(
+        "--llamacpp-threads",
+        type=int,
+        default=0,
+        help="llama-mtmd-cli's -t/-tb (default: --threads); on a crowded host ggml's threads, which "
+        "wait for each other at every op, may do better with 1",
+    )
     parser.add_argument("--gen-len", type=int, default=64)
     parser.add_argument("--max-seq-len", type=int, default=512)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--genai-ref", default="HEAD", help="git ref whose genai_pipeline/ is exported and measured, or 'worktree'")
-    parser.add_argument("--no-runner-check", action="store_true",
-                        help="skip the one run of each ExecuTorch program in ExecuTorch's MultimodalRunner")
+    parser.add_argument(
+        "--genai-ref", default="HEAD", help="git ref whose genai_pipeline/ is exported and measured, or 'worktree'"
+    )
+    parser.add_argument(
+        "--no-runner-check",
+        action="store_true",
+        help="skip the one run of each ExecuTorch program in ExecuTorch's MultimodalRunner",
+    )
     parser.add_argument("--exports-only", action="store_true", help="stop after the exports (e.g. to run them apart)")
     parser.add_argument("--work", default=str(HERE / ".work"))
     parser.add_argument("--json", default=str(HERE / "results" / "compare_vlm.json"))
@@ -703,7 +1007,9 @@ def main() -> None:
         try:
             mtmd = build_mtmd(work)
         except ChildFailed as e:
-            problems.append({"system": "llamacpp", "stage": "install", "reason": last_error_line(e), "detail": str(e)[-3000:]})
+            problems.append(
+                {"system": "llamacpp", "stage": "install", "reason": last_error_line(e), "detail": str(e)[-3000:]}
+            )
             variants = [v for v in variants if v["system"] != "llamacpp"]
 
     samples: dict[str, list] = {}
@@ -721,9 +1027,17 @@ def main() -> None:
         for v in variants:
             if v["system"] == "llamacpp":
                 continue
-            argv = [MAIN_PY, __file__, "_run-et-runner", v["file"], work / "smolvlm-256m" / "prompt.pt",
-                    Path(model["folder"]) / "tokenizer.json", "uint8" if v["system"] == "genai" else "float",
-                    args.gen_len, args.threads]
+            argv = [
+                MAIN_PY,
+                __file__,
+                "_run-et-runner",
+                v["file"],
+                work / "smolvlm-256m" / "prompt.pt",
+                Path(model["folder"]) / "tokenizer.json",
+                "uint8" if v["system"] == "genai" else "float",
+                args.gen_len,
+                args.threads,
+            ]
             load = round(os.getloadavg()[0], 2)
             try:
                 _, _, out = run_child(argv, log=work / "logs" / f"runner-{v['id']}.log", env=ET_ENV)
@@ -739,12 +1053,28 @@ def main() -> None:
     print_table(rows, problems)
     result = {
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
-        "settings": {k: getattr(args, k) for k in ("systems", "recipes", "repeats", "threads", "llamacpp_threads", "gen_len", "max_seq_len",
-                                                    "seed", "genai_ref")},
+        "settings": {
+            k: getattr(args, k)
+            for k in (
+                "systems",
+                "recipes",
+                "repeats",
+                "threads",
+                "llamacpp_threads",
+                "gen_len",
+                "max_seq_len",
+                "seed",
+                "genai_ref",
+            )
+        },
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
-        "model": model, "mtmd": mtmd,
-        "rows": rows, "samples": samples, "not_run": problems,
-        "loadavg_at_end": os.getloadavg(), "wall_s": round(time.time() - started),
+        "model": model,
+        "mtmd": mtmd,
+        "rows": rows,
+        "samples": samples,
+        "not_run": problems,
+        "loadavg_at_end": os.getloadavg(),
+        "wall_s": round(time.time() - started),
     }
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(result, indent=2) + "\n")

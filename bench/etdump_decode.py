@@ -28,8 +28,12 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")  # as genai bench (docs/decisions/
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("program")
-    parser.add_argument("--caller", choices=("genai", "optimum"), default="genai",
-                        help="genai: forward(tokens, input_pos [1]); optimum: forward(tokens, cache_position [T])")
+    parser.add_argument(
+        "--caller",
+        choices=("genai", "optimum"),
+        default="genai",
+        help="genai: forward(tokens, input_pos [1]); optimum: forward(tokens, cache_position [T])",
+    )
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--steps", type=int, default=64)
     parser.add_argument("--prompt", type=int, default=128)
@@ -38,10 +42,9 @@ def main() -> None:
     parser.add_argument("--json")
     args = parser.parse_args()
 
-    import torch
-
     import executorch.extension.llm.custom_ops.custom_ops  # noqa: F401  kernels the programs call
     import executorch.kernels.quantized  # noqa: F401
+    import torch
     from executorch.devtools import Inspector
     from executorch.extension.pybindings import portable_lib
 
@@ -63,13 +66,19 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "etdump")
         module.write_etdump_result_to_file(path)
-        blocks = [[e for e in block.events if e.perf_data is not None] for block in Inspector(etdump_path=path).event_blocks]
+        blocks = [
+            [e for e in block.events if e.perf_data is not None] for block in Inspector(etdump_path=path).event_blocks
+        ]
     # The timed method's block: one per method run; `forward`'s holds the prompt's call first
     prompt_calls = int(args.method == "forward")
     calls = args.steps + prompt_calls
-    events = next((b for b in blocks if any(e.name == "Method::execute" and len(e.perf_data.raw) == calls for e in b)), None)
+    events = next(
+        (b for b in blocks if any(e.name == "Method::execute" and len(e.perf_data.raw) == calls for e in b)), None
+    )
     if events is None:
-        sys.exit(f"{args.program}: ETDump holds no run of {calls} calls of one method (is `{args.method}` one of its methods?)")
+        sys.exit(
+            f"{args.program}: ETDump holds no run of {calls} calls of one method (is `{args.method}` one of its methods?)"
+        )
     per_step = collections.defaultdict(lambda: [0.0] * args.steps)
     counts = collections.Counter()
     for event in events:
@@ -79,20 +88,34 @@ def main() -> None:
         per_call = len(raw) // calls
         counts[event.name] += per_call
         for step in range(args.steps):
-            per_step[event.name][step] += sum(raw[(step + prompt_calls) * per_call:(step + prompt_calls + 1) * per_call])
+            per_step[event.name][step] += sum(
+                raw[(step + prompt_calls) * per_call : (step + prompt_calls + 1) * per_call]
+            )
     ops = {name: statistics.median(times) for name, times in per_step.items()}
-    print(f"{args.program}: {args.threads} threads, {args.method} calls of {args.tokens} tokens at "
-          f"{args.prompt}-{args.prompt + args.steps - 1}, "
-          f"wall median {1e3 * statistics.median(walls):.3f} ms a step")
+    print(
+        f"{args.program}: {args.threads} threads, {args.method} calls of {args.tokens} tokens at "
+        f"{args.prompt}-{args.prompt + args.steps - 1}, "
+        f"wall median {1e3 * statistics.median(walls):.3f} ms a step"
+    )
     for name, ms in sorted(ops.items(), key=lambda kv: -kv[1]):
         if ms >= 0.005:
             print(f"{ms:9.3f} ms  {counts[name]:5d} calls  {name}")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"program": args.program, "threads": args.threads, "steps": args.steps, "prompt": args.prompt,
-                       "method": args.method, "tokens": args.tokens,
-                       "wall_ms": 1e3 * statistics.median(walls),
-                       "ops_ms": {n: {"ms": ms, "calls": counts[n]} for n, ms in ops.items()}}, f, indent=2)
+            json.dump(
+                {
+                    "program": args.program,
+                    "threads": args.threads,
+                    "steps": args.steps,
+                    "prompt": args.prompt,
+                    "method": args.method,
+                    "tokens": args.tokens,
+                    "wall_ms": 1e3 * statistics.median(walls),
+                    "ops_ms": {n: {"ms": ms, "calls": counts[n]} for n, ms in ops.items()},
+                },
+                f,
+                indent=2,
+            )
 
 
 if __name__ == "__main__":

@@ -78,19 +78,38 @@ def main() -> None:
             copy.append(memory_bandwidth_gbs())
             for name, (path, weight_bytes) in programs.items():
                 samples[name].append(weight_bytes / seconds_per_pass(path, args.dim, args.threads) / 1e9)
-            print(f"round {round_ + 1}/{args.rounds}: copy {copy[-1]:.1f} GB/s, "
-                  + ", ".join(f"{n} {s[-1]:.1f}" for n, s in samples.items()), flush=True)
+            print(
+                f"round {round_ + 1}/{args.rounds}: copy {copy[-1]:.1f} GB/s, "
+                + ", ".join(f"{n} {s[-1]:.1f}" for n, s in samples.items()),
+                flush=True,
+            )
     copy_gbs = statistics.median(copy)
-    rows = [{"recipe": name, "weight_mb": round(programs[name][1] / 2**20, 1), "read_gbs": round(statistics.median(s), 2),
-             "share_of_copy_bandwidth": round(statistics.median(s) / copy_gbs, 3)} for name, s in samples.items()]
+    rows = [
+        {
+            "recipe": name,
+            "weight_mb": round(programs[name][1] / 2**20, 1),
+            "read_gbs": round(statistics.median(s), 2),
+            "share_of_copy_bandwidth": round(statistics.median(s) / copy_gbs, 3),
+        }
+        for name, s in samples.items()
+    ]
     print(f"\ncopy bandwidth (genai bench's probe): {copy_gbs:.1f} GB/s; {args.threads} threads")
     print(f"{'recipe':12s} {'weights MB':>10s} {'read GB/s':>10s} {'share':>7s}")
     for row in rows:
-        print(f"{row['recipe']:12s} {row['weight_mb']:10.1f} {row['read_gbs']:10.2f} {row['share_of_copy_bandwidth']:7.1%}")
+        print(
+            f"{row['recipe']:12s} {row['weight_mb']:10.1f} {row['read_gbs']:10.2f} {row['share_of_copy_bandwidth']:7.1%}"
+        )
     if args.json:
-        result = {"dim": args.dim, "layers": args.layers, "threads": args.threads, "rounds": args.rounds,
-                  "copy_bandwidth_gbs": round(copy_gbs, 2), "copy_samples": [round(c, 2) for c in copy], "rows": rows,
-                  "samples": {n: [round(v, 2) for v in s] for n, s in samples.items()}}
+        result = {
+            "dim": args.dim,
+            "layers": args.layers,
+            "threads": args.threads,
+            "rounds": args.rounds,
+            "copy_bandwidth_gbs": round(copy_gbs, 2),
+            "copy_samples": [round(c, 2) for c in copy],
+            "rows": rows,
+            "samples": {n: [round(v, 2) for v in s] for n, s in samples.items()},
+        }
         args.json.write_text(json.dumps(result, indent=1) + "\n")
         print(f"wrote {args.json}")
 

@@ -56,7 +56,7 @@ def call_costs(session: DecoderSession, position: int, rounds: int = 18) -> dict
     times: dict[int, list[float]] = {k: [] for k in [1, *range(2, session.verify_len + 1)]}
     order = list(times)
     for r in range(rounds):
-        for k in order[r % len(order):] + order[: r % len(order)]:
+        for k in order[r % len(order) :] + order[: r % len(order)]:
             session.pos = position
             start = time.perf_counter()
             session.step(7) if k == 1 else session.verify([7] * k)
@@ -72,7 +72,11 @@ class CostedReplay:
 
     def __init__(self, session: DecoderSession, costs: dict[int, float], clock: SimpleNamespace):
         self.costs, self.clock, self.pos = costs, clock, 0
-        self.max_seq_len, self.verify_len, self.verify_rows = session.max_seq_len, session.verify_len, session.verify_rows
+        self.max_seq_len, self.verify_len, self.verify_rows = (
+            session.max_seq_len,
+            session.verify_len,
+            session.verify_rows,
+        )
 
     def prefill(self, tokens: list[int]) -> torch.Tensor:
         self.pos += len(tokens)
@@ -97,12 +101,21 @@ def replayed(session, costs, prompt, stop_ids, plain, options: LookaheadOptions,
         patches.enter_context(mock.patch.object(loop, "time", SimpleNamespace(perf_counter=lambda: clock.now)))
         if whole:
             patches.enter_context(mock.patch.object(DraftSizer, "size", lambda self, drafted, rows_of: drafted))
-        result = loop.generate(CostedReplay(session, costs, clock), prompt, len(plain.tokens), replay_sampler(plain, stop_ids),
-                               stop_ids, lookahead=options)
+        result = loop.generate(
+            CostedReplay(session, costs, clock),
+            prompt,
+            len(plain.tokens),
+            replay_sampler(plain, stop_ids),
+            stop_ids,
+            lookahead=options,
+        )
     assert result.tokens == plain.tokens
     steps = len(result.tokens) - 1
-    return {"speedup": round(steps / result.decode_seconds, 3) if steps else 1.0,
-            "tokens_per_call": round(result.tokens_per_call, 2), "verify_calls": result.verify_calls}
+    return {
+        "speedup": round(steps / result.decode_seconds, 3) if steps else 1.0,
+        "tokens_per_call": round(result.tokens_per_call, 2),
+        "verify_calls": result.verify_calls,
+    }
 
 
 def main() -> None:
@@ -114,8 +127,12 @@ def main() -> None:
     p.add_argument("--whole", action="store_true", help="also check whole drafts every call (no sizing)")
     p.add_argument("--position", type=int, default=300, help="where the call costs are measured")
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--costs", type=Path, help="an earlier run's JSON: its measured costs, not new ones (the replay is "
-                   "then deterministic: code versions compare on the same costs)")
+    p.add_argument(
+        "--costs",
+        type=Path,
+        help="an earlier run's JSON: its measured costs, not new ones (the replay is "
+        "then deterministic: code versions compare on the same costs)",
+    )
     p.add_argument("--json", type=Path)
     args = p.parse_args()
     set_threads(args.threads)
@@ -131,20 +148,32 @@ def main() -> None:
             costs = {int(k): c for k, c in earlier[folder.name]["costs_in_steps"].items()}
         else:
             costs = call_costs(session, args.position)
-        print(f"{folder.name}: a call of k tokens costs (decode steps) "
-              + ", ".join(f"{k}: {c:.2f}" for k, c in costs.items()), flush=True)
+        print(
+            f"{folder.name}: a call of k tokens costs (decode steps) "
+            + ", ".join(f"{k}: {c:.2f}" for k, c in costs.items()),
+            flush=True,
+        )
         options = [LookaheadOptions(draft_len=session.verify_len - 1, max_ngram=m) for m, _ in variants]
         rows = {}
         for file in args.prompts:
             prompt, stop_ids = bench_prompt(folder, session, BenchOptions(prompt_file=file, chat=True))
             session.reset()
             plain = loop.generate(session, prompt, args.gen_len, loop.greedy_token, stop_ids)
-            rows[file.stem] = {"tokens": len(plain.tokens), **{
-                name: replayed(session, costs, prompt, stop_ids, plain, o, whole)
-                for name, o, (_, whole) in zip(names, options, variants)}}
-            print(f"  {file.stem:20s} {len(plain.tokens):4d} tokens  " + "  ".join(
-                f"{n} {rows[file.stem][n]['speedup']:.2f}x ({rows[file.stem][n]['tokens_per_call']:.2f} a call)" for n in names),
-                flush=True)
+            rows[file.stem] = {
+                "tokens": len(plain.tokens),
+                **{
+                    name: replayed(session, costs, prompt, stop_ids, plain, o, whole)
+                    for name, o, (_, whole) in zip(names, options, variants)
+                },
+            }
+            print(
+                f"  {file.stem:20s} {len(plain.tokens):4d} tokens  "
+                + "  ".join(
+                    f"{n} {rows[file.stem][n]['speedup']:.2f}x ({rows[file.stem][n]['tokens_per_call']:.2f} a call)"
+                    for n in names
+                ),
+                flush=True,
+            )
         geomean = {n: round(statistics.geometric_mean(r[n]["speedup"] for r in rows.values()), 3) for n in names}
         print(f"  {'geometric mean':20s}       " + "  ".join(f"{n} {g:.2f}x" for n, g in geomean.items()), flush=True)
         report["programs"][folder.name] = {"costs_in_steps": costs, "prompts": rows, "geomean_speedup": geomean}

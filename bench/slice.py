@@ -51,18 +51,46 @@ def main() -> None:
             for mode in args.modes:
                 out = Path(tmp) / f"{model}-{mode}"
                 export_s, export_rss, _ = run_child(
-                    [sys.executable, "-m", "genai_pipeline.cli", "export", model, "--mode", mode,
-                     "--max-seq-len", str(args.max_seq_len), "--out", str(out)]
+                    [
+                        sys.executable,
+                        "-m",
+                        "genai_pipeline.cli",
+                        "export",
+                        model,
+                        "--mode",
+                        mode,
+                        "--max-seq-len",
+                        str(args.max_seq_len),
+                        "--out",
+                        str(out),
+                    ]
                 )
                 _, run_rss, printed = run_child(
-                    [sys.executable, "-m", "genai_pipeline.cli", "bench", str(out), "--json", "--prompt-len",
-                     str(args.prompt_len), "--gen-len", str(args.gen_len), "--repeats", str(args.repeats)]
+                    [
+                        sys.executable,
+                        "-m",
+                        "genai_pipeline.cli",
+                        "bench",
+                        str(out),
+                        "--json",
+                        "--prompt-len",
+                        str(args.prompt_len),
+                        "--gen-len",
+                        str(args.gen_len),
+                        "--repeats",
+                        str(args.repeats),
+                    ]
                 )
                 row = {
-                    "model": model, "mode": mode, "target": "xnnpack", "recipe": "fp32",
-                    "export_s": round(export_s, 1), "export_peak_rss_mb": round(export_rss),
+                    "model": model,
+                    "mode": mode,
+                    "target": "xnnpack",
+                    "recipe": "fp32",
+                    "export_s": round(export_s, 1),
+                    "export_peak_rss_mb": round(export_rss),
                     "pte_mb": round((out / "text_decoder.pte").stat().st_size / 2**20, 1),
-                    "run_peak_rss_mb": round(run_rss), **json.loads(printed),
+                    "run_peak_rss_mb": round(run_rss),
+                    **json.loads(printed),
                 }
                 rows.append(row)
                 print(

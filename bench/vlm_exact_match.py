@@ -42,7 +42,9 @@ def measure(folder: Path, data: Path, limit: int = 0, max_new_tokens: int = 16) 
     for row in rows:
         session.reset()
         prompt = session.encode_prompt(tokenizer, row["prompt"], [data.parent / row["image"]])
-        result = generate(session, prompt, max_new_tokens, Sampler(SamplingOptions(temperature=0.0)), eos, lambda t: None)
+        result = generate(
+            session, prompt, max_new_tokens, Sampler(SamplingOptions(temperature=0.0)), eos, lambda t: None
+        )
         answer = tokenizer.decode(result.tokens).strip()
         ok = answer == row["answer"]
         hits += ok
@@ -52,9 +54,13 @@ def measure(folder: Path, data: Path, limit: int = 0, max_new_tokens: int = 16) 
         if not ok:
             wrong.append({"image": row["image"], "prompt": row["prompt"], "answer": row["answer"], "got": answer})
     return {
-        "program": str(folder), "data": str(data), "n": len(rows), "exact_match": round(hits / len(rows), 4),
+        "program": str(folder),
+        "data": str(data),
+        "n": len(rows),
+        "exact_match": round(hits / len(rows), 4),
         "per_kind": {k: round(a / b, 4) for k, (a, b) in sorted(per_kind.items())},
-        "seconds": round(time.perf_counter() - start, 1), "wrong": wrong,
+        "seconds": round(time.perf_counter() - start, 1),
+        "wrong": wrong,
     }
 
 
@@ -80,12 +86,18 @@ def executorch_runner(folder: Path, data: Path, limit: int, max_new_tokens: int 
         (frame,) = session.frames
         image = session.image_token_id
         first, last = ids.index(image), len(ids) - ids[::-1].index(image)
-        inputs = [make_token_input(ids[:first]), make_image_input(__import__("torch").from_numpy(np.ascontiguousarray(frame))),
-                  make_token_input(ids[last:])]
+        inputs = [
+            make_token_input(ids[:first]),
+            make_image_input(__import__("torch").from_numpy(np.ascontiguousarray(frame))),
+            make_token_input(ids[last:]),
+        ]
         pieces = []
         runner.reset()  # else the KV cache keeps every earlier question: the runner continues a conversation
-        runner.generate(inputs, GenerationConfig(echo=False, max_new_tokens=max_new_tokens, temperature=0.0),
-                        token_callback=pieces.append)
+        runner.generate(
+            inputs,
+            GenerationConfig(echo=False, max_new_tokens=max_new_tokens, temperature=0.0),
+            token_callback=pieces.append,
+        )
         text = "".join(pieces)
         for e in eos_text:
             text = text.split(e)[0] if e else text
@@ -100,8 +112,13 @@ def main() -> None:
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA)
     parser.add_argument("--limit", type=int, default=0, help="first N questions only (0: all)")
     parser.add_argument("--max-new-tokens", type=int, default=16)
-    parser.add_argument("--executorch-runner", type=int, default=0, metavar="N",
-                        help="also answer the first N questions with ExecuTorch's MultimodalRunner")
+    parser.add_argument(
+        "--executorch-runner",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also answer the first N questions with ExecuTorch's MultimodalRunner",
+    )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     result = measure(args.folder, args.data, args.limit, args.max_new_tokens)
@@ -115,13 +132,17 @@ def main() -> None:
     if args.json:
         print(json.dumps(result, indent=2))
         return
-    print(f"{result['program']}: exact match {100 * result['exact_match']:.1f} % of {result['n']} ({result['seconds']} s)")
+    print(
+        f"{result['program']}: exact match {100 * result['exact_match']:.1f} % of {result['n']} ({result['seconds']} s)"
+    )
     for kind, acc in result["per_kind"].items():
         print(f"  {kind:10s} {100 * acc:.1f} %")
     if "executorch_runner" in result:
         et = result["executorch_runner"]
-        print(f"ExecuTorch MultimodalRunner, first {et['n']}: exact match {100 * et['exact_match']:.1f} %, "
-              f"{et['same_as_ours']} of {et['n']} answers equal ours")
+        print(
+            f"ExecuTorch MultimodalRunner, first {et['n']}: exact match {100 * et['exact_match']:.1f} %, "
+            f"{et['same_as_ours']} of {et['n']} answers equal ours"
+        )
     for w in result["wrong"][:10]:
         print(f"  wrong: {w['image']} {w['prompt']!r} expected {w['answer']!r}, got {w['got']!r}")
 

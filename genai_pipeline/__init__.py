@@ -40,8 +40,17 @@ _LAZY = {
 }
 
 __all__ = [
-    "BenchOptions", "CalibrationOptions", "DatasetSpec", "EvalOptions", "ImageEvalOptions", "PrepareOptions", "QnnOptions",
-    "QuantOptions", "SamplingOptions", *_LAZY, "__version__",
+    "BenchOptions",
+    "CalibrationOptions",
+    "DatasetSpec",
+    "EvalOptions",
+    "ImageEvalOptions",
+    "PrepareOptions",
+    "QnnOptions",
+    "QuantOptions",
+    "SamplingOptions",
+    *_LAZY,
+    "__version__",
 ]
 
 

@@ -3,9 +3,10 @@ PreparedModel that prepare makes and quantize refines, and the ArtifactSet that 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from torch import nn
 
@@ -59,7 +60,9 @@ class PreparedModel:
     special_tokens: Any = None  # checkpoints.special_tokens.SpecialTokens: ids and where each came from
     recipe: str = "fp32"  # set by the quantize stage
     quantization: Mapping[str, Any] = field(default_factory=dict)  # the QuantOptions applied, as data
-    manifest_extra: Mapping[str, Any] = field(default_factory=dict)  # more manifest keys (a multimodal model's `vision`)
+    manifest_extra: Mapping[str, Any] = field(
+        default_factory=dict
+    )  # more manifest keys (a multimodal model's `vision`)
 
 
 @dataclass(frozen=True)

@@ -29,13 +29,13 @@ import numpy as np
 import torch
 
 from genai_pipeline.errors import InputError
-from genai_pipeline.limits import read_input_text
 from genai_pipeline.inspect import inspect_program
+from genai_pipeline.limits import read_input_text
 from genai_pipeline.options import BenchOptions
 from genai_pipeline.runtime.generate import generate, greedy_token
 from genai_pipeline.runtime.lookahead import LookaheadOptions, lookahead_options
-from genai_pipeline.runtime.program import set_threads
 from genai_pipeline.runtime.open import open_session
+from genai_pipeline.runtime.program import set_threads
 from genai_pipeline.runtime.session import DecoderSession
 
 
@@ -114,8 +114,11 @@ def bench(folder: Path, options: BenchOptions) -> dict:
     load_s = time.perf_counter() - start
     prompt, stop_ids = bench_prompt(Path(folder), session, options)
     if len(prompt) + options.gen_len > session.max_seq_len:
-        what = f"--prompt-len + --gen-len = {len(prompt) + options.gen_len}" if options.prompt_file is None else \
-            f"the prompt ({len(prompt)} tokens) + --gen-len {options.gen_len}"
+        what = (
+            f"--prompt-len + --gen-len = {len(prompt) + options.gen_len}"
+            if options.prompt_file is None
+            else f"the prompt ({len(prompt)} tokens) + --gen-len {options.gen_len}"
+        )
         raise InputError(f"{what} exceeds the program's context {session.max_seq_len}")
     lookahead = lookahead_options(options.lookahead, session) if options.lookahead else None
     rounds = []
@@ -128,7 +131,12 @@ def bench(folder: Path, options: BenchOptions) -> dict:
         decode.append(timed_decode(session, greedy_token(logits), options.gen_len))
         if lookahead is not None:
             plain = _generate(session, prompt, options.gen_len, stop_ids, LookaheadOptions())
-            rounds.append([plain, _generate(session, prompt, options.gen_len, stop_ids, lookahead, replay_sampler(plain, stop_ids))])
+            rounds.append(
+                [
+                    plain,
+                    _generate(session, prompt, options.gen_len, stop_ids, lookahead, replay_sampler(plain, stop_ids)),
+                ]
+            )
     if lookahead is not None:
         free = _generate(session, prompt, options.gen_len, stop_ids, lookahead)
     decode_rate = statistics.median(decode[1:])
@@ -178,7 +186,14 @@ def bench_prompt(folder: Path, session: DecoderSession, options: BenchOptions) -
     return chat.render((Message("user", text),)), stop_ids
 
 
-def _generate(session: DecoderSession, prompt: list[int], gen_len: int, stop_ids, lookahead: LookaheadOptions, sampler=greedy_token):
+def _generate(
+    session: DecoderSession,
+    prompt: list[int],
+    gen_len: int,
+    stop_ids,
+    lookahead: LookaheadOptions,
+    sampler=greedy_token,
+):
     session.reset()
     return generate(session, prompt, gen_len, sampler, stop_ids, lookahead=lookahead)
 

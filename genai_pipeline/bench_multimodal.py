@@ -18,13 +18,13 @@ from pathlib import Path
 import torch
 
 from genai_pipeline.bench import current_rss_mb, peak_rss_mb, timed_decode
+from genai_pipeline.bundle import folder_tokenizer
 from genai_pipeline.errors import InputError
 from genai_pipeline.image_processing import Frames, expand_prompt
 from genai_pipeline.options import BenchOptions
 from genai_pipeline.runtime.generate import greedy_token
 from genai_pipeline.runtime.multimodal import MultimodalSession
 from genai_pipeline.runtime.program import set_threads
-from genai_pipeline.bundle import folder_tokenizer
 
 
 def _prompt(folder: Path, session: MultimodalSession, frame, text_len: int) -> list[int]:
@@ -40,7 +40,9 @@ def bench_multimodal(folder: Path, options: BenchOptions) -> dict:
     from genai_pipeline.evaluate import report_image
 
     if options.lookahead or options.prompt_file is not None:
-        raise InputError("--lookahead and --prompt-file are for text programs; a vision-language bench takes --prompt-len text ids")
+        raise InputError(
+            "--lookahead and --prompt-file are for text programs; a vision-language bench takes --prompt-len text ids"
+        )
     if options.threads:
         set_threads(options.threads)
     folder = Path(folder)
@@ -51,8 +53,10 @@ def bench_multimodal(folder: Path, options: BenchOptions) -> dict:
     frame = report_image(session.processing.tile_size)[0].numpy()
     prompt = _prompt(folder, session, frame, options.prompt_len)
     if len(prompt) + options.gen_len > session.max_seq_len:
-        raise InputError(f"the image's {len(prompt) - options.prompt_len} tokens + --prompt-len {options.prompt_len} + "
-                         f"--gen-len {options.gen_len} = {len(prompt) + options.gen_len} exceed the program's context {session.max_seq_len}")
+        raise InputError(
+            f"the image's {len(prompt) - options.prompt_len} tokens + --prompt-len {options.prompt_len} + "
+            f"--gen-len {options.gen_len} = {len(prompt) + options.gen_len} exceed the program's context {session.max_seq_len}"
+        )
     encode, first_token, decode = [], [], []
     for _ in range(options.repeats + 1):  # the first round warms up
         session.reset()

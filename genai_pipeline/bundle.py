@@ -11,9 +11,10 @@ import os
 import shutil
 import sys
 import tempfile
+from collections.abc import Callable
 from importlib.metadata import version
 from pathlib import Path
-from typing import BinaryIO, Callable
+from typing import BinaryIO
 
 import torch
 
@@ -70,25 +71,33 @@ def check_out_folder(out: Path, checkpoint: Path | None) -> None:
     Never the checkpoint's folder (or the folder holding a checkpoint file), nor a parent of it."""
     out = Path(out)
     if out.exists() and not out.is_dir():
-        raise InputError(f"--out '{out}' is a file; pass a folder (created, or replaced once the new export is complete)")
+        raise InputError(
+            f"--out '{out}' is a file; pass a folder (created, or replaced once the new export is complete)"
+        )
     if checkpoint is not None:
         checkpoint = Path(checkpoint).resolve()
         holder = checkpoint if checkpoint.is_dir() else checkpoint.parent
         where = out.resolve()
         if where == holder or where in holder.parents:
-            raise InputError(f"--out '{out}' holds the checkpoint {checkpoint}, and an export replaces its --out folder "
-                             "whole; pass a new folder outside the checkpoint's")
+            raise InputError(
+                f"--out '{out}' holds the checkpoint {checkpoint}, and an export replaces its --out folder "
+                "whole; pass a new folder outside the checkpoint's"
+            )
     if not out.is_dir() or not any(out.iterdir()):
         return
     listed = _files_of_our_export(out)
     if listed is None:
-        raise InputError(f"--out '{out}' is a folder that is not an export of genai (no {MANIFEST} of ours), and an "
-                         "export replaces its --out folder whole; pass a new or empty folder")
+        raise InputError(
+            f"--out '{out}' is a folder that is not an export of genai (no {MANIFEST} of ours), and an "
+            "export replaces its --out folder whole; pass a new or empty folder"
+        )
     foreign = sorted(p.name for p in out.iterdir() if p.name not in listed and not _our_hidden_file(p))
     if foreign:
         shown = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
-        raise InputError(f"--out '{out}' holds files that are not part of its export ({shown}), and an export replaces "
-                         "its --out folder whole; move them out, or pass another folder")
+        raise InputError(
+            f"--out '{out}' holds files that are not part of its export ({shown}), and an export replaces "
+            "its --out folder whole; move them out, or pass another folder"
+        )
 
 
 def _files_of_our_export(folder: Path) -> set[str] | None:
@@ -118,7 +127,9 @@ def make_staging_folder(out: Path) -> Path:
     try:
         staging.mkdir(parents=True)
     except OSError as e:
-        raise InputError(f"--out '{out}' cannot be written: {e.strerror} (the export is built beside it, in {staging})") from None
+        raise InputError(
+            f"--out '{out}' cannot be written: {e.strerror} (the export is built beside it, in {staging})"
+        ) from None
     return staging
 
 
@@ -219,8 +230,10 @@ def folder_tokenizer(folder: Path, manifest: dict):
         if not name.startswith("tokenizer") or not path.is_file() or not isinstance(want, dict):
             continue
         if path.stat().st_size != want.get("bytes") or sha256(path) != want.get("sha256"):
-            raise ProgramError(f"'{path}' is not the file exported with the program (its sha256 differs from the "
-                               "manifest's); put the exported one back, or re-export")
+            raise ProgramError(
+                f"'{path}' is not the file exported with the program (its sha256 differs from the "
+                "manifest's); put the exported one back, or re-export"
+            )
     return Tokenizer.from_folder(Path(folder), bos_id=manifest.get("bos_id"))
 
 
@@ -256,7 +269,9 @@ def check_weights(manifest: dict) -> None:
         if stat.st_size != want["bytes"] or (stat.st_mtime_ns != want["mtime_ns"] and sha256(path) != want["sha256"]):
             raise InputError(f"the checkpoint's weight file {path} changed since the export; re-export")
     if now:
-        raise InputError(f"the checkpoint has a weight file the export did not read, {next(iter(now.values()))}; re-export")
+        raise InputError(
+            f"the checkpoint has a weight file the export did not read, {next(iter(now.values()))}; re-export"
+        )
 
 
 def sha256(path: Path) -> str:
@@ -285,8 +300,16 @@ def read_manifest(folder: Path) -> dict:
 
 
 # What every reader of a manifest relies on: key -> the types its value may have
-_MANIFEST_KEYS = {"model": (str,), "weights": (str,), "config": (dict,), "mode": (str,), "max_seq_len": (int,),
-                  "prefill_len": (int,), "artifacts": (dict,), "files": (dict,)}
+_MANIFEST_KEYS = {
+    "model": (str,),
+    "weights": (str,),
+    "config": (dict,),
+    "mode": (str,),
+    "max_seq_len": (int,),
+    "prefill_len": (int,),
+    "artifacts": (dict,),
+    "files": (dict,),
+}
 
 
 def _malformed(manifest) -> str | None:
@@ -304,13 +327,22 @@ def _malformed(manifest) -> str | None:
         value = manifest["config"].get(key)
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             return f"config {key} {json.dumps(value)[:20]}"
-    ids = [manifest.get("bos_id"), *(manifest.get("eos_ids") if isinstance(manifest.get("eos_ids"), list) else [None, "x"])]
-    if any(i is not None and (not isinstance(i, int) or isinstance(i, bool) or not 0 <= i < manifest["config"]["vocab_size"])
-           for i in ids):
+    ids = [
+        manifest.get("bos_id"),
+        *(manifest.get("eos_ids") if isinstance(manifest.get("eos_ids"), list) else [None, "x"]),
+    ]
+    if any(
+        i is not None
+        and (not isinstance(i, int) or isinstance(i, bool) or not 0 <= i < manifest["config"]["vocab_size"])
+        for i in ids
+    ):
         return "special token ids that are not ids of its vocabulary"
     for key, artifact in manifest["artifacts"].items():
-        if not isinstance(artifact, dict) or not isinstance(artifact.get("methods"), list) \
-                or not isinstance(artifact.get("file"), (str, type(None))):
+        if (
+            not isinstance(artifact, dict)
+            or not isinstance(artifact.get("methods"), list)
+            or not isinstance(artifact.get("file"), (str, type(None)))
+        ):
             return f"artifact '{key}' has no file name and method list"
         if artifact["file"] is not None and Path(artifact["file"]).name != artifact["file"]:
             return f"artifact '{key}' names a file outside the folder, '{artifact['file']}'"

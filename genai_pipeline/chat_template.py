@@ -107,8 +107,10 @@ RENDER_CHARS = 1 << 24  # the longest string or list a render may build, its out
 
 
 def _too_large(what: str) -> ChatTemplateError:
-    return ChatTemplateError(f"the chat template builds {what} of more than {RENDER_CHARS:,} characters or items; "
-                             "the template is broken or hostile")
+    return ChatTemplateError(
+        f"the chat template builds {what} of more than {RENDER_CHARS:,} characters or items; "
+        "the template is broken or hostile"
+    )
 
 
 def _checked_size(value):
@@ -138,8 +140,10 @@ def _render_bounded(template, variables: dict) -> str:
         if event == "line":
             steps += 1
             if steps > RENDER_STEPS or (steps % 1024 == 0 and time.monotonic() > deadline):
-                raise ChatTemplateError(f"the chat template did not finish within {RENDER_STEPS:,} steps or "
-                                        f"{RENDER_SECONDS:g} s; the template is broken or hostile")
+                raise ChatTemplateError(
+                    f"the chat template did not finish within {RENDER_STEPS:,} steps or "
+                    f"{RENDER_SECONDS:g} s; the template is broken or hostile"
+                )
         return line_budget
 
     def only_templates(frame, event, arg):  # Python's own code runs untraced, at full speed
@@ -175,18 +179,26 @@ def _compile(source: str):
         def call_binop(self, context, operator, left, right):
             sizes = [len(v) for v in (left, right) if isinstance(v, (str, list, tuple))]
             counts = [v for v in (left, right) if isinstance(v, int)]
-            if (operator == "*" and sizes and counts and sizes[0] * max(counts[0], 0) > RENDER_CHARS) or \
-                    (operator == "+" and sum(sizes) > RENDER_CHARS):
+            if (operator == "*" and sizes and counts and sizes[0] * max(counts[0], 0) > RENDER_CHARS) or (
+                operator == "+" and sum(sizes) > RENDER_CHARS
+            ):
                 raise _too_large("a value")
             if operator == "**" and isinstance(right, (int, float)) and abs(right) > 1024:
-                raise ChatTemplateError(f"the chat template raises a number to the power {right}; the template is broken or hostile")
+                raise ChatTemplateError(
+                    f"the chat template raises a number to the power {right}; the template is broken or hostile"
+                )
             return _checked_size(super().call_binop(context, operator, left, right))
 
         def call(self, context, obj, *args, **kwargs):
             if any(isinstance(a, int) and a > RENDER_CHARS for a in (*args, *kwargs.values())):
                 raise _too_large("a value")  # 'a'.ljust(10**10), 'x'.center(...)
-            if getattr(obj, "__name__", None) == "replace" and isinstance(getattr(obj, "__self__", None), str) \
-                    and len(args) >= 2 and isinstance(args[0], str) and isinstance(args[1], str):
+            if (
+                getattr(obj, "__name__", None) == "replace"
+                and isinstance(getattr(obj, "__self__", None), str)
+                and len(args) >= 2
+                and isinstance(args[0], str)
+                and isinstance(args[1], str)
+            ):
                 grows = obj.__self__.count(args[0]) if args[0] else len(obj.__self__) + 1
                 if len(obj.__self__) + grows * len(args[1]) > RENDER_CHARS:
                     raise _too_large("a string")
@@ -206,9 +218,19 @@ def _compile(source: str):
         def _body(self, caller) -> str:
             return caller()
 
-    env = BoundedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[GenerationTag, "jinja2.ext.loopcontrols"])
+    env = BoundedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=[GenerationTag, "jinja2.ext.loopcontrols"]
+    )
     env.filters["tojson"] = _tojson
-    for name in ("center", "indent", "format", "replace", "join", "wordwrap", "truncate"):  # filters run uncalled by `call`
+    for name in (
+        "center",
+        "indent",
+        "format",
+        "replace",
+        "join",
+        "wordwrap",
+        "truncate",
+    ):  # filters run uncalled by `call`
         env.filters[name] = _size_checked_filter(env.filters[name])
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
@@ -217,7 +239,9 @@ def _compile(source: str):
     except TemplateSyntaxError as e:
         raise ChatTemplateError(f"the chat template does not parse: {e.message} at line {e.lineno}") from None
     except RecursionError:
-        raise ChatTemplateError("the chat template nests too deeply to parse; the template is broken or hostile") from None
+        raise ChatTemplateError(
+            "the chat template nests too deeply to parse; the template is broken or hostile"
+        ) from None
     namespace = template.root_render_func.__globals__  # the compiled template's own module namespace
     for join in ("str_join", "markup_join"):  # `~` and `{{ a }}{{ b }}` concatenation
         namespace[join] = _bounded_join(namespace[join])

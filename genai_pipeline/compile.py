@@ -26,8 +26,15 @@ from genai_pipeline.upstream.torch_export_caches import forget_lowered_graphs
 
 log = logging.getLogger(__name__)
 
-RUNTIME_FILES = ("tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja", "generation_config.json",
-                 "preprocessor_config.json", "processor_config.json", "chat_template.json")
+RUNTIME_FILES = (
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "chat_template.jinja",
+    "generation_config.json",
+    "preprocessor_config.json",
+    "processor_config.json",
+    "chat_template.json",
+)
 
 
 def lower(artifact: Artifact, target: Target, progress: tqdm):
@@ -35,8 +42,11 @@ def lower(artifact: Artifact, target: Target, progress: tqdm):
     programs = {}
     # One form for all methods: they share their weights only if they take them alike. A hybrid
     # program's `prefill_long` and `verify` (any length) take the static methods' form
-    static_shapes = all(graph.dynamic_shapes is None for name, graph in artifact.graphs.items()
-                        if name not in (GraphName.PREFILL_LONG, GraphName.VERIFY))
+    static_shapes = all(
+        graph.dynamic_shapes is None
+        for name, graph in artifact.graphs.items()
+        if name not in (GraphName.PREFILL_LONG, GraphName.VERIFY)
+    )
     for name, graph in artifact.graphs.items():
         progress.set_description(f"export {artifact.key.value}.{name.value}")
         target.adapt_for_lowering(graph.module, static_shapes)
@@ -103,7 +113,9 @@ def _lower_all(prepared: PreparedModel, target: Target, out: Path) -> dict:
                 program = _to_executorch(artifact, target, progress, quantized=prepared.recipe != "fp32")
             except Exception as e:  # torch.export / lowering failures: say which artifact, keep the cause
                 first_line = str(e).splitlines()[0] if str(e) else ""
-                raise ExportError(f"lowering {key.value} to {target.name} failed: {type(e).__name__}: {first_line}") from e
+                raise ExportError(
+                    f"lowering {key.value} to {target.name} failed: {type(e).__name__}: {first_line}"
+                ) from e
             programs[key] = out / f"{key.value}.pte"
             # Streamed to the file piece by piece: `program.buffer` would hold a second copy of
             # every weight in memory at once (~5 GB for a 1B model in fp32).
@@ -138,13 +150,17 @@ def compile_artifacts(prepared: PreparedModel, target: Target, out: Path) -> Art
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     if any(p for p in out.iterdir() if not p.name.startswith(".")):
-        raise ExportError(f"{out} is not empty: an export is written into a new folder (genai export builds one, then swaps it in)")
+        raise ExportError(
+            f"{out} is not empty: an export is written into a new folder (genai export builds one, then swaps it in)"
+        )
     started = time.perf_counter()
     for key, artifact in prepared.artifacts.items():
         if artifact.qdq is not None:  # the calibrated model(s), for `genai eval`
             qdq = artifact.qdq if isinstance(artifact.qdq, dict) else {None: artifact.qdq}
             for graph, file in _qdq_files(key, artifact.qdq).items():
-                tmp = out / f".{file.removesuffix('.pt2')}.partial.pt2"  # torch.export.save warns on a name not ending in .pt2
+                tmp = (
+                    out / f".{file.removesuffix('.pt2')}.partial.pt2"
+                )  # torch.export.save warns on a name not ending in .pt2
                 torch.export.save(qdq[graph], tmp)
                 tmp.replace(out / file)
             if artifact.qdq_key:  # lets a re-run reuse it
@@ -196,7 +212,9 @@ def compile_artifacts(prepared: PreparedModel, target: Target, out: Path) -> Art
                 "file": programs[key].name if key in programs else None,
                 "qdq": _qdq_manifest(key, artifact.qdq),
                 "methods": [g.value for g in artifact.graphs],
-                "dynamic_methods": [g.value for g, graph in artifact.graphs.items() if graph.dynamic_shapes is not None],
+                "dynamic_methods": [
+                    g.value for g, graph in artifact.graphs.items() if graph.dynamic_shapes is not None
+                ],
                 "constant_methods": dict(artifact.constant_methods),
             }
             for key, artifact in prepared.artifacts.items()

@@ -34,9 +34,9 @@ from genai_pipeline.models.vision import VisionLanguageModel
 from genai_pipeline.names import ArtifactKey, GraphName, Mode
 from genai_pipeline.options import EvalOptions, quant_options_from
 from genai_pipeline.quantize.recipes import quantize_module
+from genai_pipeline.quantize.rotation import rotate, unrotated
 from genai_pipeline.quantize.smoothing import smooth, smoothing_file
 from genai_pipeline.quantize.weights import int4_file, load_int4
-from genai_pipeline.quantize.rotation import rotate, unrotated
 from genai_pipeline.registry import get_spec
 from genai_pipeline.runtime.cache_io import CacheIOContract, CacheIOSession, eager_runner
 from genai_pipeline.runtime.multimodal import MultimodalSession, is_multimodal
@@ -65,7 +65,9 @@ def _float_vision_language_model(spec, manifest: dict):
 
     vision = VisionConfig.from_dict(manifest["vision"]["config"])
     if manifest["weights"] == "random":
-        return random_multimodal(DecoderConfig.from_dict(manifest["config"]), vision, manifest["max_seq_len"], manifest.get("seed", 0))
+        return random_multimodal(
+            DecoderConfig.from_dict(manifest["config"]), vision, manifest["max_seq_len"], manifest.get("seed", 0)
+        )
     checkpoint = (manifest.get("checkpoint") or {}).get("path", manifest["weights"])
     return load_multimodal(spec, Path(checkpoint), manifest["max_seq_len"], vision)
 
@@ -109,7 +111,9 @@ def block_outputs(model, tokens: list[int], contract: CacheIOContract | None = N
 def report_image(size: int) -> torch.Tensor:
     """uint8 [1, 3, size, size]: gradients, a disc, a bar and seeded noise; the image a
     vision-language report runs the tower on (no image data is kept with an export)."""
-    y, x = torch.meshgrid(torch.arange(size, dtype=torch.float32), torch.arange(size, dtype=torch.float32), indexing="ij")
+    y, x = torch.meshgrid(
+        torch.arange(size, dtype=torch.float32), torch.arange(size, dtype=torch.float32), indexing="ij"
+    )
     img = torch.stack([255 * x / max(size - 1, 1), 255 * y / max(size - 1, 1), 128 + 100 * torch.sin((x + y) / 7)])
     disc = (x - size * 0.6) ** 2 + (y - size * 0.4) ** 2 < (size * 0.25) ** 2
     img[:, disc] = torch.tensor([230.0, 40.0, 60.0])[:, None]
@@ -123,7 +127,9 @@ def _vision_language_blocks(model: VisionLanguageModel, tokens: list[int]) -> di
     them, and each image-tower layer and the connector over `report_image`."""
     outputs = {"token_embedding": model.decoder.embed(torch.tensor([tokens]))}
     hooks = [
-        layer.register_forward_hook(lambda m, i, o, name=f"vision_encoder.layers.{n}": outputs.__setitem__(name, o.detach()))
+        layer.register_forward_hook(
+            lambda m, i, o, name=f"vision_encoder.layers.{n}": outputs.__setitem__(name, o.detach())
+        )
         for n, layer in enumerate(model.vision.layers)
     ]
     try:
@@ -170,7 +176,9 @@ def _capture_blocks(model, tokens: list[int], contract: CacheIOContract | None) 
         return {name: unrotated(model, x) for name, x in outputs.items()}
     if contract is None:
         return _graph_blocks(model, torch.tensor([tokens]), torch.tensor([0]))[0]
-    empty = [torch.zeros(1, contract.n_kv_heads, contract.max_seq_len, contract.head_dim) for _ in range(contract.n_layers)]
+    empty = [
+        torch.zeros(1, contract.n_kv_heads, contract.max_seq_len, contract.head_dim) for _ in range(contract.n_layers)
+    ]
     return _graph_blocks(model, *contract.call_inputs(tokens, 0, len(tokens), empty, empty))[0]
 
 
@@ -211,7 +219,9 @@ def quantized_model(folder: Path, manifest: dict, reference: Decoder, in_place: 
 
         files = manifest["artifacts"][ArtifactKey.MULTIMODAL.value]["qdq"]
         graphs = {name: torch.export.load(Path(folder) / file).module() for name, file in files.items()}
-        return StaticVisionLanguage(reference.decoder.embed, graphs[GraphName.VISION_ENCODER.value], graphs[GraphName.TEXT_DECODER.value])
+        return StaticVisionLanguage(
+            reference.decoder.embed, graphs[GraphName.VISION_ENCODER.value], graphs[GraphName.TEXT_DECODER.value]
+        )
     if quant.is_static:
         qdq_file = manifest["artifacts"]["text_decoder"]["qdq"]
         return torch.export.load(Path(folder) / qdq_file).module()
@@ -234,11 +244,11 @@ def quantized_model(folder: Path, manifest: dict, reference: Decoder, in_place: 
 
 NON_FINITE = {
     "float": "the float model of {folder} gives NaN or Inf logits: its checkpoint's weights or hyperparameters are "
-             "not finite; check the checkpoint",
+    "not finite; check the checkpoint",
     "qdq": "the quantized model of {folder} gives NaN or Inf logits although its float model does not: the "
-           "recipe breaks this model; try another --recipe",
+    "recipe breaks this model; try another --recipe",
     "program": "the program in {folder} gives NaN or Inf logits although its float model does not: it is broken; "
-               "re-export it (and report this with the command that made it)",
+    "re-export it (and report this with the command that made it)",
 }
 
 
@@ -261,11 +271,15 @@ def evaluate(folder: Path, options: EvalOptions, progress: bool = True) -> dict:
     if contract is not None and qdq is not None and not isinstance(qdq, Decoder):
         # a static recipe's QDQ graph in the cache-I/O form, driven as its program is (a dynamic
         # recipe's QDQ model is the eager Decoder, quantized in place)
-        models["qdq"] = CacheIOSession(contract, eager_runner({GraphName.PREFILL: qdq, GraphName.DECODE: qdq}, contract.n_layers))
+        models["qdq"] = CacheIOSession(
+            contract, eager_runner({GraphName.PREFILL: qdq, GraphName.DECODE: qdq}, contract.n_layers)
+        )
     elif qdq is not None:
         models["qdq"] = EagerSession(qdq, max_seq_len)
     if manifest.get("status", "complete") == "complete":
-        models["program"] = MultimodalSession(folder, verify=True) if is_multimodal(manifest) else open_session(folder, verify=True)
+        models["program"] = (
+            MultimodalSession(folder, verify=True) if is_multimodal(manifest) else open_session(folder, verify=True)
+        )
     # Agreement and KL of the program against float; of the QDQ model where no program could be built.
     compared = "program" if "program" in models else "qdq"
 
@@ -273,7 +287,11 @@ def evaluate(folder: Path, options: EvalOptions, progress: bool = True) -> dict:
     agree, kl, count = 0, 0.0, 0
     # (a cache-I/O program's prefill returns the same rows as its decode calls; not scored apart yet)
     program = models.get("program")
-    score_prefill = program is not None and not isinstance(program, CacheIOSession) and getattr(program, "mode", None) is Mode.HYBRID
+    score_prefill = (
+        program is not None
+        and not isinstance(program, CacheIOSession)
+        and getattr(program, "mode", None) is Mode.HYBRID
+    )
     prefill = {"positions": 0, "agree": 0, "kl": 0.0}
     windows = [tokens[i : i + window] for i in range(0, len(tokens) - 1, window)]
     for chunk in tqdm(windows, desc="eval", unit="window", disable=not progress, leave=False):
@@ -299,7 +317,9 @@ def evaluate(folder: Path, options: EvalOptions, progress: bool = True) -> dict:
         "tokens": count,
         "window": window,
         "recipe": manifest.get("recipe", "fp32"),
-        "perplexity": {name: math.exp(nll[name] / count) if name in nll else None for name in ("float", "qdq", "program")},
+        "perplexity": {
+            name: math.exp(nll[name] / count) if name in nll else None for name in ("float", "qdq", "program")
+        },
         "compared": compared,
         "top1_agreement": agree / count,
         "kl_divergence": kl / count,

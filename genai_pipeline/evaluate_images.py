@@ -116,7 +116,9 @@ def _answer_nll(session, prompt: list[int], frames: list[np.ndarray], answer: li
     return nll
 
 
-def _greedy_answer(session, prompt: list[int], frames: list[np.ndarray], max_new: int, eos: tuple[int, ...]) -> list[int]:
+def _greedy_answer(
+    session, prompt: list[int], frames: list[np.ndarray], max_new: int, eos: tuple[int, ...]
+) -> list[int]:
     session.reset()
     session.frames = list(frames)
     return generate(session, prompt, max_new, greedy_token, eos).tokens
@@ -138,7 +140,9 @@ def evaluate_images(folder: Path, options: ImageEvalOptions, progress: bool = Tr
     eos = tuple(manifest.get("eos_ids", ()))
     if not eos:
         raise InputError(f"'{folder}/manifest.json' names no end-of-sequence id: answers could not end")
-    reference = EagerMultimodalSession(float_model(manifest), program.image_token_id, program.processing.tokens_per_image)
+    reference = EagerMultimodalSession(
+        float_model(manifest), program.image_token_id, program.processing.tokens_per_image
+    )
     models = {"float": reference, "program": program}
 
     hits = {name: 0 for name in models}
@@ -149,8 +153,10 @@ def evaluate_images(folder: Path, options: ImageEvalOptions, progress: bool = Tr
         frames = list(program.frames)
         answer = tokenizer.encode(" " + q.answer, add_special_tokens=False) + [eos[0]]
         if len(prompt) + len(answer) > program.max_seq_len:
-            raise InputError(f"{q.image.name}: the prompt and answer take {len(prompt) + len(answer)} tokens, "
-                             f"more than the program's context of {program.max_seq_len}")
+            raise InputError(
+                f"{q.image.name}: the prompt and answer take {len(prompt) + len(answer)} tokens, "
+                f"more than the program's context of {program.max_seq_len}"
+            )
         max_new = min(len(answer) + MARGIN, program.max_seq_len - len(prompt) + 1)
         answers = {}
         for name, session in models.items():

@@ -44,9 +44,16 @@ from genai_pipeline.verify import Verification, verify_export
 log = logging.getLogger(__name__)
 
 
-def export(model: str | None = None, *, out: str | Path, checkpoint: str | Path | None = None,
-           prepare: PrepareOptions = PrepareOptions(), quant: QuantOptions = QuantOptions(),
-           target: str | Target = "xnnpack", verify: bool = True) -> ArtifactSet:
+def export(
+    model: str | None = None,
+    *,
+    out: str | Path,
+    checkpoint: str | Path | None = None,
+    prepare: PrepareOptions = PrepareOptions(),
+    quant: QuantOptions = QuantOptions(),
+    target: str | Target = "xnnpack",
+    verify: bool = True,
+) -> ArtifactSet:
     """Export `model` (a registry name, `genai models`; None: the entry inferred from `checkpoint`,
     else DEFAULT_MODEL) into the folder `out`, and return what is there.
 
@@ -89,8 +96,15 @@ def _spec(model: str | None, checkpoint: Path | None) -> ModelSpec:
     return get_spec(model or DEFAULT_MODEL)
 
 
-def _export(model: str | None, options: PrepareOptions, quant: QuantOptions, target: Target, out: Path, staging: Path,
-            verify: bool) -> ExportError | None:
+def _export(
+    model: str | None,
+    options: PrepareOptions,
+    quant: QuantOptions,
+    target: Target,
+    out: Path,
+    staging: Path,
+    verify: bool,
+) -> ExportError | None:
     """The export, written into `staging`; the ExportError of a target that cannot lower on this
     host (a complete QDQ-only export, to be published before the error is told)."""
     spec = _spec(model, options.checkpoint)
@@ -98,7 +112,9 @@ def _export(model: str | None, options: PrepareOptions, quant: QuantOptions, tar
     if spec.vision is not None:
         check_vision_language_quant(quant, split=options.split, target=target)
         if options.long_prefill_len:
-            raise InputError("--long-prefill-len applies to text models; a vision-language program prefills in --prefill-len chunks")
+            raise InputError(
+                "--long-prefill-len applies to text models; a vision-language program prefills in --prefill-len chunks"
+            )
     elif quant.vision_recipe is not None:
         raise InputError(f"--vision-recipe applies to vision-language models; {spec.name} is a text model")
     if target.cache_io and not options.cache_io:
@@ -149,11 +165,18 @@ def _report_tokens(prepared, quant: QuantOptions) -> tuple[list[int], str]:
     """The quantization report's input: tokens of the calibration data (random tokens without
     --calib), and a description of them. A dynamic recipe does not calibrate: the report says the
     tokens only measure its noise, and random tokens then carry no accuracy warning."""
-    tokenizer = Tokenizer.from_folder(prepared.tokenizer_file.parent, bos_id=prepared.spec.bos_id) if prepared.tokenizer_file else None
+    tokenizer = (
+        Tokenizer.from_folder(prepared.tokenizer_file.parent, bos_id=prepared.spec.bos_id)
+        if prepared.tokenizer_file
+        else None
+    )
     data = with_default_data(quant.calibration)
     samples = calibration_tokens(data, tokenizer, vocab_size=prepared.config.vocab_size, seed=prepared.options.seed)
     tokens = [t for sample in samples for t in sample][: min(256, prepared.options.max_seq_len)]
     source = ", ".join(map(str, data.datasets))
     if quant.is_static:
         return tokens, f"the calibration data ({source})"
-    return tokens, f"{source} data (only measured on: {quant.recipe} computes its activation scales at run time, nothing was calibrated)"
+    return (
+        tokens,
+        f"{source} data (only measured on: {quant.recipe} computes its activation scales at run time, nothing was calibrated)",
+    )

@@ -80,10 +80,10 @@ class ImageProcessing:
             object.__setattr__(self, name, tuple(float(v) for v in getattr(self, name)))
 
     @classmethod
-    def from_dict(cls, data: dict) -> "ImageProcessing":
+    def from_dict(cls, data: dict) -> ImageProcessing:
         return cls(**data)
 
-    def with_checkpoint(self, folder: Path | None) -> "ImageProcessing":
+    def with_checkpoint(self, folder: Path | None) -> ImageProcessing:
         """These defaults overridden by what a checkpoint folder's processor files say."""
         if folder is None:
             return self
@@ -112,7 +112,9 @@ class ImageProcessing:
         for key in ("image_mean", "image_std"):
             if key in pre:
                 value = pre[key]
-                found[key] = tuple(value) * (3 if len(value) == 1 else 1) if isinstance(value, list) else (float(value),) * 3
+                found[key] = (
+                    tuple(value) * (3 if len(value) == 1 else 1) if isinstance(value, list) else (float(value),) * 3
+                )
         if "resample" in pre:
             found["resample"] = int(pre["resample"])
         if "rescale_factor" in pre:
@@ -158,7 +160,9 @@ def read_image(path: Path) -> np.ndarray:
     if Image is None:
         if path.suffix.lower() in (".ppm", ".pgm", ".pnm"):
             return _read_netpbm(path)
-        raise InputError(f"cannot read '{path}': reading images needs Pillow (pip install pillow); without it only binary PPM/PGM")
+        raise InputError(
+            f"cannot read '{path}': reading images needs Pillow (pip install pillow); without it only binary PPM/PGM"
+        )
     # Ours replaces Pillow's guard (a warning, then an error at twice its own limit): open() reads
     # only the header, and the size it declares is checked before anything is decoded.
     Image.MAX_IMAGE_PIXELS = None
@@ -168,7 +172,9 @@ def read_image(path: Path) -> np.ndarray:
             image.load()
             return to_rgb(image)
     except Image.UnidentifiedImageError:
-        raise InputError(f"'{path}' is not an image file Pillow can read (supported: PNG, JPEG, GIF, BMP, TIFF, WebP, PPM, ...)") from None
+        raise InputError(
+            f"'{path}' is not an image file Pillow can read (supported: PNG, JPEG, GIF, BMP, TIFF, WebP, PPM, ...)"
+        ) from None
     except (OSError, ValueError, SyntaxError) as e:  # truncated or damaged data
         raise InputError(f"cannot decode image '{path}': {e}; the file is truncated or corrupt") from None
 
@@ -202,9 +208,15 @@ def _read_netpbm(path: Path) -> np.ndarray:
         pos = end
     magic, size = fields[0], fields[1:]
     if magic not in (b"P5", b"P6") or not all(f.isdigit() for f in size) or int(size[2]) != 255:
-        raise InputError(f"'{path}' is not an 8-bit binary PPM/PGM file; other formats need Pillow (pip install pillow)")
+        raise InputError(
+            f"'{path}' is not an 8-bit binary PPM/PGM file; other formats need Pillow (pip install pillow)"
+        )
     w, h, channels = int(size[0]), int(size[1]), 3 if magic == b"P6" else 1
-    pixels = np.frombuffer(data, np.uint8, count=w * h * channels, offset=pos + 1) if len(data) >= pos + 1 + w * h * channels else None
+    pixels = (
+        np.frombuffer(data, np.uint8, count=w * h * channels, offset=pos + 1)
+        if len(data) >= pos + 1 + w * h * channels
+        else None
+    )
     if pixels is None:
         raise InputError(f"'{path}' is a truncated PPM/PGM file")
     return np.repeat(pixels.reshape(h, w, channels), 3 // channels, axis=2)
@@ -282,7 +294,15 @@ def image_frames(image: np.ndarray, p: ImageProcessing) -> Frames:
     """An RGB uint8 [H, W, 3] image as the encoder's frames (Idefics3: steps 2-3)."""
     s = p.tile_size
     if p.kind == "clip":
-        return Frames((_chw(_centre_crop(resize(image, *_shortest_edge_size(*image.shape[:2], p.shortest_edge), p.resample), s)),), 0, 0)
+        return Frames(
+            (
+                _chw(
+                    _centre_crop(resize(image, *_shortest_edge_size(*image.shape[:2], p.shortest_edge), p.resample), s)
+                ),
+            ),
+            0,
+            0,
+        )
     if p.kind == "internvl":
         return _internvl_frames(image, p)
     if p.do_resize:
@@ -300,8 +320,15 @@ def image_frames(image: np.ndarray, p: ImageProcessing) -> Frames:
 
 def _closest_grid(height: int, width: int, p: ImageProcessing) -> tuple[int, int]:
     """transformers' `get_optimal_tiled_canvas`: (columns, rows)."""
-    grids = sorted(((w, h) for w in range(1, p.max_tiles + 1) for h in range(1, p.max_tiles + 1)
-                    if p.min_tiles <= w * h <= p.max_tiles), key=lambda g: g[0] * g[1])
+    grids = sorted(
+        (
+            (w, h)
+            for w in range(1, p.max_tiles + 1)
+            for h in range(1, p.max_tiles + 1)
+            if p.min_tiles <= w * h <= p.max_tiles
+        ),
+        key=lambda g: g[0] * g[1],
+    )
     aspect, area = width / height, width * height
     best, best_diff = (1, 1), float("inf")
     for grid in grids:
@@ -388,7 +415,9 @@ def expand_rendered_chat(text: str, images: list[Frames], p: ImageProcessing) ->
     mark = p.placeholder if p.placeholder in text or not images else p.image_token
     found = text.count(mark)
     if found != len(images):
-        raise InputError(f"the chat template wrote {found} {mark} for {len(images)} image(s) of the conversation: "
-                         "it does not place image parts where this model's processor expects them")
+        raise InputError(
+            f"the chat template wrote {found} {mark} for {len(images)} image(s) of the conversation: "
+            "it does not place image parts where this model's processor expects them"
+        )
     pieces = text.split(mark)
     return pieces[0] + "".join(image_prompt(f, p) + rest for f, rest in zip(images, pieces[1:]))

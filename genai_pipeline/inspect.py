@@ -90,7 +90,9 @@ def inspect_program(path: Path) -> dict:
     try:
         program, segment = _read_program(path)
     except Exception as e:  # any parse failure of a damaged flatbuffer
-        raise ProgramError(f"'{path}' cannot be parsed as an ExecuTorch program ({type(e).__name__}); it is corrupt or truncated, re-export it") from None
+        raise ProgramError(
+            f"'{path}' cannot be parsed as an ExecuTorch program ({type(e).__name__}); it is corrupt or truncated, re-export it"
+        ) from None
     named_sizes = {entry.key: program.segments[entry.segment_index].size for entry in program.named_data or []}
 
     methods, metadata = {}, {}
@@ -108,7 +110,9 @@ def inspect_program(path: Path) -> dict:
             inline = d.processed.location == DataLocation.INLINE
             blob = program.backend_delegate_data[d.processed.index].data if inline else segment(d.processed.index)
             delegates.append({"backend": d.id, "bytes": len(blob)})
-            payload = payloads.setdefault((inline, d.processed.index), {"backend": d.id, "bytes": len(blob), "methods": []})
+            payload = payloads.setdefault(
+                (inline, d.processed.index), {"backend": d.id, "bytes": len(blob), "methods": []}
+            )
             if plan.name not in payload["methods"]:
                 payload["methods"].append(plan.name)
             qnn_spec = next((bytes(c.value) for c in d.compile_specs if c.key == "qnn_compile_spec"), None)
@@ -126,7 +130,10 @@ def inspect_program(path: Path) -> dict:
             info = t.extra_tensor_info
             if info is not None and info.fully_qualified_name and t.allocation_info is not None:
                 a = t.allocation_info
-                placements[info.fully_qualified_name][plan.name] = (a.memory_id, a.memory_offset_low + (a.memory_offset_high << 32))
+                placements[info.fully_qualified_name][plan.name] = (
+                    a.memory_id,
+                    a.memory_offset_low + (a.memory_offset_high << 32),
+                )
         by_backend = defaultdict(int)
         for d in delegates:
             by_backend[d["backend"]] += 1
@@ -145,7 +152,10 @@ def inspect_program(path: Path) -> dict:
 
     const_sizes = _constant_sizes(program)
     mutable = {
-        name: {"placement": {m: list(p) for m, p in where.items()}, "shared": len(where) > 1 and len(set(where.values())) == 1}
+        name: {
+            "placement": {m: list(p) for m, p in where.items()},
+            "shared": len(where) > 1 and len(set(where.values())) == 1,
+        }
         for name, where in placements.items()
     }
     return {
@@ -184,25 +194,37 @@ def format_report(r: dict) -> str:
     mb = 1 << 20
     lines = [f"{r['file']}  {r['file_bytes'] / mb:.2f} MB"]
     for name, m in r["methods"].items():
-        io = lambda ts: ", ".join(f"{t.get('dtype', t.get('type'))}{t.get('shape', '')}{' at most' if t.get('dynamic') else ''}"  # noqa: E731
-                                  for t in ts)
+        io = lambda ts: ", ".join(
+            f"{t.get('dtype', t.get('type'))}{t.get('shape', '')}{' at most' if t.get('dynamic') else ''}"  # noqa: E731
+            for t in ts
+        )
         delegates = ", ".join(f"{n}x {b}" for b, n in m["delegates"].items()) or "none"
         lines.append(f"method {name}: ({io(m['inputs'])}) -> ({io(m['outputs'])})")
-        lines.append(f"    delegates: {delegates} ({m['delegate_bytes'] / 1024:.1f} KB); {m['operators']} operator kinds; arenas {m['planned_arena_bytes']} B")
+        lines.append(
+            f"    delegates: {delegates} ({m['delegate_bytes'] / 1024:.1f} KB); {m['operators']} operator kinds; arenas {m['planned_arena_bytes']} B"
+        )
     c, n = r["constant_segment"], r["named_data"]
-    lines.append(f"constant segment: {c['buffers']} tensors, {c['bytes'] / mb:.2f} MB, shared by all methods: {c['shared_bytes'] / mb:.2f} MB")
-    lines.append(f"named data: {n['entries']} entries, {n['bytes'] / mb:.2f} MB, shared by all methods: {n['shared_bytes'] / mb:.2f} MB")
+    lines.append(
+        f"constant segment: {c['buffers']} tensors, {c['bytes'] / mb:.2f} MB, shared by all methods: {c['shared_bytes'] / mb:.2f} MB"
+    )
+    lines.append(
+        f"named data: {n['entries']} entries, {n['bytes'] / mb:.2f} MB, shared by all methods: {n['shared_bytes'] / mb:.2f} MB"
+    )
     w = r["weights"]
-    lines.append(f"weights: {w['bytes'] / mb:.2f} MB; stored twice (a constant and named data with the same bytes): {w['stored_twice_bytes'] / mb:.2f} MB; "
-                 f"named data read from the constant segment: {w['named_data_in_constant_segment_bytes'] / mb:.2f} MB")
+    lines.append(
+        f"weights: {w['bytes'] / mb:.2f} MB; stored twice (a constant and named data with the same bytes): {w['stored_twice_bytes'] / mb:.2f} MB; "
+        f"named data read from the constant segment: {w['named_data_in_constant_segment_bytes'] / mb:.2f} MB"
+    )
     payloads = r.get("delegate_payloads", [])
     plain = defaultdict(list)  # payloads of one method and no spec to decode, summed by backend (XNNPACK: dozens)
     for p in payloads:
         if len(p["methods"]) == 1 and "qnn" not in p:
             plain[p["backend"]].append(p["bytes"])
     if plain:
-        lines.append("delegate payloads of one method each: " + ", ".join(
-            f"{b} {len(sizes)}x, {sum(sizes) / mb:.2f} MB" for b, sizes in plain.items()))
+        lines.append(
+            "delegate payloads of one method each: "
+            + ", ".join(f"{b} {len(sizes)}x, {sum(sizes) / mb:.2f} MB" for b, sizes in plain.items())
+        )
     for i, p in enumerate(payloads):
         if len(p["methods"]) == 1 and "qnn" not in p:
             continue
@@ -210,8 +232,10 @@ def format_report(r: dict) -> str:
         line = f"delegate payload {i}: {p['backend']}, {p['bytes'] / 1024:.1f} KB, {shared}"
         q = p.get("qnn")
         if q and "error" not in q:
-            line += (f"; QNN {q['soc']} (HTP {q['htp_arch']}, {q['vtcm_mb']} MB VTCM), {q.get('precision', '?')}, "
-                     f"weight sharing {'on' if q.get('weight_sharing') else 'off'}")
+            line += (
+                f"; QNN {q['soc']} (HTP {q['htp_arch']}, {q['vtcm_mb']} MB VTCM), {q.get('precision', '?')}, "
+                f"weight sharing {'on' if q.get('weight_sharing') else 'off'}"
+            )
         elif q:
             line += f"; QNN spec {q['error']}"
         lines.append(line)

@@ -40,8 +40,10 @@ def check_image_pixels(source, width: int, height: int) -> None:
     """Refuse an image that declares more pixels than IMAGE_PIXELS, before it is decoded."""
     limit = IMAGE_PIXELS.value()
     if width * height > limit:
-        raise InputError(f"image '{source}' declares {width} x {height} = {width * height:,} pixels, over the limit of "
-                         f"{limit:,}; shrink it, or raise the limit with {IMAGE_PIXELS.variable}=N")
+        raise InputError(
+            f"image '{source}' declares {width} x {height} = {width * height:,} pixels, over the limit of "
+            f"{limit:,}; shrink it, or raise the limit with {IMAGE_PIXELS.variable}=N"
+        )
 
 
 def read_input_text(path, what: str, error=InputError, errors: str = "strict") -> str:
@@ -50,8 +52,10 @@ def read_input_text(path, what: str, error=InputError, errors: str = "strict") -
         raise error(f"{what} '{path}' does not exist or is not a file")
     size, limit = os.stat(path).st_size, INPUT_BYTES.value()
     if size > limit:
-        raise error(f"{what} '{path}' is {size:,} bytes, over the limit of {limit:,}; pass a smaller file, or raise "
-                    f"the limit with {INPUT_BYTES.variable}=N")
+        raise error(
+            f"{what} '{path}' is {size:,} bytes, over the limit of {limit:,}; pass a smaller file, or raise "
+            f"the limit with {INPUT_BYTES.variable}=N"
+        )
     try:
         with open(path, encoding="utf-8", errors=errors) as f:
             return f.read()

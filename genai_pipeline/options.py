@@ -47,7 +47,9 @@ class PrepareOptions:
     # vocab]) for lookahead decoding (the last accepted token + up to N - 1 drafts), of any length
     # up to N; 0: none.
     verify_len: int = 0
-    checkpoint: Path | None = None  # local checkpoint folder (the entry's format); None: the entry's shipped weights, else random
+    checkpoint: Path | None = (
+        None  # local checkpoint folder (the entry's format); None: the entry's shipped weights, else random
+    )
     seed: int = 0  # for random weights
     # A vision-language model as one program per component (vision_encoder.pte, token_embedding.pte,
     # text_decoder.pte: the layout NPU backends use) instead of one program with three methods.
@@ -60,18 +62,28 @@ class PrepareOptions:
     def __post_init__(self):
         object.__setattr__(self, "mode", Mode(self.mode))
         if self.cache_io and self.mode is Mode.DYNAMIC:
-            raise InputError("the cache-I/O form (--cache-io, --target qnn) has static shapes: use --mode hybrid or kv, not dynamic")
+            raise InputError(
+                "the cache-I/O form (--cache-io, --target qnn) has static shapes: use --mode hybrid or kv, not dynamic"
+            )
         if self.cache_io and self.verify_len:
             raise InputError("--verify-len is not available in the cache-I/O form (--cache-io, --target qnn) yet")
         if self.max_seq_len < 2:
             raise InputError(f"--max-seq-len must be at least 2, got {self.max_seq_len}")
         if not 1 <= self.prefill_len <= self.max_seq_len:
-            raise InputError(f"--prefill-len must be between 1 and --max-seq-len ({self.max_seq_len}), got {self.prefill_len}")
+            raise InputError(
+                f"--prefill-len must be between 1 and --max-seq-len ({self.max_seq_len}), got {self.prefill_len}"
+            )
         if self.verify_len and not 2 <= self.verify_len <= self.max_seq_len:
-            raise InputError(f"--verify-len must be 0 (no verify method) or between 2 and --max-seq-len ({self.max_seq_len}), got {self.verify_len}")
-        if self.long_prefill_len and not (self._with_long and self.prefill_len < self.long_prefill_len <= self.max_seq_len):
-            raise InputError(f"--long-prefill-len takes 0 (none) or, in --mode hybrid without --cache-io, a length between --prefill-len "
-                             f"({self.prefill_len}) and --max-seq-len ({self.max_seq_len}); got {self.long_prefill_len}")
+            raise InputError(
+                f"--verify-len must be 0 (no verify method) or between 2 and --max-seq-len ({self.max_seq_len}), got {self.verify_len}"
+            )
+        if self.long_prefill_len and not (
+            self._with_long and self.prefill_len < self.long_prefill_len <= self.max_seq_len
+        ):
+            raise InputError(
+                f"--long-prefill-len takes 0 (none) or, in --mode hybrid without --cache-io, a length between --prefill-len "
+                f"({self.prefill_len}) and --max-seq-len ({self.max_seq_len}); got {self.long_prefill_len}"
+            )
 
     @property
     def _with_long(self) -> bool:
@@ -112,7 +124,9 @@ class DatasetSpec:
             raise DataError(f"unknown calibration dataset '{self.kind}'; known: {_known()}")
         wants = DATASET_KINDS[self.kind]
         if wants is None and self.arg:
-            raise DataError(f"'{self.kind}' takes no argument (got '{self.arg}'); set the sample count with --calib-limit")
+            raise DataError(
+                f"'{self.kind}' takes no argument (got '{self.arg}'); set the sample count with --calib-limit"
+            )
         if wants is not None and not self.arg:
             raise DataError(f"'{self.kind}' needs {wants}: --calib {self.kind}:PATH")
 
@@ -180,7 +194,9 @@ class QuantOptions:
     embedding: str | None = "auto"  # 8w, 4w; auto: by recipe; fp32 or None: keep it float
     overrides: tuple[tuple[str, str], ...] = ()  # (regex over linear names, recipe), first match wins
     block_size: int = 64  # 16a4w_block: values per scale
-    weight_rule: str = "gptq"  # 4-bit weights: gptq (calibrated), mse (least-squares scales), q4_0 (llama.cpp's, positive), torchao
+    weight_rule: str = (
+        "gptq"  # 4-bit weights: gptq (calibrated), mse (least-squares scales), q4_0 (llama.cpp's, positive), torchao
+    )
     head: str | None = "auto"  # the LM head's recipe; auto: AUTO_HEAD by recipe, else the recipe's
     keep_8bit: tuple[str, ...] | None = None  # regexes of layers at 8da8w under 8da4w; None: AUTO_8BIT
     smooth: float | None = SMOOTH_ALPHA  # dynamic recipes: SmoothQuant's alpha on the calibration text; None: off
@@ -207,13 +223,21 @@ class QuantOptions:
         if self.embedding == "fp32":
             object.__setattr__(self, "embedding", None)
         if self.head == "auto":
-            object.__setattr__(self, "head", None if self.is_static or self.weight_rule == "gptq" else AUTO_HEAD.get(self.recipe))
+            object.__setattr__(
+                self, "head", None if self.is_static or self.weight_rule == "gptq" else AUTO_HEAD.get(self.recipe)
+            )
         if self.head is not None and (self.head not in LINEAR_RECIPES or self.is_static):
-            raise InputError(f"the LM head takes {', '.join(LINEAR_RECIPES)} with a dynamic --recipe, got '{self.head}'")
+            raise InputError(
+                f"the LM head takes {', '.join(LINEAR_RECIPES)} with a dynamic --recipe, got '{self.head}'"
+            )
         if self.size_budget is not None and (self.recipe != "8da4w" or not self.size_budget > 0):
-            raise InputError(f"--size-budget takes a size in MB above 0 with --recipe 8da4w, got {self.size_budget:g} with {self.recipe}")
+            raise InputError(
+                f"--size-budget takes a size in MB above 0 with --recipe 8da4w, got {self.size_budget:g} with {self.recipe}"
+            )
         if self.keep_8bit is None:
-            object.__setattr__(self, "keep_8bit", () if self.is_static or self.size_budget else AUTO_8BIT.get(self.recipe, ()))
+            object.__setattr__(
+                self, "keep_8bit", () if self.is_static or self.size_budget else AUTO_8BIT.get(self.recipe, ())
+            )
         if self.promoted is not None:
             object.__setattr__(self, "promoted", tuple(self.promoted))
         object.__setattr__(self, "keep_8bit", tuple(self.keep_8bit))
@@ -226,14 +250,20 @@ class QuantOptions:
         if self.weight_rule not in WEIGHT_RULES:
             raise InputError(f"unknown weight rule '{self.weight_rule}'; known: {', '.join(WEIGHT_RULES)}")
         if self.is_static and self.embedding:
-            raise InputError("--embedding goes with the dynamic recipes (8da4w, 8da8w); static recipes quantize what their quantizer annotates")
+            raise InputError(
+                "--embedding goes with the dynamic recipes (8da4w, 8da8w); static recipes quantize what their quantizer annotates"
+            )
         if self.embedding is not None and self.embedding not in EMBEDDING_RECIPES:
-            raise InputError(f"--embedding must be auto, fp32 or one of {', '.join(EMBEDDING_RECIPES)}, got '{self.embedding}'")
+            raise InputError(
+                f"--embedding must be auto, fp32 or one of {', '.join(EMBEDDING_RECIPES)}, got '{self.embedding}'"
+            )
         if self.group_size < 1 or self.group_size & (self.group_size - 1):
             raise InputError(f"--group-size must be a power of two, got {self.group_size}")
         if self.is_float and self.calibration.datasets:
-            raise InputError("--calib calibrates a quantized recipe, and --recipe fp32 quantizes nothing: drop --calib, "
-                             f"or pick a recipe ({', '.join(r for r in LINEAR_RECIPES + STATIC_RECIPES if r != 'fp32')})")
+            raise InputError(
+                "--calib calibrates a quantized recipe, and --recipe fp32 quantizes nothing: drop --calib, "
+                f"or pick a recipe ({', '.join(r for r in LINEAR_RECIPES + STATIC_RECIPES if r != 'fp32')})"
+            )
         for pattern, _ in self.overrides:
             try:
                 re.compile(pattern)
@@ -246,8 +276,12 @@ class QuantOptions:
 
     @property
     def is_float(self) -> bool:
-        return (self.recipe == "fp32" and self.embedding is None and all(r == "fp32" for _, r in self.overrides)
-                and self.vision_recipe in (None, "fp32"))
+        return (
+            self.recipe == "fp32"
+            and self.embedding is None
+            and all(r == "fp32" for _, r in self.overrides)
+            and self.vision_recipe in (None, "fp32")
+        )
 
     def describe(self) -> str:
         parts = [self.recipe + (f"-g{self.group_size}" if self.recipe == "8da4w" else "")]
@@ -298,6 +332,7 @@ def parse_override(text: str) -> tuple[str, str]:
 
 # ---- targets ----
 
+
 @dataclass(frozen=True)
 class QnnOptions:
     soc: str = "SM8650"  # --soc, any name of ExecuTorch's QcomChipset table, case-insensitive
@@ -307,6 +342,7 @@ class QnnOptions:
 
 
 # ---- run, eval, bench ----
+
 
 @dataclass(frozen=True)
 class SamplingOptions:
@@ -366,7 +402,9 @@ class BenchOptions:
             if getattr(self, name) < 1:
                 raise InputError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
         if not 0 <= self.threads <= os.cpu_count():
-            raise InputError(f"--threads must be between 0 (one per core) and {os.cpu_count()}, the cores of this machine; got {self.threads}")
+            raise InputError(
+                f"--threads must be between 0 (one per core) and {os.cpu_count()}, the cores of this machine; got {self.threads}"
+            )
         if self.lookahead < 0:
             raise InputError(f"--lookahead must be >= 0, got {self.lookahead}")
         if self.chat and self.prompt_file is None:

@@ -70,5 +70,9 @@ your own text run <code>genai eval</code>.</p>
 def _verification_html(verification) -> str:
     if verification is None:
         return "<p>The program was not verified against its float model (no tokenizer).</p>"
-    warning = f"<p style='color:#c0392b'><b>Warning:</b> {html.escape(verification.warning)}</p>" if verification.warning else ""
+    warning = (
+        f"<p style='color:#c0392b'><b>Warning:</b> {html.escape(verification.warning)}</p>"
+        if verification.warning
+        else ""
+    )
     return f"<p><b>The program, {html.escape(verification.line())}.</b></p>{warning}"

@@ -15,9 +15,10 @@ from __future__ import annotations
 import base64
 import binascii
 import re
+from collections.abc import Iterator
 from enum import Enum
 from pathlib import Path
-from typing import Iterator, Protocol
+from typing import Protocol
 
 from genai_pipeline.errors import InputError
 
@@ -30,13 +31,20 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model")
 END_OF_TURN_TOKENS = ("<|eot_id|>", "<|im_end|>", "<end_of_turn>", "<|end|>", "<|endoftext|>", "<|eom_id|>")
 
 # Llama 3's pre-tokenizer split (Meta's llama3 tokenizer.py; cl100k's pattern without possessives).
-LLAMA3_SPLIT = (
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
+LLAMA3_SPLIT = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 _LLAMA3_NAMED_SPECIALS = (
-    "<|begin_of_text|>", "<|end_of_text|>", "<|reserved_special_token_0|>", "<|reserved_special_token_1|>",
-    "<|finetune_right_pad_id|>", "<|step_id|>", "<|start_header_id|>", "<|end_header_id|>",
-    "<|eom_id|>", "<|eot_id|>", "<|python_tag|>", "<|image|>",
+    "<|begin_of_text|>",
+    "<|end_of_text|>",
+    "<|reserved_special_token_0|>",
+    "<|reserved_special_token_1|>",
+    "<|finetune_right_pad_id|>",
+    "<|step_id|>",
+    "<|start_header_id|>",
+    "<|end_header_id|>",
+    "<|eom_id|>",
+    "<|eot_id|>",
+    "<|python_tag|>",
+    "<|image|>",
 )
 # Ids len(ranks) + i: 128000 = <|begin_of_text|>, 128009 = <|eot_id|> in Llama 3's 128000 ranks.
 LLAMA3_SPECIAL_TOKENS = _LLAMA3_NAMED_SPECIALS + tuple(
@@ -86,7 +94,9 @@ class Tokenizer:
     def __init__(self, path: Path, bos_id: int | None = None):
         path = Path(path)
         if not path.is_file():
-            raise InputError(f"no tokenizer at '{path}'; export from a checkpoint that has tokenizer.json or tokenizer.model")
+            raise InputError(
+                f"no tokenizer at '{path}'; export from a checkpoint that has tokenizer.json or tokenizer.model"
+            )
         self.path = path
         self.kind = tokenizer_kind(path)
         readers = {
@@ -97,7 +107,7 @@ class Tokenizer:
         self._model: _Model = readers[self.kind](path, bos_id)
 
     @classmethod
-    def from_folder(cls, folder: Path, bos_id: int | None = None) -> "Tokenizer":
+    def from_folder(cls, folder: Path, bos_id: int | None = None) -> Tokenizer:
         """The tokenizer of a checkpoint or exported folder: tokenizer.json, else tokenizer.model."""
         path = find_tokenizer_file(folder)
         if path is None:
@@ -170,7 +180,9 @@ class _TiktokenBPE:
 
         ranks = _read_ranks(path)
         specials = {token: len(ranks) + i for i, token in enumerate(LLAMA3_SPECIAL_TOKENS)}
-        self._enc = tiktoken.Encoding(name=path.name, pat_str=LLAMA3_SPLIT, mergeable_ranks=ranks, special_tokens=specials)
+        self._enc = tiktoken.Encoding(
+            name=path.name, pat_str=LLAMA3_SPLIT, mergeable_ranks=ranks, special_tokens=specials
+        )
         self._n_ranks = len(ranks)
         self.bos_id = bos_id if bos_id is not None else specials["<|begin_of_text|>"]
 
@@ -202,10 +214,14 @@ def _read_ranks(path: Path) -> dict[bytes, int]:
                 "copy tokenizer.model from the original checkpoint again"
             ) from None
     if sorted(ranks.values()) != list(range(len(ranks))):
-        raise InputError(f"'{path}' is a tiktoken BPE file whose ranks are not 0..{len(ranks) - 1}, each once; the file is damaged")
+        raise InputError(
+            f"'{path}' is a tiktoken BPE file whose ranks are not 0..{len(ranks) - 1}, each once; the file is damaged"
+        )
     missing = [b for b in range(256) if bytes([b]) not in ranks]
     if missing:
-        raise InputError(f"'{path}' lacks {len(missing)} of the 256 single-byte tokens a byte-level BPE needs; the file is damaged")
+        raise InputError(
+            f"'{path}' lacks {len(missing)} of the 256 single-byte tokens a byte-level BPE needs; the file is damaged"
+        )
     return ranks
 
 

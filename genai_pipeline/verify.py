@@ -44,9 +44,11 @@ class Verification:
         return self.perplexity_program / self.perplexity_float - 1
 
     def line(self) -> str:
-        return (f"verified on {self.tokens} tokens of {self.text}: perplexity {self.perplexity_float:.2f} -> "
-                f"{self.perplexity_program:.2f} ({100 * self.perplexity_change:+.1f} %), top-1 agreement "
-                f"{100 * self.top1_agreement:.1f} %, KL {self.kl_divergence:.4f}")
+        return (
+            f"verified on {self.tokens} tokens of {self.text}: perplexity {self.perplexity_float:.2f} -> "
+            f"{self.perplexity_program:.2f} ({100 * self.perplexity_change:+.1f} %), top-1 agreement "
+            f"{100 * self.top1_agreement:.1f} %, KL {self.kl_divergence:.4f}"
+        )
 
     def as_manifest(self) -> dict:
         return {**asdict(self), "perplexity_change": round(self.perplexity_change, 5)}
@@ -58,7 +60,9 @@ def held_out_text(calibration_files: list[Path]) -> tuple[str, str]:
         text = Path(path).read_text(encoding="utf-8", errors="replace")
         if len(text) > 2 * TAIL_CHARS:  # a short file is all calibration; nothing of it is held out
             return text[-TAIL_CHARS:], f"the tail of {Path(path).name}"
-    return BUILT_IN_TEXT.read_text(encoding="utf-8")[:TAIL_CHARS], "built-in English prose (assets/reference/heldout.txt)"
+    return BUILT_IN_TEXT.read_text(encoding="utf-8")[
+        :TAIL_CHARS
+    ], "built-in English prose (assets/reference/heldout.txt)"
 
 
 def verify_export(folder: Path, recipe: str, calibration_files: list[Path]) -> Verification:
@@ -67,11 +71,16 @@ def verify_export(folder: Path, recipe: str, calibration_files: list[Path]) -> V
     with tempfile.NamedTemporaryFile("w", suffix=".txt", encoding="utf-8") as f:
         f.write(text)
         f.flush()
-        result = evaluate(Path(folder), EvalOptions(text=Path(f.name), max_tokens=TOKENS, window=WINDOW), progress=False)
+        result = evaluate(
+            Path(folder), EvalOptions(text=Path(f.name), max_tokens=TOKENS, window=WINDOW), progress=False
+        )
     perplexity = result["perplexity"]
     measured = Verification(
-        text=source, tokens=result["tokens"], perplexity_float=perplexity["float"],
-        perplexity_program=perplexity[result["compared"]], top1_agreement=result["top1_agreement"],
+        text=source,
+        tokens=result["tokens"],
+        perplexity_float=perplexity["float"],
+        perplexity_program=perplexity[result["compared"]],
+        top1_agreement=result["top1_agreement"],
         kl_divergence=result["kl_divergence"],
     )
     return Verification(**{**asdict(measured), "warning": warning(measured, recipe)})
@@ -88,5 +97,7 @@ def warning(v: Verification, recipe: str) -> str | None:
         lost.append(f"{100 * v.perplexity_change:.0f} % perplexity")
     if v.top1_agreement < WARN_TOP1:
         lost.append(f"{100 * (1 - v.top1_agreement):.0f} % of its float model's next tokens")
-    return (f"this program loses {' and '.join(lost)} against its float model (perplexity "
-            f"{100 * v.perplexity_change:+.1f} %, top-1 agreement {100 * v.top1_agreement:.0f} %); try {better}")
+    return (
+        f"this program loses {' and '.join(lost)} against its float model (perplexity "
+        f"{100 * v.perplexity_change:+.1f} %, top-1 agreement {100 * v.top1_agreement:.0f} %); try {better}"
+    )

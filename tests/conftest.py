@@ -74,6 +74,7 @@ def pytest_collection_modifyitems(items) -> None:
 def train_tokenizer(path: Path, vocab_size: int) -> Path:
     """A byte-level BPE (the form ExecuTorch's C++ tokenizer reads) trained on Python's own docs."""
     import pydoc_data.topics
+
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
     text = "\n".join(sorted(pydoc_data.topics.topics.values()))[:200_000]
@@ -90,7 +91,12 @@ def train_tokenizer(path: Path, vocab_size: int) -> Path:
 
 
 def save_hf_checkpoint(
-    folder: Path, model_type: str = "llama", std: float = 0.08, seed: int = 0, max_shard_size: str | None = None, **config
+    folder: Path,
+    model_type: str = "llama",
+    std: float = 0.08,
+    seed: int = 0,
+    max_shard_size: str | None = None,
+    **config,
 ) -> Path:
     """Random weights saved by `transformers` itself, in Hugging Face format."""
     import transformers
@@ -102,15 +108,25 @@ def save_hf_checkpoint(
     }
     config_cls, model_cls = classes[model_type]
     defaults = dict(
-        vocab_size=TINY_VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-        intermediate_size=128, max_position_embeddings=256, tie_word_embeddings=False, bos_token_id=0, eos_token_id=0,
+        vocab_size=TINY_VOCAB,
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=128,
+        max_position_embeddings=256,
+        tie_word_embeddings=False,
+        bos_token_id=0,
+        eos_token_id=0,
     )
     torch.manual_seed(seed)
     model = model_cls(config_cls(**{**defaults, **config})).eval()
     with torch.no_grad():
         for name, p in model.named_parameters():
             p.normal_(0, std) if "norm" not in name else p.normal_(1.0, 0.1)
-    model.save_pretrained(folder, safe_serialization=True, **({"max_shard_size": max_shard_size} if max_shard_size else {}))
+    model.save_pretrained(
+        folder, safe_serialization=True, **({"max_shard_size": max_shard_size} if max_shard_size else {})
+    )
     return folder
 
 
@@ -120,8 +136,13 @@ def tiny_checkpoint(tmp_path_factory) -> Path:
     folder = tmp_path_factory.mktemp("tiny_llama")
     save_hf_checkpoint(
         folder,
-        rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                      "original_max_position_embeddings": 32},
+        rope_scaling={
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 32,
+        },
         rope_theta=50000.0,
     )
     train_tokenizer(folder / "tokenizer.json", TINY_VOCAB)
@@ -144,8 +165,14 @@ def export_tiny(tiny_checkpoint, tmp_path_factory):
         key = mode, target, cache_io, long_prefill_len
         if key not in built:
             out = tmp_path_factory.mktemp(f"tiny_{mode}_{target}{'_cache_io' if cache_io else ''}")
-            options = PrepareOptions(mode=mode, max_seq_len=TINY_MAX_SEQ, prefill_len=TINY_PREFILL, checkpoint=tiny_checkpoint,
-                                     cache_io=cache_io, long_prefill_len=long_prefill_len)
+            options = PrepareOptions(
+                mode=mode,
+                max_seq_len=TINY_MAX_SEQ,
+                prefill_len=TINY_PREFILL,
+                checkpoint=tiny_checkpoint,
+                cache_io=cache_io,
+                long_prefill_len=long_prefill_len,
+            )
             genai_pipeline.export("smollm2-135m", out=out, prepare=options, target=target)
             built[key] = out
         return built[key]
@@ -162,7 +189,9 @@ def export_reference(tmp_path_factory):
         if (mode, quant) not in built:
             out = tmp_path_factory.mktemp(f"reference_{mode}_{quant.describe()}")
             options = PrepareOptions(mode=mode, max_seq_len=256, prefill_len=32)
-            genai_pipeline.export("reference", out=out, prepare=options, quant=quant, verify=False)  # no report: the program alone
+            genai_pipeline.export(
+                "reference", out=out, prepare=options, quant=quant, verify=False
+            )  # no report: the program alone
             built[mode, quant] = out
         return built[mode, quant]
 
@@ -182,16 +211,25 @@ def train_sentencepiece(path: Path, vocab_size: int = 512) -> Path:
     """A SentencePiece BPE with Llama 2's options (byte fallback, digits split, whitespace kept
     as is, a dummy-prefix space; <unk> 0, <s> 1, </s> 2) trained on Python's own docs."""
     import io
-
     import pydoc_data.topics
+
     import sentencepiece
 
     text = "\n".join(sorted(pydoc_data.topics.topics.values()))[:100_000]
     model = io.BytesIO()
     sentencepiece.SentencePieceTrainer.train(
-        sentence_iterator=iter(text.splitlines()), model_writer=model, vocab_size=vocab_size, model_type="bpe",
-        byte_fallback=True, split_digits=True, character_coverage=0.9995, normalization_rule_name="identity",
-        remove_extra_whitespaces=False, add_dummy_prefix=True, allow_whitespace_only_pieces=True, minloglevel=2,
+        sentence_iterator=iter(text.splitlines()),
+        model_writer=model,
+        vocab_size=vocab_size,
+        model_type="bpe",
+        byte_fallback=True,
+        split_digits=True,
+        character_coverage=0.9995,
+        normalization_rule_name="identity",
+        remove_extra_whitespaces=False,
+        add_dummy_prefix=True,
+        allow_whitespace_only_pieces=True,
+        minloglevel=2,
     )
     Path(path).write_bytes(model.getvalue())
     return Path(path)
@@ -212,8 +250,21 @@ def smollm2_fp32(tmp_path_factory) -> Path:
     err = io.StringIO()
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(sys, "stderr", err)
-        code = main(["export", "--checkpoint", str(SMOLLM2_GGUF), "--max-seq-len", "384", "--verify-len", "8", "--long-prefill-len", "0",
-                     "--out", str(out)])
+        code = main(
+            [
+                "export",
+                "--checkpoint",
+                str(SMOLLM2_GGUF),
+                "--max-seq-len",
+                "384",
+                "--verify-len",
+                "8",
+                "--long-prefill-len",
+                "0",
+                "--out",
+                str(out),
+            ]
+        )
     assert code == 0, err.getvalue()
     return out
 
@@ -237,8 +288,21 @@ def smollm2_default(tmp_path_factory):
             err = io.StringIO()
             with pytest.MonkeyPatch.context() as mp:
                 mp.setattr(sys, "stderr", err)
-                code = main(["export", "--checkpoint", str(SMOLLM2_GGUF), "--recipe", recipe, "--mode", "kv",
-                             "--max-seq-len", "512", "--out", str(out)])
+                code = main(
+                    [
+                        "export",
+                        "--checkpoint",
+                        str(SMOLLM2_GGUF),
+                        "--recipe",
+                        recipe,
+                        "--mode",
+                        "kv",
+                        "--max-seq-len",
+                        "512",
+                        "--out",
+                        str(out),
+                    ]
+                )
             assert code == 0, err.getvalue()
             built[recipe] = out
         return built[recipe]

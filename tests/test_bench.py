@@ -5,8 +5,8 @@ import json
 import numpy as np
 import pytest
 import torch
-
 from conftest import Q4, TINY_MAX_SEQ
+
 from genai_pipeline.bench import bench, memory_bandwidth_gbs, weight_bytes_per_token
 from genai_pipeline.bundle import read_manifest
 from genai_pipeline.cli import main
@@ -23,7 +23,11 @@ def test_bench_reports_rates_memory_and_bandwidth_share(export_tiny, capsys):
     # Every stored weight but the fp32 token embedding, of which a step reads one row.
     stored = inspect_program(folder / "text_decoder.pte")
     embedding = embedding_lookup_bytes(folder / "text_decoder.pte")
-    assert r["weight_bytes_per_token"] == stored["named_data"]["bytes"] + stored["constant_segment"]["bytes"] - embedding > 0
+    assert (
+        r["weight_bytes_per_token"]
+        == stored["named_data"]["bytes"] + stored["constant_segment"]["bytes"] - embedding
+        > 0
+    )
     rate = r["weight_bytes_per_token"] * r["decode_tokens_per_s"] / 1e9
     assert r["bandwidth_share"] == pytest.approx(rate / r["memory_bandwidth_gbs"], rel=0.05, abs=1e-4)
 
@@ -39,7 +43,9 @@ def embedding_lookup_bytes(pte) -> int:
             for call in (i.instr_args for i in chain.instructions):
                 if type(call).__name__ == "KernelCall" and "embedding" in plan.operators[call.op_index].name:
                     tensors = (plan.values[a].val for a in call.args)
-                    found |= {t.data_buffer_idx for t in tensors if type(t).__name__ == "Tensor" and t.data_buffer_idx > 0}
+                    found |= {
+                        t.data_buffer_idx for t in tensors if type(t).__name__ == "Tensor" and t.data_buffer_idx > 0
+                    }
     assert found, "no embedding lookup among the program's operators"
     return sum(sizes[b] for b in found)
 
@@ -50,7 +56,10 @@ def test_weight_bytes_per_token_leave_out_a_quantized_embedding_table(export_ref
     stored = inspect_program(folder / "text_decoder.pte")
     table = embedding_lookup_bytes(folder / "text_decoder.pte")
     assert table > manifest["config"]["vocab_size"] * manifest["config"]["dim"]  # the scales are in it
-    assert weight_bytes_per_token(folder, manifest) == stored["named_data"]["bytes"] + stored["constant_segment"]["bytes"] - table
+    assert (
+        weight_bytes_per_token(folder, manifest)
+        == stored["named_data"]["bytes"] + stored["constant_segment"]["bytes"] - table
+    )
 
 
 def test_bench_refuses_more_tokens_than_the_context(export_tiny):

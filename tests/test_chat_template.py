@@ -3,8 +3,8 @@
 import json
 
 import pytest
-
 from conftest import train_tokenizer
+
 from genai_pipeline.chat_template import ChatTemplate, read_chat_template, render_chat
 from genai_pipeline.data import ContentPart, Message, Sample, render_sample
 from genai_pipeline.errors import DataError
@@ -24,7 +24,10 @@ LLAMA2 = """{{ bos_token }}
     {% endif %}
 {% endfor %}
 """
-CHAT = Sample(messages=(Message("system", "Be brief."), Message("user", "Hi"), Message("assistant", "Hello!")), origin="chat.json sample 0")
+CHAT = Sample(
+    messages=(Message("system", "Be brief."), Message("user", "Hi"), Message("assistant", "Hello!")),
+    origin="chat.json sample 0",
+)
 
 
 @pytest.fixture(scope="module")
@@ -100,7 +103,11 @@ def test_a_processors_template_comes_before_the_tokenizers(tmp_path):
     (tmp_path / "tokenizer_config.json").write_text(json.dumps({"chat_template": LLAMA2, "eos_token": "</s>"}))
     (tmp_path / "processor_config.json").write_text(json.dumps({"image_seq_len": 64, "chat_template": "processor"}))
     template = read_chat_template(tmp_path)
-    assert (template.source, template.eos_token, template.origin) == ("processor", "</s>", str(tmp_path / "processor_config.json"))
+    assert (template.source, template.eos_token, template.origin) == (
+        "processor",
+        "</s>",
+        str(tmp_path / "processor_config.json"),
+    )
     (tmp_path / "chat_template.json").write_text(json.dumps({"chat_template": "legacy processor"}))
     assert read_chat_template(tmp_path).source == "legacy processor"
     (tmp_path / "chat_template.jinja").write_text(CHATML)
@@ -133,24 +140,34 @@ def test_rendering_matches_transformers(template):
     from transformers.utils.chat_template_utils import render_jinja_template
 
     messages = (
-        Message("user", "Is <a & b> 'true'?"), Message("assistant", 'Yes: "ünïcode".'), Message("user", "Why?"),
-        Message("assistant", "Because."), Message("user", "Past the break"),
+        Message("user", "Is <a & b> 'true'?"),
+        Message("assistant", 'Yes: "ünïcode".'),
+        Message("user", "Why?"),
+        Message("assistant", "Because."),
+        Message("user", "Past the break"),
     )
     for add_generation_prompt in (False, True):
-        ours = render_chat(messages, template, bos_token="<s>", eos_token="</s>", add_generation_prompt=add_generation_prompt)
+        ours = render_chat(
+            messages, template, bos_token="<s>", eos_token="</s>", add_generation_prompt=add_generation_prompt
+        )
         (theirs,), _ = render_jinja_template(
-            [[{"role": m.role, "content": m.content} for m in messages]], chat_template=template,
-            add_generation_prompt=add_generation_prompt, bos_token="<s>", eos_token="</s>",
+            [[{"role": m.role, "content": m.content} for m in messages]],
+            chat_template=template,
+            add_generation_prompt=add_generation_prompt,
+            bos_token="<s>",
+            eos_token="</s>",
         )
         assert ours == theirs
     if template == RICH:  # Hugging Face's tojson: neither HTML escapes nor \u escapes
-        assert ours == "<s>user 1: Is <a & b> 'true'?\n\"Yes: \\\"ünïcode\\\".\"<s>user 3: Why?\n\"Because.\"assistant:"
+        assert ours == '<s>user 1: Is <a & b> \'true\'?\n"Yes: \\"ünïcode\\"."<s>user 3: Why?\n"Because."assistant:'
 
 
 def test_special_tokens_map_fills_a_legacy_tokenizer_config(tmp_path):
     config = {"chat_template": CHATML, "bos_token": "<s>"}
     (tmp_path / "tokenizer_config.json").write_text(json.dumps(config))
-    (tmp_path / "special_tokens_map.json").write_text(json.dumps({"bos_token": {"content": "<|begin|>"}, "eos_token": "<|end|>"}))
+    (tmp_path / "special_tokens_map.json").write_text(
+        json.dumps({"bos_token": {"content": "<|begin|>"}, "eos_token": "<|end|>"})
+    )
     assert read_chat_template(tmp_path) == ChatTemplate(CHATML, "<|begin|>", "<|end|>")
     # with added_tokens_decoder, tokenizer_config.json is the whole story (transformers ignores the map)
     (tmp_path / "tokenizer_config.json").write_text(json.dumps({**config, "added_tokens_decoder": {}}))

@@ -8,8 +8,8 @@ import sys
 import time
 
 import pytest
-
 from conftest import TINY_MAX_SEQ, copy_export, save_hf_checkpoint
+
 from genai_pipeline import cli
 from genai_pipeline.cli import _one_openmp_thread_per_caller, main
 from genai_pipeline.errors import ExportError
@@ -70,7 +70,9 @@ def test_unknown_model_lists_known_names(tmp_path):
 
 
 def test_missing_checkpoint_folder(capsys, tmp_path):
-    fails_with_one_line(capsys, ["export", "smollm2-135m", "--checkpoint", tmp_path / "nope", "--out", tmp_path / "o"], "does not exist")
+    fails_with_one_line(
+        capsys, ["export", "smollm2-135m", "--checkpoint", tmp_path / "nope", "--out", tmp_path / "o"], "does not exist"
+    )
 
 
 def test_corrupt_checkpoint_folder(capsys, tmp_path):
@@ -81,8 +83,8 @@ def test_corrupt_checkpoint_folder(capsys, tmp_path):
 
 
 def test_shape_mismatch_names_the_tensor(capsys, tmp_path):
-    from safetensors.torch import load_file, save_file
     import torch
+    from safetensors.torch import load_file, save_file
 
     folder = save_hf_checkpoint(tmp_path / "ckpt")
     tensors = load_file(folder / "model.safetensors")
@@ -93,7 +95,9 @@ def test_shape_mismatch_names_the_tensor(capsys, tmp_path):
 
 def test_unsupported_recipe_is_refused_before_work(capsys, tmp_path):
     out = tmp_path / "o"
-    fails_with_one_line(capsys, ["export", "--target", "portable", "--recipe", "8da4w", "--out", out], "does not support recipe '8da4w'")
+    fails_with_one_line(
+        capsys, ["export", "--target", "portable", "--recipe", "8da4w", "--out", out], "does not support recipe '8da4w'"
+    )
     fails_with_one_line(capsys, ["export", "--target", "portable", "--embedding", "8w", "--out", out], "--embedding 8w")
     fails_with_one_line(capsys, ["export", "--recipe", "3da1w", "--out", out], "unknown recipe '3da1w'")
     fails_with_one_line(capsys, ["export", "--quant-override", "output", "--out", out], "REGEX=RECIPE")
@@ -102,13 +106,15 @@ def test_unsupported_recipe_is_refused_before_work(capsys, tmp_path):
 
 def test_export_infers_the_entry_from_config(capsys, tmp_path, export_tiny):
     folder = save_hf_checkpoint(tmp_path / "ckpt", model_type="qwen3", head_dim=16)
-    from genai_pipeline.registry import infer_spec
     from genai_pipeline.checkpoints.hf import read_config
+    from genai_pipeline.registry import infer_spec
 
     spec = infer_spec(read_config(folder))  # sizes of no entry: the family under a name that says so
     assert spec.name == "qwen3 (custom: 2 layers, dim 64)" and spec.entry == "qwen3-0_6b" and spec.config.head_dim == 16
     (folder / "config.json").write_text(json.dumps({**read_config(folder), "model_type": "mamba"}))
-    fails_with_one_line(capsys, ["export", "--checkpoint", folder, "--out", tmp_path / "o"], "model_type 'mamba'", "qwen3")
+    fails_with_one_line(
+        capsys, ["export", "--checkpoint", folder, "--out", tmp_path / "o"], "model_type 'mamba'", "qwen3"
+    )
 
 
 def test_run_streams_text_and_reports_json(capsys, export_tiny):
@@ -163,8 +169,20 @@ def _export_stopped_while_lowering(out, tiny_checkpoint, sig):
     """`genai export` into `out` in a child process, sent `sig` once it exports its first graph
     (lowering a tiny model can finish before a signal sent at "lower" arrives)."""
     child = subprocess.Popen(
-        [sys.executable, "-m", "genai_pipeline.cli", "export", "--checkpoint", tiny_checkpoint, "--mode", "hybrid",
-         "--max-seq-len", "64", "--out", out],
+        [
+            sys.executable,
+            "-m",
+            "genai_pipeline.cli",
+            "export",
+            "--checkpoint",
+            tiny_checkpoint,
+            "--mode",
+            "hybrid",
+            "--max-seq-len",
+            "64",
+            "--out",
+            out,
+        ],
         stderr=subprocess.PIPE,
         # A job a non-interactive shell starts in the background ignores SIGINT, and a Python
         # started that way keeps ignoring it: give the child the default, as a terminal would.
@@ -189,7 +207,9 @@ def test_an_interrupted_export_leaves_the_previous_one_intact(tmp_path, tiny_che
     rc, err, pid = _export_stopped_while_lowering(out, tiny_checkpoint, sig)
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
     staging = tmp_path / f".out.staging-{pid}"
-    if sig != signal.SIGKILL:  # KeyboardInterrupt, or SIGTERM raised as one: one line, and the staging folder is removed
+    if (
+        sig != signal.SIGKILL
+    ):  # KeyboardInterrupt, or SIGTERM raised as one: one line, and the staging folder is removed
         assert rc == 130 and err.strip().splitlines()[-1] == "error: interrupted", err
         assert not staging.exists()
     else:  # killed outright: its staging folder stays until the next command that reads or writes --out
@@ -252,8 +272,14 @@ def test_run_chat_converses_on_stdin(capsys, monkeypatch, tmp_path, export_tiny)
     from genai_pipeline.tokenizer import Tokenizer
 
     folder = chat_folder(export_tiny, tmp_path / "chat")
-    session, tokenizer, template = DecoderSession(folder), Tokenizer(folder / "tokenizer.json"), read_chat_template(folder)
-    chat = Chat(session, tokenizer, template, Sampler(SamplingOptions()), end_of_turn_ids(folder, tokenizer, [0], template), 8)
+    session, tokenizer, template = (
+        DecoderSession(folder),
+        Tokenizer(folder / "tokenizer.json"),
+        read_chat_template(folder),
+    )
+    chat = Chat(
+        session, tokenizer, template, Sampler(SamplingOptions()), end_of_turn_ids(folder, tokenizer, [0], template), 8
+    )
     first, second = chat.send("Hi").text, chat.send("And a list?").text
     assert first != second
 
@@ -272,7 +298,9 @@ def test_run_chat_bad_input(capsys, monkeypatch, tmp_path, export_tiny):
     import io
 
     fails_with_one_line(capsys, ["run", export_tiny("hybrid")], "--prompt TEXT is required", "--chat")
-    fails_with_one_line(capsys, ["run", export_tiny("hybrid"), "--prompt", "x", "--system", "Be brief."], "--system needs --chat")
+    fails_with_one_line(
+        capsys, ["run", export_tiny("hybrid"), "--prompt", "x", "--system", "Be brief."], "--system needs --chat"
+    )
     untemplated = copy_export(export_tiny("hybrid"), tmp_path / "untemplated")
     (untemplated / "chat_template.jinja").unlink()  # the registry's fallback, written by the export
     fails_with_one_line(capsys, ["run", untemplated, "--chat"], "no chat template", "chat_template.jinja")
@@ -284,7 +312,9 @@ def test_run_chat_bad_input(capsys, monkeypatch, tmp_path, export_tiny):
     )
 
 
-@pytest.mark.parametrize("argv, expected", [(["bench", "x"], "1"), (["run", "x"], "1"), (["export", "x"], None), (["eval", "x"], None)])
+@pytest.mark.parametrize(
+    "argv, expected", [(["bench", "x"], "1"), (["run", "x"], "1"), (["export", "x"], None), (["eval", "x"], None)]
+)
 def test_program_timing_commands_run_one_openmp_thread_per_caller(monkeypatch, argv, expected):
     monkeypatch.setenv("OMP_NUM_THREADS", "")  # so that monkeypatch restores the variable afterwards
     monkeypatch.delenv("OMP_NUM_THREADS")

@@ -30,12 +30,17 @@ def _subparsers(parser):
 
 
 def test_the_parser_imports_no_torch():
-    code = ("import sys; from genai_pipeline.cli import build_parser; build_parser(); "
-            "print(sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'executorch', 'torchao', 'numpy', 'transformers'}))")
+    code = (
+        "import sys; from genai_pipeline.cli import build_parser; build_parser(); "
+        "print(sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'executorch', 'torchao', 'numpy', 'transformers'}))"
+    )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "[]"
-    result = subprocess.run([sys.executable, "-X", "importtime", "-m", "genai_pipeline.cli", "export", "--help"],
-                            capture_output=True, text=True)
+    result = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "genai_pipeline.cli", "export", "--help"],
+        capture_output=True,
+        text=True,
+    )
     assert result.returncode == 0 and "--out" in result.stdout
     assert not re.search(r"\|\s+torch$", result.stderr, re.M)
 
@@ -51,8 +56,12 @@ def test_every_option_has_help_and_shows_its_default():
 
 def test_option_defaults_are_the_dataclasses():
     """Every flag that sets a field of an option class (options.py) defaults to that field's default."""
-    where = {"export": {QuantOptions: "", PrepareOptions: "", CalibrationOptions: "calib_", QnnOptions: ""},
-             "run": {SamplingOptions: ""}, "eval": {EvalOptions: ""}, "bench": {BenchOptions: ""}}
+    where = {
+        "export": {QuantOptions: "", PrepareOptions: "", CalibrationOptions: "calib_", QnnOptions: ""},
+        "run": {SamplingOptions: ""},
+        "eval": {EvalOptions: ""},
+        "bench": {BenchOptions: ""},
+    }
     parsers, checked = _subparsers(build_parser()), []
     for command, classes in where.items():
         defaults = {a.dest: a.default for a in parsers[command]._actions}
@@ -62,13 +71,25 @@ def test_option_defaults_are_the_dataclasses():
                     want = f.default.value if isinstance(f.default, Enum) else f.default
                     assert defaults[prefix + f.name] == want, (command, cls.__name__, f.name)
                     checked.append(f.name)
-    assert {"recipe", "mode", "max_seq_len", "seq_len", "soc", "temperature", "max_tokens", "prompt_len"} <= set(checked)
+    assert {"recipe", "mode", "max_seq_len", "seq_len", "soc", "temperature", "max_tokens", "prompt_len"} <= set(
+        checked
+    )
     assert f"else {DEFAULT_MODEL}" in " ".join(parsers["export"].format_help().split())
 
 
 def test_runtime_log_lines_stay_off_the_terminal(export_tiny):
     folder = export_tiny("hybrid")
-    argv = [sys.executable, "-m", "genai_pipeline.cli", "run", str(folder), "--prompt", "The list", "--max-new-tokens", "4"]
+    argv = [
+        sys.executable,
+        "-m",
+        "genai_pipeline.cli",
+        "run",
+        str(folder),
+        "--prompt",
+        "The list",
+        "--max-new-tokens",
+        "4",
+    ]
     quiet = subprocess.run(argv, capture_output=True, text=True, env={**os.environ, "GENAI_DEBUG": ""})
     assert quiet.returncode == 0, quiet.stderr
     assert not NATIVE_LOG.search(quiet.stderr + quiet.stdout), quiet.stderr

@@ -4,8 +4,8 @@ import dataclasses
 
 import pytest
 import torch
-
 from conftest import TINY_PREFILL, TINY_VOCAB, manifest
+
 from genai_pipeline.cli import main
 from genai_pipeline.errors import InputError
 from genai_pipeline.options import PrepareOptions, SamplingOptions
@@ -40,7 +40,7 @@ def test_greedy_generation_matches_eager(export_tiny, tiny_eager, mode, target):
 def test_score_gives_every_position(export_tiny, tiny_eager, mode):
     """Programs return the last position's logits; score() still gives each row, against the eager model."""
     program = DecoderSession(export_tiny(mode))
-    chunk = PROMPT[:TINY_PREFILL + 3]
+    chunk = PROMPT[: TINY_PREFILL + 3]
     rows = program.score(chunk)
     with torch.no_grad():
         want = tiny_eager()(torch.tensor([chunk]), torch.tensor([0]))[0]

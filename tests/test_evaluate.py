@@ -3,6 +3,7 @@
 import json
 
 from conftest import Q4, REFERENCE
+
 from genai_pipeline.cli import main
 
 
@@ -14,7 +15,9 @@ def _eval(capsys, folder, *extra):
 def test_float_program_scores_like_its_eager_model(capsys, export_tiny):
     result = _eval(capsys, export_tiny("hybrid"), "--max-tokens", "300", "--window", "40")
     ppl = result["perplexity"]
-    assert ppl["qdq"] is None and result["tokens"] == 300 - 8  # 8 windows of 40 and one of 20, each loses its first token
+    assert (
+        ppl["qdq"] is None and result["tokens"] == 300 - 8
+    )  # 8 windows of 40 and one of 20, each loses its first token
     assert abs(ppl["program"] / ppl["float"] - 1) < 1e-3
     assert result["top1_agreement"] > 0.99 and result["kl_divergence"] < 1e-4
     # prefill, scored at the end of each whole chunk of 8 with a next token to predict: 4 in each of the 7

@@ -5,15 +5,15 @@ import importlib
 import json
 import os
 import shutil
-import stat
 import signal
+import stat
 import subprocess
 import sys
 import textwrap
 
 import pytest
-
 from conftest import copy_export
+
 from genai_pipeline.bundle import (
     add_to_manifest,
     atomic_write,
@@ -55,8 +55,11 @@ def _unwritable_parent(tmp_path):
 @pytest.mark.parametrize("case", ["file", "under a file", "unwritable parent"])
 def test_an_out_that_cannot_be_written_is_refused_before_any_work(capsys, monkeypatch, tmp_path, case):
     (tmp_path / "file").write_text("not a folder")
-    out = {"file": tmp_path / "file", "under a file": tmp_path / "file" / "out",
-           "unwritable parent": _unwritable_parent(tmp_path)}[case]
+    out = {
+        "file": tmp_path / "file",
+        "under a file": tmp_path / "file" / "out",
+        "unwritable parent": _unwritable_parent(tmp_path),
+    }[case]
     monkeypatch.setattr(export_module, "_export", lambda *a: pytest.fail("the export started"))
     assert main(["export", "--out", str(out)]) == 2
     err = capsys.readouterr().err
@@ -82,13 +85,25 @@ def _checkpoints(tmp_path):
     return hf, gguf
 
 
-@pytest.mark.parametrize("case", ["checkpoint folder", "its parent", "its grandparent", "folder of a gguf",
-                                  "parent of a gguf's folder", "relative path to the checkpoint"])
+@pytest.mark.parametrize(
+    "case",
+    [
+        "checkpoint folder",
+        "its parent",
+        "its grandparent",
+        "folder of a gguf",
+        "parent of a gguf's folder",
+        "relative path to the checkpoint",
+    ],
+)
 def test_an_out_holding_the_checkpoint_is_refused_and_the_checkpoint_kept(capsys, monkeypatch, tmp_path, case):
     hf, gguf = _checkpoints(tmp_path)
     checkpoint, out = {
-        "checkpoint folder": (hf, hf), "its parent": (hf, hf.parent), "its grandparent": (hf, tmp_path),
-        "folder of a gguf": (gguf, gguf.parent), "parent of a gguf's folder": (gguf, tmp_path),
+        "checkpoint folder": (hf, hf),
+        "its parent": (hf, hf.parent),
+        "its grandparent": (hf, tmp_path),
+        "folder of a gguf": (gguf, gguf.parent),
+        "parent of a gguf's folder": (gguf, tmp_path),
         "relative path to the checkpoint": (hf, "../hf"),
     }[case]
     monkeypatch.chdir(hf.parent / "hf" if case.startswith("relative") else tmp_path)
@@ -100,8 +115,16 @@ def test_an_out_holding_the_checkpoint_is_refused_and_the_checkpoint_kept(capsys
     assert _tree(tmp_path) == before
 
 
-@pytest.mark.parametrize("case", ["files and no manifest", "a manifest not ours", "a manifest that is a list",
-                                  "our export and a foreign file", "our export and a foreign folder"])
+@pytest.mark.parametrize(
+    "case",
+    [
+        "files and no manifest",
+        "a manifest not ours",
+        "a manifest that is a list",
+        "our export and a foreign file",
+        "our export and a foreign folder",
+    ],
+)
 def test_an_out_that_is_not_only_our_export_is_refused_untouched(capsys, monkeypatch, tmp_path, export_tiny, case):
     out = tmp_path / "out"
     if case.startswith("our export"):
@@ -152,8 +175,9 @@ _KILLED_WHILE_PUBLISHING = textwrap.dedent("""
 """)
 
 
-@pytest.mark.parametrize("where, then", [("after the exchange", "new"), ("between the renames", "old"),
-                                         ("after the renames", "new")])
+@pytest.mark.parametrize(
+    "where, then", [("after the exchange", "new"), ("between the renames", "old"), ("after the renames", "new")]
+)
 def test_a_kill_while_publishing_leaves_the_old_or_the_new_export(tmp_path, where, then):
     """SIGKILL at each step of publish: `out` is whole (the exchange), or put back whole by the next
     command that touches it; nothing is left beside it."""
@@ -192,9 +216,26 @@ def test_an_export_replaces_the_previous_one_whole(tmp_path, tiny_checkpoint, ex
         (out / stray).write_text("from an earlier export")
         add_to_manifest(out, stray)
     result = subprocess.run(
-        [sys.executable, "-m", "genai_pipeline.cli", "export", "--checkpoint", str(tiny_checkpoint), "--mode", "kv",
-         "--max-seq-len", "32", "--recipe", "8da8w", "--out", str(out)],
-        capture_output=True, text=True, timeout=600, preexec_fn=lambda: os.umask(0o022),
+        [
+            sys.executable,
+            "-m",
+            "genai_pipeline.cli",
+            "export",
+            "--checkpoint",
+            str(tiny_checkpoint),
+            "--mode",
+            "kv",
+            "--max-seq-len",
+            "32",
+            "--recipe",
+            "8da8w",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        preexec_fn=lambda: os.umask(0o022),
     )
     assert result.returncode == 0, result.stderr
     assert "RANDOM" not in result.stderr
@@ -243,20 +284,27 @@ def test_eval_and_report_refuse_weights_changed_since_the_export(capsys, tmp_pat
     text.write_text("The list object has methods. " * 4)
     assert main(["eval", str(folder), "--text", str(text)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0] == f"error: the checkpoint's weight file {weights} changed since the export; re-export"
+    assert (
+        len(err) == 1 and err[0] == f"error: the checkpoint's weight file {weights} changed since the export; re-export"
+    )
     with pytest.raises(InputError, match="changed since the export"):
         write_quant_report(folder, [1, 2, 3], "test tokens")
-    assert weights_fingerprint(checkpoint)["files"]["model.safetensors"]["sha256"] != manifest["checkpoint"]["files"]["model.safetensors"]["sha256"]
+    assert (
+        weights_fingerprint(checkpoint)["files"]["model.safetensors"]["sha256"]
+        != manifest["checkpoint"]["files"]["model.safetensors"]["sha256"]
+    )
 
 
 def test_the_qdq_reuse_key_includes_the_tool_versions(monkeypatch, tiny_checkpoint):
-    from genai_pipeline.quantize import static
     from genai_pipeline.bundle import tool_versions
     from genai_pipeline.options import PrepareOptions
     from genai_pipeline.prepare import prepare
+    from genai_pipeline.quantize import static
     from genai_pipeline.registry import get_spec
 
-    prepared = prepare(get_spec("smollm2-135m"), PrepareOptions(max_seq_len=32, prefill_len=8, checkpoint=tiny_checkpoint))
+    prepared = prepare(
+        get_spec("smollm2-135m"), PrepareOptions(max_seq_len=32, prefill_len=8, checkpoint=tiny_checkpoint)
+    )
     options = QuantOptions(recipe="8a8w")
     key = static.qdq_key(prepared, options, "xnnpack")
     assert static.qdq_key(prepared, options, "xnnpack") == key

@@ -12,16 +12,16 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from conftest import PHOTOS
 
 from genai_pipeline.image_processing import image_frames, read_image
 from genai_pipeline.registry import get_spec
 
-from conftest import PHOTOS
-
 PHOTO_NAMES = ("astronaut", "chelsea", "coffee", "camera")
 
-pytestmark = pytest.mark.skipif(not all((PHOTOS / f"{n}.png").is_file() for n in PHOTO_NAMES),
-                                reason=f"{PHOTOS} is filled by `make test`")
+pytestmark = pytest.mark.skipif(
+    not all((PHOTOS / f"{n}.png").is_file() for n in PHOTO_NAMES), reason=f"{PHOTOS} is filled by `make test`"
+)
 
 
 def _theirs(model: str):
@@ -29,19 +29,48 @@ def _theirs(model: str):
     if model == "smolvlm-256m":
         from transformers.models.idefics3.image_processing_pil_idefics3 import Idefics3ImageProcessorPil
 
-        return Idefics3ImageProcessorPil(size={"longest_edge": 2048}, max_image_size={"longest_edge": 512}, resample=1,
-                                         do_image_splitting=True, do_pad=False), (0.5,) * 3, (0.5,) * 3
+        return (
+            Idefics3ImageProcessorPil(
+                size={"longest_edge": 2048},
+                max_image_size={"longest_edge": 512},
+                resample=1,
+                do_image_splitting=True,
+                do_pad=False,
+            ),
+            (0.5,) * 3,
+            (0.5,) * 3,
+        )
     if model == "internvl3-1b":
         from transformers.models.got_ocr2.image_processing_pil_got_ocr2 import GotOcr2ImageProcessorPil
 
         mean, std = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
-        return GotOcr2ImageProcessorPil(size={"height": 448, "width": 448}, crop_to_patches=True, min_patches=1, max_patches=12,
-                                        resample=3, image_mean=mean, image_std=std), mean, std
+        return (
+            GotOcr2ImageProcessorPil(
+                size={"height": 448, "width": 448},
+                crop_to_patches=True,
+                min_patches=1,
+                max_patches=12,
+                resample=3,
+                image_mean=mean,
+                image_std=std,
+            ),
+            mean,
+            std,
+        )
     from transformers import CLIPImageProcessorPil
 
     mean, std = (0.48145466, 0.4578275, 0.40821073), (0.26862954, 0.26130258, 0.27577711)
-    return CLIPImageProcessorPil(size={"shortest_edge": 336}, crop_size={"height": 336, "width": 336}, resample=3,
-                                 image_mean=mean, image_std=std), mean, std
+    return (
+        CLIPImageProcessorPil(
+            size={"shortest_edge": 336},
+            crop_size={"height": 336, "width": 336},
+            resample=3,
+            image_mean=mean,
+            image_std=std,
+        ),
+        mean,
+        std,
+    )
 
 
 @pytest.mark.parametrize("model", ["smolvlm-256m", "internvl3-1b", "llava-1_5-7b"])
@@ -52,7 +81,11 @@ def test_real_photos_give_transformers_frames(model, photo):
     path = PHOTOS / f"{photo}.png"
     processor, mean, std = _theirs(model)
     with Image.open(path) as image:
-        out = processor.preprocess([[image]], return_row_col_info=True) if model == "smolvlm-256m" else processor.preprocess(image)
+        out = (
+            processor.preprocess([[image]], return_row_col_info=True)
+            if model == "smolvlm-256m"
+            else processor.preprocess(image)
+        )
     expected = np.asarray(out["pixel_values"][0] if model == "smolvlm-256m" else out["pixel_values"])
     expected = expected.reshape(-1, *expected.shape[-3:])  # [frames, 3, S, S]
 

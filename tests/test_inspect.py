@@ -14,12 +14,18 @@ def test_sizes_read_from_the_flatbuffer_match_executorchs_full_deserialization(e
     named = full.named_data
     assert report["named_data"]["entries"] == len(named.pte_data) > 0
     assert report["named_data"]["bytes"] == sum(len(named.buffers[e.buffer_index]) for e in named.pte_data.values())
-    used = {t.val.data_buffer_idx for plan in full.program.execution_plan for t in plan.values
-            if type(t.val).__name__ == "Tensor" and t.val.allocation_info is None and t.val.data_buffer_idx > 0}
+    used = {
+        t.val.data_buffer_idx
+        for plan in full.program.execution_plan
+        for t in plan.values
+        if type(t.val).__name__ == "Tensor" and t.val.allocation_info is None and t.val.data_buffer_idx > 0
+    }
     assert report["constant_segment"]["bytes"] == sum(len(full.program.constant_buffer[i].storage) for i in used)
     for name, method in report["methods"].items():
         plan = next(p for p in full.program.execution_plan if p.name == name)
-        assert method["delegate_bytes"] == sum(len(full.program.backend_delegate_data[d.processed.index].data) for d in plan.delegates)
+        assert method["delegate_bytes"] == sum(
+            len(full.program.backend_delegate_data[d.processed.index].data) for d in plan.delegates
+        )
 
 
 def test_a_program_cut_short_inside_its_weights_is_refused(tmp_path, export_tiny):

@@ -21,14 +21,21 @@ def test_the_readme_example_exports_runs_and_evaluates_the_reference_model(tmp_p
     scope = {}
     exec(compile(readme_example(), "README.md", "exec"), scope)
     exported, reply, scores = scope["exported"], scope["reply"], scope["scores"]
-    assert exported.folder.resolve() == (tmp_path / "out" / "reference-8da4w").resolve() and exported.manifest["recipe"].startswith("8da4w")
-    assert set(exported.programs.values()) == {exported.folder / "text_decoder.pte"} and "verification" in exported.manifest
+    assert exported.folder.resolve() == (tmp_path / "out" / "reference-8da4w").resolve() and exported.manifest[
+        "recipe"
+    ].startswith("8da4w")
+    assert (
+        set(exported.programs.values()) == {exported.folder / "text_decoder.pte"}
+        and "verification" in exported.manifest
+    )
     assert reply.tokens and capsys.readouterr().out.strip()
     assert scores["perplexity"]["program"] < 1.1 * scores["perplexity"]["float"] and scores["top1_agreement"] > 0.8
 
 
 def test_export_stays_a_function_beside_its_module():
-    code = ("from genai_pipeline.export import _export; import genai_pipeline.evaluate; import genai_pipeline as g; "
-            "print(g.export.__module__, callable(g.export), g.evaluate.__module__, callable(g.evaluate))")
+    code = (
+        "from genai_pipeline.export import _export; import genai_pipeline.evaluate; import genai_pipeline as g; "
+        "print(g.export.__module__, callable(g.export), g.evaluate.__module__, callable(g.evaluate))"
+    )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.split() == ["genai_pipeline.export", "True", "genai_pipeline.evaluate", "True"]

@@ -1,6 +1,7 @@
 import re
 
 from conftest import Q4, copy_export
+
 from genai_pipeline.bundle import read_manifest
 from genai_pipeline.evaluate import block_outputs, float_model, layer_sqnr, quantized_model
 from genai_pipeline.report import write_quant_report
@@ -10,7 +11,9 @@ def test_report_quantizing_in_place_matches_a_separate_copy(tmp_path, export_ref
     folder = copy_export(export_reference("kv", Q4), tmp_path / "export")
     tokens = list(range(1, 65))
     html = write_quant_report(folder, tokens, "test tokens").read_text()
-    shown = {f"layers.{i}": float(db) for i, db in re.findall(r"<td>layers\.(\d+)</td><td class=num>([\d.]+)</td>", html)}
+    shown = {
+        f"layers.{i}": float(db) for i, db in re.findall(r"<td>layers\.(\d+)</td><td class=num>([\d.]+)</td>", html)
+    }
 
     manifest = read_manifest(folder)
     reference = float_model(manifest)

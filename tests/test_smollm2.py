@@ -15,10 +15,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import SMOLLM2_GGUF as GGUF
 
 from genai_pipeline.cli import main
-
-from conftest import SMOLLM2_GGUF as GGUF
 
 REPO = Path(__file__).resolve().parents[1]
 IM_END = 2  # <|im_end|>: how this model ends a turn
@@ -76,21 +75,25 @@ def test_greedy_tokens_equal_transformers(smollm2_fp32, transformers_model):
     ids = tokenizer(prompt, return_tensors="pt").input_ids
     assert ours["prompt_tokens"] == ids[0].tolist()
     with torch.no_grad():
-        theirs = model.generate(ids, max_new_tokens=32, do_sample=False)[0, ids.shape[1]:].tolist()
+        theirs = model.generate(ids, max_new_tokens=32, do_sample=False)[0, ids.shape[1] :].tolist()
     theirs = theirs[: theirs.index(IM_END)] if IM_END in theirs else theirs
     assert len(ours["tokens"]) >= 16 and ours["tokens"] == theirs
 
 
 def test_chat_answers_and_stops_at_the_end_of_its_turn(smollm2_fp32):
-    code, out, err = cli("run", smollm2_fp32, "--chat", "--prompt", "What is the capital of France?", "--max-new-tokens", 64)
+    code, out, err = cli(
+        "run", smollm2_fp32, "--chat", "--prompt", "What is the capital of France?", "--max-new-tokens", 64
+    )
     assert code == 0, err
     assert "Paris" in out
     assert "user" not in out.lower() and "<|im" not in out  # no invented turns after its own
 
 
 def test_prompt_through_the_template_stops_at_im_end(smollm2_fp32):
-    rendered = ("<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"
-                "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n")
+    rendered = (
+        "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"
+        "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n"
+    )
     code, out, err = cli("run", smollm2_fp32, "--prompt", rendered, "--max-new-tokens", 64, "--json")
     assert code == 0, err
     result = json.loads(out)
@@ -101,7 +104,9 @@ def test_eval_perplexity_equals_transformers_on_the_same_ids(smollm2_fp32, trans
     model, tokenizer = transformers_model
     text = (REPO / "assets" / "reference" / "heldout.txt").read_text()[:6000]
     (tmp_path / "prose.txt").write_text(text)
-    code, out, err = cli("eval", smollm2_fp32, "--text", tmp_path / "prose.txt", "--max-tokens", 512, "--window", 256, "--json")
+    code, out, err = cli(
+        "eval", smollm2_fp32, "--text", tmp_path / "prose.txt", "--max-tokens", 512, "--window", 256, "--json"
+    )
     assert code == 0, err
     ours = json.loads(out)
     ids = tokenizer(text).input_ids[:512]
@@ -131,10 +136,21 @@ BOUNDS = {"8da4w": 0.08, "8da8w": 0.006}
 @pytest.mark.parametrize("recipe", sorted(BOUNDS))
 def test_default_recipe_meets_its_perplexity_bound(smollm2_default, recipe):
     folder = smollm2_default(recipe)
-    code, out, err = cli("eval", folder, "--text", REPO / "assets" / "reference" / "heldout.txt",
-                         "--max-tokens", 1024, "--window", 512, "--json")
+    code, out, err = cli(
+        "eval",
+        folder,
+        "--text",
+        REPO / "assets" / "reference" / "heldout.txt",
+        "--max-tokens",
+        1024,
+        "--window",
+        512,
+        "--json",
+    )
     assert code == 0, err
     result = json.loads(out)
     change = result["perplexity"]["program"] / result["perplexity"]["float"] - 1
     assert result["tokens"] == 1022 and result["compared"] == "program"
-    assert change <= BOUNDS[recipe], f"{recipe}: {100 * change:+.2f} % perplexity against fp32 (bound {100 * BOUNDS[recipe]:+.1f} %)"
+    assert change <= BOUNDS[recipe], (
+        f"{recipe}: {100 * change:+.2f} % perplexity against fp32 (bound {100 * BOUNDS[recipe]:+.1f} %)"
+    )

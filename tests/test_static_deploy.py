@@ -6,8 +6,8 @@ import os
 import stat
 
 import torch
-
 from conftest import TINY_VOCAB
+
 from genai_pipeline.cli import main
 from genai_pipeline.options import SamplingOptions
 from genai_pipeline.runtime.generate import Sampler, generate
@@ -19,9 +19,29 @@ PROMPT = torch.randint(1, TINY_VOCAB, (19,), generator=torch.Generator().manual_
 
 def test_hybrid_8a8w_program_returns_the_next_token_only_and_matches_its_qdq_model(capsys, tmp_path, tiny_checkpoint):
     out = tmp_path / "8a8w"
-    argv = ["export", "--checkpoint", str(tiny_checkpoint), "--mode", "hybrid", "--recipe", "8a8w", "--calib", "random",
-            "--calib-limit", "2", "--calib-seq-len", "16", "--max-seq-len", "64", "--prefill-len", "8", "--long-prefill-len", "0",
-            "--out", str(out)]
+    argv = [
+        "export",
+        "--checkpoint",
+        str(tiny_checkpoint),
+        "--mode",
+        "hybrid",
+        "--recipe",
+        "8a8w",
+        "--calib",
+        "random",
+        "--calib-limit",
+        "2",
+        "--calib-seq-len",
+        "16",
+        "--max-seq-len",
+        "64",
+        "--prefill-len",
+        "8",
+        "--long-prefill-len",
+        "0",
+        "--out",
+        str(out),
+    ]
     assert main(argv) == 0
     err = capsys.readouterr().err
     assert "calibrating text_decoder on RANDOM tokens" in err  # a static recipe really calibrates on them
@@ -31,7 +51,11 @@ def test_hybrid_8a8w_program_returns_the_next_token_only_and_matches_its_qdq_mod
         assert list(program.metadata(method).output_tensor_meta(0).sizes()) == [1, TINY_VOCAB], method
 
     qdq = torch.export.load(out / "text_decoder.qdq.pt2").module()
-    assert qdq(torch.tensor([PROMPT[:8]]), torch.tensor([0])).shape == (1, 8, TINY_VOCAB)  # calibrated on every position
+    assert qdq(torch.tensor([PROMPT[:8]]), torch.tensor([0])).shape == (
+        1,
+        8,
+        TINY_VOCAB,
+    )  # calibrated on every position
     greedy = Sampler(SamplingOptions(temperature=0))
     ours = generate(DecoderSession(out), PROMPT, 16, greedy)
     eager = generate(EagerSession(qdq, 64), PROMPT, 16, greedy)

@@ -18,13 +18,25 @@ from genai_pipeline.targets import get_target
 
 def gemma3_shape():
     spec = get_spec("gemma3-1b")
-    config = dataclasses.replace(spec.config, dim=64, n_layers=2, hidden_dim=128, n_heads=2, n_kv_heads=1, head_dim=32,
-                                 rope_dim=32, sliding_window=32, sliding_window_layers=(0,))
+    config = dataclasses.replace(
+        spec.config,
+        dim=64,
+        n_layers=2,
+        hidden_dim=128,
+        n_heads=2,
+        n_kv_heads=1,
+        head_dim=32,
+        rope_dim=32,
+        sliding_window=32,
+        sliding_window_layers=(0,),
+    )
     return dataclasses.replace(spec, config=config)
 
 
 def export(spec, quant: QuantOptions, out):
-    prepared = quantize(prepare(spec, PrepareOptions(max_seq_len=64, prefill_len=8, long_prefill_len=0)), quant, get_target("xnnpack"))
+    prepared = quantize(
+        prepare(spec, PrepareOptions(max_seq_len=64, prefill_len=8, long_prefill_len=0)), quant, get_target("xnnpack")
+    )
     compile_artifacts(prepared, get_target("xnnpack"), out)
     return prepared, out / "text_decoder.pte"
 
@@ -37,7 +49,9 @@ def prefill_logits_match_eager(prepared, pte, rtol):
 
     (artifact,) = prepared.artifacts.values()
     graph = next(g for name, g in artifact.graphs.items() if name.value == "prefill")
-    tokens = torch.randint(0, prepared.config.vocab_size, graph.example_inputs[0].shape, generator=torch.Generator().manual_seed(0))
+    tokens = torch.randint(
+        0, prepared.config.vocab_size, graph.example_inputs[0].shape, generator=torch.Generator().manual_seed(0)
+    )
     inputs = (tokens, *graph.example_inputs[1:])
     got = Runtime.get().load_program(pte).load_method("prefill").execute(list(inputs))[0]
     want = graph.module(*inputs)

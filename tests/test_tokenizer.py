@@ -7,8 +7,8 @@ from collections import Counter
 
 import pytest
 import regex
-
 from conftest import train_sentencepiece, train_tokenizer
+
 from genai_pipeline.errors import InputError
 from genai_pipeline.tokenizer import (
     LLAMA3_SPECIAL_TOKENS,
@@ -107,7 +107,9 @@ def test_tiktoken_matches_transformers_conversion(tiktoken_folder, monkeypatch):
 
     monkeypatch.setenv("TIKTOKEN_CACHE_DIR", "")  # the converter reads the file through tiktoken: no cache copy
     path = tiktoken_folder / "tokenizer.model"
-    hf = TikTokenConverter(vocab_file=str(path), pattern=LLAMA3_SPLIT, extra_special_tokens=LLAMA3_SPECIAL_TOKENS).converted()
+    hf = TikTokenConverter(
+        vocab_file=str(path), pattern=LLAMA3_SPLIT, extra_special_tokens=LLAMA3_SPECIAL_TOKENS
+    ).converted()
     ours = Tokenizer.from_folder(tiktoken_folder)
     n_ranks = 256 + 200
     assert ours.kind is TokenizerKind.TIKTOKEN and ours.bos_id == n_ranks  # <|begin_of_text|> follows the ranks

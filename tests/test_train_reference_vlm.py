@@ -49,8 +49,8 @@ def test_heldout_written_as_genai_reads_it(script, tmp_path):
 
 def test_prompt_is_the_runtimes(script):
     """The training prompt is what `genai run --image` makes of the question (registry entry's processing)."""
-    from genai_pipeline.registry import get_spec
     from genai_pipeline.image_processing import expand_prompt, image_frames
+    from genai_pipeline.registry import get_spec
 
     spec = get_spec("reference-vlm")
     processing = spec.vision.preprocessing
@@ -59,7 +59,9 @@ def test_prompt_is_the_runtimes(script):
     assert len(frames.pixels) == 1 and np.array_equal(frames.pixels[0], image.transpose(2, 0, 1))
     assert expand_prompt(question, [frames], processing) == script.prompt_text(question)
     tok = script.make_tokenizer()
-    assert [tok.token_to_id(t) for t in script.SPECIALS] == [4096, 4097, 4098] == list(range(4096, tok.get_vocab_size()))
+    assert (
+        [tok.token_to_id(t) for t in script.SPECIALS] == [4096, 4097, 4098] == list(range(4096, tok.get_vocab_size()))
+    )
     assert spec.vision.image_token_id == tok.token_to_id("<image>") and spec.config.vocab_size == tok.get_vocab_size()
 
 
@@ -82,16 +84,39 @@ def test_a_few_steps_lower_the_loss(script):
     assert sum(p.numel() for p in model.parameters()) <= 10_000_000
     rng = random.Random(0)
     data = [script.sample_with_items(rng) for _ in range(4)]
-    curve = script.train(model, tok, steps=8, batch_size=4, lr=1e-3, seed=0, warmup=1, log_every=1, data=data,
-                         vision_lr=2e-3, cell_weight=1.0)
+    curve = script.train(
+        model,
+        tok,
+        steps=8,
+        batch_size=4,
+        lr=1e-3,
+        seed=0,
+        warmup=1,
+        log_every=1,
+        data=data,
+        vision_lr=2e-3,
+        cell_weight=1.0,
+    )
     assert curve[-1]["loss"] < 0.5 * curve[0]["loss"], curve
     assert curve[-1]["cell_loss"] < curve[0]["cell_loss"], curve
     # the same with several questions per image, packed (the default recipe)
     model = script.build_model(tok.get_vocab_size(), seed=0)
     rng = random.Random(0)
     data = [script.sample_many(rng, 5) for _ in range(2)]
-    curve = script.train(model, tok, steps=8, batch_size=2, lr=1e-3, seed=0, warmup=1, log_every=1, data=data,
-                         vision_lr=2e-3, cell_weight=1.0, questions_per_image=5)
+    curve = script.train(
+        model,
+        tok,
+        steps=8,
+        batch_size=2,
+        lr=1e-3,
+        seed=0,
+        warmup=1,
+        log_every=1,
+        data=data,
+        vision_lr=2e-3,
+        cell_weight=1.0,
+        questions_per_image=5,
+    )
     assert curve[-1]["loss"] < 0.5 * curve[0]["loss"], curve
     assert curve[-1]["cell_loss"] < curve[0]["cell_loss"], curve
 
@@ -100,7 +125,17 @@ def test_cell_targets_follow_the_image_tokens(script):
     """Image token k (pixel shuffle's row-major order) covers grid cell k: the auxiliary loss's targets."""
     items = [script.Item("star", "red", 0), script.Item("circle", "blue", 5)]
     colours, shapes = script.cell_targets(items)
-    assert colours == [1 + list(script.COLOURS).index("red"), 0, 0, 0, 0, 1 + list(script.COLOURS).index("blue"), 0, 0, 0]
+    assert colours == [
+        1 + list(script.COLOURS).index("red"),
+        0,
+        0,
+        0,
+        0,
+        1 + list(script.COLOURS).index("blue"),
+        0,
+        0,
+        0,
+    ]
     assert shapes == [1 + script.SHAPES.index("star"), 0, 0, 0, 0, 1 + script.SHAPES.index("circle"), 0, 0, 0]
     assert script.TOKENS_PER_IMAGE == 9 and script.IMAGE // script.PATCH == 2 * 3
     model = script.build_model(script.make_tokenizer().get_vocab_size(), seed=0)
@@ -112,7 +147,7 @@ def test_cell_targets_follow_the_image_tokens(script):
 
 
 def test_a_shape_stays_inside_its_cell(script):
-    """"Where is the red star?" has one answer: every drawn pixel lies in the item's grid cell."""
+    """ "Where is the red star?" has one answer: every drawn pixel lies in the item's grid cell."""
     rng = random.Random(0)
     cell = script.IMAGE / 3
     for k in range(45):
@@ -161,7 +196,9 @@ def test_packed_questions_are_the_single_question_samples(script):
         packed = script.packed_batch(tok, [(image, qas) for image, _, qas in samples])
         assert packed[0].shape[0] == 2 and packed[1].shape[:2] == (2, 1)
         packed_losses = per_token(*packed)
-        single = torch.cat([per_token(*script.batch(tok, [(image, q, a)])) for image, _, qas in samples for q, a in qas])
+        single = torch.cat(
+            [per_token(*script.batch(tok, [(image, q, a)])) for image, _, qas in samples for q, a in qas]
+        )
     assert packed_losses.shape == single.shape and packed_losses.shape[0] > 2 * len(samples)
     assert torch.allclose(packed_losses, single, atol=1e-4), (packed_losses - single).abs().max()
     # and the targets are every answer + its EOS

@@ -9,8 +9,8 @@ import sys
 import pytest
 import torch
 
-from genai_pipeline.quantize import text as quantize_text
 from genai_pipeline.cli import main
+from genai_pipeline.quantize import text as quantize_text
 from genai_pipeline.verify import Verification, held_out_text, warning
 
 
@@ -56,7 +56,10 @@ def test_thresholds_and_the_held_out_text(tmp_path):
     assert warning(good, "8da4w-g32+emb8w") is None
     assert "try --recipe 8da8w" in warning(Verification("t", 100, 20.0, 30.0, 0.9, 0.05), "8da4w-g32+emb8w")
     top1_alone = warning(Verification("t", 100, 20.0, 19.8, 0.5, 0.05), "8da8w")  # perplexity even improved
-    assert top1_alone.startswith("this program loses 50 % of its float model's next tokens against") and "-1.0 %" in top1_alone
+    assert (
+        top1_alone.startswith("this program loses 50 % of its float model's next tokens against")
+        and "-1.0 %" in top1_alone
+    )
     long_text = tmp_path / "calib.txt"
     long_text.write_text("a" * 20000 + "the held-out tail")
     text, source = held_out_text([long_text])

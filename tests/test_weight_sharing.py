@@ -7,7 +7,10 @@ import sys
 
 def inspect_json(pte):
     result = subprocess.run(
-        [sys.executable, "-m", "genai_pipeline.cli", "inspect", str(pte), "--json"], capture_output=True, text=True, check=True
+        [sys.executable, "-m", "genai_pipeline.cli", "inspect", str(pte), "--json"],
+        capture_output=True,
+        text=True,
+        check=True,
     )
     return json.loads(result.stdout)
 

@@ -239,9 +239,10 @@ def train(model, train_ids: np.ndarray, args) -> tuple[int, float]:
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
     opt = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": args.weight_decay},
-         {"params": no_decay, "weight_decay": 0.0}],
-        lr=args.lr, betas=(0.9, 0.95), eps=1e-8,
+        [{"params": decay, "weight_decay": args.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=args.lr,
+        betas=(0.9, 0.95),
+        eps=1e-8,
     )
     budget = args.minutes * 60.0
     model.train()
@@ -257,10 +258,9 @@ def train(model, train_ids: np.ndarray, args) -> tuple[int, float]:
         for g in opt.param_groups:
             g["lr"] = lr
         starts = torch.randint(0, n_windows, (args.batch_size,), generator=gen)
-        batch = torch.stack([data[s:s + SEQ_LEN + 1] for s in starts.tolist()])
+        batch = torch.stack([data[s : s + SEQ_LEN + 1] for s in starts.tolist()])
         logits = model(input_ids=batch[:, :-1]).logits
-        loss = torch.nn.functional.cross_entropy(
-            logits.reshape(-1, logits.size(-1)), batch[:, 1:].reshape(-1))
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)), batch[:, 1:].reshape(-1))
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -269,9 +269,11 @@ def train(model, train_ids: np.ndarray, args) -> tuple[int, float]:
         tok_log += batch[:, :-1].numel()
         if step % args.log_every == 0 or step == 1:
             now = time.time()
-            print(f"step {step:5d}  loss {loss.item():.4f}  lr {lr:.2e}  "
-                  f"{tok_log / (now - t_log):7.0f} tok/s  elapsed {now - t0:6.1f}s",
-                  flush=True)
+            print(
+                f"step {step:5d}  loss {loss.item():.4f}  lr {lr:.2e}  "
+                f"{tok_log / (now - t_log):7.0f} tok/s  elapsed {now - t0:6.1f}s",
+                flush=True,
+            )
             t_log, tok_log = now, 0
     return step, time.time() - t0
 
@@ -281,17 +283,18 @@ def perplexity(model, ids: np.ndarray, batch_size: int = 16) -> tuple[float, int
     """exp(mean NLL) over non-overlapping SEQ_LEN windows; returns (ppl, n_predicted)."""
     model.eval()
     t = torch.from_numpy(ids.astype(np.int64))
-    windows = [t[i:i + SEQ_LEN] for i in range(0, len(t) - 1, SEQ_LEN)]
+    windows = [t[i : i + SEQ_LEN] for i in range(0, len(t) - 1, SEQ_LEN)]
     windows = [w for w in windows if len(w) >= 2]
     total_nll, total_n = 0.0, 0
     for i in range(0, len(windows), batch_size):
-        group = windows[i:i + batch_size]
+        group = windows[i : i + batch_size]
         # Ragged last window: evaluate separately.
-        for sub in ([group] if len({len(w) for w in group}) == 1 else [[w] for w in group]):
+        for sub in [group] if len({len(w) for w in group}) == 1 else [[w] for w in group]:
             x = torch.stack(sub)
             logits = model(input_ids=x).logits[:, :-1]
             nll = torch.nn.functional.cross_entropy(
-                logits.reshape(-1, logits.size(-1)), x[:, 1:].reshape(-1), reduction="sum")
+                logits.reshape(-1, logits.size(-1)), x[:, 1:].reshape(-1), reduction="sum"
+            )
             total_nll += nll.item()
             total_n += x[:, 1:].numel()
     return math.exp(total_nll / total_n), total_n
@@ -304,9 +307,14 @@ def continuations(model, tok: Tokenizer, prompts: list[str], n_new: int = 60) ->
     out = {}
     for prompt in prompts:
         ids = torch.tensor([[0] + tok.encode(prompt, add_special_tokens=False).ids])
-        gen = model.generate(ids, max_new_tokens=n_new, do_sample=False,
-                             eos_token_id=None, pad_token_id=0,
-                             attention_mask=torch.ones_like(ids))
+        gen = model.generate(
+            ids,
+            max_new_tokens=n_new,
+            do_sample=False,
+            eos_token_id=None,
+            pad_token_id=0,
+            attention_mask=torch.ones_like(ids),
+        )
         out[prompt] = tok.decode(gen[0, 1:].tolist(), skip_special_tokens=False)
     return out
 
@@ -362,11 +370,13 @@ def main() -> None:
 
     tok = train_tokenizer(train_docs, args.vocab_size)
     train_ids = encode_stream(tok, train_docs)
-    heldout_ids = np.asarray(
-        [0] + tok.encode(heldout_text, add_special_tokens=False).ids, dtype=np.int32)
-    print(f"tokenizer: vocab {tok.get_vocab_size()}  train tokens {len(train_ids):,}  "
-          f"held-out tokens {len(heldout_ids):,}  "
-          f"({time.time() - t_start:.1f}s)", flush=True)
+    heldout_ids = np.asarray([0] + tok.encode(heldout_text, add_special_tokens=False).ids, dtype=np.int32)
+    print(
+        f"tokenizer: vocab {tok.get_vocab_size()}  train tokens {len(train_ids):,}  "
+        f"held-out tokens {len(heldout_ids):,}  "
+        f"({time.time() - t_start:.1f}s)",
+        flush=True,
+    )
 
     # Calibration sample from the training split: whole documents, <= ~48 KB.
     sample, size = [], 0
@@ -389,8 +399,7 @@ def main() -> None:
     # about the same size as the held-out set (full pass would be too slow).
     n_win = max(1, len(heldout_ids) // SEQ_LEN)
     stride = max(SEQ_LEN, (len(train_ids) // n_win) // SEQ_LEN * SEQ_LEN)
-    train_sub = np.concatenate(
-        [train_ids[i:i + SEQ_LEN] for i in range(0, len(train_ids) - SEQ_LEN, stride)][:n_win])
+    train_sub = np.concatenate([train_ids[i : i + SEQ_LEN] for i in range(0, len(train_ids) - SEQ_LEN, stride)][:n_win])
     train_ppl, train_n = perplexity(model, train_sub)
     samples = continuations(model, tok, PROMPTS)
 
@@ -426,9 +435,11 @@ def main() -> None:
         "heldout_predicted_tokens": heldout_n,
         "train_perplexity": round(train_ppl, 3),
         "train_perplexity_predicted_tokens": train_n,
-        "eval_protocol": ("exp(mean next-token NLL) over non-overlapping 256-token windows; "
-                          "held-out = [<|endoftext|>] + tokens of heldout.txt; train = evenly "
-                          "spaced 256-token windows of the training stream"),
+        "eval_protocol": (
+            "exp(mean next-token NLL) over non-overlapping 256-token windows; "
+            "held-out = [<|endoftext|>] + tokens of heldout.txt; train = evenly "
+            "spaced 256-token windows of the training stream"
+        ),
         "corpus": corpus_desc,
         "torch_version": torch.__version__,
         "command": command,

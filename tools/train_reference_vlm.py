@@ -70,8 +70,12 @@ EOS = 0  # <|endoftext|>: BOS and EOS, as in the text reference
 
 SHAPES = ["circle", "square", "triangle", "star", "diamond"]
 COLOURS = {
-    "red": (220, 30, 30), "green": (30, 170, 40), "blue": (30, 60, 220),
-    "yellow": (240, 220, 20), "purple": (140, 40, 170), "orange": (250, 130, 0),
+    "red": (220, 30, 30),
+    "green": (30, 170, 40),
+    "blue": (30, 60, 220),
+    "yellow": (240, 220, 20),
+    "purple": (140, 40, 170),
+    "orange": (250, 130, 0),
 }
 PLACES = ["top left", "top", "top right", "left", "centre", "right", "bottom left", "bottom", "bottom right"]
 KINDS = ["colour", "shape", "count", "count_all", "where"]
@@ -90,6 +94,7 @@ class Item:
 
 def _background(rng: random.Random, nrng: np.random.Generator) -> np.ndarray:
     """Muted (low-saturation) colours, so a shape's colour is never the background's."""
+
     def muted():
         g = rng.randint(60, 200)
         return np.array([g + rng.randint(-8, 8) for _ in range(3)], dtype=np.float32)
@@ -288,15 +293,43 @@ def build_model(vocab_size: int, seed: int):
     import transformers
 
     ref = json.loads((REFERENCE / "config.json").read_text())
-    text = {k: ref[k] for k in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-                                "num_key_value_heads", "max_position_embeddings", "rms_norm_eps", "head_dim")}
+    text = {
+        k: ref[k]
+        for k in (
+            "hidden_size",
+            "intermediate_size",
+            "num_hidden_layers",
+            "num_attention_heads",
+            "num_key_value_heads",
+            "max_position_embeddings",
+            "rms_norm_eps",
+            "head_dim",
+        )
+    }
     config = transformers.Idefics3Config(
-        vision_config=dict(hidden_size=128, intermediate_size=512, num_hidden_layers=3, num_attention_heads=4,
-                           image_size=IMAGE, patch_size=PATCH),
-        text_config=dict(model_type="llama", vocab_size=vocab_size, tie_word_embeddings=True, bos_token_id=EOS,
-                         eos_token_id=EOS, rope_parameters={"rope_theta": 10000.0, "rope_type": "default"}, **text),
-        scale_factor=SCALE, image_token_id=vocab_size - len(SPECIALS) + 1, tie_word_embeddings=True,
-        bos_token_id=EOS, eos_token_id=EOS, pad_token_id=EOS,
+        vision_config=dict(
+            hidden_size=128,
+            intermediate_size=512,
+            num_hidden_layers=3,
+            num_attention_heads=4,
+            image_size=IMAGE,
+            patch_size=PATCH,
+        ),
+        text_config=dict(
+            model_type="llama",
+            vocab_size=vocab_size,
+            tie_word_embeddings=True,
+            bos_token_id=EOS,
+            eos_token_id=EOS,
+            rope_parameters={"rope_theta": 10000.0, "rope_type": "default"},
+            **text,
+        ),
+        scale_factor=SCALE,
+        image_token_id=vocab_size - len(SPECIALS) + 1,
+        tie_word_embeddings=True,
+        bos_token_id=EOS,
+        eos_token_id=EOS,
+        pad_token_id=EOS,
     )
     torch.manual_seed(seed)
     model = transformers.Idefics3ForConditionalGeneration(config)
@@ -310,7 +343,7 @@ def build_model(vocab_size: int, seed: int):
             w = weights["model." + name]
             if name == "embed_tokens.weight":
                 p[: w.shape[0]] = w
-                p[w.shape[0]:] = w.mean(0)
+                p[w.shape[0] :] = w.mean(0)
             else:
                 p.copy_(w)
         # The connector starts with outputs at the scale of the text embeddings (std ~0.12), not ~4x above.
@@ -321,20 +354,49 @@ def build_model(vocab_size: int, seed: int):
 
 
 def processor_files(folder: Path) -> None:
-    (folder / "preprocessor_config.json").write_text(json.dumps({
-        "image_processor_type": "Idefics3ImageProcessor", "do_convert_rgb": True, "do_resize": True,
-        "size": {"longest_edge": IMAGE}, "max_image_size": {"longest_edge": IMAGE}, "do_image_splitting": False,
-        "resample": 1, "do_rescale": True, "rescale_factor": 1 / 255, "do_normalize": True,
-        "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5], "do_pad": True,
-    }, indent=2) + "\n")
-    (folder / "processor_config.json").write_text(json.dumps(
-        {"image_seq_len": TOKENS_PER_IMAGE, "processor_class": "Idefics3Processor"}, indent=2) + "\n")
-    (folder / "tokenizer_config.json").write_text(json.dumps({
-        "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<|endoftext|>", "eos_token": "<|endoftext|>",
-        "add_bos_token": False, "add_eos_token": False, "model_max_length": 512,
-        "extra_special_tokens": {"image_token": "<image>", "fake_image_token": "<fake_token_around_image>",
-                                 "global_image_token": "<global-img>"},
-    }, indent=2) + "\n")
+    (folder / "preprocessor_config.json").write_text(
+        json.dumps(
+            {
+                "image_processor_type": "Idefics3ImageProcessor",
+                "do_convert_rgb": True,
+                "do_resize": True,
+                "size": {"longest_edge": IMAGE},
+                "max_image_size": {"longest_edge": IMAGE},
+                "do_image_splitting": False,
+                "resample": 1,
+                "do_rescale": True,
+                "rescale_factor": 1 / 255,
+                "do_normalize": True,
+                "image_mean": [0.5, 0.5, 0.5],
+                "image_std": [0.5, 0.5, 0.5],
+                "do_pad": True,
+            },
+            indent=2,
+        )
+        + "\n"
+    )
+    (folder / "processor_config.json").write_text(
+        json.dumps({"image_seq_len": TOKENS_PER_IMAGE, "processor_class": "Idefics3Processor"}, indent=2) + "\n"
+    )
+    (folder / "tokenizer_config.json").write_text(
+        json.dumps(
+            {
+                "tokenizer_class": "PreTrainedTokenizerFast",
+                "bos_token": "<|endoftext|>",
+                "eos_token": "<|endoftext|>",
+                "add_bos_token": False,
+                "add_eos_token": False,
+                "model_max_length": 512,
+                "extra_special_tokens": {
+                    "image_token": "<image>",
+                    "fake_image_token": "<fake_token_around_image>",
+                    "global_image_token": "<global-img>",
+                },
+            },
+            indent=2,
+        )
+        + "\n"
+    )
 
 
 # ---------------------------------------------------------------- training
@@ -379,7 +441,7 @@ def packed_batch(tok, samples: list[tuple[np.ndarray, list[tuple[str, str]]]]):
             assert full[:p] == prefix
             part = full[p:]
             ids += part
-            labels += [-100] * (n - p) + part[n - p:]
+            labels += [-100] * (n - p) + part[n - p :]
             pos += list(range(p, p + len(part)))
             seg += [j + 1] * len(part)
         rows.append((ids, labels, pos, seg))
@@ -390,7 +452,9 @@ def packed_batch(tok, samples: list[tuple[np.ndarray, list[tuple[str, str]]]]):
     pos = torch.zeros((B, width), dtype=torch.long)
     seg = torch.full((B, width), -1, dtype=torch.long)
     for b, (i, l, q, s_) in enumerate(rows):
-        ids[b, : len(i)], labels[b, : len(i)], pos[b, : len(i)], seg[b, : len(i)] = (torch.tensor(x) for x in (i, l, q, s_))
+        ids[b, : len(i)], labels[b, : len(i)], pos[b, : len(i)], seg[b, : len(i)] = (
+            torch.tensor(x) for x in (i, l, q, s_)
+        )
     causal = torch.ones(width, width, dtype=torch.bool).tril()
     allowed = causal & ((seg[:, :, None] == seg[:, None, :]) | (seg[:, None, :] == 0))
     allowed |= torch.eye(width, dtype=torch.bool)  # padding attends to itself (no empty rows)
@@ -438,8 +502,11 @@ def exact_match(model, tok, rows: list[dict], folder: Path) -> dict:
         k[0] += ok
         k[1] += 1
     model.train()
-    return {"exact_match": round(hits / len(rows), 4), "n": len(rows),
-            "per_kind": {k: round(a / b, 4) for k, (a, b) in sorted(per_kind.items())}}
+    return {
+        "exact_match": round(hits / len(rows), 4),
+        "n": len(rows),
+        "per_kind": {k: round(a / b, 4) for k, (a, b) in sorted(per_kind.items())},
+    }
 
 
 def lr_at(step: int, steps: int, lr: float, warmup: int, floor: float = 0.1) -> float:
@@ -449,9 +516,23 @@ def lr_at(step: int, steps: int, lr: float, warmup: int, floor: float = 0.1) -> 
     return lr * (floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * t)))
 
 
-def train(model, tok, steps: int, batch_size: int, lr: float, seed: int, warmup: int = 50, log_every: int = 25,
-          data: list | None = None, on_log=None, minutes: float = 0.0, vision_lr: float = 0.0,
-          cell_weight: float = 0.0, questions_per_image: int = 1, lr_floor: float = 0.1) -> list[dict]:
+def train(
+    model,
+    tok,
+    steps: int,
+    batch_size: int,
+    lr: float,
+    seed: int,
+    warmup: int = 50,
+    log_every: int = 25,
+    data: list | None = None,
+    on_log=None,
+    minutes: float = 0.0,
+    vision_lr: float = 0.0,
+    cell_weight: float = 0.0,
+    questions_per_image: int = 1,
+    lr_floor: float = 0.1,
+) -> list[dict]:
     """Up to `steps` AdamW steps on fresh samples of seed `seed` (or on `data`, `sample_with_items` or
     `sample_many` tuples, again and again); the loss curve. `questions_per_image` > 1: each fresh image
     comes with up to that many questions, packed in one row (`packed_batch`), the loss on every answer. With `minutes`, the run also stops at that wall-clock budget and the
@@ -468,18 +549,27 @@ def train(model, tok, steps: int, batch_size: int, lr: float, seed: int, warmup:
 
     rng = random.Random(seed)
     width = model.config.text_config.hidden_size
-    heads = torch.nn.ModuleDict({"colour": torch.nn.Linear(width, 1 + len(COLOURS)),
-                                 "shape": torch.nn.Linear(width, 1 + len(SHAPES)),
-                                 "place": torch.nn.Linear(width, len(PLACES))})
+    heads = torch.nn.ModuleDict(
+        {
+            "colour": torch.nn.Linear(width, 1 + len(COLOURS)),
+            "shape": torch.nn.Linear(width, 1 + len(SHAPES)),
+            "place": torch.nn.Linear(width, len(PLACES)),
+        }
+    )
     image_tokens = []
     hook = model.model.connector.register_forward_hook(lambda module, args, out: image_tokens.append(out))
     groups = []
     for is_image_side, base in ((True, vision_lr or lr), (False, lr)):
-        named = [(n, p) for n, p in model.named_parameters()
-                 if n.startswith(("model.vision_model.", "model.connector.")) == is_image_side and p.requires_grad]
+        named = [
+            (n, p)
+            for n, p in model.named_parameters()
+            if n.startswith(("model.vision_model.", "model.connector.")) == is_image_side and p.requires_grad
+        ]
         groups.append({"params": [p for n, p in named if p.dim() >= 2], "weight_decay": 0.01, "base_lr": base})
         groups.append({"params": [p for n, p in named if p.dim() < 2], "weight_decay": 0.0, "base_lr": base})
-    groups.append({"params": list(heads.parameters()) if cell_weight else [], "weight_decay": 0.0, "base_lr": vision_lr or lr})
+    groups.append(
+        {"params": list(heads.parameters()) if cell_weight else [], "weight_decay": 0.0, "base_lr": vision_lr or lr}
+    )
     opt = torch.optim.AdamW([g for g in groups if g["params"]], lr=lr, betas=(0.9, 0.95))
     model.train()
     curve, running, running_cells, start = [], [], [], time.perf_counter()
@@ -496,7 +586,9 @@ def train(model, tok, steps: int, batch_size: int, lr: float, seed: int, warmup:
         elif questions_per_image > 1:
             samples = [sample_many(rng, questions_per_image) for _ in range(batch_size)]
         else:
-            samples = [(img, items, [(q, a)]) for img, items, q, a in (sample_with_items(rng) for _ in range(batch_size))]
+            samples = [
+                (img, items, [(q, a)]) for img, items, q, a in (sample_with_items(rng) for _ in range(batch_size))
+            ]
         image_tokens.clear()
         if questions_per_image > 1 or any(len(qas) > 1 for _, _, qas in samples):
             loss = answer_loss = loss_of(model, *packed_batch(tok, [(img, qas) for img, _, qas in samples]))
@@ -506,8 +598,10 @@ def train(model, tok, steps: int, batch_size: int, lr: float, seed: int, warmup:
             (tokens,) = image_tokens  # [B, 9, width]
             colours, shapes = (torch.tensor(t) for t in zip(*(cell_targets(items) for _, items, _ in samples)))
             places = torch.arange(9).expand(len(samples), 9)
-            cells = sum(F.cross_entropy(heads[name](tokens).flatten(0, 1), target.flatten())
-                        for name, target in (("colour", colours), ("shape", shapes), ("place", places)))
+            cells = sum(
+                F.cross_entropy(heads[name](tokens).flatten(0, 1), target.flatten())
+                for name, target in (("colour", colours), ("shape", shapes), ("place", places))
+            )
             loss = loss + cell_weight * cells
             running_cells.append(cells.item())
         opt.zero_grad(set_to_none=True)
@@ -517,8 +611,12 @@ def train(model, tok, steps: int, batch_size: int, lr: float, seed: int, warmup:
         running.append(answer_loss.item())
         if (step + 1) % log_every == 0 or step == 0 or step + 1 == steps:
             curve_lr = lr_at(int(progress * steps), steps, lr, warmup, lr_floor)  # the decoder's
-            point = {"step": step + 1, "loss": round(sum(running) / len(running), 4), "lr": round(curve_lr, 6),
-                     "minutes": round((time.perf_counter() - start) / 60, 2)}
+            point = {
+                "step": step + 1,
+                "loss": round(sum(running) / len(running), 4),
+                "lr": round(curve_lr, 6),
+                "minutes": round((time.perf_counter() - start) / 60, 2),
+            }
             if running_cells:
                 point["cell_loss"] = round(sum(running_cells) / len(running_cells), 4)
             curve.append(point)
@@ -526,8 +624,14 @@ def train(model, tok, steps: int, batch_size: int, lr: float, seed: int, warmup:
             if on_log:
                 on_log(point)
     if running:  # stopped by the clock between two log points
-        curve.append({"step": step, "loss": round(sum(running) / len(running), 4), "lr": round(lr_at(int(progress * steps), steps, lr, warmup, lr_floor), 6),
-                      "minutes": round((time.perf_counter() - start) / 60, 2)})
+        curve.append(
+            {
+                "step": step,
+                "loss": round(sum(running) / len(running), 4),
+                "lr": round(lr_at(int(progress * steps), steps, lr, warmup, lr_floor), 6),
+                "minutes": round((time.perf_counter() - start) / 60, 2),
+            }
+        )
         if on_log:
             on_log(curve[-1])
     hook.remove()
@@ -539,19 +643,43 @@ def main(argv=None) -> int:
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--steps", type=int, default=2000)
-    p.add_argument("--minutes", type=float, default=0.0, help="also stop at this wall-clock budget (0: none; the default run is a fixed step count)")
+    p.add_argument(
+        "--minutes",
+        type=float,
+        default=0.0,
+        help="also stop at this wall-clock budget (0: none; the default run is a fixed step count)",
+    )
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--lr", type=float, default=1e-3, help="peak LR of the decoder")
-    p.add_argument("--lr-floor", type=float, default=0.0, help="the cosine schedule ends at this fraction of the peak LRs")
+    p.add_argument(
+        "--lr-floor", type=float, default=0.0, help="the cosine schedule ends at this fraction of the peak LRs"
+    )
     p.add_argument("--vision-lr", type=float, default=2e-3, help="peak LR of the image tower and connector")
-    p.add_argument("--cell-weight", type=float, default=1.0, help="weight of the per-cell colour/shape/place loss on the image tokens")
-    p.add_argument("--questions", type=int, default=5, help="questions per training image, packed in one row (each sees the image and itself only)")
+    p.add_argument(
+        "--cell-weight",
+        type=float,
+        default=1.0,
+        help="weight of the per-cell colour/shape/place loss on the image tokens",
+    )
+    p.add_argument(
+        "--questions",
+        type=int,
+        default=5,
+        help="questions per training image, packed in one row (each sees the image and itself only)",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--heldout", type=int, default=240)
     p.add_argument("--heldout-seed", type=int, default=1, help="seed of the held-out images (never a training seed)")
-    p.add_argument("--threads", type=int, default=1, help="torch threads (1: on a shared 2-core machine two threads ran 4.8x slower per step)")
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch threads (1: on a shared 2-core machine two threads ran 4.8x slower per step)",
+    )
     p.add_argument("--out", type=Path, default=OUT)
-    p.add_argument("--init", type=Path, default=None, help="start from this saved checkpoint instead of the text reference")
+    p.add_argument(
+        "--init", type=Path, default=None, help="start from this saved checkpoint instead of the text reference"
+    )
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     wall = time.perf_counter()
@@ -574,10 +702,24 @@ def main(argv=None) -> int:
     params = sum(p.numel() for p in model.parameters())
     print(f"{params / 1e6:.2f} M parameters; vocab {tok.get_vocab_size()}; {len(rows)} held-out questions", flush=True)
     start, cpu = time.perf_counter(), time.process_time()
-    curve = train(model, tok, args.steps, args.batch_size, args.lr, args.seed, minutes=args.minutes,
-                  vision_lr=args.vision_lr, cell_weight=args.cell_weight, questions_per_image=args.questions, lr_floor=args.lr_floor, on_log=lambda pt: print(json.dumps(pt), flush=True))
+    curve = train(
+        model,
+        tok,
+        args.steps,
+        args.batch_size,
+        args.lr,
+        args.seed,
+        minutes=args.minutes,
+        vision_lr=args.vision_lr,
+        cell_weight=args.cell_weight,
+        questions_per_image=args.questions,
+        lr_floor=args.lr_floor,
+        on_log=lambda pt: print(json.dumps(pt), flush=True),
+    )
     minutes = (time.perf_counter() - start) / 60
-    cpu_minutes = (time.process_time() - cpu) / 60  # what the run needs of the machine; wall time also counts its other jobs
+    cpu_minutes = (
+        time.process_time() - cpu
+    ) / 60  # what the run needs of the machine; wall time also counts its other jobs
     result = exact_match(model, tok, rows, out)
     print(json.dumps(result), flush=True)
     model.eval()
@@ -586,11 +728,26 @@ def main(argv=None) -> int:
     processor_files(out)
     (out / "generation_config.json").write_text(json.dumps({"bos_token_id": EOS, "eos_token_id": EOS}, indent=2) + "\n")
     report = {
-        "params": params, "vocab_size": tok.get_vocab_size(), "image_tokens": TOKENS_PER_IMAGE,
-        "steps": curve[-1]["step"], "step_cap": args.steps, "minutes_budget": args.minutes, "batch_size": args.batch_size, "lr": args.lr, "lr_floor": args.lr_floor,
-        "vision_lr": args.vision_lr, "cell_weight": args.cell_weight, "questions_per_image": args.questions, "seed": args.seed,
-        "train_minutes": round(minutes, 2), "train_cpu_minutes": round(cpu_minutes, 2), "wall_minutes": round((time.perf_counter() - wall) / 60, 2),
-        "threads": args.threads, "init": str(args.init) if args.init else "assets/reference (decoder) + random image tower", "final_loss": curve[-1]["loss"], "loss_curve": curve,
+        "params": params,
+        "vocab_size": tok.get_vocab_size(),
+        "image_tokens": TOKENS_PER_IMAGE,
+        "steps": curve[-1]["step"],
+        "step_cap": args.steps,
+        "minutes_budget": args.minutes,
+        "batch_size": args.batch_size,
+        "lr": args.lr,
+        "lr_floor": args.lr_floor,
+        "vision_lr": args.vision_lr,
+        "cell_weight": args.cell_weight,
+        "questions_per_image": args.questions,
+        "seed": args.seed,
+        "train_minutes": round(minutes, 2),
+        "train_cpu_minutes": round(cpu_minutes, 2),
+        "wall_minutes": round((time.perf_counter() - wall) / 60, 2),
+        "threads": args.threads,
+        "init": str(args.init) if args.init else "assets/reference (decoder) + random image tower",
+        "final_loss": curve[-1]["loss"],
+        "loss_curve": curve,
         "heldout_eager_greedy": result,
         "torch_version": torch.__version__,
         "command": "PYTHONPATH=. .venv/bin/python tools/train_reference_vlm.py " + " ".join(argv or sys.argv[1:]),

@@ -4,8 +4,8 @@ and llama.cpp GGUF files (`gguf.py`), read whatever the entry's format, since a 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from genai_pipeline.checkpoints import gguf, gguf_vocab, hf, llama2c
 from genai_pipeline.errors import CheckpointError
@@ -29,7 +29,9 @@ def load_decoder(spec: ModelSpec, folder: Path, max_seq_len: int) -> Decoder:
 def metadata_folder(checkpoint: Path) -> Path:
     """Where a checkpoint's tokenizer, tokenizer_config.json and generation_config.json are: the
     folder itself, or for a GGUF a temporary folder of those files converted from its metadata."""
-    return gguf_vocab.checkpoint_folder(checkpoint) if gguf.gguf_file(Path(checkpoint)) is not None else Path(checkpoint)
+    return (
+        gguf_vocab.checkpoint_folder(checkpoint) if gguf.gguf_file(Path(checkpoint)) is not None else Path(checkpoint)
+    )
 
 
 def infer_checkpoint_spec(folder: Path) -> tuple[ModelSpec, str]:
@@ -40,8 +42,12 @@ def infer_checkpoint_spec(folder: Path) -> tuple[ModelSpec, str]:
         return infer_spec(gguf.read_config(file)), f"the metadata of {file}"
     if not folder.is_dir() or (folder / "config.json").is_file():
         config = hf.read_config(folder)
-        if "num_hidden_layers" in config and "vision_config" not in config:  # a text model (a vision-language one nests it)
-            hf.check_layer_count(config["num_hidden_layers"], hf.layer_indices(folder), f"{folder}/config.json: num_hidden_layers")
+        if (
+            "num_hidden_layers" in config and "vision_config" not in config
+        ):  # a text model (a vision-language one nests it)
+            hf.check_layer_count(
+                config["num_hidden_layers"], hf.layer_indices(folder), f"{folder}/config.json: num_hidden_layers"
+            )
         return infer_spec(config), f"{folder / 'config.json'}"
     if any(folder.glob("*.pt")):
         file, model_args = llama2c.read_model_args(folder)

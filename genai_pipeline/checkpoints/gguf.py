@@ -51,7 +51,10 @@ TENSOR_MAP: tuple[tuple[str, tuple[str, ...]], ...] = (
     (r"blk\.(\d+)\.attn_q\.(weight|bias)", (r"layers.\1.attention.wq.\2",)),
     (r"blk\.(\d+)\.attn_k\.(weight|bias)", (r"layers.\1.attention.wk.\2",)),
     (r"blk\.(\d+)\.attn_v\.(weight|bias)", (r"layers.\1.attention.wv.\2",)),
-    (r"blk\.(\d+)\.attn_qkv\.weight", (r"layers.\1.attention.wq.weight", r"layers.\1.attention.wk.weight", r"layers.\1.attention.wv.weight")),
+    (
+        r"blk\.(\d+)\.attn_qkv\.weight",
+        (r"layers.\1.attention.wq.weight", r"layers.\1.attention.wk.weight", r"layers.\1.attention.wv.weight"),
+    ),
     (r"blk\.(\d+)\.attn_output\.weight", (r"layers.\1.attention.wo.weight",)),
     (r"blk\.(\d+)\.attn_q_norm\.weight", (r"layers.\1.attention.q_norm.weight",)),
     (r"blk\.(\d+)\.attn_k_norm\.weight", (r"layers.\1.attention.k_norm.weight",)),
@@ -63,7 +66,9 @@ TENSOR_MAP: tuple[tuple[str, tuple[str, ...]], ...] = (
     (r"blk\.(\d+)\.ffn_up\.weight", (r"layers.\1.feed_forward.w3.weight",)),
 )
 # Phi-3's ffn_up is gate and up fused ([gate; up], as Hugging Face's gate_up_proj).
-PHI3_TENSOR_MAP = ((r"blk\.(\d+)\.ffn_up\.weight", (r"layers.\1.feed_forward.w1.weight", r"layers.\1.feed_forward.w3.weight")),)
+PHI3_TENSOR_MAP = (
+    (r"blk\.(\d+)\.ffn_up\.weight", (r"layers.\1.feed_forward.w1.weight", r"layers.\1.feed_forward.w3.weight")),
+)
 # Tensors llama.cpp derives from the config (RoPE frequency factors); our decoder computes its own.
 DERIVED_TENSORS = re.compile(r"rope_freqs\.weight|rope_factors_(long|short)\.weight")
 
@@ -129,7 +134,9 @@ def gguf_file(path: Path) -> Path | None:
         return None
     files = sorted(path.glob("*.gguf"))
     if len(files) > 1:
-        raise CheckpointError(f"'{path}' holds several .gguf files ({', '.join(f.name for f in files)}); pass --checkpoint the one to export")
+        raise CheckpointError(
+            f"'{path}' holds several .gguf files ({', '.join(f.name for f in files)}); pass --checkpoint the one to export"
+        )
     return files[0] if files else None
 
 
@@ -187,11 +194,15 @@ def config_dict(reader, file: Path) -> dict:
         value = metadata(reader, f"{name}.{key}")
         if isinstance(value, list):  # per-layer values (some files): ours are uniform
             if len(set(map(repr, value))) != 1:
-                raise CheckpointError(f"'{file}' has per-layer {name}.{key} {value}, which this pipeline does not support")
+                raise CheckpointError(
+                    f"'{file}' has per-layer {name}.{key} {value}, which this pipeline does not support"
+                )
             value = value[0]
         if value is not None and not (ours == "sliding_window" and not value):  # 0: none (llama.cpp's Phi-4)
             config[ours] = value
-    missing = [k for k in ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size") if k not in config]
+    missing = [
+        k for k in ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size") if k not in config
+    ]
     if missing:
         raise CheckpointError(f"'{file}' lacks metadata for {', '.join(missing)} of its {name} architecture")
     check_metadata(name, config, tensors, file, CONFIG_KEYS)
@@ -214,8 +225,10 @@ def _rope_config(reader, name: str, config: dict, tensors: dict, file: Path) -> 
     head_dim = int(config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"])
     rope_dim = metadata(reader, f"{name}.rope.dimension_count")
     if rope_dim is not None and not (whole(rope_dim) and 0 < rope_dim <= head_dim and rope_dim % 2 == 0):
-        raise CheckpointError(f"'{file}': {name}.rope.dimension_count is {rope_dim!r}; expected an even whole number "
-                              f"in (0, {head_dim}], the head size")
+        raise CheckpointError(
+            f"'{file}': {name}.rope.dimension_count is {rope_dim!r}; expected an even whole number "
+            f"in (0, {head_dim}], the head size"
+        )
     if rope_dim is not None and int(rope_dim) != head_dim:
         config["partial_rotary_factor"] = int(rope_dim) / head_dim
     original = metadata(reader, f"{name}.rope.scaling.original_context_length")
@@ -248,7 +261,9 @@ def _llama3_rope(divisors: np.ndarray, config: dict, head_dim: int, file: Path) 
     scaling = RopeScaling(**{k: v for k, v in params.items() if k != "rope_type"})
     expected = (inv_freq / scaling.scale(inv_freq, 0)).numpy()
     if expected.shape != divisors.shape or not np.allclose(expected, divisors, rtol=1e-3):
-        raise CheckpointError(f"'{file}' has RoPE frequency factors (rope_freqs) that are not Llama 3's scaling; this pipeline cannot read them")
+        raise CheckpointError(
+            f"'{file}' has RoPE frequency factors (rope_freqs) that are not Llama 3's scaling; this pipeline cannot read them"
+        )
     return params
 
 
@@ -310,17 +325,23 @@ def _unpermute(name: str, rows: torch.Tensor, config: DecoderConfig) -> torch.Te
     return interleaved_to_halves(flat, heads).reshape(rows.shape)
 
 
-def _our_tensors(arch: Arch, tensor_name: str, values: torch.Tensor, config: DecoderConfig, expected: dict, file: Path) -> dict[str, torch.Tensor]:
+def _our_tensors(
+    arch: Arch, tensor_name: str, values: torch.Tensor, config: DecoderConfig, expected: dict, file: Path
+) -> dict[str, torch.Tensor]:
     """A GGUF tensor (dequantized) as ours: split if fused, norms unshifted, q/k rows unpermuted."""
     names = arch.map_tensor(tensor_name)
     if names == ("output.weight",) and "output.weight" not in expected:
         return {}  # a tied head stored anyway: the embedding is the head
     if not names or any(n not in expected for n in names):
-        raise CheckpointError(f"unexpected tensor '{tensor_name}' in '{file.name}' for a {arch.model_type} model with its metadata")
+        raise CheckpointError(
+            f"unexpected tensor '{tensor_name}' in '{file.name}' for a {arch.model_type} model with its metadata"
+        )
     shapes = [expected[n] for n in names]
     want = (sum(s[0] for s in shapes), *shapes[0][1:])
     if tuple(values.shape) != want:
-        raise CheckpointError(f"tensor '{tensor_name}' in '{file.name}' has shape {tuple(values.shape)}, but its metadata imply {want}")
+        raise CheckpointError(
+            f"tensor '{tensor_name}' in '{file.name}' has shape {tuple(values.shape)}, but its metadata imply {want}"
+        )
     if arch.norm_shift and tensor_name.endswith("norm.weight"):
         values = values - arch.norm_shift
     pieces = values.split([s[0] for s in shapes], dim=0) if len(names) > 1 else (values,)

@@ -27,15 +27,21 @@ def check_layout(file: Path) -> None:
     a tensor past the end of the file is refused in one line instead of filling the memory."""
     import gguf
 
-    with open(file, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if file.stat().st_size else \
-            contextlib.nullcontext(b"") as data:
+    with (
+        open(file, "rb") as f,
+        mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        if file.stat().st_size
+        else contextlib.nullcontext(b"") as data,
+    ):
         size, pos = len(data), 0
 
         def take(fmt: str, what: str):
             nonlocal pos
             n = struct.calcsize("<" + fmt)
             if pos + n > size:
-                raise CheckpointError(f"'{file}' ends inside {what} (byte {pos} of {size}); the file is truncated or not a GGUF")
+                raise CheckpointError(
+                    f"'{file}' ends inside {what} (byte {pos} of {size}); the file is truncated or not a GGUF"
+                )
             value = struct.unpack_from("<" + fmt, data, pos)[0]
             pos += n
             return value
@@ -43,8 +49,10 @@ def check_layout(file: Path) -> None:
         def skip(n: int, what: str) -> None:
             nonlocal pos
             if n > size - pos:
-                raise CheckpointError(f"'{file}': {what} declares {n:,} bytes, but {size - pos:,} remain; the file is "
-                                      "truncated or corrupt")
+                raise CheckpointError(
+                    f"'{file}': {what} declares {n:,} bytes, but {size - pos:,} remain; the file is "
+                    "truncated or corrupt"
+                )
             pos += n
 
         def value(kind: int, what: str, depth: int = 0) -> None:
@@ -55,17 +63,23 @@ def check_layout(file: Path) -> None:
             elif kind == _ARRAY and depth == 0:
                 item, count = take("I", what), take("Q", what)
                 if count > size - pos:  # every entry takes a byte at least
-                    raise CheckpointError(f"'{file}': {what} declares {count:,} entries, more than the "
-                                          f"{size - pos:,} bytes that remain; the file is corrupt")
+                    raise CheckpointError(
+                        f"'{file}': {what} declares {count:,} entries, more than the "
+                        f"{size - pos:,} bytes that remain; the file is corrupt"
+                    )
                 if item in _SCALARS:
                     skip(count * struct.calcsize("<" + _SCALARS[item]), what)
                 else:
                     for _ in range(count):
                         value(item, what, depth + 1)
             elif kind == _ARRAY:
-                raise CheckpointError(f"'{file}': {what} is an array of arrays, which llama.cpp never writes; the file is corrupt")
+                raise CheckpointError(
+                    f"'{file}': {what} is an array of arrays, which llama.cpp never writes; the file is corrupt"
+                )
             else:
-                raise CheckpointError(f"'{file}': {what} has value type {kind}, which GGUF does not define; the file is corrupt")
+                raise CheckpointError(
+                    f"'{file}': {what} has value type {kind}, which GGUF does not define; the file is corrupt"
+                )
 
         if take("4s", "the header") != b"GGUF":
             raise CheckpointError(f"'{file}' is not a GGUF (no GGUF magic); pass a llama.cpp .gguf file")
@@ -74,7 +88,9 @@ def check_layout(file: Path) -> None:
             raise CheckpointError(f"'{file}' is GGUF version {version}; versions 2 and 3 are read")
         tensors, kvs = take("Q", "the header"), take("Q", "the header")
         if tensors > size or kvs > size:
-            raise CheckpointError(f"'{file}' declares {tensors:,} tensors and {kvs:,} metadata keys in {size:,} bytes; the file is corrupt")
+            raise CheckpointError(
+                f"'{file}' declares {tensors:,} tensors and {kvs:,} metadata keys in {size:,} bytes; the file is corrupt"
+            )
         alignment = 32
         for _ in range(kvs):
             key_at = pos
@@ -93,22 +109,30 @@ def check_layout(file: Path) -> None:
             name = bytes(data[name_at + 8 : pos]).decode("utf-8", "replace")
             dims = take("I", f"tensor '{name}'")
             if not 1 <= dims <= MAX_DIMS:
-                raise CheckpointError(f"'{file}': tensor '{name}' has {dims} dimensions; GGUF tensors have 1 to {MAX_DIMS}")
+                raise CheckpointError(
+                    f"'{file}': tensor '{name}' has {dims} dimensions; GGUF tensors have 1 to {MAX_DIMS}"
+                )
             shape = [take("Q", f"tensor '{name}'") for _ in range(dims)]
             kind, offset = take("I", f"tensor '{name}'"), take("Q", f"tensor '{name}'")
             try:
                 block, block_bytes = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(kind)]
             except (ValueError, KeyError):
-                raise CheckpointError(f"'{file}': tensor '{name}' has type {kind}, which GGUF does not define") from None
+                raise CheckpointError(
+                    f"'{file}': tensor '{name}' has type {kind}, which GGUF does not define"
+                ) from None
             nbytes = math.prod(shape) // block * block_bytes
             if not 0 < nbytes <= size or shape[0] % block:
-                raise CheckpointError(f"'{file}': tensor '{name}' has shape {shape}, impossible for its type and the file's size")
+                raise CheckpointError(
+                    f"'{file}': tensor '{name}' has shape {shape}, impossible for its type and the file's size"
+                )
             extents.append((name, offset, nbytes))
         start = -(-pos // alignment) * alignment
         for name, offset, nbytes in extents:
             if start + offset + nbytes > size:
-                raise CheckpointError(f"'{file}': tensor '{name}' lies past the end of the file (bytes {start + offset:,} "
-                                      f"to {start + offset + nbytes:,} of {size:,}); the file is truncated or corrupt")
+                raise CheckpointError(
+                    f"'{file}': tensor '{name}' lies past the end of the file (bytes {start + offset:,} "
+                    f"to {start + offset + nbytes:,} of {size:,}); the file is truncated or corrupt"
+                )
 
 
 def whole(value) -> bool:
@@ -119,9 +143,13 @@ def check_blocks(arch: str, block_count: int, tensors, file: Path) -> None:
     """The blocks the tensor table holds must be 0 .. block_count - 1, before a model of that many
     layers is built (a file declaring a billion would otherwise fill the memory)."""
     blocks = {int(m.group(1)) for t in tensors if (m := re.match(r"blk\.(\d+)\.", t))}
-    if len(blocks) != block_count or blocks != set(range(block_count)):  # the count first: range(10**9) is no set to build
-        raise CheckpointError(f"'{file}': {arch}.block_count is {block_count}, but the tensors hold {len(blocks)} "
-                              "block(s); the file is inconsistent")
+    if len(blocks) != block_count or blocks != set(
+        range(block_count)
+    ):  # the count first: range(10**9) is no set to build
+        raise CheckpointError(
+            f"'{file}': {arch}.block_count is {block_count}, but the tensors hold {len(blocks)} "
+            "block(s); the file is inconsistent"
+        )
 
 
 def check_metadata(arch: str, config: dict, tensors: dict, file: Path, config_keys: dict) -> None:
@@ -133,14 +161,20 @@ def check_metadata(arch: str, config: dict, tensors: dict, file: Path, config_ke
         check_blocks(arch, config["num_hidden_layers"], tensors, file)
     dim = int(tensors["token_embd.weight"].shape[0])
     if config["hidden_size"] != dim:
-        raise CheckpointError(f"'{file}': {arch}.embedding_length is {config['hidden_size']}, but token_embd is {dim} wide")
+        raise CheckpointError(
+            f"'{file}': {arch}.embedding_length is {config['hidden_size']}, but token_embd is {dim} wide"
+        )
     if "head_dim" not in config and config["hidden_size"] % config["num_attention_heads"]:
-        raise CheckpointError(f"'{file}': {arch}.embedding_length {config['hidden_size']} is not a multiple of "
-                              f"{arch}.attention.head_count {config['num_attention_heads']}")
+        raise CheckpointError(
+            f"'{file}': {arch}.embedding_length {config['hidden_size']} is not a multiple of "
+            f"{arch}.attention.head_count {config['num_attention_heads']}"
+        )
 
 
 def check_token_id(key: str, value, vocab_size: int, file: Path) -> int:
     """A special token's id: a whole number that is a row of token_embd."""
     if not whole(value) or not 0 <= value < vocab_size:
-        raise CheckpointError(f"'{file}': {key} is {value!r}; expected a token id in [0, {vocab_size}), the rows of token_embd")
+        raise CheckpointError(
+            f"'{file}': {key} is {value!r}; expected a token id in [0, {vocab_size}), the rows of token_embd"
+        )
     return value

@@ -39,9 +39,7 @@ log = logging.getLogger(__name__)
 
 UNKNOWN, CONTROL, USER_DEFINED = 2, 3, 4  # tokenizer.ggml.token_type values (llama.cpp's)
 GPT2_SPLIT = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
-LLAMA3_SPLIT = (
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
+LLAMA3_SPLIT = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 QWEN2_SPLIT = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
@@ -62,8 +60,13 @@ PRE_TOKENIZERS: dict[str, tuple[list[dict], bool]] = {
     "default": ([_byte_level(True)], False),
     "gpt2": ([_byte_level(True)], False),
     # SmolLM, StarCoder, ...: every digit alone, then GPT-2's split
-    **{pre: ([DIGITS, _byte_level(True)], False) for pre in ("smollm", "starcoder", "refact", "command-r", "codeshell")},
-    **{pre: ([_split(LLAMA3_SPLIT), _byte_level(False)], True) for pre in ("llama-bpe", "llama3", "llama-v3", "smaug-bpe")},
+    **{
+        pre: ([DIGITS, _byte_level(True)], False) for pre in ("smollm", "starcoder", "refact", "command-r", "codeshell")
+    },
+    **{
+        pre: ([_split(LLAMA3_SPLIT), _byte_level(False)], True)
+        for pre in ("llama-bpe", "llama3", "llama-v3", "smaug-bpe")
+    },
     **{pre: ([_split(QWEN2_SPLIT), _byte_level(False)], False) for pre in ("qwen2", "deepseek-r1-qwen")},
 }
 
@@ -73,7 +76,9 @@ PRE_TOKENIZERS: dict[str, tuple[list[dict], bool]] = {
 
 def _bytes_to_unicode() -> dict[int, str]:
     """GPT-2's printable spelling of every byte (the alphabet of byte-level vocabularies)."""
-    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    printable = (
+        list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    )
     chars, extra = {}, 0
     for b in range(256):
         if b in printable:
@@ -92,10 +97,17 @@ def _added_tokens(tokens: list[str], types: list[int], alphabet: set[str] | None
         kind = CONTROL if kind == UNKNOWN else kind  # <unk> is special, as in Hugging Face's files
         if kind == CONTROL and alphabet is not None and not set(token) <= alphabet:
             continue  # a byte-level vocabulary cannot hold it as a token: a mislabel llama.cpp tolerates
-        added.append({
-            "id": i, "content": token, "single_word": False, "lstrip": False, "rstrip": False,
-            "normalized": kind == USER_DEFINED and alphabet is None, "special": kind == CONTROL,
-        })
+        added.append(
+            {
+                "id": i,
+                "content": token,
+                "single_word": False,
+                "lstrip": False,
+                "rstrip": False,
+                "normalized": kind == USER_DEFINED and alphabet is None,
+                "special": kind == CONTROL,
+            }
+        )
     return added
 
 
@@ -108,9 +120,11 @@ def _post_processor(tokens: list[str], bos: int | None, eos: int | None, add_bos
     ids = {t: [tokens.index(t)] for t in first + last}
 
     def seq(piece: str) -> list[dict]:
-        return [{"SpecialToken": {"id": t, "type_id": 0}} for t in first] + [{"Sequence": {"id": piece, "type_id": 0}}] + [
-            {"SpecialToken": {"id": t, "type_id": 0}} for t in last
-        ]
+        return (
+            [{"SpecialToken": {"id": t, "type_id": 0}} for t in first]
+            + [{"Sequence": {"id": piece, "type_id": 0}}]
+            + [{"SpecialToken": {"id": t, "type_id": 0}} for t in last]
+        )
 
     return {
         "type": "TemplateProcessing",
@@ -141,7 +155,9 @@ def _merges(reader) -> list[list[str]]:
     merges = _typed(reader, "tokenizer.ggml.merges", list, [], str)
     pairs = [m.split(" ", 1) for m in merges]
     if any(len(p) != 2 for p in pairs):
-        raise CheckpointError("GGUF metadata tokenizer.ggml.merges holds an entry without a space; expected 'left right' pairs")
+        raise CheckpointError(
+            "GGUF metadata tokenizer.ggml.merges holds an entry without a space; expected 'left right' pairs"
+        )
     return pairs
 
 
@@ -156,16 +172,26 @@ def _gpt2_tokenizer(reader, tokens: list[str], types: list[int]) -> dict:
     merges = _merges(reader)
     pre = str(_field(reader, "tokenizer.ggml.pre", "default"))
     if pre not in PRE_TOKENIZERS:
-        log.warning("GGUF pre-tokenizer '%s' is not one we know; splitting text as GPT-2 does (tokens may differ from llama.cpp's)", pre)
+        log.warning(
+            "GGUF pre-tokenizer '%s' is not one we know; splitting text as GPT-2 does (tokens may differ from llama.cpp's)",
+            pre,
+        )
     pre_tokenizers, ignore_merges = PRE_TOKENIZERS.get(pre, PRE_TOKENIZERS["default"])
     return {
         "normalizer": None,
         "pre_tokenizer": {"type": "Sequence", "pretokenizers": pre_tokenizers},
         "decoder": {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True},
         "model": {
-            "type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
-            "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False, "ignore_merges": ignore_merges,
-            "vocab": vocab, "merges": merges,
+            "type": "BPE",
+            "dropout": None,
+            "unk_token": None,
+            "continuing_subword_prefix": None,
+            "end_of_word_suffix": None,
+            "fuse_unk": False,
+            "byte_fallback": False,
+            "ignore_merges": ignore_merges,
+            "vocab": vocab,
+            "merges": merges,
         },
         "added_tokens": _added_tokens(tokens, types, alphabet),
     }
@@ -193,7 +219,9 @@ TOKEN_ORDER_MERGES = ("gemma", "gemma2", "gemma3")
 def _sentencepiece_tokenizer(reader, tokens: list[str], types: list[int]) -> dict:
     scores = [float(s) for s in _typed(reader, "tokenizer.ggml.scores", list, [0.0] * len(tokens), float)]
     if len(scores) != len(tokens):
-        raise CheckpointError(f"GGUF metadata tokenizer.ggml.scores has {len(scores)} scores for {len(tokens)} tokens; expected one each")
+        raise CheckpointError(
+            f"GGUF metadata tokenizer.ggml.scores has {len(scores)} scores for {len(tokens)} tokens; expected one each"
+        )
     if _field(reader, "general.architecture") in TOKEN_ORDER_MERGES:
         scores = [-float(i) for i in range(len(tokens))]
     vocab: dict[str, int] = {}
@@ -203,9 +231,13 @@ def _sentencepiece_tokenizer(reader, tokens: list[str], types: list[int]) -> dic
     prefix = bool(_typed(reader, "tokenizer.ggml.add_space_prefix", bool, True))
     unk = _typed(reader, "tokenizer.ggml.unknown_token_id", int)
     if unk is not None and not 0 <= unk < len(tokens):
-        raise CheckpointError(f"GGUF metadata tokenizer.ggml.unknown_token_id is {unk}; expected a token id below {len(tokens)}")
+        raise CheckpointError(
+            f"GGUF metadata tokenizer.ggml.unknown_token_id is {unk}; expected a token id below {len(tokens)}"
+        )
     replace = {"type": "Replace", "pattern": {"String": " "}, "content": "\u2581"}
-    normalizer = {"type": "Sequence", "normalizers": [{"type": "Prepend", "prepend": "\u2581"}, replace]} if prefix else replace
+    normalizer = (
+        {"type": "Sequence", "normalizers": [{"type": "Prepend", "prepend": "\u2581"}, replace]} if prefix else replace
+    )
     decoders = [
         {"type": "Replace", "pattern": {"String": "\u2581"}, "content": " "},
         {"type": "ByteFallback"},
@@ -216,9 +248,16 @@ def _sentencepiece_tokenizer(reader, tokens: list[str], types: list[int]) -> dic
         "pre_tokenizer": None,
         "decoder": {"type": "Sequence", "decoders": decoders},
         "model": {
-            "type": "BPE", "dropout": None, "unk_token": tokens[unk] if unk is not None else None,
-            "continuing_subword_prefix": None, "end_of_word_suffix": None, "fuse_unk": True, "byte_fallback": True,
-            "ignore_merges": False, "vocab": vocab, "merges": merges,
+            "type": "BPE",
+            "dropout": None,
+            "unk_token": tokens[unk] if unk is not None else None,
+            "continuing_subword_prefix": None,
+            "end_of_word_suffix": None,
+            "fuse_unk": True,
+            "byte_fallback": True,
+            "ignore_merges": False,
+            "vocab": vocab,
+            "merges": merges,
         },
         "added_tokens": _added_tokens(tokens, types, None),
     }
@@ -240,20 +279,30 @@ def tokenizer_files(reader, file: Path) -> tuple[str, dict, dict]:
         raise CheckpointError(f"'{file}' has no vocabulary (tokenizer.ggml.tokens)")
     types = _typed(reader, "tokenizer.ggml.token_type", list, [1] * len(tokens), int)
     if len(types) != len(tokens):
-        raise CheckpointError(f"GGUF metadata tokenizer.ggml.token_type has {len(types)} types for {len(tokens)} tokens; expected one each")
+        raise CheckpointError(
+            f"GGUF metadata tokenizer.ggml.token_type has {len(types)} types for {len(tokens)} tokens; expected one each"
+        )
     if kind == "llama" and _field(reader, "general.architecture") in TOKEN_ORDER_MERGES:
         tokens = ["\u2581" * len(t) if " " in t and not t.strip() else t for t in tokens]
-    ids = {name: _typed(reader, f"tokenizer.ggml.{name}_token_id", int) for name in ("bos", "eos", "padding", "unknown", "eot", "eom")}
+    ids = {
+        name: _typed(reader, f"tokenizer.ggml.{name}_token_id", int)
+        for name in ("bos", "eos", "padding", "unknown", "eot", "eom")
+    }
     ids = {name: int(i) if i is not None and 0 <= i < len(tokens) else None for name, i in ids.items()}
     # llama.cpp adds BOS to a SentencePiece vocabulary unless the file says otherwise
     add_bos = bool(_typed(reader, "tokenizer.ggml.add_bos_token", bool, kind == "llama"))
     add_eos = bool(_typed(reader, "tokenizer.ggml.add_eos_token", bool, False))
     body = BUILDERS[kind](reader, tokens, types)
     tokenizer = {
-        "version": "1.0", "truncation": None, "padding": None, "added_tokens": body.pop("added_tokens"),
-        "normalizer": body["normalizer"], "pre_tokenizer": body["pre_tokenizer"],
+        "version": "1.0",
+        "truncation": None,
+        "padding": None,
+        "added_tokens": body.pop("added_tokens"),
+        "normalizer": body["normalizer"],
+        "pre_tokenizer": body["pre_tokenizer"],
         "post_processor": _post_processor(tokens, ids["bos"], ids["eos"], add_bos, add_eos),
-        "decoder": body["decoder"], "model": body["model"],
+        "decoder": body["decoder"],
+        "model": body["model"],
     }
 
     def token(name: str) -> str | None:
@@ -261,8 +310,12 @@ def tokenizer_files(reader, file: Path) -> tuple[str, dict, dict]:
 
     tokenizer_config = {
         "tokenizer_class": "PreTrainedTokenizerFast",
-        "bos_token": token("bos"), "eos_token": token("eos"), "pad_token": token("padding"), "unk_token": token("unknown"),
-        "add_bos_token": add_bos, "add_eos_token": add_eos,
+        "bos_token": token("bos"),
+        "eos_token": token("eos"),
+        "pad_token": token("padding"),
+        "unk_token": token("unknown"),
+        "add_bos_token": add_bos,
+        "add_eos_token": add_eos,
         "chat_template": _typed(reader, "tokenizer.chat_template", str),
     }
     eos_ids = list(dict.fromkeys(i for i in (ids["eos"], ids["eot"], ids["eom"]) if i is not None))
@@ -290,7 +343,9 @@ def checkpoint_folder(path: Path) -> Path:
     atexit.register(shutil.rmtree, folder, ignore_errors=True)
     (folder / "config.json").write_text(json.dumps(config, indent=2))
     (folder / "tokenizer.json").write_text(tokenizer, encoding="utf-8")
-    (folder / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=2, ensure_ascii=False), encoding="utf-8")
+    (folder / "tokenizer_config.json").write_text(
+        json.dumps(tokenizer_config, indent=2, ensure_ascii=False), encoding="utf-8"
+    )
     (folder / "generation_config.json").write_text(json.dumps(generation_config, indent=2))
     _FOLDERS[key] = folder
     return folder

@@ -21,10 +21,14 @@ from genai_pipeline.registry import ModelSpec
 def read_config(folder: Path) -> dict:
     folder = Path(folder)
     if not folder.is_dir():
-        raise CheckpointError(f"checkpoint folder '{folder}' does not exist; pass --checkpoint DIR with a local Hugging Face model folder")
+        raise CheckpointError(
+            f"checkpoint folder '{folder}' does not exist; pass --checkpoint DIR with a local Hugging Face model folder"
+        )
     path = folder / "config.json"
     if not path.is_file():
-        raise CheckpointError(f"'{folder}' has no config.json; a Hugging Face checkpoint folder needs config.json and *.safetensors")
+        raise CheckpointError(
+            f"'{folder}' has no config.json; a Hugging Face checkpoint folder needs config.json and *.safetensors"
+        )
     try:
         config = json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
@@ -39,7 +43,9 @@ def decoder_config(spec: ModelSpec, folder: Path) -> DecoderConfig:
     hf = read_config(folder)
     if spec.vision is None:
         check_hyperparameters(hf, f"{folder}/config.json")
-        check_layer_count(hf.get("num_hidden_layers"), layer_indices(folder), f"{folder}/config.json: num_hidden_layers")
+        check_layer_count(
+            hf.get("num_hidden_layers"), layer_indices(folder), f"{folder}/config.json: num_hidden_layers"
+        )
     try:
         return spec.config_from_checkpoint(hf)
     except (KeyError, TypeError, ValueError) as e:
@@ -48,8 +54,17 @@ def decoder_config(spec: ModelSpec, folder: Path) -> DecoderConfig:
 
 # config.json keys (and a GGUF's, once renamed to them) that must be whole numbers >= 1, or finite
 # numbers above 0: checked before a family's reader converts them (int() would truncate 2.5)
-WHOLE_KEYS = ("vocab_size", "hidden_size", "num_hidden_layers", "intermediate_size", "num_attention_heads",
-              "num_key_value_heads", "head_dim", "max_position_embeddings", "sliding_window")
+WHOLE_KEYS = (
+    "vocab_size",
+    "hidden_size",
+    "num_hidden_layers",
+    "intermediate_size",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "max_position_embeddings",
+    "sliding_window",
+)
 POSITIVE_KEYS = ("rms_norm_eps", "rope_theta")
 
 
@@ -95,8 +110,11 @@ def check_layer_count(declared, present: set[int], what: str) -> None:
     if not isinstance(declared, int) or isinstance(declared, bool) or declared < 1:
         raise CheckpointError(f"{what} is {declared!r}; expected a whole number of layers above 0")
     if len(present) != declared or present != set(range(declared)):  # the count first: range(10**9) is no set to build
-        have = f"layers 0 to {max(present)}" if present == set(range(len(present))) and present else \
-            f"{len(present)} layer(s) {sorted(present)[:8]}"
+        have = (
+            f"layers 0 to {max(present)}"
+            if present == set(range(len(present))) and present
+            else f"{len(present)} layer(s) {sorted(present)[:8]}"
+        )
         raise CheckpointError(f"{what} is {declared}, but the tensors hold {have}; the checkpoint is inconsistent")
 
 
@@ -143,7 +161,9 @@ def assign_weights(model: Decoder, state: dict[str, torch.Tensor], expected: dic
     """A meta-device decoder given its tensors, each once (no copy); every expected one must be there."""
     missing = sorted(set(expected) - set(state))
     if missing:
-        raise CheckpointError(f"checkpoint '{source}' lacks tensor(s) {', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}")
+        raise CheckpointError(
+            f"checkpoint '{source}' lacks tensor(s) {', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}"
+        )
     refuse_non_finite(state, source)
     model.load_state_dict(state, strict=False, assign=True)
     model.tie_weights()
@@ -158,8 +178,10 @@ def refuse_non_finite(state: dict[str, torch.Tensor], source: Path) -> None:
         flat = tensor.reshape(-1)
         for start in range(0, flat.numel(), 1 << 20):  # bounded scratch (isfinite copies its input)
             if not torch.isfinite(flat[start : start + (1 << 20)]).all():
-                raise CheckpointError(f"checkpoint '{source}': tensor {name} holds NaN or Inf values; the file is corrupt "
-                                      "(download it again)")
+                raise CheckpointError(
+                    f"checkpoint '{source}': tensor {name} holds NaN or Inf values; the file is corrupt "
+                    "(download it again)"
+                )
 
 
 def _read_file(spec: ModelSpec, file: Path, expected: dict[str, tuple[int, ...]]) -> dict[str, torch.Tensor]:
@@ -172,7 +194,9 @@ def _read_file(spec: ModelSpec, file: Path, expected: dict[str, tuple[int, ...]]
                 if ours == ("output.weight",) and "output.weight" not in expected:
                     continue  # a tied head saved anyway: the embedding is the head
                 if not ours or any(name not in expected for name in ours):
-                    raise CheckpointError(f"unexpected tensor '{key}' in '{file.name}' for a {spec.family} model with this config.json")
+                    raise CheckpointError(
+                        f"unexpected tensor '{key}' in '{file.name}' for a {spec.family} model with this config.json"
+                    )
                 state.update(_as_ours(f.get_tensor(key), key, file.name, {name: expected[name] for name in ours}))
     except CheckpointError:
         raise
@@ -181,14 +205,18 @@ def _read_file(spec: ModelSpec, file: Path, expected: dict[str, tuple[int, ...]]
     return state
 
 
-def _as_ours(tensor: torch.Tensor, key: str, file_name: str, shapes: dict[str, tuple[int, ...]]) -> dict[str, torch.Tensor]:
+def _as_ours(
+    tensor: torch.Tensor, key: str, file_name: str, shapes: dict[str, tuple[int, ...]]
+) -> dict[str, torch.Tensor]:
     """A checkpoint tensor as our tensor, or as several when it is a fused one: our tensors
     concatenated along dim 0 (e.g. Phi-3's qkv_proj), split by their shapes."""
     first = next(iter(shapes.values()))
     want = (sum(shape[0] for shape in shapes.values()), *first[1:])
     if tuple(tensor.shape) != want or any(shape[1:] != first[1:] for shape in shapes.values()):
         parts = f" ({' + '.join(shapes)})" if len(shapes) > 1 else ""
-        raise CheckpointError(f"tensor '{key}' in '{file_name}' has shape {tuple(tensor.shape)}, but config.json implies {want}{parts}")
+        raise CheckpointError(
+            f"tensor '{key}' in '{file_name}' has shape {tuple(tensor.shape)}, but config.json implies {want}{parts}"
+        )
     check_float(tensor, key, file_name)
     if len(shapes) == 1:
         return {name: tensor.to(torch.float32) for name in shapes}

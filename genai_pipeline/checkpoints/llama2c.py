@@ -37,12 +37,18 @@ COMPILED_PREFIX = "_orig_mod."
 def checkpoint_file(folder: Path) -> Path:
     folder = Path(folder)
     if not folder.is_dir():
-        raise CheckpointError(f"checkpoint folder '{folder}' does not exist; pass --checkpoint DIR with a llama2.c folder (*.pt + tokenizer.model)")
+        raise CheckpointError(
+            f"checkpoint folder '{folder}' does not exist; pass --checkpoint DIR with a llama2.c folder (*.pt + tokenizer.model)"
+        )
     files = sorted(folder.glob("*.pt"))
     if not files:
-        raise CheckpointError(f"'{folder}' has no *.pt file; a llama2.c checkpoint folder holds one (e.g. stories15M.pt) and tokenizer.model")
+        raise CheckpointError(
+            f"'{folder}' has no *.pt file; a llama2.c checkpoint folder holds one (e.g. stories15M.pt) and tokenizer.model"
+        )
     if len(files) > 1:
-        raise CheckpointError(f"'{folder}' holds several *.pt files ({', '.join(f.name for f in files)}); keep the one to export")
+        raise CheckpointError(
+            f"'{folder}' holds several *.pt files ({', '.join(f.name for f in files)}); keep the one to export"
+        )
     return files[0]
 
 
@@ -53,8 +59,14 @@ def read_checkpoint(folder: Path) -> tuple[Path, dict[str, torch.Tensor], dict]:
         saved = torch.load(file, map_location="cpu", weights_only=True, mmap=True)
     except Exception as e:  # torch raises several types for a damaged or foreign file
         reason = str(e).splitlines()[0] if str(e) else type(e).__name__
-        raise CheckpointError(f"cannot read '{file}': {reason}; the file is truncated or not a llama2.c checkpoint") from None
-    if not isinstance(saved, dict) or not isinstance(saved.get("model"), dict) or not isinstance(saved.get("model_args"), dict):
+        raise CheckpointError(
+            f"cannot read '{file}': {reason}; the file is truncated or not a llama2.c checkpoint"
+        ) from None
+    if (
+        not isinstance(saved, dict)
+        or not isinstance(saved.get("model"), dict)
+        or not isinstance(saved.get("model_args"), dict)
+    ):
         raise CheckpointError(
             f"'{file}' is not a llama2.c checkpoint: it needs a dict with 'model' (the state dict) and 'model_args', "
             "as llama2.c's train.py saves"
@@ -112,10 +124,14 @@ def load_decoder(spec: ModelSpec, folder: Path, max_seq_len: int) -> Decoder:
         if names == ("output.weight",) and "output.weight" not in expected:
             continue  # the tied head saved under its own name too: the embedding is the head
         if len(names) != 1 or names[0] not in expected:
-            raise CheckpointError(f"unexpected tensor '{key}' in '{file.name}' for a llama2.c model with these model_args")
+            raise CheckpointError(
+                f"unexpected tensor '{key}' in '{file.name}' for a llama2.c model with these model_args"
+            )
         name = names[0]
         if tuple(tensor.shape) != expected[name]:
-            raise CheckpointError(f"tensor '{key}' in '{file.name}' has shape {tuple(tensor.shape)}, but its model_args imply {expected[name]}")
+            raise CheckpointError(
+                f"tensor '{key}' in '{file.name}' has shape {tuple(tensor.shape)}, but its model_args imply {expected[name]}"
+            )
         check_float(tensor, key, file.name)
         ours[name] = _as_ours(name, tensor, config)
     return assign_weights(model, ours, expected, file)

@@ -12,10 +12,10 @@ from safetensors import safe_open
 
 from genai_pipeline.checkpoints.hf import _as_ours, decoder_config, read_config, refuse_non_finite, safetensors_files
 from genai_pipeline.errors import CheckpointError
+from genai_pipeline.image_processing import ImageProcessing
 from genai_pipeline.models.decoder import Decoder, DecoderConfig
 from genai_pipeline.models.vision import VisionConfig, VisionEncoder, VisionLanguageModel, unused_tower_tensor
 from genai_pipeline.registry import ModelSpec
-from genai_pipeline.image_processing import ImageProcessing
 
 TIED_HEAD = "decoder.output.weight"
 
@@ -27,14 +27,20 @@ def vision_config(spec: ModelSpec, folder: Path | None, processing: ImageProcess
         try:
             config = spec.vision.config_from_checkpoint(read_config(folder))
         except (KeyError, TypeError, ValueError) as e:
-            raise CheckpointError(f"'{folder}/config.json' does not describe a {spec.family} image tower: {e!r}") from None
+            raise CheckpointError(
+                f"'{folder}/config.json' does not describe a {spec.family} image tower: {e!r}"
+            ) from None
     if processing.tile_size != config.image_size:
         raise CheckpointError(
             f"the processor's tiles are {processing.tile_size} px but the image tower takes {config.image_size} px; "
             "this pipeline needs them equal"
         )
-    return dataclasses.replace(config, image_mean=processing.image_mean, image_std=processing.image_std,
-                               rescale_factor=processing.rescale_factor)
+    return dataclasses.replace(
+        config,
+        image_mean=processing.image_mean,
+        image_std=processing.image_std,
+        rescale_factor=processing.rescale_factor,
+    )
 
 
 def build(text: DecoderConfig, vision: VisionConfig, max_seq_len: int) -> VisionLanguageModel:
@@ -53,7 +59,9 @@ def load_multimodal(spec: ModelSpec, folder: Path, max_seq_len: int, vision: Vis
         state.update(_read_file(spec, file, expected, vision))
     missing = sorted(set(expected) - set(state))
     if missing:
-        raise CheckpointError(f"checkpoint '{folder}' lacks tensor(s) {', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}")
+        raise CheckpointError(
+            f"checkpoint '{folder}' lacks tensor(s) {', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}"
+        )
     refuse_non_finite(state, folder)
     model.load_state_dict(state, strict=False, assign=True)
     model.decoder.tie_weights()
@@ -62,7 +70,9 @@ def load_multimodal(spec: ModelSpec, folder: Path, max_seq_len: int, vision: Vis
     return model.eval().requires_grad_(False)
 
 
-def _read_file(spec: ModelSpec, file: Path, expected: dict[str, tuple[int, ...]], tower: VisionConfig) -> dict[str, torch.Tensor]:
+def _read_file(
+    spec: ModelSpec, file: Path, expected: dict[str, tuple[int, ...]], tower: VisionConfig
+) -> dict[str, torch.Tensor]:
     state = {}
     try:
         with safe_open(str(file), framework="pt") as f:
@@ -73,7 +83,9 @@ def _read_file(spec: ModelSpec, file: Path, expected: dict[str, tuple[int, ...]]
                 if len(ours) == 1 and unused_tower_tensor(ours[0], tower):
                     continue  # e.g. LLaVA's last CLIP layer: the connector reads the one before
                 if len(ours) != 1 or ours[0] not in expected:
-                    raise CheckpointError(f"unexpected tensor '{key}' in '{file.name}' for a {spec.family} model with this config.json")
+                    raise CheckpointError(
+                        f"unexpected tensor '{key}' in '{file.name}' for a {spec.family} model with this config.json"
+                    )
                 tensor = f.get_tensor(key)
                 if tensor.dim() > len(expected[ours[0]]) and tensor.squeeze().shape == torch.Size(expected[ours[0]]):
                     tensor = tensor.reshape(expected[ours[0]])  # e.g. InternVL's class token [1, 1, d]: the same values
@@ -85,7 +97,9 @@ def _read_file(spec: ModelSpec, file: Path, expected: dict[str, tuple[int, ...]]
     return state
 
 
-def random_multimodal(text: DecoderConfig, vision: VisionConfig, max_seq_len: int, seed: int = 0) -> VisionLanguageModel:
+def random_multimodal(
+    text: DecoderConfig, vision: VisionConfig, max_seq_len: int, seed: int = 0
+) -> VisionLanguageModel:
     """Random weights (std 0.02; norms at one, biases at zero), reproducible from the seed."""
     torch.manual_seed(seed)
     model = build(text, vision, max_seq_len)

@@ -11,9 +11,9 @@ lacks, and `sources` says where each value came from (the manifest records it).
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Mapping
 
 from genai_pipeline.errors import CheckpointError
 from genai_pipeline.tokenizer import END_OF_TURN_TOKENS, find_tokenizer_file
@@ -30,8 +30,11 @@ class SpecialTokens:
 
     def as_manifest(self) -> dict:
         return {
-            "bos_id": self.bos_id, "eos_ids": list(self.eos_ids), "pad_id": self.pad_id,
-            "end_of_turn_ids": list(self.end_of_turn_ids), "sources": {k: list(v) for k, v in self.sources.items()},
+            "bos_id": self.bos_id,
+            "eos_ids": list(self.eos_ids),
+            "pad_id": self.pad_id,
+            "end_of_turn_ids": list(self.end_of_turn_ids),
+            "sources": {k: list(v) for k, v in self.sources.items()},
         }
 
 
@@ -71,7 +74,13 @@ class _Vocabulary:
             vocab = (data.get("model") or {}).get("vocab")
             if isinstance(vocab, dict):
                 self._ids.update({k: v for k, v in vocab.items() if isinstance(v, int)})
-            self._ids.update({t["content"]: t["id"] for t in data.get("added_tokens") or () if isinstance(t, dict) and "content" in t})
+            self._ids.update(
+                {
+                    t["content"]: t["id"]
+                    for t in data.get("added_tokens") or ()
+                    if isinstance(t, dict) and "content" in t
+                }
+            )
         elif self.path is not None:
             from genai_pipeline.tokenizer import Tokenizer
 
@@ -86,13 +95,20 @@ class _Vocabulary:
         return self._ids.get(text)
 
 
-def read_special_tokens(folder: Path | None, chat_template: str | None, fallback_bos: int | None,
-                        fallback_eos: tuple[int, ...], origin: str = "") -> SpecialTokens:
+def read_special_tokens(
+    folder: Path | None,
+    chat_template: str | None,
+    fallback_bos: int | None,
+    fallback_eos: tuple[int, ...],
+    origin: str = "",
+) -> SpecialTokens:
     """The special tokens of a checkpoint folder (None: no checkpoint, the entry's own).
     `chat_template`: the template the export will carry (the checkpoint's, else the entry's).
     `origin` prefixes the sources, e.g. "GGUF metadata -> " for files converted from a GGUF."""
     if folder is None:
-        return SpecialTokens(fallback_bos, tuple(fallback_eos), sources={"bos_id": ("registry entry",), "eos_ids": ("registry entry",)})
+        return SpecialTokens(
+            fallback_bos, tuple(fallback_eos), sources={"bos_id": ("registry entry",), "eos_ids": ("registry entry",)}
+        )
     folder = Path(folder)
     generation = _read_json(folder / "generation_config.json")
     config = _read_json(folder / "config.json")
@@ -108,16 +124,22 @@ def read_special_tokens(folder: Path | None, chat_template: str | None, fallback
                 return value
         return None
 
-    bos = first("bos_id", [
-        ("generation_config.json", next(iter(_ids(generation.get("bos_token_id"))), None)),
-        ("config.json", next(iter(_ids(config.get("bos_token_id"))), None)),
-        ("tokenizer_config.json", vocabulary.id(_token_text(tokenizer_config.get("bos_token")))),
-    ])
-    pad = first("pad_id", [
-        ("generation_config.json", next(iter(_ids(generation.get("pad_token_id"))), None)),
-        ("config.json", next(iter(_ids(config.get("pad_token_id"))), None)),
-        ("tokenizer_config.json", vocabulary.id(_token_text(tokenizer_config.get("pad_token")))),
-    ])
+    bos = first(
+        "bos_id",
+        [
+            ("generation_config.json", next(iter(_ids(generation.get("bos_token_id"))), None)),
+            ("config.json", next(iter(_ids(config.get("bos_token_id"))), None)),
+            ("tokenizer_config.json", vocabulary.id(_token_text(tokenizer_config.get("bos_token")))),
+        ],
+    )
+    pad = first(
+        "pad_id",
+        [
+            ("generation_config.json", next(iter(_ids(generation.get("pad_token_id"))), None)),
+            ("config.json", next(iter(_ids(config.get("pad_token_id"))), None)),
+            ("tokenizer_config.json", vocabulary.id(_token_text(tokenizer_config.get("pad_token")))),
+        ],
+    )
     eos: dict[int, list[str]] = {}
     for source, ids in (
         ("generation_config.json", _ids(generation.get("eos_token_id"))),
@@ -140,6 +162,9 @@ def read_special_tokens(folder: Path | None, chat_template: str | None, fallback
     if end_of_turn:
         sources["end_of_turn_ids"] = ["chat template"]
     return SpecialTokens(
-        bos_id=bos, eos_ids=tuple(eos), pad_id=pad, end_of_turn_ids=tuple(end_of_turn),
+        bos_id=bos,
+        eos_ids=tuple(eos),
+        pad_id=pad,
+        end_of_turn_ids=tuple(end_of_turn),
         sources={k: tuple(v) for k, v in sources.items()},
     )

@@ -111,14 +111,26 @@ def _qnn_configured(target, args):
     from genai_pipeline.names import Mode
     from genai_pipeline.targets import qnn
 
-    given = [flag for flag, on in (("--soc", args.soc != default(QnnOptions, "soc")), ("--qnn-option", args.qnn_option),
-                                   ("--no-weight-sharing", args.no_weight_sharing), ("--qnn-x86-emulator", args.qnn_x86_emulator)) if on]
+    given = [
+        flag
+        for flag, on in (
+            ("--soc", args.soc != default(QnnOptions, "soc")),
+            ("--qnn-option", args.qnn_option),
+            ("--no-weight-sharing", args.no_weight_sharing),
+            ("--qnn-x86-emulator", args.qnn_x86_emulator),
+        )
+        if on
+    ]
     if target.name != qnn.TARGET.name:
         if given:
             raise InputError(f"{given[0]} applies to --target qnn only (the target is {target.name})")
         return target
-    options = QnnOptions(soc=args.soc, weight_sharing=not args.no_weight_sharing, x86_emulator=args.qnn_x86_emulator,
-                         options=tuple(args.qnn_option))
+    options = QnnOptions(
+        soc=args.soc,
+        weight_sharing=not args.no_weight_sharing,
+        x86_emulator=args.qnn_x86_emulator,
+        options=tuple(args.qnn_option),
+    )
     return qnn.configure(options, [g.value for g in Mode(args.mode).graphs])
 
 
@@ -167,29 +179,49 @@ def cmd_run(args) -> int:
         if not args.json:
             print(stream.push(token), end="", flush=True)
 
-    result = generate(session, prompt, max_new, Sampler(sampling), tuple(session.manifest.get("eos_ids", ())), show, lookahead)
+    result = generate(
+        session, prompt, max_new, Sampler(sampling), tuple(session.manifest.get("eos_ids", ())), show, lookahead
+    )
     text = tokenizer.decode(result.tokens)
     if args.json:
-        print(json.dumps({
-            "prompt_tokens": result.prompt_tokens,
-            "tokens": result.tokens,
-            "text": text,
-            "stop_reason": result.stop_reason,
-            "prefill_tokens_per_s": round(result.prefill_tokens_per_s, 2),
-            "decode_tokens_per_s": round(result.decode_tokens_per_s, 2),
-            "tokens_per_call": round(result.tokens_per_call, 3),
-            **({"image_tokens": prompt.count(session.image_token_id), "vision_encoder_ms": round(session.vision_seconds * 1e3, 2)}
-               if isinstance(session, MultimodalSession) else {}),
-        }))
+        print(
+            json.dumps(
+                {
+                    "prompt_tokens": result.prompt_tokens,
+                    "tokens": result.tokens,
+                    "text": text,
+                    "stop_reason": result.stop_reason,
+                    "prefill_tokens_per_s": round(result.prefill_tokens_per_s, 2),
+                    "decode_tokens_per_s": round(result.decode_tokens_per_s, 2),
+                    "tokens_per_call": round(result.tokens_per_call, 3),
+                    **(
+                        {
+                            "image_tokens": prompt.count(session.image_token_id),
+                            "vision_encoder_ms": round(session.vision_seconds * 1e3, 2),
+                        }
+                        if isinstance(session, MultimodalSession)
+                        else {}
+                    ),
+                }
+            )
+        )
     else:
         print(stream.flush(), flush=True)
         log.info(
             "%d prompt tokens at %.1f tok/s, %d new tokens at %.1f tok/s (%s)",
-            len(prompt), result.prefill_tokens_per_s, len(result.tokens), result.decode_tokens_per_s, result.stop_reason,
+            len(prompt),
+            result.prefill_tokens_per_s,
+            len(result.tokens),
+            result.decode_tokens_per_s,
+            result.stop_reason,
         )
         if lookahead.draft_len:
-            log.info("lookahead: %.2f tokens per call, %d of %d drafted tokens kept",
-                     result.tokens_per_call, result.accepted, result.drafted)
+            log.info(
+                "lookahead: %.2f tokens per call, %d of %d drafted tokens kept",
+                result.tokens_per_call,
+                result.accepted,
+                result.drafted,
+            )
     return 0
 
 
@@ -197,12 +229,16 @@ def cmd_eval(args) -> int:
     from genai_pipeline.evaluate import evaluate
 
     if (args.text is None) == (args.images is None):
-        raise InputError("pass --text FILE (perplexity, top-1 agreement, KL) or --images FILE.jsonl (image questions), one of them")
+        raise InputError(
+            "pass --text FILE (perplexity, top-1 agreement, KL) or --images FILE.jsonl (image questions), one of them"
+        )
     if args.images is not None:
         return _eval_images(args)
     if args.limit:
         raise InputError("--limit goes with --images (with --text, --max-tokens bounds the work)")
-    result = evaluate(Path(args.folder), EvalOptions(text=Path(args.text), max_tokens=args.max_tokens, window=args.window))
+    result = evaluate(
+        Path(args.folder), EvalOptions(text=Path(args.text), max_tokens=args.max_tokens, window=args.window)
+    )
     if args.json:
         print(json.dumps(result))
         return 0
@@ -211,12 +247,16 @@ def cmd_eval(args) -> int:
     shown.update({k: f"{v:.3f}" for k, v in ppl.items() if v is not None})
     print(f"{result['tokens']} tokens in windows of {result['window']}, recipe {result['recipe']}")
     print(f"perplexity  float {shown['float']}   qdq {shown['qdq']}   program {shown['program']}")
-    print(f"{result['compared']} vs float: top-1 agreement {100 * result['top1_agreement']:.2f} %, "
-          f"KL divergence {result['kl_divergence']:.5f}")
+    print(
+        f"{result['compared']} vs float: top-1 agreement {100 * result['top1_agreement']:.2f} %, "
+        f"KL divergence {result['kl_divergence']:.5f}"
+    )
     if "prefill" in result:
         pre = result["prefill"]
-        print(f"prefill vs float at {pre['positions']} chunk ends: top-1 agreement {100 * pre['top1_agreement']:.2f} %, "
-              f"KL divergence {pre['kl_divergence']:.5f}")
+        print(
+            f"prefill vs float at {pre['positions']} chunk ends: top-1 agreement {100 * pre['top1_agreement']:.2f} %, "
+            f"KL divergence {pre['kl_divergence']:.5f}"
+        )
     for layer, db in result.get("layer_sqnr_db", {}).items():
         print(f"  SQNR {layer:<10} {db:6.2f} dB")
     return 0
@@ -232,7 +272,9 @@ def _eval_images(args) -> int:
     match, ppl = r["exact_match"], r["answer_perplexity"]
     print(f"{r['questions']} image questions, recipe {r['recipe']}")
     print(f"exact match         float {100 * match['float']:.1f} %   program {100 * match['program']:.1f} %")
-    print(f"answer perplexity   float {ppl['float']:.3f}   program {ppl['program']:.3f}   ({r['answer_tokens']} answer tokens)")
+    print(
+        f"answer perplexity   float {ppl['float']:.3f}   program {ppl['program']:.3f}   ({r['answer_tokens']} answer tokens)"
+    )
     print(f"the program's answer equals the float model's on {100 * r['answers_agree']:.1f} % of questions")
     return 0
 
@@ -242,9 +284,15 @@ def cmd_bench(args) -> int:
     from genai_pipeline.bundle import read_manifest
     from genai_pipeline.runtime.multimodal import is_multimodal
 
-    options = BenchOptions(prompt_len=args.prompt_len, gen_len=args.gen_len, repeats=args.repeats, threads=args.threads,
-                           lookahead=args.lookahead, prompt_file=Path(args.prompt_file) if args.prompt_file else None,
-                           chat=args.chat)
+    options = BenchOptions(
+        prompt_len=args.prompt_len,
+        gen_len=args.gen_len,
+        repeats=args.repeats,
+        threads=args.threads,
+        lookahead=args.lookahead,
+        prompt_file=Path(args.prompt_file) if args.prompt_file else None,
+        chat=args.chat,
+    )
     if is_multimodal(read_manifest(Path(args.folder))):
         return _bench_multimodal(args, options)
     r = bench(Path(args.folder), options)
@@ -252,15 +300,21 @@ def cmd_bench(args) -> int:
         print(json.dumps(r))
         return 0
     print(f"{r['model']} {r['mode']} {r['recipe']}: load {r['load_s']:.2f} s, peak RSS {r['peak_rss_mb']:.0f} MB")
-    print(f"prefill {r['prefill_tokens_per_s']:.1f} tok/s ({r['prompt_len']} tokens), decode {r['decode_tokens_per_s']:.1f} tok/s ({r['gen_len']} tokens)")
-    print(f"decode reads {r['weight_bytes_per_token'] / 2**20:.1f} MB of weights per token: "
-          f"{100 * r['bandwidth_share']:.1f} % of {r['memory_bandwidth_gbs']:.1f} GB/s copy bandwidth")
+    print(
+        f"prefill {r['prefill_tokens_per_s']:.1f} tok/s ({r['prompt_len']} tokens), decode {r['decode_tokens_per_s']:.1f} tok/s ({r['gen_len']} tokens)"
+    )
+    print(
+        f"decode reads {r['weight_bytes_per_token'] / 2**20:.1f} MB of weights per token: "
+        f"{100 * r['bandwidth_share']:.1f} % of {r['memory_bandwidth_gbs']:.1f} GB/s copy bandwidth"
+    )
     if "lookahead" in r:
         a = r["lookahead"]
-        print(f"lookahead {a['draft_len']}: decode {a['decode_tokens_per_s']:.1f} vs {a['plain_decode_tokens_per_s']:.1f} tok/s "
-              f"plain ({a['speedup']:.2f}x), {a['tokens_per_call']:.2f} tokens per call, "
-              f"{a['accepted']} of {a['drafted']} drafted tokens kept in {a['verify_calls']} verify calls ({a['tokens']} tokens); "
-              f"a verify call takes as long as {a['verify_cost_in_steps']:.1f} decode steps")
+        print(
+            f"lookahead {a['draft_len']}: decode {a['decode_tokens_per_s']:.1f} vs {a['plain_decode_tokens_per_s']:.1f} tok/s "
+            f"plain ({a['speedup']:.2f}x), {a['tokens_per_call']:.2f} tokens per call, "
+            f"{a['accepted']} of {a['drafted']} drafted tokens kept in {a['verify_calls']} verify calls ({a['tokens']} tokens); "
+            f"a verify call takes as long as {a['verify_cost_in_steps']:.1f} decode steps"
+        )
     return 0
 
 
@@ -272,8 +326,10 @@ def _bench_multimodal(args, options) -> int:
         print(json.dumps(r))
         return 0
     print(f"{r['model']} {r['recipe']}: load {r['load_s']:.2f} s, peak RSS {r['peak_rss_mb']:.0f} MB")
-    print(f"image encode {r['image_encode_ms']:.1f} ms ({r['image_size']} px, {r['image_tokens']} tokens); "
-          f"time to first token {r['time_to_first_token_ms']:.1f} ms ({r['prompt_len']} prompt tokens, the image's included)")
+    print(
+        f"image encode {r['image_encode_ms']:.1f} ms ({r['image_size']} px, {r['image_tokens']} tokens); "
+        f"time to first token {r['time_to_first_token_ms']:.1f} ms ({r['prompt_len']} prompt tokens, the image's included)"
+    )
     print(f"decode {r['decode_tokens_per_s']:.1f} tok/s ({r['gen_len']} tokens); medians of {r['repeats']} runs")
     return 0
 
@@ -320,8 +376,14 @@ def main(argv: list[str] | None = None) -> int:
     log.propagate = False
     args = build_parser().parse_args(argv)
     try:
-        commands = {"models": cmd_models, "export": cmd_export, "run": cmd_run, "eval": cmd_eval, "bench": cmd_bench,
-                    "inspect": cmd_inspect}
+        commands = {
+            "models": cmd_models,
+            "export": cmd_export,
+            "run": cmd_run,
+            "eval": cmd_eval,
+            "bench": cmd_bench,
+            "inspect": cmd_inspect,
+        }
         return commands[args.command](args)
     except GenAIError as e:
         if os.environ.get("GENAI_DEBUG") and e.__cause__ is not None:  # e.g. the lowering failure it wraps
@@ -342,4 +404,3 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         log.handlers = []  # the handler holds this call's stderr
         log.propagate = True  # a caller in the same process (a test's caplog) sees the package's records again
-

@@ -24,15 +24,20 @@ def chat(args, session, tokenizer, sampler, lookahead) -> int:
             "write one there as chat_template.jinja, or export from a checkpoint that has one"
         )
     stop_ids = end_of_turn_ids(folder, tokenizer, session.manifest.get("eos_ids", ()), template)
-    chat = Chat(session, tokenizer, template, sampler, stop_ids, args.max_new_tokens, system=args.system, lookahead=lookahead)
+    chat = Chat(
+        session, tokenizer, template, sampler, stop_ids, args.max_new_tokens, system=args.system, lookahead=lookahead
+    )
     for image in args.image:  # --image with --chat: for the first message
         chat.attach_image(Path(image), args.max_tiles)
     interactive = sys.stdin.isatty()
     if interactive:
         import readline  # noqa: F401  line editing and history for input()
 
-        log.info("chat with %s: %s/reset clears the conversation, /exit or Ctrl-D quits", session.manifest.get("model"),
-                 "/image PATH attaches an image to your next message, " if chat.takes_images else "")
+        log.info(
+            "chat with %s: %s/reset clears the conversation, /exit or Ctrl-D quits",
+            session.manifest.get("model"),
+            "/image PATH attaches an image to your next message, " if chat.takes_images else "",
+        )
     for text in _user_messages(args.prompt, interactive):
         if text.strip() == "/exit":
             break
@@ -41,7 +46,7 @@ def chat(args, session, tokenizer, sampler, lookahead) -> int:
             log.info("conversation cleared")
             continue
         if text.strip().split(maxsplit=1)[:1] == ["/image"]:
-            path = text.strip()[len("/image"):].strip()
+            path = text.strip()[len("/image") :].strip()
             try:
                 if not path:
                     raise InputError("/image needs a path: /image PATH")
@@ -64,10 +69,17 @@ def chat(args, session, tokenizer, sampler, lookahead) -> int:
             continue
         print(stream.flush(), flush=True)
         if reply.stop_reason == "context":
-            log.warning("the reply filled the program's context of %d tokens; /reset clears the conversation",
-                        session.max_seq_len)
-        log.debug("kept %d cached tokens, prefilled %d, replied %d (%s)",
-                  reply.reused, reply.prefilled, len(reply.tokens), reply.stop_reason)
+            log.warning(
+                "the reply filled the program's context of %d tokens; /reset clears the conversation",
+                session.max_seq_len,
+            )
+        log.debug(
+            "kept %d cached tokens, prefilled %d, replied %d (%s)",
+            reply.reused,
+            reply.prefilled,
+            len(reply.tokens),
+            reply.stop_reason,
+        )
     return 0
 
 

@@ -21,10 +21,27 @@ Typical use by the quantize stage, once per graph:
 """
 
 from genai_pipeline.data.calibration import LOADERS, calibration_steps, calibration_tokens, load_dataset, render_sample
-from genai_pipeline.data.collate import CalibrationStep, check_seq_len, collate, iterate_with_progress, random_token_lists
+from genai_pipeline.data.collate import (
+    CalibrationStep,
+    check_seq_len,
+    collate,
+    iterate_with_progress,
+    random_token_lists,
+)
 from genai_pipeline.data.samples import ContentPart, Message, Sample
 
 __all__ = [
-    "LOADERS", "CalibrationStep", "ContentPart", "Message", "Sample", "calibration_steps", "calibration_tokens",
-    "check_seq_len", "collate", "iterate_with_progress", "load_dataset", "random_token_lists", "render_sample",
+    "LOADERS",
+    "CalibrationStep",
+    "ContentPart",
+    "Message",
+    "Sample",
+    "calibration_steps",
+    "calibration_tokens",
+    "check_seq_len",
+    "collate",
+    "iterate_with_progress",
+    "load_dataset",
+    "random_token_lists",
+    "render_sample",
 ]

@@ -7,11 +7,17 @@ samples of the concatenation (each loader stops reading once it has what is stil
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from genai_pipeline.chat_template import ChatTemplate, TextEncoder, render_chat
-from genai_pipeline.data.collate import DEFAULT_RANDOM_SAMPLES, CalibrationStep, check_seq_len, collate, random_token_lists
+from genai_pipeline.data.collate import (
+    DEFAULT_RANDOM_SAMPLES,
+    CalibrationStep,
+    check_seq_len,
+    collate,
+    random_token_lists,
+)
 from genai_pipeline.data.hf_chat import load_hf_chat
 from genai_pipeline.data.lm_eval import load_lm_eval
 from genai_pipeline.data.loaders import load_messages, load_text
@@ -46,7 +52,9 @@ def calibration_tokens(
     `tokenizer` may be None when every dataset is `random`."""
     if not options.datasets:
         raise DataError("no calibration data given; pass --calib text:FILE (or messages, hf-chat, lm-eval, random)")
-    template, bos, eos = (chat_template.source, chat_template.bos_token, chat_template.eos_token) if chat_template else (None,) * 3
+    template, bos, eos = (
+        (chat_template.source, chat_template.bos_token, chat_template.eos_token) if chat_template else (None,) * 3
+    )
     tokens: list[list[int]] = []
     for i, spec in enumerate(options.datasets):
         wanted = None if options.limit is None else options.limit - len(tokens)
@@ -58,8 +66,12 @@ def calibration_tokens(
             )
             continue
         if tokenizer is None:
-            raise DataError(f"--calib {spec} needs the model's tokenizer, and the checkpoint has no tokenizer.json or tokenizer.model")
-        tokens += [render_sample(s, tokenizer, template, bos_token=bos, eos_token=eos) for s in load_dataset(spec, wanted)]
+            raise DataError(
+                f"--calib {spec} needs the model's tokenizer, and the checkpoint has no tokenizer.json or tokenizer.model"
+            )
+        tokens += [
+            render_sample(s, tokenizer, template, bos_token=bos, eos_token=eos) for s in load_dataset(spec, wanted)
+        ]
     return tokens
 
 

@@ -15,8 +15,9 @@ the largest `seq_len` that fits.
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Iterable, Iterator, Sequence, TypeVar
+from typing import TypeVar
 
 import torch
 
@@ -100,7 +101,9 @@ def collate(
                 )
             )
     if truncated:
-        log.info("%d of %d calibration samples truncated to --calib-seq-len %d tokens", truncated, len(token_lists), seq_len)
+        log.info(
+            "%d of %d calibration samples truncated to --calib-seq-len %d tokens", truncated, len(token_lists), seq_len
+        )
     return steps
 
 

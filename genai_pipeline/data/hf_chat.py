@@ -12,8 +12,9 @@ at a time, so `--calib-limit` stops the reading early.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from genai_pipeline.data.records import json_records
 from genai_pipeline.data.samples import Sample, messages_from_json, nonempty
@@ -28,7 +29,9 @@ def data_files(folder: Path) -> list[Path]:
     if folder.is_file() and folder.suffix in SUFFIXES:
         return [folder]
     if not folder.is_dir():
-        raise DataError(f"hf-chat dataset '{folder}' does not exist or is not a folder; pass the folder given to save_to_disk")
+        raise DataError(
+            f"hf-chat dataset '{folder}' does not exist or is not a folder; pass the folder given to save_to_disk"
+        )
     splits = folder / "dataset_dict.json"
     if splits.is_file():
         try:
@@ -38,11 +41,14 @@ def data_files(folder: Path) -> list[Path]:
         example = f"hf-chat:{folder / names[0]}" if names else f"hf-chat:{folder}/SPLIT"
         raise DataError(f"'{folder}' holds the splits {', '.join(names) or '(unreadable)'}; name one, e.g. {example}")
     files = sorted(
-        p for p in folder.rglob("*")
+        p
+        for p in folder.rglob("*")
         if p.suffix in SUFFIXES and p.is_file() and not any(s.startswith(".") for s in p.relative_to(folder).parts)
     )
     if not files:
-        raise DataError(f"'{folder}' holds no {', '.join('*' + s for s in SUFFIXES)} files; save the dataset with save_to_disk or to_json")
+        raise DataError(
+            f"'{folder}' holds no {', '.join('*' + s for s in SUFFIXES)} files; save the dataset with save_to_disk or to_json"
+        )
     return files
 
 

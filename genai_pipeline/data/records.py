@@ -7,8 +7,9 @@ the content: a file whose first character is '[' is one array, anything else is 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from genai_pipeline.errors import DataError
 from genai_pipeline.limits import read_input_text
@@ -53,7 +54,9 @@ def json_records(path: Path) -> Iterator[tuple[str, Any]]:
             record = json.loads(line)
         except json.JSONDecodeError as e:
             if _is_one_object(text):
-                raise DataError(f"'{path}' holds one JSON object; expected an array of samples or one sample per line") from None
+                raise DataError(
+                    f"'{path}' holds one JSON object; expected an array of samples or one sample per line"
+                ) from None
             raise DataError(f"'{path}' line {n} is not valid JSON: {e.msg} at column {e.colno}") from None
         except RecursionError:
             raise DataError(f"'{path}' line {n} nests JSON too deeply to read; samples are a few levels deep") from None

@@ -122,7 +122,9 @@ def message_from_json(raw: Any, where: str, base: Path) -> Message:
     if isinstance(content, list):
         parts = tuple(
             # Arrow fills a struct's absent fields with None: drop them before reading the part.
-            _part({k: v for k, v in p.items() if v is not None} if isinstance(p, dict) else p, f"{where}, part {j}", base)
+            _part(
+                {k: v for k, v in p.items() if v is not None} if isinstance(p, dict) else p, f"{where}, part {j}", base
+            )
             for j, p in enumerate(content)
         )
         return Message(role, parts)

@@ -102,7 +102,9 @@ class LongRopeScaling:
         object.__setattr__(self, "short_factor", tuple(float(f) for f in self.short_factor))
         object.__setattr__(self, "long_factor", tuple(float(f) for f in self.long_factor))
         if len(self.short_factor) != len(self.long_factor):
-            raise ValueError(f"longrope short_factor ({len(self.short_factor)}) and long_factor ({len(self.long_factor)}) differ in length")
+            raise ValueError(
+                f"longrope short_factor ({len(self.short_factor)}) and long_factor ({len(self.long_factor)}) differ in length"
+            )
         if min(self.short_factor + self.long_factor) <= 0 or self.attention_factor <= 0:
             raise ValueError("longrope factors and attention_factor must be positive")
 
@@ -114,7 +116,9 @@ class LongRopeScaling:
 
 def _check_layers(name: str, layers: tuple[int, ...], n_layers: int) -> None:
     if list(layers) != sorted(set(layers)) or any(not 0 <= i < n_layers for i in layers):
-        raise ValueError(f"DecoderConfig.{name} must list distinct layer indices in [0, {n_layers}) in order, got {layers}")
+        raise ValueError(
+            f"DecoderConfig.{name} must list distinct layer indices in [0, {n_layers}) in order, got {layers}"
+        )
 
 
 def _whole(value) -> bool:
@@ -151,8 +155,18 @@ class DecoderConfig:
 
     def __post_init__(self):
         # Checkpoint metadata arrives here from files users download: types are checked, not assumed.
-        for field in ("vocab_size", "dim", "n_layers", "n_heads", "n_kv_heads", "hidden_dim", "max_position_embeddings",
-                      "head_dim", "rope_dim", "sliding_window"):
+        for field in (
+            "vocab_size",
+            "dim",
+            "n_layers",
+            "n_heads",
+            "n_kv_heads",
+            "hidden_dim",
+            "max_position_embeddings",
+            "head_dim",
+            "rope_dim",
+            "sliding_window",
+        ):
             value, least = getattr(self, field), 0 if field in ("head_dim", "rope_dim") else 1  # 0: derived
             if (value is not None or field != "sliding_window") and not (_whole(value) and value >= least):
                 raise ValueError(f"DecoderConfig.{field} must be a whole number >= {least}, got {value!r}")
@@ -167,7 +181,9 @@ class DecoderConfig:
         self._check_rope()
         self._check_layer_kinds()
         if self.activation not in ACTIVATIONS:
-            raise ValueError(f"DecoderConfig.activation must be one of {', '.join(ACTIVATIONS)}, got '{self.activation}'")
+            raise ValueError(
+                f"DecoderConfig.activation must be one of {', '.join(ACTIVATIONS)}, got '{self.activation}'"
+            )
         for field in ("norm_eps", "rope_theta", "rope_local_theta", "attention_scale", "final_logit_softcap"):
             value = getattr(self, field)
             if value is not None and not (isinstance(value, (int, float)) and 0 < value < math.inf):  # NaN too
@@ -179,7 +195,9 @@ class DecoderConfig:
         if self.rope_theta <= 0:
             raise ValueError(f"rope_theta must be positive, got {self.rope_theta}")
         if isinstance(self.rope_scaling, LongRopeScaling) and len(self.rope_scaling.short_factor) != self.rope_dim // 2:
-            raise ValueError(f"longrope needs rope_dim / 2 = {self.rope_dim // 2} factors, got {len(self.rope_scaling.short_factor)}")
+            raise ValueError(
+                f"longrope needs rope_dim / 2 = {self.rope_dim // 2} factors, got {len(self.rope_scaling.short_factor)}"
+            )
 
     def _check_layer_kinds(self) -> None:
         for field in ("nope_layers", "sliding_window_layers"):
@@ -190,7 +208,9 @@ class DecoderConfig:
         if self.sliding_window is not None and self.sliding_window < 1:
             raise ValueError(f"sliding_window must be at least 1, got {self.sliding_window}")
         if self.rope_local_theta is not None and (not self.sliding_window_layers or self.rope_local_theta <= 0):
-            raise ValueError("rope_local_theta must be positive and needs sliding_window_layers (the layers it applies to)")
+            raise ValueError(
+                "rope_local_theta must be positive and needs sliding_window_layers (the layers it applies to)"
+            )
 
     def layer_rope(self, layer: int) -> str | None:
         """Which RoPE table a layer uses: "global", "local" (sliding-window layers with their own
@@ -202,7 +222,7 @@ class DecoderConfig:
         return "global"
 
     @classmethod
-    def from_dict(cls, data: dict) -> "DecoderConfig":
+    def from_dict(cls, data: dict) -> DecoderConfig:
         """The inverse of `dataclasses.asdict`, e.g. a manifest's `config` read back from JSON."""
         data = dict(data)
         scaling = data.get("rope_scaling")
@@ -240,7 +260,9 @@ def rope_inverse_frequencies(config: DecoderConfig, max_seq_len: int, local: boo
 
 def rope_tables(config: DecoderConfig, max_seq_len: int, local: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """cos and sin, [max_seq_len, rope_dim], halves repeated as in HF's `rotate_half` form."""
-    angles = torch.outer(torch.arange(max_seq_len, dtype=torch.float64), rope_inverse_frequencies(config, max_seq_len, local))
+    angles = torch.outer(
+        torch.arange(max_seq_len, dtype=torch.float64), rope_inverse_frequencies(config, max_seq_len, local)
+    )
     angles = torch.cat([angles, angles], dim=-1)
     factor = 1.0 if local or config.rope_scaling is None else config.rope_scaling.attention_factor
     return (angles.cos() * factor).float(), (angles.sin() * factor).float()
@@ -351,7 +373,9 @@ def fused_linear(linears: list[nn.Linear], concat: Callable) -> nn.Linear | None
     if weight is None:
         return None
     with torch.device("meta"):
-        fused = nn.Linear(linears[0].in_features, sum(m.out_features for m in linears), bias=linears[0].bias is not None)
+        fused = nn.Linear(
+            linears[0].in_features, sum(m.out_features for m in linears), bias=linears[0].bias is not None
+        )
     fused.weight = nn.Parameter(weight, requires_grad=False)
     if fused.bias is not None:
         fused.bias = nn.Parameter(torch.cat([m.bias.detach() for m in linears]), requires_grad=False)
@@ -402,7 +426,11 @@ class Attention(nn.Module):
         v = self.wv(x) if self.wv is not None else None
         # -1 for the length: XNNPACK delegates no reshape to a symbolic size (a dynamic-length graph)
         if self.fused is None:
-            q, k, v = self.wq(x).reshape(b, -1, n_q, hd), self.wk(x).reshape(b, -1, n_kv, hd), v.reshape(b, -1, n_kv, hd)
+            q, k, v = (
+                self.wq(x).reshape(b, -1, n_q, hd),
+                self.wk(x).reshape(b, -1, n_kv, hd),
+                v.reshape(b, -1, n_kv, hd),
+            )
         else:  # one matmul's output split by heads, reshaped first: the reshape of a slice is a copy of symbolic size
             y = self.fused(x)
             y = y.reshape(b, -1, y.shape[-1] // hd, hd)
@@ -417,8 +445,9 @@ class Attention(nn.Module):
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
         return q, k, v
 
-    def forward(self, x: torch.Tensor, start, rope: tuple | None, mask: torch.Tensor | None,
-                rows: CacheRows | None = None) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, start, rope: tuple | None, mask: torch.Tensor | None, rows: CacheRows | None = None
+    ) -> torch.Tensor:
         """rope: (cos, sin) at this chunk's positions, None for a layer without RoPE;
         mask: the sliding-window mask, None for causal attention over the whole prefix.
         rows: the cache-I/O form (start and mask unused: the cache and mask are in `rows`)."""
@@ -474,8 +503,10 @@ class FeedForward(nn.Module):
 class Block(nn.Module):
     # Each pre-norm and the linears reading its output (submodule names): the norm's scale can move
     # into them (quantize/rotation.py, SmoothQuant in quantize/smoothing.py)
-    NORM_READERS = {"attention_norm": ("attention.wq", "attention.wk", "attention.wv"),
-                    "ffn_norm": ("feed_forward.w1", "feed_forward.w3")}
+    NORM_READERS = {
+        "attention_norm": ("attention.wq", "attention.wk", "attention.wv"),
+        "ffn_norm": ("feed_forward.w1", "feed_forward.w3"),
+    }
 
     def __init__(self, config: DecoderConfig, max_seq_len: int):
         super().__init__()
@@ -491,8 +522,9 @@ class Block(nn.Module):
         self.feed_forward = FeedForward(config)
         self.ffn_post_norm = post_norm()
 
-    def forward(self, x: torch.Tensor, start, rope: tuple | None, mask: torch.Tensor | None,
-                rows: CacheRows | None = None) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, start, rope: tuple | None, mask: torch.Tensor | None, rows: CacheRows | None = None
+    ) -> torch.Tensor:
         x = x + self.attention_post_norm(self.attention(self.attention_norm(x), start, rope, mask, rows))
         return x + self.ffn_post_norm(self.feed_forward(self.ffn_norm(x)))
 
@@ -575,7 +607,9 @@ class Decoder(nn.Module):
 
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:
         h = self.tok_embeddings(tokens)
-        if self.config.scale_embeddings:  # sqrt(dim) rounded to float32, then to the embedding dtype, as transformers does
+        if (
+            self.config.scale_embeddings
+        ):  # sqrt(dim) rounded to float32, then to the embedding dtype, as transformers does
             h = h * torch.tensor(self.config.dim**0.5, dtype=torch.float32).to(h.dtype)
         return h
 
@@ -597,16 +631,26 @@ class Decoder(nn.Module):
             h = layer(h, start, ropes.get(rope), mask if windowed else None)  # rope None: no RoPE
         return h
 
-    def forward_cache_io(self, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor,
-                         window_mask: torch.Tensor | None, k_past: list, v_past: list, last_only: bool = True):
+    def forward_cache_io(
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        mask: torch.Tensor,
+        window_mask: torch.Tensor | None,
+        k_past: list,
+        v_past: list,
+        last_only: bool = True,
+    ):
         """The cache-I/O form (see the module doc): tokens [1, T], positions [1, T] (each token's
         position), mask [1, 1, T, max_seq_len + T], window_mask the same for sliding-window layers
         (None without them), k_past / v_past one [1, n_kv_heads, max_seq_len, head_dim] per layer
         -> (logits, this call's k rows per layer, v rows per layer)."""
         h = self.embed(tokens)
         ropes = self._rope_gathered(positions)
-        rows = [CacheRows(k, v, window_mask if windowed else mask)
-                for k, v, windowed in zip(k_past, v_past, self.layer_windowed)]
+        rows = [
+            CacheRows(k, v, window_mask if windowed else mask)
+            for k, v, windowed in zip(k_past, v_past, self.layer_windowed)
+        ]
         for layer, rope, layer_rows in zip(self.layers, self.layer_rope, rows):
             h = layer(h, None, ropes.get(rope), None, layer_rows)
         return self.head(h, last_only), [r.k_new for r in rows], [r.v_new for r in rows]
@@ -631,8 +675,11 @@ class Decoder(nn.Module):
 
     def _rope_rows(self, rows) -> dict[str, tuple]:
         """`rows` of each kind's cos and sin tables, for the kinds in use, and the half swap."""
-        return {kind: (rows(getattr(self, f"{prefix}_cos")), rows(getattr(self, f"{prefix}_sin")), self.rope_swap)
-                for kind, prefix in (("global", "rope"), ("local", "rope_local")) if kind in self.layer_rope}
+        return {
+            kind: (rows(getattr(self, f"{prefix}_cos")), rows(getattr(self, f"{prefix}_sin")), self.rope_swap)
+            for kind, prefix in (("global", "rope"), ("local", "rope_local"))
+            if kind in self.layer_rope
+        }
 
     def _softcap(self, logits: torch.Tensor) -> torch.Tensor:
         cap = self.config.final_logit_softcap

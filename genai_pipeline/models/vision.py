@@ -31,6 +31,7 @@ from torch import nn
 
 from genai_pipeline.models.decoder import gelu_tanh
 
+
 def quick_gelu(x: torch.Tensor) -> torch.Tensor:
     return x * torch.sigmoid(1.702 * x)
 
@@ -66,15 +67,28 @@ class VisionConfig:
     rescale_factor: float = 1 / 255
 
     def __post_init__(self):
-        for name in ("image_size", "patch_size", "dim", "n_layers", "n_heads", "hidden_dim", "text_dim", "scale_factor"):
+        for name in (
+            "image_size",
+            "patch_size",
+            "dim",
+            "n_layers",
+            "n_heads",
+            "hidden_dim",
+            "text_dim",
+            "scale_factor",
+        ):
             if getattr(self, name) <= 0:
                 raise ValueError(f"VisionConfig.{name} must be positive, got {getattr(self, name)}")
         if self.dim % self.n_heads:
             raise ValueError(f"VisionConfig.dim ({self.dim}) must be a multiple of n_heads ({self.n_heads})")
         if self.patches_per_side % self.scale_factor:
-            raise ValueError(f"{self.patches_per_side} patches per side do not divide into scale_factor {self.scale_factor}")
+            raise ValueError(
+                f"{self.patches_per_side} patches per side do not divide into scale_factor {self.scale_factor}"
+            )
         if self.activation not in ACTIVATIONS:
-            raise ValueError(f"VisionConfig.activation must be one of {', '.join(ACTIVATIONS)}, got '{self.activation}'")
+            raise ValueError(
+                f"VisionConfig.activation must be one of {', '.join(ACTIVATIONS)}, got '{self.activation}'"
+            )
         if self.connector not in CONNECTORS:
             raise ValueError(f"VisionConfig.connector must be one of {', '.join(CONNECTORS)}, got '{self.connector}'")
         for name in ("image_mean", "image_std"):
@@ -104,11 +118,15 @@ class VisionConfig:
         layer += 2 * d * self.layer_scale - 3 * d * (not self.qkv_bias)
         norms = 2 * d * (self.pre_norm + self.post_norm)
         shuffled = d * self.scale_factor**2
-        connector = shuffled * t if self.connector == "linear" else shuffled * t + t + t * t + t + 2 * shuffled * self.projector_norm
+        connector = (
+            shuffled * t
+            if self.connector == "linear"
+            else shuffled * t + t + t * t + t + 2 * shuffled * self.projector_norm
+        )
         return embed + self.n_layers * layer + norms + connector
 
     @classmethod
-    def from_dict(cls, data: dict) -> "VisionConfig":
+    def from_dict(cls, data: dict) -> VisionConfig:
         return cls(**data)
 
 
@@ -264,7 +282,8 @@ def unused_tower_tensor(name: str, config: VisionConfig) -> bool:
     the connector reads, or the final norm when it reads an earlier layer (LLaVA)."""
     layer = re.match(r"vision\.layers\.(\d+)\.", name)
     return (layer is not None and int(layer[1]) >= config.n_layers) or (
-        not config.post_norm and name.startswith("vision.post_layernorm."))
+        not config.post_norm and name.startswith("vision.post_layernorm.")
+    )
 
 
 class VisionLanguageModel(nn.Module):

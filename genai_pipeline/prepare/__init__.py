@@ -18,8 +18,12 @@ def prepare(spec: ModelSpec, options: PrepareOptions) -> PreparedModel:
     check_kv_cache_fits(spec.config, options.max_seq_len)
     if spec.vision is not None:  # a vision-language model: its own module (components, one program)
         if options.cache_io:
-            raise InputError(f"{spec.name} is a vision-language model: the cache-I/O form (--cache-io, --target qnn) is built for text decoders only so far")
+            raise InputError(
+                f"{spec.name} is a vision-language model: the cache-I/O form (--cache-io, --target qnn) is built for text decoders only so far"
+            )
         return prepare_multimodal(spec, options)
     if options.split:
-        raise InputError(f"--split applies to vision-language models only; {spec.name} is a text-only model (its export is one program already)")
+        raise InputError(
+            f"--split applies to vision-language models only; {spec.name} is a text-only model (its export is one program already)"
+        )
     return prepare_text(spec, options)

@@ -30,8 +30,13 @@ def cache_io_example_inputs(decoder: Decoder, rows: int) -> tuple:
     model with sliding-window layers)."""
     c, s = decoder.config, decoder.max_seq_len
     cache = [torch.zeros(1, c.n_kv_heads, s, c.head_dim) for _ in range(c.n_layers)]
-    inputs = (torch.zeros(1, rows, dtype=torch.long), torch.zeros(1, rows, dtype=torch.long),
-              torch.zeros(1, 1, rows, s + rows), cache, [t.clone() for t in cache])
+    inputs = (
+        torch.zeros(1, rows, dtype=torch.long),
+        torch.zeros(1, rows, dtype=torch.long),
+        torch.zeros(1, 1, rows, s + rows),
+        cache,
+        [t.clone() for t in cache],
+    )
     return inputs + ((torch.zeros(1, 1, rows, s + rows),) if any(decoder.layer_windowed) else ())
 
 
@@ -50,6 +55,11 @@ def cache_io_graphs(decoder: Decoder, options: PrepareOptions) -> tuple[dict, Gr
     per_layer = [None] * decoder.config.n_layers
     mask = {2: t, 3: t + options.max_seq_len}
     dynamic = ({1: t}, {1: t}, mask, per_layer, per_layer) + ((mask,) if any(decoder.layer_windowed) else ())
-    quantize_graph = GraphBundle(GraphName.FORWARD, CacheIOGraph(decoder, last_only=False), cache_io_example_inputs(decoder, 2),
-                                 dynamic_shapes=dynamic, metadata={"cache_io": contract})
+    quantize_graph = GraphBundle(
+        GraphName.FORWARD,
+        CacheIOGraph(decoder, last_only=False),
+        cache_io_example_inputs(decoder, 2),
+        dynamic_shapes=dynamic,
+        metadata={"cache_io": contract},
+    )
     return graphs, quantize_graph, {"decoder_form": FORM, "cache_io": contract.as_manifest()}

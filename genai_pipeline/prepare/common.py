@@ -32,8 +32,10 @@ def check_kv_cache_fits(config, max_seq_len: int) -> None:
     cache = 2 * config.n_layers * max_seq_len * config.n_kv_heads * config.head_dim * 4
     memory = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     if cache > memory / 2:
-        raise InputError(f"--max-seq-len {max_seq_len} needs a KV cache of {cache / 2**30:,.1f} GiB, more than half of this "
-                         f"machine's {memory / 2**30:.1f} GiB of memory; lower --max-seq-len")
+        raise InputError(
+            f"--max-seq-len {max_seq_len} needs a KV cache of {cache / 2**30:,.1f} GiB, more than half of this "
+            f"machine's {memory / 2**30:.1f} GiB of memory; lower --max-seq-len"
+        )
 
 
 def check_vocabulary(rows: int, tokenizer: Path | None, special) -> None:
@@ -43,16 +45,23 @@ def check_vocabulary(rows: int, tokenizer: Path | None, special) -> None:
     for name, token in named:
         if token is not None and not 0 <= token < rows:
             where = ", ".join(special.sources.get(name, ())) or "the registry entry"
-            raise CheckpointError(f"the checkpoint's {name.rstrip('s').removesuffix('_id')} token id {token} (from {where}) is past "
-                                  f"its {rows} embedding rows; the checkpoint is inconsistent")
+            raise CheckpointError(
+                f"the checkpoint's {name.rstrip('s').removesuffix('_id')} token id {token} (from {where}) is past "
+                f"its {rows} embedding rows; the checkpoint is inconsistent"
+            )
     if tokenizer is not None and tokenizer.name == "tokenizer.json":
         try:
             data = json.loads(tokenizer.read_text(encoding="utf-8"))
             vocab = (data.get("model") or {}).get("vocab") or {}
-            ids = [*(vocab.values() if isinstance(vocab, dict) else ()), *(t.get("id") for t in data.get("added_tokens") or ())]
+            ids = [
+                *(vocab.values() if isinstance(vocab, dict) else ()),
+                *(t.get("id") for t in data.get("added_tokens") or ()),
+            ]
             top = max((i for i in ids if isinstance(i, int)), default=-1)
         except (ValueError, AttributeError, TypeError):
             return  # the tokenizer's own reader says what is wrong with it, where it is read
         if top >= rows:
-            raise CheckpointError(f"'{tokenizer}' has token ids up to {top}, past the model's {rows} embedding rows; "
-                                  "the tokenizer does not belong to these weights")
+            raise CheckpointError(
+                f"'{tokenizer}' has token ids up to {top}, past the model's {rows} embedding rows; "
+                "the tokenizer does not belong to these weights"
+            )

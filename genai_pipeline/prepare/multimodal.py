@@ -68,16 +68,22 @@ def multimodal_graphs(model: VisionLanguageModel, max_seq_len: int) -> dict[Grap
     dim = model.decoder.config.dim
     return {
         GraphName.TOKEN_EMBEDDING: GraphBundle(
-            GraphName.TOKEN_EMBEDDING, TokenEmbeddingGraph(model), (torch.zeros((1, 2), dtype=torch.long),),
+            GraphName.TOKEN_EMBEDDING,
+            TokenEmbeddingGraph(model),
+            (torch.zeros((1, 2), dtype=torch.long),),
             dynamic_shapes=({1: seq},),
         ),
         GraphName.TEXT_DECODER: GraphBundle(
             # input_pos [1]: MultimodalRunner then passes the start position, not a range
-            GraphName.TEXT_DECODER, TextDecoderGraph(model), (torch.zeros((1, 2, dim)), torch.tensor([0], dtype=torch.long)),
+            GraphName.TEXT_DECODER,
+            TextDecoderGraph(model),
+            (torch.zeros((1, 2, dim)), torch.tensor([0], dtype=torch.long)),
             dynamic_shapes=({1: seq}, None),
         ),
         GraphName.VISION_ENCODER: GraphBundle(
-            GraphName.VISION_ENCODER, VisionEncoderGraph(model), (torch.zeros((1, 3, size, size), dtype=torch.uint8),),
+            GraphName.VISION_ENCODER,
+            VisionEncoderGraph(model),
+            (torch.zeros((1, 3, size, size), dtype=torch.uint8),),
         ),
     }
 
@@ -117,7 +123,9 @@ def split_artifacts(model: VisionLanguageModel, options, constants: dict) -> dic
     }
     decoder = TextDecoderGraph(holders[ArtifactKey.TEXT_DECODER])
     decoder_graphs = {
-        GraphName.FORWARD: GraphBundle(GraphName.FORWARD, decoder, (torch.zeros((1, 2, dim)), pos), dynamic_shapes=({1: seq}, None)),
+        GraphName.FORWARD: GraphBundle(
+            GraphName.FORWARD, decoder, (torch.zeros((1, 2, dim)), pos), dynamic_shapes=({1: seq}, None)
+        ),
         GraphName.PREFILL: GraphBundle(GraphName.PREFILL, decoder, (torch.zeros((1, options.prefill_len, dim)), pos)),
         GraphName.DECODE: GraphBundle(GraphName.DECODE, decoder, (torch.zeros((1, 1, dim)), pos)),
     }
@@ -125,11 +133,21 @@ def split_artifacts(model: VisionLanguageModel, options, constants: dict) -> dic
     if options.mode is Mode.HYBRID:
         text_constants["get_prefill_len"] = options.prefill_len
     graphs = {
-        ArtifactKey.VISION_ENCODER: {GraphName.FORWARD: GraphBundle(
-            GraphName.FORWARD, VisionEncoderGraph(holders[ArtifactKey.VISION_ENCODER]), (torch.zeros((1, 3, size, size), dtype=torch.uint8),))},
-        ArtifactKey.TOKEN_EMBEDDING: {GraphName.FORWARD: GraphBundle(
-            GraphName.FORWARD, TokenEmbeddingGraph(holders[ArtifactKey.TOKEN_EMBEDDING]), (torch.zeros((1, 2), dtype=torch.long),),
-            dynamic_shapes=({1: seq},))},
+        ArtifactKey.VISION_ENCODER: {
+            GraphName.FORWARD: GraphBundle(
+                GraphName.FORWARD,
+                VisionEncoderGraph(holders[ArtifactKey.VISION_ENCODER]),
+                (torch.zeros((1, 3, size, size), dtype=torch.uint8),),
+            )
+        },
+        ArtifactKey.TOKEN_EMBEDDING: {
+            GraphName.FORWARD: GraphBundle(
+                GraphName.FORWARD,
+                TokenEmbeddingGraph(holders[ArtifactKey.TOKEN_EMBEDDING]),
+                (torch.zeros((1, 2), dtype=torch.long),),
+                dynamic_shapes=({1: seq},),
+            )
+        },
         ArtifactKey.TEXT_DECODER: {name: decoder_graphs[name] for name in options.mode.graphs},
     }
     return {
@@ -159,7 +177,10 @@ def check_sampleable(ids: dict[str, int | None], runner_vocab: int | None, logit
         log.warning(
             "special token(s) %s are at or past id %d: ExecuTorch's MultimodalRunner samples only ids below the tokenizer's "
             "entry count (%d) and the logits' width (%d), so it can never produce them",
-            ", ".join(f"{k}={v}" for k, v in bad.items()), limit, runner_vocab, logits,
+            ", ".join(f"{k}={v}" for k, v in bad.items()),
+            limit,
+            runner_vocab,
+            logits,
         )
 
 
@@ -171,8 +192,10 @@ def read_processing(spec: ModelSpec, checkpoint: Path | None) -> tuple[ImageProc
     vision = vision_config(spec, checkpoint, processing)
     stated = stated_tokens_per_image(checkpoint)
     if stated is not None and stated != vision.tokens_per_image:
-        raise CheckpointError(f"the processor expands an image into {stated} tokens but the image tower "
-                              f"makes {vision.tokens_per_image}; check processor_config.json's image_seq_len")
+        raise CheckpointError(
+            f"the processor expands an image into {stated} tokens but the image tower "
+            f"makes {vision.tokens_per_image}; check processor_config.json's image_seq_len"
+        )
     return dataclasses.replace(processing, tokens_per_image=vision.tokens_per_image), vision
 
 
@@ -182,8 +205,11 @@ def prepare_multimodal(spec: ModelSpec, options) -> PreparedModel:
     if options.split and options.mode is Mode.KV:
         raise InputError("--split takes --mode dynamic (one forward method) or hybrid (prefill + decode)")
     if not options.split and options.mode is not Mode.DYNAMIC:
-        log.info("the text decoder of a vision-language model has one dynamic-length method (ExecuTorch's runner convention); "
-                 "--split gives it --mode %s", options.mode.value)
+        log.info(
+            "the text decoder of a vision-language model has one dynamic-length method (ExecuTorch's runner convention); "
+            "--split gives it --mode %s",
+            options.mode.value,
+        )
         options = dataclasses.replace(options, mode=Mode.DYNAMIC)
     checkpoint = Path(options.checkpoint) if options.checkpoint else spec.checkpoint  # shipped weights (reference-vlm)
     processing, vision = read_processing(spec, checkpoint)
@@ -194,22 +220,36 @@ def prepare_multimodal(spec: ModelSpec, options) -> PreparedModel:
             spec = sized_as(spec, model.decoder.config)
         weights = str(checkpoint)
     else:
-        log.warning("%s: no checkpoint given, using RANDOM weights (seed %d); pass --checkpoint DIR for real weights",
-                    spec.name, options.seed)
+        log.warning(
+            "%s: no checkpoint given, using RANDOM weights (seed %d); pass --checkpoint DIR for real weights",
+            spec.name,
+            options.seed,
+        )
         model = random_multimodal(spec.config, vision, options.max_seq_len, options.seed)
         weights = "random"
     config = model.decoder.config
     tokenizer = find_tokenizer_file(checkpoint) if checkpoint is not None else None
     template = read_chat_template(checkpoint) if tokenizer is not None else None
-    special = read_special_tokens(checkpoint if tokenizer else None, template.source if template else spec.chat_template,
-                                  spec.bos_id, spec.eos_ids)
+    special = read_special_tokens(
+        checkpoint if tokenizer else None,
+        template.source if template else spec.chat_template,
+        spec.bos_id,
+        spec.eos_ids,
+    )
     # Idefics3 names it image_token_id, LLaVA image_token_index
-    image_token_id = int(_read_config_value(checkpoint, "image_token_id",
-                                            _read_config_value(checkpoint, "image_token_index", spec.vision.image_token_id)))
+    image_token_id = int(
+        _read_config_value(
+            checkpoint,
+            "image_token_id",
+            _read_config_value(checkpoint, "image_token_index", spec.vision.image_token_id),
+        )
+    )
     _check_image_token(tokenizer, processing.image_token, image_token_id)
     spec = dataclasses.replace(spec, bos_id=special.bos_id, eos_ids=special.eos_ids)
     runner_vocab = runner_vocab_size(tokenizer)
-    check_sampleable({**{f"eos[{i}]": e for i, e in enumerate(spec.eos_ids)}, "bos": spec.bos_id}, runner_vocab, config.vocab_size)
+    check_sampleable(
+        {**{f"eos[{i}]": e for i, e in enumerate(spec.eos_ids)}, "bos": spec.bos_id}, runner_vocab, config.vocab_size
+    )
     constants = decoder_constants(spec, config, options.max_seq_len, dynamic=True)
     params = {
         ArtifactKey.VISION_ENCODER: vision.num_params,
@@ -218,12 +258,17 @@ def prepare_multimodal(spec: ModelSpec, options) -> PreparedModel:
     }
     if options.split:
         artifacts = split_artifacts(model, options, constants)
-        components = {key.value: {"file": f"{key.value}.pte", "methods": [g.value for g in a.graphs], "params": params[key]}
-                      for key, a in artifacts.items()}
+        components = {
+            key.value: {"file": f"{key.value}.pte", "methods": [g.value for g in a.graphs], "params": params[key]}
+            for key, a in artifacts.items()
+        }
     else:
         artifact = Artifact(ArtifactKey.MULTIMODAL, model, multimodal_graphs(model, options.max_seq_len), constants)
         artifacts = {artifact.key: artifact}
-        components = {key.value: {"file": f"{artifact.key.value}.pte", "method": key.value, "params": n} for key, n in params.items()}
+        components = {
+            key.value: {"file": f"{artifact.key.value}.pte", "method": key.value, "params": n}
+            for key, n in params.items()
+        }
     manifest = {
         "vision": {
             "layout": "split" if options.split else "one program",
@@ -239,8 +284,16 @@ def prepare_multimodal(spec: ModelSpec, options) -> PreparedModel:
             "preprocessing": dataclasses.asdict(processing),
         }
     }
-    return PreparedModel(spec=spec, config=config, artifacts=artifacts, options=options, weights=weights,
-                         tokenizer_file=tokenizer, special_tokens=special, manifest_extra=manifest)
+    return PreparedModel(
+        spec=spec,
+        config=config,
+        artifacts=artifacts,
+        options=options,
+        weights=weights,
+        tokenizer_file=tokenizer,
+        special_tokens=special,
+        manifest_extra=manifest,
+    )
 
 
 def _check_image_token(tokenizer: Path | None, token: str, image_token_id: int) -> None:
@@ -251,8 +304,10 @@ def _check_image_token(tokenizer: Path | None, token: str, image_token_id: int) 
 
     found = Tokenizer.from_file(str(tokenizer)).token_to_id(token)
     if found != image_token_id:
-        raise CheckpointError(f"config.json's image_token_id is {image_token_id} but {tokenizer.name} gives {token} the id {found}; "
-                              "the tokenizer does not belong to this model")
+        raise CheckpointError(
+            f"config.json's image_token_id is {image_token_id} but {tokenizer.name} gives {token} the id {found}; "
+            "the tokenizer does not belong to this model"
+        )
 
 
 def _image_token_ids(tokenizer: Path | None, processing: ImageProcessing) -> dict[str, int] | None:

@@ -63,16 +63,23 @@ def _graphs(decoder: Decoder, options: PrepareOptions) -> dict[GraphName, GraphB
         # Any length up to its own: a prompt's tail or a short chat turn in one call, no padding
         # (padded static chunks cost short prompts much of dynamic's prefill speed: docs/decisions/0022)
         graphs[GraphName.PREFILL_LONG] = GraphBundle(
-            GraphName.PREFILL_LONG, next_token, (tokens(2), pos),
-            dynamic_shapes=({1: Dim("chunk", min=1, max=options.long_prefill)}, None))
+            GraphName.PREFILL_LONG,
+            next_token,
+            (tokens(2), pos),
+            dynamic_shapes=({1: Dim("chunk", min=1, max=options.long_prefill)}, None),
+        )
     if options.verify_len:
         # Lookahead decoding checks drafted tokens in one call and needs the logits at every one
         # of them. Same wrapped decoder: the weights and the KV cache stay shared with the others.
         # Any length up to its own, so a call costs what its rows cost (not all N's): the drafter
         # sizes its drafts by those costs (runtime/lookahead.py).
         every_row = DecoderGraph(decoder, last_only=False)
-        graphs[GraphName.VERIFY] = GraphBundle(GraphName.VERIFY, every_row, (tokens(2), pos),
-                                               dynamic_shapes=({1: Dim("drafts", min=1, max=options.verify_len)}, None))
+        graphs[GraphName.VERIFY] = GraphBundle(
+            GraphName.VERIFY,
+            every_row,
+            (tokens(2), pos),
+            dynamic_shapes=({1: Dim("drafts", min=1, max=options.verify_len)}, None),
+        )
     return graphs
 
 
@@ -85,7 +92,8 @@ def prepare_text(spec: ModelSpec, options: PrepareOptions) -> PreparedModel:
     else:
         log.warning(
             "%s: no checkpoint given, using RANDOM weights (seed %d); pass --checkpoint DIR for real weights",
-            spec.name, options.seed,
+            spec.name,
+            options.seed,
         )
         decoder = random_decoder(spec.config, options.max_seq_len, options.seed)
         weights = "random"
@@ -93,17 +101,27 @@ def prepare_text(spec: ModelSpec, options: PrepareOptions) -> PreparedModel:
     if checkpoint is not None and checkpoint != spec.checkpoint:
         spec = sized_as(spec, config)  # a checkpoint of other sizes is not exported under this entry's name
     if options.max_seq_len > config.max_position_embeddings:
-        log.warning("--max-seq-len %d exceeds the model's trained context %d", options.max_seq_len, config.max_position_embeddings)
+        log.warning(
+            "--max-seq-len %d exceeds the model's trained context %d",
+            options.max_seq_len,
+            config.max_position_embeddings,
+        )
     metadata = metadata_folder(Path(checkpoint)) if checkpoint is not None else None
     tokenizer = find_tokenizer_file(metadata) if metadata is not None else None
     if tokenizer is not None and (kind := tokenizer_kind(tokenizer)) is not spec.tokenizer_kind:
         log.warning(
             "%s: %s is %s, but this entry's checkpoints carry %s; check that the tokenizer belongs to the model",
-            spec.name, tokenizer, kind.value, spec.tokenizer_kind.value,
+            spec.name,
+            tokenizer,
+            kind.value,
+            spec.tokenizer_kind.value,
         )
     template = read_chat_template(metadata) if metadata is not None else None
     special = read_special_tokens(
-        metadata, template.source if template else spec.chat_template, spec.bos_id, spec.eos_ids,
+        metadata,
+        template.source if template else spec.chat_template,
+        spec.bos_id,
+        spec.eos_ids,
         origin="" if metadata is None or metadata == Path(checkpoint) else f"{Path(checkpoint).name} metadata as ",
     )
     check_vocabulary(config.vocab_size, tokenizer, special)

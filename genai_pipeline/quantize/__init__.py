@@ -52,8 +52,13 @@ from genai_pipeline.quantize.multimodal import quantize_vision_language
 from genai_pipeline.quantize.text import quantize_text
 
 
-def quantize(prepared: PreparedModel, options: QuantOptions, target, cache: Path | None = None,
-             given: Mapping[str, tuple[torch.Tensor, torch.Tensor]] | None = None) -> PreparedModel:
+def quantize(
+    prepared: PreparedModel,
+    options: QuantOptions,
+    target,
+    cache: Path | None = None,
+    given: Mapping[str, tuple[torch.Tensor, torch.Tensor]] | None = None,
+) -> PreparedModel:
     """`target` (a targets.Target) supplies the quantizer of static recipes. With `cache` (the
     output folder of an earlier export), a QDQ model calibrated there on the same inputs is reused.
     `given`: int4 weights taken as they are (see recipes.quantize_module)."""

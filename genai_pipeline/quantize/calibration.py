@@ -29,8 +29,13 @@ SENSITIVITY_TOKENS = 2048  # a size budget's held-out calibration tokens, the ga
 
 
 @torch.no_grad()
-def observe_inputs(module: nn.Module, names: set[str], samples: list[list[int]], window: int,
-                   record: Callable[[str, torch.Tensor], None]) -> None:
+def observe_inputs(
+    module: nn.Module,
+    names: set[str],
+    samples: list[list[int]],
+    window: int,
+    record: Callable[[str, torch.Tensor], None],
+) -> None:
     """Run `samples` (token lists) through `module` from position 0 in windows, calling
     record(name, x) with each named layer's input as float rows, [tokens, in_features]."""
 
@@ -62,17 +67,23 @@ def held_out_tokens(prepared: PreparedModel, options: QuantOptions) -> list[int]
 def _calibration_split(prepared: PreparedModel, options: QuantOptions) -> tuple[list[list[int]], list[int]]:
     from genai_pipeline.tokenizer import Tokenizer
 
-    
     checkpoint = prepared.tokenizer_file.parent if prepared.tokenizer_file else None
     if checkpoint is None:
-        raise InputError("--recipe 8da4w calibrates its 4-bit weights (gptq) on text, and the checkpoint has no tokenizer; "
-                         "pass a checkpoint with one, or set the weight rule to mse")
+        raise InputError(
+            "--recipe 8da4w calibrates its 4-bit weights (gptq) on text, and the checkpoint has no tokenizer; "
+            "pass a checkpoint with one, or set the weight rule to mse"
+        )
     tokenizer = Tokenizer.from_folder(checkpoint, bos_id=prepared.spec.bos_id)
     if options.calibration.datasets:
         from genai_pipeline.data.calibration import calibration_tokens
 
-        samples = calibration_tokens(options.calibration, tokenizer, vocab_size=prepared.config.vocab_size,
-                                     chat_template=read_chat_template(checkpoint), seed=prepared.options.seed)
+        samples = calibration_tokens(
+            options.calibration,
+            tokenizer,
+            vocab_size=prepared.config.vocab_size,
+            chat_template=read_chat_template(checkpoint),
+            seed=prepared.options.seed,
+        )
         if options.size_budget is None:
             return samples, []
         held, fit = [], [list(sample) for sample in samples]
@@ -83,8 +94,10 @@ def _calibration_split(prepared: PreparedModel, options: QuantOptions) -> tuple[
             if not fit[-1]:
                 fit.pop()
         if sum(map(len, fit)) < SENSITIVITY_TOKENS:
-            raise InputError(f"--size-budget measures layers on {SENSITIVITY_TOKENS} calibration tokens that gptq does not fit: "
-                             f"give --calib data of at least {2 * SENSITIVITY_TOKENS} tokens, or no --calib")
+            raise InputError(
+                f"--size-budget measures layers on {SENSITIVITY_TOKENS} calibration tokens that gptq does not fit: "
+                f"give --calib data of at least {2 * SENSITIVITY_TOKENS} tokens, or no --calib"
+            )
         return fit, held
     ids = tokenizer.encode(DEFAULT_GPTQ_TEXT.read_text(encoding="utf-8"))
     return [ids[:GPTQ_TOKENS]], ids[GPTQ_TOKENS : GPTQ_TOKENS + SENSITIVITY_TOKENS]
@@ -97,8 +110,9 @@ def input_absmax(module: nn.Module, samples: list[list[int]], window: int) -> di
 
 
 @torch.no_grad()
-def input_statistics(module: nn.Module, samples: list[list[int]], window: int,
-                     hessian_names: set[str] = frozenset()) -> tuple[dict, dict]:
+def input_statistics(
+    module: nn.Module, samples: list[list[int]], window: int, hessian_names: set[str] = frozenset()
+) -> tuple[dict, dict]:
     """One pass over `samples` (observe_inputs) for both calibrations: per linear, each input
     channel's largest magnitude (smoothing's); for the linears in `hessian_names`, X^T X of their
     inputs (GPTQ's)."""

@@ -39,7 +39,9 @@ def gptq_qparams(w: torch.Tensor, hessian: torch.Tensor, group_size: int, block:
         W1, E1, Hi = W[:, i1:i2].clone(), torch.zeros(W.shape[0], i2 - i1), Hinv[i1:i2, i1:i2]
         for i in range(i2 - i1):
             if (i1 + i) % group_size == 0:
-                d = wmse_qparams(W1[:, i : i + group_size], group_size, importance[i1 + i : i1 + i + group_size])[1][:, 0]
+                d = wmse_qparams(W1[:, i : i + group_size], group_size, importance[i1 + i : i1 + i + group_size])[1][
+                    :, 0
+                ]
                 D[:, (i1 + i) // group_size] = d
             q = torch.clamp(torch.round(W1[:, i] / d), -8, 7)
             Q[:, i1 + i] = q.to(torch.int8)
@@ -64,8 +66,9 @@ def shared_inputs(hessians: dict[str, torch.Tensor]) -> dict[str, list[str]]:
     shared = {}
     for name in sorted(hessians):
         parent = name.rpartition(".")[0]
-        twin = next((n for n in shared if n.rpartition(".")[0] == parent
-                     and torch.equal(hessians[n], hessians[name])), None)
+        twin = next(
+            (n for n in shared if n.rpartition(".")[0] == parent and torch.equal(hessians[n], hessians[name])), None
+        )
         if twin is None:
             shared[name] = [name]
         else:
@@ -73,8 +76,14 @@ def shared_inputs(hessians: dict[str, torch.Tensor]) -> dict[str, list[str]]:
     return {n: group for group in shared.values() for n in group}
 
 
-def gptq_weights(module: nn.Module, names: set[str], samples: list[list[int]], window: int, group_size: int,
-                 hessians: dict[str, torch.Tensor] | None = None) -> dict:
+def gptq_weights(
+    module: nn.Module,
+    names: set[str],
+    samples: list[list[int]],
+    window: int,
+    group_size: int,
+    hessians: dict[str, torch.Tensor] | None = None,
+) -> dict:
     """GPTQ int4 values and scales for the named linears, as `given` takes them; layers reading the
     same input (q, k, v; w1, w3) are solved together (one Hessian). `hessians`: their X^T X, when
     already measured (quantize's calibration pass), else measured on `samples`."""
@@ -98,8 +107,9 @@ def gptq_names(decoder: nn.Module, options: QuantOptions) -> set[str]:
     return {n for n, recipe in linear_recipes(decoder, options).items() if recipe == "8da4w"}
 
 
-def gptq_int4(prepared: PreparedModel, decoder: nn.Module, options: QuantOptions,
-              hessians: dict[str, torch.Tensor] | None = None) -> dict:
+def gptq_int4(
+    prepared: PreparedModel, decoder: nn.Module, options: QuantOptions, hessians: dict[str, torch.Tensor] | None = None
+) -> dict:
     """GPTQ's int4 weights for the decoder's 8da4w linears, on gptq_samples (or their `hessians`,
     measured already); the decoder's KV cache is left as it was."""
     started = time.perf_counter()
@@ -112,5 +122,10 @@ def gptq_int4(prepared: PreparedModel, decoder: nn.Module, options: QuantOptions
         computed = gptq_weights(decoder, names, samples, prepared.options.max_seq_len, options.group_size, hessians)
     for k, v in decoder.named_buffers():
         v.copy_(state[k])
-    log.info("gptq: %d layers on %d calibration tokens in %.0f s", len(names), sum(map(len, samples)), time.perf_counter() - started)
+    log.info(
+        "gptq: %d layers on %d calibration tokens in %.0f s",
+        len(names),
+        sum(map(len, samples)),
+        time.perf_counter() - started,
+    )
     return computed

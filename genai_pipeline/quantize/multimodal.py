@@ -27,8 +27,8 @@ from __future__ import annotations
 import dataclasses
 import logging
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 import torch
@@ -57,27 +57,39 @@ def resolved(options: QuantOptions) -> QuantOptions:
     quantizer takes every component, so it has none."""
     if options.is_static:
         return options
-    return dataclasses.replace(options, vision_recipe=options.vision_recipe or AUTO_VISION.get(options.recipe, options.recipe))
+    return dataclasses.replace(
+        options, vision_recipe=options.vision_recipe or AUTO_VISION.get(options.recipe, options.recipe)
+    )
 
 
 def check_vision_language_quant(options: QuantOptions, split: bool = False, target=None) -> None:
     """Refuse, before any work, what a vision-language export cannot do yet. `target`: a
     targets.Target (its recipes are checked by targets.check_recipe)."""
     if options.size_budget is not None:
-        raise InputError("--size-budget chooses the layers of a text decoder; vision-language models take --recipe and --vision-recipe")
+        raise InputError(
+            "--size-budget chooses the layers of a text decoder; vision-language models take --recipe and --vision-recipe"
+        )
     if split and not (options.is_float and options.vision_recipe in (None, "fp32")):
-        raise InputError("--split exports float programs only so far; drop --split for a quantized vision-language export "
-                         "(one program, the layout ExecuTorch's MultimodalRunner runs)")
+        raise InputError(
+            "--split exports float programs only so far; drop --split for a quantized vision-language export "
+            "(one program, the layout ExecuTorch's MultimodalRunner runs)"
+        )
     if not options.is_static:
         return
     if target is not None and target.cache_io:
-        raise InputError(f"--target {target.name}'s static recipes need the text decoder's cache-I/O form, which vision-language "
-                         "models do not have yet; use --target xnnpack (--recipe 8a8w, 8da4w or 8da8w)")
+        raise InputError(
+            f"--target {target.name}'s static recipes need the text decoder's cache-I/O form, which vision-language "
+            "models do not have yet; use --target xnnpack (--recipe 8a8w, 8da4w or 8da8w)"
+        )
     if options.vision_recipe is not None:
-        raise InputError(f"--recipe {options.recipe} quantizes the image tower with the target's quantizer too; drop --vision-recipe")
+        raise InputError(
+            f"--recipe {options.recipe} quantizes the image tower with the target's quantizer too; drop --vision-recipe"
+        )
     if not calibration_samples(options, with_images=True):
-        raise InputError(f"--recipe {options.recipe} calibrates the image tower on images: pass chats with images, "
-                         "--calib messages:FILE.json (its image parts name local image files)")
+        raise InputError(
+            f"--recipe {options.recipe} calibrates the image tower on images: pass chats with images, "
+            "--calib messages:FILE.json (its image parts name local image files)"
+        )
 
 
 def decoder_options(options: QuantOptions) -> QuantOptions:
@@ -91,10 +103,18 @@ def tower_options(tower: nn.Module, options: QuantOptions) -> QuantOptions:
     recipe = options.vision_recipe
     narrow = []
     if recipe == "8da4w":
-        narrow = sorted(n for n, m in tower.named_modules() if isinstance(m, nn.Linear) and m.in_features % options.group_size)
-    return QuantOptions(recipe=recipe, group_size=options.group_size, embedding=None, head=None, keep_8bit=(),
-                        weight_rule="mse" if options.weight_rule == "gptq" else options.weight_rule,
-                        overrides=tuple((f"^{re.escape(n)}$", "8da8w") for n in narrow))
+        narrow = sorted(
+            n for n, m in tower.named_modules() if isinstance(m, nn.Linear) and m.in_features % options.group_size
+        )
+    return QuantOptions(
+        recipe=recipe,
+        group_size=options.group_size,
+        embedding=None,
+        head=None,
+        keep_8bit=(),
+        weight_rule="mse" if options.weight_rule == "gptq" else options.weight_rule,
+        overrides=tuple((f"^{re.escape(n)}$", "8da8w") for n in narrow),
+    )
 
 
 def quantize_model(model: nn.Module, options: QuantOptions, int4=None) -> dict[str, dict[str, str]]:
@@ -129,8 +149,10 @@ def _check_calibration_images(options: QuantOptions) -> None:
         return
     for spec in options.calibration.datasets:
         if spec.kind in IMAGE_DATA and any(s.images for s in load_dataset(spec, options.calibration.limit)):
-            raise InputError(f"--calib {spec} holds images: calibrating a vision-language model's decoder on chats with images "
-                             "is not supported yet; pass text (--calib text:FILE) or chats without images")
+            raise InputError(
+                f"--calib {spec} holds images: calibrating a vision-language model's decoder on chats with images "
+                "is not supported yet; pass text (--calib text:FILE) or chats without images"
+            )
 
 
 def component_recipes(options: QuantOptions, plans: dict[str, dict[str, str]]) -> dict[str, dict]:
@@ -141,8 +163,10 @@ def component_recipes(options: QuantOptions, plans: dict[str, dict[str, str]]) -
     return {
         "vision_encoder": {"recipe": tower_recipe(options), "layers": recipe_counts(plans["vision_encoder"])},
         "token_embedding": {"recipe": options.embedding or "fp32", "layers": recipe_counts(embedding)},
-        "text_decoder": {"recipe": decoder_options(options).describe(),
-                         "layers": recipe_counts({n: r for n, r in decoder_plan.items() if n not in embedding})},
+        "text_decoder": {
+            "recipe": decoder_options(options).describe(),
+            "layers": recipe_counts({n: r for n, r in decoder_plan.items() if n not in embedding}),
+        },
     }
 
 
@@ -172,19 +196,27 @@ def quantize_vision_language(prepared: PreparedModel, options: QuantOptions, tar
     plans = quantize_model(model, options, computed)
     narrow = tower_options(model.vision, options).overrides
     if narrow:
-        log.info("%d image-tower layers have an input width that --group-size %d does not divide: 8da8w (per channel) for them",
-                 len(narrow), options.group_size)
+        log.info(
+            "%d image-tower layers have an input width that --group-size %d does not divide: 8da8w (per channel) for them",
+            len(narrow),
+            options.group_size,
+        )
     recipes = component_recipes(options, plans)
     for component, entry in recipes.items():
-        log.info("quantized %s: %s (%s)", component, entry["recipe"],
-                 ", ".join(f"{n} layers {r}" for r, n in entry["layers"].items()) or "no layers")
+        log.info(
+            "quantized %s: %s (%s)",
+            component,
+            entry["recipe"],
+            ", ".join(f"{n} layers {r}" for r, n in entry["layers"].items()) or "no layers",
+        )
     vision = dict(prepared.manifest_extra["vision"])
     vision["components"] = {k: {**v, **recipes[k]} for k, v in vision["components"].items()}
     return dataclasses.replace(
         prepared,
         # compile writes the GPTQ weights beside the program: eval and the report rebuild the quantized model from them
         artifacts={artifact.key: dataclasses.replace(artifact, int4=computed)},
-        recipe=options.describe(), quantization=dataclasses.asdict(options),
+        recipe=options.describe(),
+        quantization=dataclasses.asdict(options),
         manifest_extra={**prepared.manifest_extra, "vision": vision},
     )
 
@@ -234,7 +266,13 @@ def calibration_chats(prepared: PreparedModel, options: QuantOptions) -> list[Ca
     than the context is cut there; a frame whose run of image tokens the cut splits is left out
     (its tokens keep their token embeddings)."""
     from genai_pipeline.chat_template import ChatTemplate, read_chat_template, render_chat
-    from genai_pipeline.image_processing import ImageProcessing, expand_prompt, expand_rendered_chat, image_frames, read_image
+    from genai_pipeline.image_processing import (
+        ImageProcessing,
+        expand_prompt,
+        expand_rendered_chat,
+        image_frames,
+        read_image,
+    )
     from genai_pipeline.tokenizer import Tokenizer
 
     if prepared.tokenizer_file is None:
@@ -242,7 +280,9 @@ def calibration_chats(prepared: PreparedModel, options: QuantOptions) -> list[Ca
     folder = prepared.tokenizer_file.parent
     tokenizer = Tokenizer.from_folder(folder, bos_id=prepared.spec.bos_id)
     template = read_chat_template(folder)
-    if template is None and prepared.spec.chat_template is not None:  # the entry's, which compile writes beside the program
+    if (
+        template is None and prepared.spec.chat_template is not None
+    ):  # the entry's, which compile writes beside the program
         template = ChatTemplate(prepared.spec.chat_template)
     vision = prepared.manifest_extra["vision"]
     processing = ImageProcessing.from_dict(vision["preprocessing"])
@@ -255,18 +295,27 @@ def calibration_chats(prepared: PreparedModel, options: QuantOptions) -> list[Ca
         if sample.text is not None:  # plain text: the text decoder alone, as the text path feeds it
             chats.append(CalibrationChat(tokenizer.encode(sample.text, add_special_tokens=True)[:context], []))
             continue
-        if template is None:  # "role: content" lines mark no image: the images go first, as `genai run --image` puts them
+        if (
+            template is None
+        ):  # "role: content" lines mark no image: the images go first, as `genai run --image` puts them
             text = expand_prompt(render_chat(sample.messages, None), images, processing)
         else:
-            text = expand_rendered_chat(render_chat(sample.messages, template.source, bos_token=template.bos_token,
-                                                    eos_token=template.eos_token), images, processing)
+            text = expand_rendered_chat(
+                render_chat(
+                    sample.messages, template.source, bos_token=template.bos_token, eos_token=template.eos_token
+                ),
+                images,
+                processing,
+            )
         ids = tokenizer.encode(text, add_special_tokens=template is None)[:context]
         whole = sum(1 for t in ids if t == image_token) // n
         chats.append(CalibrationChat(ids, [frame for f in images for frame in f.pixels][:whole]))
     return chats
 
 
-def spliced_embeddings(embed: Callable, vision: Callable, ids: list[int], frames: list[np.ndarray], image_token_id: int) -> torch.Tensor:
+def spliced_embeddings(
+    embed: Callable, vision: Callable, ids: list[int], frames: list[np.ndarray], image_token_id: int
+) -> torch.Tensor:
     """The decoder's input for `ids`: their token embeddings, each frame's features where its run of
     image tokens is (MultimodalSession.prefill's splice, in eager mode)."""
     embeddings = embed(torch.tensor([ids]))
@@ -285,7 +334,9 @@ def quantize_static(prepared: PreparedModel, options: QuantOptions, target) -> P
     from genai_pipeline.upstream.executorch_logs import native_logs_hidden
 
     artifact = prepared.artifacts[ArtifactKey.MULTIMODAL]
-    model = artifact.module.requires_grad_(False)  # else the buffer write-back fails in to_executorch (docs/quantization.md)
+    model = artifact.module.requires_grad_(
+        False
+    )  # else the buffer write-back fails in to_executorch (docs/quantization.md)
     chats = calibration_chats(prepared, options)
     image_token_id = prepared.manifest_extra["vision"]["image_token_id"]
     quantizer = lambda gm: target.static_quantizer(options, gm)  # noqa: E731
@@ -299,31 +350,51 @@ def quantize_static(prepared: PreparedModel, options: QuantOptions, target) -> P
     qdq_tower = vision_qdq.module()
     dim = model.decoder.config.dim
     seq = Dim("seq_len", min=1, max=prepared.options.max_seq_len)
-    graph = GraphBundle(GraphName.TEXT_DECODER, DecoderOnEmbeddings(model.decoder),
-                        (torch.zeros((1, 2, dim)), torch.tensor([0], dtype=torch.long)), dynamic_shapes=({1: seq}, None))
+    graph = GraphBundle(
+        GraphName.TEXT_DECODER,
+        DecoderOnEmbeddings(model.decoder),
+        (torch.zeros((1, 2, dim)), torch.tensor([0], dtype=torch.long)),
+        dynamic_shapes=({1: seq}, None),
+    )
 
     def see_chats(observed) -> None:
         for chat in iterate_with_progress(chats, "calibrating text_decoder"):
             # The calibrated tower's features: the ranges the program's decoder will see. Each chat
             # starts at position 0: causal attention never reads the previous chat's cache rows.
             with native_logs_hidden():  # ExecuTorch's custom ops log from C++ in eager mode too
-                observed(spliced_embeddings(model.decoder.embed, qdq_tower, chat.ids, chat.frames, image_token_id), torch.tensor([0]))
+                observed(
+                    spliced_embeddings(model.decoder.embed, qdq_tower, chat.ids, chat.frames, image_token_id),
+                    torch.tensor([0]),
+                )
 
     decoder_qdq = calibrated_graph(graph, lambda gm: _linears_quantized(quantizer(gm)), see_chats)
     graphs = dict(artifact.graphs)
     graphs[GraphName.VISION_ENCODER] = dataclasses.replace(tower, module=qdq_tower)
     # the next token's logits only, as TextDecoderGraph returns them (the text path's deploy graph)
-    graphs[GraphName.TEXT_DECODER] = dataclasses.replace(graphs[GraphName.TEXT_DECODER], module=next_token_only(decoder_qdq))
-    plans = {"vision_encoder": static_plan(vision_qdq, options.recipe), "text_decoder": static_plan(decoder_qdq, options.recipe)}
+    graphs[GraphName.TEXT_DECODER] = dataclasses.replace(
+        graphs[GraphName.TEXT_DECODER], module=next_token_only(decoder_qdq)
+    )
+    plans = {
+        "vision_encoder": static_plan(vision_qdq, options.recipe),
+        "text_decoder": static_plan(decoder_qdq, options.recipe),
+    }
     frames = sum(len(c.frames) for c in chats)
     recipes = {
         "vision_encoder": {"recipe": options.recipe, "layers": recipe_counts(plans["vision_encoder"])},
         "token_embedding": {"recipe": "fp32", "layers": {}},
-        "text_decoder": {"recipe": options.describe(), "layers": recipe_counts(plans["text_decoder"]), "float_ops": sorted(FLOAT_DECODER_OPS)},
+        "text_decoder": {
+            "recipe": options.describe(),
+            "layers": recipe_counts(plans["text_decoder"]),
+            "float_ops": sorted(FLOAT_DECODER_OPS),
+        },
     }
     for component, entry in recipes.items():
-        log.info("quantized %s: %s (%s)", component, entry["recipe"],
-                 ", ".join(f"{n} layers {r}" for r, n in entry["layers"].items()) or "no layers")
+        log.info(
+            "quantized %s: %s (%s)",
+            component,
+            entry["recipe"],
+            ", ".join(f"{n} layers {r}" for r, n in entry["layers"].items()) or "no layers",
+        )
     log.info("calibrated on %d chats, %d image frames", len(chats), frames)
     vision = dict(prepared.manifest_extra["vision"])
     vision["components"] = {k: {**v, **recipes[k]} for k, v in vision["components"].items()}
@@ -332,7 +403,8 @@ def quantize_static(prepared: PreparedModel, options: QuantOptions, target) -> P
     return dataclasses.replace(
         prepared,
         artifacts={artifact.key: dataclasses.replace(artifact, graphs=graphs, qdq=qdq)},
-        recipe=options.describe(), quantization=dataclasses.asdict(options),
+        recipe=options.describe(),
+        quantization=dataclasses.asdict(options),
         manifest_extra={**prepared.manifest_extra, "vision": vision},
     )
 

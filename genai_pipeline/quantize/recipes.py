@@ -44,8 +44,12 @@ def recipe_for(name: str, options: QuantOptions, n_layers: int) -> str:
     default = options.head if name == HEAD and options.head else options.recipe
     if name == HEAD_ROTATION:  # rotation's float linear before a tied head (rotation.py)
         default = "fp32"
-    if options.recipe == "8da4w" and (any(re.search(p, name) for p in options.keep_8bit) or name in (options.promoted or ())
-                                      or options.size_budget is None and auto_8bit_mlp(name, options.recipe, n_layers)):
+    if options.recipe == "8da4w" and (
+        any(re.search(p, name) for p in options.keep_8bit)
+        or name in (options.promoted or ())
+        or options.size_budget is None
+        and auto_8bit_mlp(name, options.recipe, n_layers)
+    ):
         default = "8da8w"
     return next((r for pattern, r in options.overrides if re.search(pattern, name)), default)
 
@@ -56,7 +60,9 @@ def linear_recipes(module: nn.Module, options: QuantOptions) -> dict[str, str]:
     return {n: recipe_for(n, options, n_layers) for n, m in module.named_modules() if isinstance(m, nn.Linear)}
 
 
-def quantize_module(module: nn.Module, options: QuantOptions, given: Mapping[str, tuple[torch.Tensor, torch.Tensor]] | None = None) -> dict[str, str]:
+def quantize_module(
+    module: nn.Module, options: QuantOptions, given: Mapping[str, tuple[torch.Tensor, torch.Tensor]] | None = None
+) -> dict[str, str]:
     """Quantize `module` in place; returns the recipe given to each layer.
 
     `given` maps a linear's weight name (`layers.0.attention.wq.weight`) to int4 values [out, in]
@@ -70,13 +76,21 @@ def quantize_module(module: nn.Module, options: QuantOptions, given: Mapping[str
     if options.embedding:
         dim = next(m.embedding_dim for m in module.modules() if isinstance(m, nn.Embedding))
         if options.embedding == "4w" and dim % options.group_size:
-            raise InputError(f"the embedding width {dim} is not a multiple of --group-size {options.group_size}; use --embedding 8w")
-        tied_head = given.get("output.weight") if getattr(getattr(module, "config", None), "tie_embeddings", False) else None
+            raise InputError(
+                f"the embedding width {dim} is not a multiple of --group-size {options.group_size}; use --embedding 8w"
+            )
+        tied_head = (
+            given.get("output.weight") if getattr(getattr(module, "config", None), "tie_embeddings", False) else None
+        )
         if options.embedding == "4w" and options.weight_rule != "torchao":
             for m in module.modules():
                 if isinstance(m, nn.Embedding):
                     # the head takes given weights unless an override names it (see below)
-                    if tied_head is not None and options.recipe == "8da4w" and not any(re.search(p, HEAD) for p, _ in options.overrides):
+                    if (
+                        tied_head is not None
+                        and options.recipe == "8da4w"
+                        and not any(re.search(p, HEAD) for p, _ in options.overrides)
+                    ):
                         # One table for lookup and head, as the checkpoint has: the head's int4 values
                         # (chosen by gptq, or a GGUF's), which the program then stores once (compile).
                         q, d = given_qparams("output.weight", *tied_head, m.weight.shape, options.group_size)
@@ -84,11 +98,21 @@ def quantize_module(module: nn.Module, options: QuantOptions, given: Mapping[str
                         q, d = RULES[options.weight_rule](m.weight, options.group_size)
                     m.weight = nn.Parameter(intx_weight(q, d, 4, m.weight.dtype, dynamic=False), requires_grad=False)
         else:
-            quantize_(module, embedding_config(options.embedding, options.group_size), filter_fn=lambda m, _: isinstance(m, nn.Embedding))
+            quantize_(
+                module,
+                embedding_config(options.embedding, options.group_size),
+                filter_fn=lambda m, _: isinstance(m, nn.Embedding),
+            )
         plan.update({n: f"emb{options.embedding}" for n, m in module.named_modules() if isinstance(m, nn.Embedding)})
     linears = linear_recipes(module, options)
-    for name in linears:  # given int4 weights outrank the automatic 8-bit layers (AUTO_HEAD, AUTO_8BIT), not --quant-override
-        if f"{name}.weight" in given and options.recipe == "8da4w" and not any(re.search(p, name) for p, _ in options.overrides):
+    for (
+        name
+    ) in linears:  # given int4 weights outrank the automatic 8-bit layers (AUTO_HEAD, AUTO_8BIT), not --quant-override
+        if (
+            f"{name}.weight" in given
+            and options.recipe == "8da4w"
+            and not any(re.search(p, name) for p, _ in options.overrides)
+        ):
             linears[name] = "8da4w"
     unknown = sorted(set(given) - {f"{n}.weight" for n in linears})
     if unknown:
@@ -106,10 +130,14 @@ def quantize_module(module: nn.Module, options: QuantOptions, given: Mapping[str
                     q, d = RULES[options.weight_rule](linear.weight, options.group_size)
                 linear.weight = nn.Parameter(intx_weight(q, d, 4, linear.weight.dtype), requires_grad=False)
         else:
-            quantize_(module, linear_config(recipe, options.group_size), filter_fn=lambda m, fqn, chosen=chosen: fqn in chosen)
+            quantize_(
+                module, linear_config(recipe, options.group_size), filter_fn=lambda m, fqn, chosen=chosen: fqn in chosen
+            )
     if given:
-        raise InputError(f"given int4 weights need recipe 8da4w on their layers: {', '.join(sorted(given)[:3])} got "
-                         f"{', '.join(sorted({linears[k[: -len('.weight')]] for k in given}))}")
+        raise InputError(
+            f"given int4 weights need recipe 8da4w on their layers: {', '.join(sorted(given)[:3])} got "
+            f"{', '.join(sorted({linears[k[: -len('.weight')]] for k in given}))}"
+        )
     plan.update(linears)
     return plan
 
@@ -126,5 +154,7 @@ def check_group_size(module: nn.Module, linears: Mapping[str, str], group_size: 
     bad = sorted(w for w in widths if w % group_size)
     if bad:
         fits = [g for g in (16, 32, 64, 128, 256) if all(w % g == 0 for w in widths)]
-        raise InputError(f"--group-size {group_size} does not divide the input width of the model's int4 layers "
-                         f"({', '.join(map(str, bad))}); use --group-size {' or '.join(map(str, fits)) or '8'}")
+        raise InputError(
+            f"--group-size {group_size} does not divide the input width of the model's int4 layers "
+            f"({', '.join(map(str, bad))}); use --group-size {' or '.join(map(str, fits)) or '8'}"
+        )

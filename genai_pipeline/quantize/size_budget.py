@@ -71,7 +71,9 @@ def program_bytes(module: nn.Module, recipe_of: Callable[[str], str], embedding:
             continue
         counted.update(id(p) for p in m.parameters(recurse=False))
     total += sum(p.numel() * p.element_size() for p in module.parameters() if id(p) not in counted)
-    total += sum(b.numel() * b.element_size() for name, b in module.named_buffers() if "_cache" not in name)  # not the KV cache
+    total += sum(
+        b.numel() * b.element_size() for name, b in module.named_buffers() if "_cache" not in name
+    )  # not the KV cache
     return total
 
 
@@ -93,8 +95,13 @@ def layer_groups(names: list[str], n_layers: int) -> dict[str, tuple[str, ...]]:
 
 
 @torch.no_grad()
-def promotion_gains(module: nn.Module, four_bit: dict[str, torch.Tensor], eight_bit: dict[str, torch.Tensor],
-                    groups: dict[str, tuple[str, ...]], windows: list[list[int]]) -> dict[str, float]:
+def promotion_gains(
+    module: nn.Module,
+    four_bit: dict[str, torch.Tensor],
+    eight_bit: dict[str, torch.Tensor],
+    groups: dict[str, tuple[str, ...]],
+    windows: list[list[int]],
+) -> dict[str, float]:
     """For each group of `groups` (of the layers of `four_bit`, {linear name: its 4-bit weight as
     float}): KL(float || every layer at 4 bits) minus the same with that group's layers at 8 bits
     (`eight_bit`, the same as float), in nats per token over `windows` (token lists, each from position 0). A group's
@@ -143,8 +150,14 @@ def promotion_gains(module: nn.Module, four_bit: dict[str, torch.Tensor], eight_
             v.copy_(state[k])
 
 
-def promote(module: nn.Module, four_bit: dict[str, torch.Tensor], eight_bit: dict[str, torch.Tensor], windows: list[list[int]],
-            room: float, group_size: int) -> tuple[str, ...]:
+def promote(
+    module: nn.Module,
+    four_bit: dict[str, torch.Tensor],
+    eight_bit: dict[str, torch.Tensor],
+    windows: list[list[int]],
+    room: float,
+    group_size: int,
+) -> tuple[str, ...]:
     """The layers of `four_bit` (see promotion_gains) to store at 8 bits within `room` more bytes:
     by layer_groups, greedily by measured gain per extra byte; groups that gain nothing stay at 4 bits."""
     started = time.perf_counter()
@@ -153,7 +166,9 @@ def promote(module: nn.Module, four_bit: dict[str, torch.Tensor], eight_bit: dic
 
     def extra(n: str) -> int:
         out_features, in_features = module.get_submodule(n).weight.shape
-        return linear_bytes(out_features, in_features, "8da8w", group_size) - linear_bytes(out_features, in_features, "8da4w", group_size)
+        return linear_bytes(out_features, in_features, "8da8w", group_size) - linear_bytes(
+            out_features, in_features, "8da4w", group_size
+        )
 
     cost = {g: sum(map(extra, members)) for g, members in groups.items()}
     chosen, left = [], room
@@ -161,9 +176,16 @@ def promote(module: nn.Module, four_bit: dict[str, torch.Tensor], eight_bit: dic
         if gains[g] > 0 and cost[g] <= left:
             chosen.append(g)
             left -= cost[g]
-    log.info("size budget: %d of %d layer groups at 8 bits (%s; %.1f of %.1f MB to spare), measured on %d tokens in %.0f s",
-             len(chosen), len(groups), " ".join(sorted(chosen)), (room - left) / 1e6, room / 1e6,
-             sum(map(len, windows)), time.perf_counter() - started)
+    log.info(
+        "size budget: %d of %d layer groups at 8 bits (%s; %.1f of %.1f MB to spare), measured on %d tokens in %.0f s",
+        len(chosen),
+        len(groups),
+        " ".join(sorted(chosen)),
+        (room - left) / 1e6,
+        room / 1e6,
+        sum(map(len, windows)),
+        time.perf_counter() - started,
+    )
     promoted = {n for g in chosen for n in groups[g]}
     return tuple(n for n in four_bit if n in promoted)
 
@@ -173,18 +195,24 @@ def budget_room(decoder: nn.Module, options: QuantOptions, n_methods: int) -> fl
     every candidate at 4 bits (program_bytes, graph_bytes); a budget below it is refused."""
     n_layers = len(decoder.layers)
     smallest = dataclasses.replace(options, promoted=())
-    floor = (program_bytes(decoder, lambda n: recipe_for(n, smallest, n_layers), options.embedding, options.group_size)
-             + graph_bytes(n_layers, n_methods))
+    floor = program_bytes(
+        decoder, lambda n: recipe_for(n, smallest, n_layers), options.embedding, options.group_size
+    ) + graph_bytes(n_layers, n_methods)
     if floor > options.size_budget * 1e6:
-        raise InputError(f"--size-budget {options.size_budget:g} MB is too small: with every layer at 4 bits this program takes "
-                         f"{floor / 1e6:.2f} MB; raise the budget")
+        raise InputError(
+            f"--size-budget {options.size_budget:g} MB is too small: with every layer at 4 bits this program takes "
+            f"{floor / 1e6:.2f} MB; raise the budget"
+        )
     return options.size_budget * 1e6 - floor
 
 
-def with_promoted(prepared: PreparedModel, decoder: nn.Module, options: QuantOptions, int4: Mapping, room: float) -> QuantOptions:
+def with_promoted(
+    prepared: PreparedModel, decoder: nn.Module, options: QuantOptions, int4: Mapping, room: float
+) -> QuantOptions:
     """`options` with the linears its size budget keeps at 8 bits within `room` more bytes
     (budget_room; size_budget.py), measured on held_out_tokens with each candidate at the 4-bit
     values the export stores (`int4`: gptq's or a GGUF's, else the weight rule's) or at 8da8w's."""
+
     def dequantized(q: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
         return q.float() * d.float().repeat_interleave(q.shape[1] // d.shape[1], dim=1)
 
@@ -194,7 +222,11 @@ def with_promoted(prepared: PreparedModel, decoder: nn.Module, options: QuantOpt
     for name, m in decoder.named_modules():
         if isinstance(m, nn.Linear) and name.startswith("layers.") and recipe_for(name, smallest, n_layers) == "8da4w":
             four_bit[name] = dequantized(*(int4.get(f"{name}.weight") or rule(m.weight, options.group_size)))
-            eight_bit[name] = dequantized(*torchao_qparams(m.weight, m.in_features, bits=8, bf16=False))  # torchao's 8da8w rule
+            eight_bit[name] = dequantized(
+                *torchao_qparams(m.weight, m.in_features, bits=8, bf16=False)
+            )  # torchao's 8da8w rule
     tokens, window = held_out_tokens(prepared, options), min(SENSITIVITY_WINDOW, prepared.options.max_seq_len)
     windows = [tokens[i : i + window] for i in range(0, len(tokens), window)]
-    return dataclasses.replace(options, promoted=promote(decoder, four_bit, eight_bit, windows, room, options.group_size))
+    return dataclasses.replace(
+        options, promoted=promote(decoder, four_bit, eight_bit, windows, room, options.group_size)
+    )

@@ -14,7 +14,9 @@ from genai_pipeline.options import SMOOTH_ALPHA
 log = logging.getLogger(__name__)
 
 
-def smoothing_scales(module: nn.Module, absmax: dict[str, torch.Tensor], alpha: float = SMOOTH_ALPHA) -> dict[str, torch.Tensor]:
+def smoothing_scales(
+    module: nn.Module, absmax: dict[str, torch.Tensor], alpha: float = SMOOTH_ALPHA
+) -> dict[str, torch.Tensor]:
     """SmoothQuant's per-channel factors s = absmax(x)^alpha / absmax(W)^(1 - alpha) for each
     input that a float op before it can absorb (see smooth): the norms' outputs, the gate product
     w2 reads (through w3) and the attention output wo reads (through wv; one factor per KV head's
@@ -31,7 +33,11 @@ def smoothing_scales(module: nn.Module, absmax: dict[str, torch.Tensor], alpha: 
             w = torch.stack([module.get_submodule(p + n).weight.detach().float().abs().amax(0) for n in names]).amax(0)
             return (a.clamp(min=1e-5) ** alpha / w.clamp(min=1e-5) ** (1 - alpha)).clamp(min=1e-5)
 
-        for site, names in (*block.NORM_READERS.items(), ("feed_forward.w3", ["feed_forward.w2"]), ("attention.wv", ["attention.wo"])):
+        for site, names in (
+            *block.NORM_READERS.items(),
+            ("feed_forward.w3", ["feed_forward.w2"]),
+            ("attention.wv", ["attention.wo"]),
+        ):
             s = factor(names)
             if s is None:
                 continue
@@ -83,7 +89,9 @@ def smoothed_inputs(module: nn.Module, scales: dict[str, torch.Tensor]) -> dict[
             readers[f"{layer}.feed_forward.w2"] = s
         elif kind == "attention.wv":
             att = block.attention
-            per_head = s.view(att.n_kv_heads, 1, att.head_dim).expand(att.n_kv_heads, att.n_heads // att.n_kv_heads, att.head_dim)
+            per_head = s.view(att.n_kv_heads, 1, att.head_dim).expand(
+                att.n_kv_heads, att.n_heads // att.n_kv_heads, att.head_dim
+            )
             readers[f"{layer}.attention.wo"] = per_head.reshape(-1)
     return readers
 

@@ -26,16 +26,19 @@ log = logging.getLogger(__name__)
 
 def calibrate(prepared: PreparedModel, artifact: Artifact, options: QuantOptions, quantizer):
     """PT2E on the quantize graph: observe activations over the calibration data, then convert."""
-    from genai_pipeline.upstream.executorch_logs import native_logs_hidden
     from genai_pipeline.tokenizer import Tokenizer
+    from genai_pipeline.upstream.executorch_logs import native_logs_hidden
 
     graph = artifact.quantize_graph
     checkpoint = prepared.tokenizer_file.parent if prepared.tokenizer_file else None
     tokenizer = Tokenizer.from_folder(checkpoint, bos_id=prepared.spec.bos_id) if checkpoint else None
     data = with_default_data(options.calibration)
     if any(d.kind == "random" for d in data.datasets):  # here, where activation ranges are really set from them
-        log.warning("calibrating %s on RANDOM tokens: the quantized model's accuracy will suffer; "
-                    "pass real data with --calib text:FILE (or messages, hf-chat, lm-eval)", artifact.key.value)
+        log.warning(
+            "calibrating %s on RANDOM tokens: the quantized model's accuracy will suffer; "
+            "pass real data with --calib text:FILE (or messages, hf-chat, lm-eval)",
+            artifact.key.value,
+        )
     steps = calibration_steps(
         data,
         tokenizer,
@@ -65,7 +68,9 @@ def calibrated_graph(graph: GraphBundle, quantizer, run: Callable[[nn.Module], N
     converted; the QDQ model, exported again (an ExportedProgram) with the graph's inputs."""
     from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
 
-    exported = torch.export.export(graph.module, graph.example_inputs, dynamic_shapes=graph.dynamic_shapes, strict=False)
+    exported = torch.export.export(
+        graph.module, graph.example_inputs, dynamic_shapes=graph.dynamic_shapes, strict=False
+    )
     observed = prepare_pt2e(exported.module(), quantizer(exported.graph_module))
     with torch.no_grad():
         run(observed)
@@ -81,7 +86,9 @@ def _cache_io_feed(observed, contract):
     from genai_pipeline.names import GraphName
     from genai_pipeline.runtime.cache_io import CacheIOSession, eager_runner
 
-    session = CacheIOSession(contract, eager_runner({GraphName.PREFILL: observed, GraphName.DECODE: observed}, contract.n_layers))
+    session = CacheIOSession(
+        contract, eager_runner({GraphName.PREFILL: observed, GraphName.DECODE: observed}, contract.n_layers)
+    )
 
     def feed(step) -> None:  # a sample's chunks come in order, so the driver's cursor is the step's input_pos
         if step.reset_cache:
@@ -109,10 +116,16 @@ def next_token_only(qdq) -> nn.Module:
     norm_nodes = [n for n in graph.nodes if in_final_norm(n)]
     # The hidden states entering the norm: [1, T, dim] inputs computed before its first node (the
     # quantize/dequantize pairs between its own ops belong to no module, so they come after).
-    inputs = {
-        a for n in norm_nodes for a in n.all_input_nodes
-        if order[a] < order[norm_nodes[0]] and getattr(a.meta.get("val"), "ndim", 0) == 3
-    } if norm_nodes else set()
+    inputs = (
+        {
+            a
+            for n in norm_nodes
+            for a in n.all_input_nodes
+            if order[a] < order[norm_nodes[0]] and getattr(a.meta.get("val"), "ndim", 0) == 3
+        }
+        if norm_nodes
+        else set()
+    )
     if not inputs:
         raise RuntimeError("the QDQ model has no final norm to take the last row at")
     for hidden in inputs:
@@ -139,9 +152,15 @@ def qdq_key(prepared: PreparedModel, options: QuantOptions, target_name: str) ->
     h = hashlib.sha256()
     o = prepared.options
     inputs = {
-        "model": prepared.spec.name, "weights": prepared.weights, "config": dataclasses.asdict(prepared.config),
-        "max_seq_len": o.max_seq_len, "prefill_len": o.prefill_len, "seed": o.seed, "target": target_name,
-        "quant": dataclasses.asdict(options), "versions": tool_versions(),
+        "model": prepared.spec.name,
+        "weights": prepared.weights,
+        "config": dataclasses.asdict(prepared.config),
+        "max_seq_len": o.max_seq_len,
+        "prefill_len": o.prefill_len,
+        "seed": o.seed,
+        "target": target_name,
+        "quant": dataclasses.asdict(options),
+        "versions": tool_versions(),
     }
     h.update(json.dumps(inputs, sort_keys=True, default=str).encode())
     sources = [Path(prepared.weights)] if prepared.weights != "random" else []

@@ -26,8 +26,13 @@ from genai_pipeline.quantize.weights import checkpoint_int4
 log = logging.getLogger(__name__)
 
 
-def quantize_text(prepared: PreparedModel, options: QuantOptions, target, cache: Path | None = None,
-                  given: Mapping[str, tuple[torch.Tensor, torch.Tensor]] | None = None) -> PreparedModel:
+def quantize_text(
+    prepared: PreparedModel,
+    options: QuantOptions,
+    target,
+    cache: Path | None = None,
+    given: Mapping[str, tuple[torch.Tensor, torch.Tensor]] | None = None,
+) -> PreparedModel:
     """`target` (a targets.Target) supplies the quantizer of static recipes. With `cache` (the
     output folder of an earlier export), a QDQ model calibrated there on the same inputs is reused.
     `given`: int4 weights taken as they are (see quantize_module)."""
@@ -50,8 +55,12 @@ def quantize_text(prepared: PreparedModel, options: QuantOptions, target, cache:
             qdq = cached_qdq(cache, stamp, artifact)
             if qdq is None:
                 qdq = calibrate(prepared, artifact, options, lambda gm: target.static_quantizer(options, gm))
-                log.info("quantized %s statically (%s), calibrated on %s", key.value, options.recipe,
-                         ", ".join(map(str, with_default_data(options.calibration).datasets)))
+                log.info(
+                    "quantized %s statically (%s), calibrated on %s",
+                    key.value,
+                    options.recipe,
+                    ", ".join(map(str, with_default_data(options.calibration).datasets)),
+                )
             deploy = next_token_only(qdq)
             graphs = {name: dataclasses.replace(g, module=deploy) for name, g in artifact.graphs.items()}
             artifact = dataclasses.replace(artifact, graphs=graphs, qdq=qdq, qdq_key=stamp)
@@ -60,7 +69,10 @@ def quantize_text(prepared: PreparedModel, options: QuantOptions, target, cache:
             gptq = options.recipe == "8da4w" and options.weight_rule == "gptq" and not given
             if options.rotate:
                 rotate(artifact.module)
-                log.info("rotated the residual stream (%s)", "head rotation added" if artifact.module.head_rotation is not None else "no head rotation")
+                log.info(
+                    "rotated the residual stream (%s)",
+                    "head rotation added" if artifact.module.head_rotation is not None else "no head rotation",
+                )
             if options.smooth is not None and not given:  # a GGUF's given int4 values fit its own float weights only
                 started = time.perf_counter()
                 samples = gptq_samples(prepared, options)
@@ -69,18 +81,33 @@ def quantize_text(prepared: PreparedModel, options: QuantOptions, target, cache:
 
                 with native_logs_hidden():  # ExecuTorch's custom ops log from C++ in eager mode too
                     # GPTQ calibrates on the same samples: its X^T X come from the same pass
-                    absmax, hessians = input_statistics(artifact.module, samples, prepared.options.max_seq_len,
-                                                        gptq_names(artifact.module, options) if gptq else frozenset())
+                    absmax, hessians = input_statistics(
+                        artifact.module,
+                        samples,
+                        prepared.options.max_seq_len,
+                        gptq_names(artifact.module, options) if gptq else frozenset(),
+                    )
                 scales = smoothing_scales(artifact.module, absmax, options.smooth)
                 for k, v in artifact.module.named_buffers():
                     v.copy_(state[k])
                 smooth(artifact.module, scales)
                 hessians = smoothed_hessians(hessians, smoothed_inputs(artifact.module, scales)) if gptq else None
-                log.info("smoothed %d activation sites (alpha %g) on %d calibration tokens in %.0f s", len(scales), options.smooth,
-                         sum(map(len, samples)), time.perf_counter() - started)
-            room = budget_room(artifact.module, options, len(artifact.graphs)) if options.size_budget is not None and options.promoted is None else None
+                log.info(
+                    "smoothed %d activation sites (alpha %g) on %d calibration tokens in %.0f s",
+                    len(scales),
+                    options.smooth,
+                    sum(map(len, samples)),
+                    time.perf_counter() - started,
+                )
+            room = (
+                budget_room(artifact.module, options, len(artifact.graphs))
+                if options.size_budget is not None and options.promoted is None
+                else None
+            )
             if gptq:
-                computed = gptq_int4(prepared, artifact.module, options, hessians)  # every candidate of a size budget, too
+                computed = gptq_int4(
+                    prepared, artifact.module, options, hessians
+                )  # every candidate of a size budget, too
             if room is not None:
                 options = with_promoted(prepared, artifact.module, options, computed or given or {}, room)
                 chosen = {f"{n}.weight" for n in options.promoted}  # these are stored at 8 bits instead
@@ -89,7 +116,9 @@ def quantize_text(prepared: PreparedModel, options: QuantOptions, target, cache:
             plan = quantize_module(artifact.module, options, computed or given)
             # compile writes them beside the program: `genai eval` rebuilds the quantized model from them
             artifact = dataclasses.replace(artifact, int4=computed or given or None, smoothing=scales)
-            log.info("quantized %s: %s", key.value, ", ".join(f"{n} layers {r}" for r, n in recipe_counts(plan).items()))
+            log.info(
+                "quantized %s: %s", key.value, ", ".join(f"{n} layers {r}" for r, n in recipe_counts(plan).items())
+            )
         artifacts[key] = artifact
     return dataclasses.replace(
         prepared, artifacts=artifacts, recipe=options.describe(), quantization=dataclasses.asdict(options)

@@ -36,7 +36,9 @@ def embedding_config(recipe: str, group_size: int):
     return IntxWeightOnlyConfig(weight_dtype=torch.int8, granularity=PerAxis(0))
 
 
-def intx_weight(qdata: torch.Tensor, scale: torch.Tensor, bits: int, dtype: torch.dtype = torch.float32, dynamic: bool = True):
+def intx_weight(
+    qdata: torch.Tensor, scale: torch.Tensor, bits: int, dtype: torch.dtype = torch.float32, dynamic: bool = True
+):
     """torchao's quantized weight for a linear layer (what `Int8DynamicActivationIntxWeightConfig`
     makes: dynamic int8 per-token activations, symmetric int`bits` weights) from GIVEN integers
     `qdata` ([out, in], int8 values in the int`bits` range) and scales ([out, in // group]; one
@@ -54,8 +56,13 @@ def intx_weight(qdata: torch.Tensor, scale: torch.Tensor, bits: int, dtype: torc
     qdata = qdata.to(torch.int8).contiguous()
     scale = scale.to(dtype).contiguous()
     return IntxUnpackedToInt8Tensor(
-        qdata, scale, torch.zeros(scale.shape, dtype=torch.int8), getattr(torch, f"int{bits}"),
-        (1, qdata.shape[1] // scale.shape[1]), dtype, "int8_asym_per_token" if dynamic else None,
+        qdata,
+        scale,
+        torch.zeros(scale.shape, dtype=torch.int8),
+        getattr(torch, f"int{bits}"),
+        (1, qdata.shape[1] // scale.shape[1]),
+        dtype,
+        "int8_asym_per_token" if dynamic else None,
     )
 
 
@@ -66,12 +73,21 @@ def concat_rows(weights: list[torch.Tensor]) -> torch.Tensor | None:
     if any(type(w) is not type(first) or w.dtype != first.dtype for w in weights):
         return None
     if type(first).__name__ != "IntxUnpackedToInt8Tensor":
-        return torch.cat([w.detach() for w in weights]) if all(type(w) in (torch.Tensor, nn.Parameter) for w in weights) else None
+        return (
+            torch.cat([w.detach() for w in weights])
+            if all(type(w) in (torch.Tensor, nn.Parameter) for w in weights)
+            else None
+        )
     same = lambda w: (w.target_dtype, tuple(w.block_size), w.activation_quantization)  # noqa: E731
     if any(same(w) != same(first) for w in weights):
         return None
-    return type(first)(*(torch.cat([getattr(w, f) for w in weights]) for f in ("qdata", "scale", "zero_point")),
-                       first.target_dtype, first.block_size, first.dtype, first.activation_quantization)
+    return type(first)(
+        *(torch.cat([getattr(w, f) for w in weights]) for f in ("qdata", "scale", "zero_point")),
+        first.target_dtype,
+        first.block_size,
+        first.dtype,
+        first.activation_quantization,
+    )
 
 
 def groups(w: torch.Tensor, group_size: int) -> torch.Tensor:
@@ -166,17 +182,26 @@ def load_int4(path: Path) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
     return out
 
 
-RULES = {"mse": mse_qparams, "q4_0": q4_0_qparams, "torchao": torchao_qparams, "gptq": mse_qparams}  # gptq: without calibration
+RULES = {
+    "mse": mse_qparams,
+    "q4_0": q4_0_qparams,
+    "torchao": torchao_qparams,
+    "gptq": mse_qparams,
+}  # gptq: without calibration
 
 
-def given_qparams(name: str, q: torch.Tensor, d: torch.Tensor, shape: torch.Size, group: int) -> tuple[torch.Tensor, torch.Tensor]:
+def given_qparams(
+    name: str, q: torch.Tensor, d: torch.Tensor, shape: torch.Size, group: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Given int4 values and group scales (e.g. a GGUF's Q4_0 blocks) as XNNPACK can run them:
     a block with a negative scale (llama.cpp's d < 0) is negated; its -8s would become +8, out of
     range, and are clamped to +7 (logged: the only values this path changes)."""
     q, d = q.to(torch.int8), d.float()
     if tuple(q.shape) != tuple(shape) or d.dim() != 2 or d.shape[0] != shape[0] or shape[1] != d.shape[1] * group:
-        raise InputError(f"given weight of {name}: integers {tuple(q.shape)} and scales {tuple(d.shape)} "
-                         f"do not match the layer's {tuple(shape)} in groups of {group} (--group-size)")
+        raise InputError(
+            f"given weight of {name}: integers {tuple(q.shape)} and scales {tuple(d.shape)} "
+            f"do not match the layer's {tuple(shape)} in groups of {group} (--group-size)"
+        )
     if int(q.min()) < -8 or int(q.max()) > 7:
         raise InputError(f"given weight of {name}: integers outside [-8, 7]")
     negative = (d < 0).repeat_interleave(group, dim=1)
@@ -185,8 +210,13 @@ def given_qparams(name: str, q: torch.Tensor, d: torch.Tensor, shape: torch.Size
         q = torch.where(negative, -q.to(torch.int16), q.to(torch.int16)).clamp(-8, 7).to(torch.int8)
         d = d.abs()
         if clamped:
-            log.warning("%s: %d of %d given int4 values are -8 under a negative scale; stored as +7 of the "
-                        "negated scale (XNNPACK takes positive scales only)", name, clamped, q.numel())
+            log.warning(
+                "%s: %d of %d given int4 values are -8 under a negative scale; stored as +7 of the "
+                "negated scale (XNNPACK takes positive scales only)",
+                name,
+                clamped,
+                q.numel(),
+            )
     return q, d
 
 
@@ -204,7 +234,11 @@ def checkpoint_int4(prepared: PreparedModel, options: QuantOptions) -> dict | No
     q4_0 = gguf.read_q4_0(file)
     if prepared.config.tie_embeddings and "tok_embeddings.weight" in q4_0:
         q4_0["output.weight"] = q4_0["tok_embeddings.weight"]  # llama.cpp stores a tied head once, as token_embd
-    linears = {f"{n}.weight" for n, m in next(iter(prepared.artifacts.values())).module.named_modules() if isinstance(m, nn.Linear)}
+    linears = {
+        f"{n}.weight"
+        for n, m in next(iter(prepared.artifacts.values())).module.named_modules()
+        if isinstance(m, nn.Linear)
+    }
     q4_0 = {name: values for name, values in q4_0.items() if name in linears}
     if q4_0:
         log.info("taking %d Q4_0 tensors of %s as they are", len(q4_0), file.name)

@@ -12,10 +12,13 @@ from genai_pipeline.errors import UnknownModelError
 from genai_pipeline.models.decoder import DecoderConfig
 from genai_pipeline.registry.spec import CHECKPOINT_FORMATS, ModelSpec  # noqa: F401 (the registry's types)
 
+
 def _all_specs() -> dict[str, ModelSpec]:
     from genai_pipeline.registry import gemma, internvl, llama, llama2c, llava, phi, qwen, smollm, smolvlm
 
-    specs = [spec for family in (llama, qwen, smollm, phi, gemma, llama2c, smolvlm, llava, internvl) for spec in family.SPECS]
+    specs = [
+        spec for family in (llama, qwen, smollm, phi, gemma, llama2c, smolvlm, llava, internvl) for spec in family.SPECS
+    ]
     names = [spec.name for spec in specs]
     duplicates = sorted({n for n in names if names.count(n) > 1})
     if duplicates:
@@ -43,7 +46,9 @@ def infer_spec(hf_config: dict) -> ModelSpec:
         types = sorted({t for s in SPECS.values() for t in s.hf_model_types})
         close = difflib.get_close_matches(str(model_type), types, n=3, cutoff=0.5)
         closest = f"; closest: {', '.join(close)}" if close else ""
-        raise UnknownModelError(f"no registry entry reads model_type '{model_type}'{closest}; supported: {', '.join(types)}")
+        raise UnknownModelError(
+            f"no registry entry reads model_type '{model_type}'{closest}; supported: {', '.join(types)}"
+        )
     return _by_size(candidates, hf_config)
 
 
@@ -76,5 +81,11 @@ def sized_as(spec: ModelSpec, config: DecoderConfig) -> ModelSpec:
     if _sizes(config) == _sizes(spec.config):
         return spec
     name = f"{spec.family} (custom: {config.n_layers} layers, dim {config.dim})"
-    return dataclasses.replace(spec, name=name, description=f"a {spec.family} checkpoint of sizes no entry lists",
-                               config=config, checkpoint=None, entry=spec.entry)
+    return dataclasses.replace(
+        spec,
+        name=name,
+        description=f"a {spec.family} checkpoint of sizes no entry lists",
+        config=config,
+        checkpoint=None,
+        entry=spec.entry,
+    )

@@ -8,11 +8,11 @@ base. Sizes are those of the public config.json.
 
 from __future__ import annotations
 
-from genai_pipeline.models.decoder import DecoderConfig
 import genai_pipeline.registry.chat_templates as chat_templates
-from genai_pipeline.registry.spec import ModelSpec
+from genai_pipeline.models.decoder import DecoderConfig
 from genai_pipeline.registry.hf_config import decoder_fields, rope_fields, sliding_window_fields, unsupported
 from genai_pipeline.registry.llama import HF_KEY_MAP
+from genai_pipeline.registry.spec import ModelSpec
 
 # Gemma's four norms per block; listed first because the first match wins and Llama's
 # `post_attention_layernorm` is the norm *before* the MLP.
@@ -63,12 +63,26 @@ SPECS = (
         family="gemma3",
         description="google/gemma-3-1b-pt",
         config=DecoderConfig(
-            vocab_size=262144, dim=1152, n_layers=26, n_heads=4, n_kv_heads=1, hidden_dim=6912, head_dim=256,
-            norm_eps=1e-6, norm_unit_offset=True, sandwich_norms=True,
-            rope_theta=1000000.0, rope_local_theta=10000.0,
-            sliding_window=512, sliding_window_layers=tuple(i for i in range(26) if (i + 1) % 6),
-            qk_norm=True, attention_scale=256**-0.5, activation="gelu_tanh", scale_embeddings=True,
-            tie_embeddings=True, max_position_embeddings=32768,
+            vocab_size=262144,
+            dim=1152,
+            n_layers=26,
+            n_heads=4,
+            n_kv_heads=1,
+            hidden_dim=6912,
+            head_dim=256,
+            norm_eps=1e-6,
+            norm_unit_offset=True,
+            sandwich_norms=True,
+            rope_theta=1000000.0,
+            rope_local_theta=10000.0,
+            sliding_window=512,
+            sliding_window_layers=tuple(i for i in range(26) if (i + 1) % 6),
+            qk_norm=True,
+            attention_scale=256**-0.5,
+            activation="gelu_tanh",
+            scale_embeddings=True,
+            tie_embeddings=True,
+            max_position_embeddings=32768,
         ),
         key_map=GEMMA3_KEY_MAP,
         config_from_checkpoint=gemma3_config_from_hf,

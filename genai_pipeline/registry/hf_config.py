@@ -121,4 +121,7 @@ def sliding_window_fields(hf: dict) -> dict:
 def text_config(hf: dict) -> dict:
     """A vision-language config.json's `text_config`, with the composite config's tie flag: the one
     transformers applies to the head."""
-    return {**hf["text_config"], "tie_word_embeddings": hf.get("tie_word_embeddings", hf["text_config"].get("tie_word_embeddings", False))}
+    return {
+        **hf["text_config"],
+        "tie_word_embeddings": hf.get("tie_word_embeddings", hf["text_config"].get("tie_word_embeddings", False)),
+    }

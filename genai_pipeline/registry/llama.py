@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from genai_pipeline.models.decoder import DecoderConfig, RopeScaling
 import genai_pipeline.registry.chat_templates as chat_templates
-from genai_pipeline.registry.spec import ModelSpec
+from genai_pipeline.models.decoder import DecoderConfig, RopeScaling
 from genai_pipeline.registry.hf_config import decoder_fields, rope_fields
+from genai_pipeline.registry.spec import ModelSpec
 
 ASSETS = Path(__file__).resolve().parents[2] / "assets"
 
@@ -41,7 +41,9 @@ def _llama3_rope(factor: float) -> RopeScaling:
     return RopeScaling(factor=factor, low_freq_factor=1.0, high_freq_factor=4.0, original_max_position_embeddings=8192)
 
 
-def _spec(name: str, description: str, config: DecoderConfig, bos: int, eos: tuple[int, ...], checkpoint=None, chat=None):
+def _spec(
+    name: str, description: str, config: DecoderConfig, bos: int, eos: tuple[int, ...], checkpoint=None, chat=None
+):
     return ModelSpec(
         name=name,
         family="llama",
@@ -62,8 +64,14 @@ SPECS = (
         "reference",
         "shipped reference model, trained by tools/train_reference.py on Python's own docs",
         DecoderConfig(
-            vocab_size=4096, dim=256, n_layers=4, n_heads=8, n_kv_heads=4, hidden_dim=768,
-            tie_embeddings=True, max_position_embeddings=512,
+            vocab_size=4096,
+            dim=256,
+            n_layers=4,
+            n_heads=8,
+            n_kv_heads=4,
+            hidden_dim=768,
+            tie_embeddings=True,
+            max_position_embeddings=512,
         ),
         bos=0,
         eos=(0,),
@@ -73,8 +81,15 @@ SPECS = (
         "smollm2-135m",
         "HuggingFaceTB/SmolLM2-135M",
         DecoderConfig(
-            vocab_size=49152, dim=576, n_layers=30, n_heads=9, n_kv_heads=3, hidden_dim=1536,
-            rope_theta=100000.0, tie_embeddings=True, max_position_embeddings=8192,
+            vocab_size=49152,
+            dim=576,
+            n_layers=30,
+            n_heads=9,
+            n_kv_heads=3,
+            hidden_dim=1536,
+            rope_theta=100000.0,
+            tie_embeddings=True,
+            max_position_embeddings=8192,
         ),
         bos=0,
         eos=(0,),
@@ -84,8 +99,15 @@ SPECS = (
         "smollm2-360m",
         "HuggingFaceTB/SmolLM2-360M",
         DecoderConfig(
-            vocab_size=49152, dim=960, n_layers=32, n_heads=15, n_kv_heads=5, hidden_dim=2560,
-            rope_theta=100000.0, tie_embeddings=True, max_position_embeddings=8192,
+            vocab_size=49152,
+            dim=960,
+            n_layers=32,
+            n_heads=15,
+            n_kv_heads=5,
+            hidden_dim=2560,
+            rope_theta=100000.0,
+            tie_embeddings=True,
+            max_position_embeddings=8192,
         ),
         bos=0,
         eos=(0,),
@@ -95,8 +117,15 @@ SPECS = (
         "smollm2-1_7b",
         "HuggingFaceTB/SmolLM2-1.7B",
         DecoderConfig(
-            vocab_size=49152, dim=2048, n_layers=24, n_heads=32, n_kv_heads=32, hidden_dim=8192,
-            rope_theta=130000.0, tie_embeddings=True, max_position_embeddings=8192,
+            vocab_size=49152,
+            dim=2048,
+            n_layers=24,
+            n_heads=32,
+            n_kv_heads=32,
+            hidden_dim=8192,
+            rope_theta=130000.0,
+            tie_embeddings=True,
+            max_position_embeddings=8192,
         ),
         bos=0,
         eos=(0,),
@@ -106,8 +135,16 @@ SPECS = (
         "llama3_2-1b",
         "meta-llama/Llama-3.2-1B",
         DecoderConfig(
-            vocab_size=128256, dim=2048, n_layers=16, n_heads=32, n_kv_heads=8, hidden_dim=8192,
-            norm_eps=1e-5, rope_theta=500000.0, tie_embeddings=True, max_position_embeddings=131072,
+            vocab_size=128256,
+            dim=2048,
+            n_layers=16,
+            n_heads=32,
+            n_kv_heads=8,
+            hidden_dim=8192,
+            norm_eps=1e-5,
+            rope_theta=500000.0,
+            tie_embeddings=True,
+            max_position_embeddings=131072,
             rope_scaling=_llama3_rope(32.0),
         ),
         bos=128000,
@@ -118,8 +155,17 @@ SPECS = (
         "llama3_2-3b",
         "meta-llama/Llama-3.2-3B",
         DecoderConfig(
-            vocab_size=128256, dim=3072, n_layers=28, n_heads=24, n_kv_heads=8, hidden_dim=8192, head_dim=128,
-            norm_eps=1e-5, rope_theta=500000.0, tie_embeddings=True, max_position_embeddings=131072,
+            vocab_size=128256,
+            dim=3072,
+            n_layers=28,
+            n_heads=24,
+            n_kv_heads=8,
+            hidden_dim=8192,
+            head_dim=128,
+            norm_eps=1e-5,
+            rope_theta=500000.0,
+            tie_embeddings=True,
+            max_position_embeddings=131072,
             rope_scaling=_llama3_rope(32.0),
         ),
         bos=128000,
@@ -130,8 +176,16 @@ SPECS = (
         "llama3_1-8b",
         "meta-llama/Llama-3.1-8B",
         DecoderConfig(
-            vocab_size=128256, dim=4096, n_layers=32, n_heads=32, n_kv_heads=8, hidden_dim=14336,
-            norm_eps=1e-5, rope_theta=500000.0, tie_embeddings=False, max_position_embeddings=131072,
+            vocab_size=128256,
+            dim=4096,
+            n_layers=32,
+            n_heads=32,
+            n_kv_heads=8,
+            hidden_dim=14336,
+            norm_eps=1e-5,
+            rope_theta=500000.0,
+            tie_embeddings=False,
+            max_position_embeddings=131072,
             rope_scaling=_llama3_rope(8.0),
         ),
         bos=128000,

@@ -6,13 +6,13 @@ Sizes are those of the public llava-hf config.json and processor files; a checkp
 
 from __future__ import annotations
 
+from genai_pipeline.image_processing import ImageProcessing
 from genai_pipeline.models.decoder import DecoderConfig
 from genai_pipeline.models.vision import VisionConfig
-from genai_pipeline.registry.spec import ModelSpec
 from genai_pipeline.registry.hf_config import text_config, unsupported
 from genai_pipeline.registry.llama import HF_KEY_MAP, config_from_hf
 from genai_pipeline.registry.multimodal import VisionSpec
-from genai_pipeline.image_processing import ImageProcessing
+from genai_pipeline.registry.spec import ModelSpec
 
 CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
 CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
@@ -22,16 +22,23 @@ BICUBIC = 3  # PIL.Image.Resampling.BICUBIC
 TEXT_KEY_MAP = tuple(
     (
         pattern.replace(r"model\.", r"(?:language_model\.model|model\.language_model)\.", 1)
-        if pattern.startswith(r"model\.") else r"(?:language_model\.)?" + pattern,
+        if pattern.startswith(r"model\.")
+        else r"(?:language_model\.)?" + pattern,
         f"decoder.{ours}",
     )
     for pattern, ours in HF_KEY_MAP
 )
 _TOWER = r"(?:model\.)?vision_tower\.(?:vision_model\.)?"
 VISION_KEY_MAP: tuple[tuple[str, str], ...] = (
-    (_TOWER + r"embeddings\.(class_embedding|patch_embedding\.weight|position_embedding\.weight)", r"vision.embeddings.\1"),
+    (
+        _TOWER + r"embeddings\.(class_embedding|patch_embedding\.weight|position_embedding\.weight)",
+        r"vision.embeddings.\1",
+    ),
     (_TOWER + r"pre_layrnorm\.(weight|bias)", r"vision.pre_layrnorm.\1"),
-    (_TOWER + r"encoder\.layers\.(\d+)\.self_attn\.((?:q|k|v|out)_proj\.(?:weight|bias))", r"vision.layers.\1.self_attn.\2"),
+    (
+        _TOWER + r"encoder\.layers\.(\d+)\.self_attn\.((?:q|k|v|out)_proj\.(?:weight|bias))",
+        r"vision.layers.\1.self_attn.\2",
+    ),
     (_TOWER + r"encoder\.layers\.(\d+)\.(layer_norm[12]\.(?:weight|bias))", r"vision.layers.\1.\2"),
     (_TOWER + r"encoder\.layers\.(\d+)\.mlp\.(fc[12]\.(?:weight|bias))", r"vision.layers.\1.\2"),
     (_TOWER + r"post_layernorm\.(weight|bias)", r"vision.post_layernorm.\1"),  # unread: see unused_tower_tensor
@@ -57,11 +64,23 @@ def vision_config_from_hf(hf: dict) -> VisionConfig:
     n_layers = int(v.get("num_hidden_layers", 12))
     run = n_layers + 1 + layer if layer < 0 else layer  # hidden_states[0] is the embeddings
     return VisionConfig(
-        image_size=int(v.get("image_size", 224)), patch_size=int(v.get("patch_size", 32)), dim=int(v.get("hidden_size", 768)),
-        n_layers=run, n_heads=int(v.get("num_attention_heads", 12)), hidden_dim=int(v.get("intermediate_size", 3072)),
-        norm_eps=float(v.get("layer_norm_eps", 1e-5)), activation="quick_gelu", text_dim=int(hf["text_config"]["hidden_size"]),
-        connector="mlp", patch_bias=False, class_token=True, drop_class_token=strategy == "default", pre_norm=True,
-        post_norm=False, image_mean=CLIP_MEAN, image_std=CLIP_STD,
+        image_size=int(v.get("image_size", 224)),
+        patch_size=int(v.get("patch_size", 32)),
+        dim=int(v.get("hidden_size", 768)),
+        n_layers=run,
+        n_heads=int(v.get("num_attention_heads", 12)),
+        hidden_dim=int(v.get("intermediate_size", 3072)),
+        norm_eps=float(v.get("layer_norm_eps", 1e-5)),
+        activation="quick_gelu",
+        text_dim=int(hf["text_config"]["hidden_size"]),
+        connector="mlp",
+        patch_bias=False,
+        class_token=True,
+        drop_class_token=strategy == "default",
+        pre_norm=True,
+        post_norm=False,
+        image_mean=CLIP_MEAN,
+        image_std=CLIP_STD,
     )
 
 
@@ -80,8 +99,14 @@ def _spec(name: str, description: str, text: DecoderConfig, vision: VisionConfig
             config=vision,
             config_from_checkpoint=vision_config_from_hf,
             preprocessing=ImageProcessing(
-                kind="clip", tile_size=vision.image_size, longest_edge=0, shortest_edge=vision.image_size,
-                tokens_per_image=vision.tokens_per_image, resample=BICUBIC, image_mean=CLIP_MEAN, image_std=CLIP_STD,
+                kind="clip",
+                tile_size=vision.image_size,
+                longest_edge=0,
+                shortest_edge=vision.image_size,
+                tokens_per_image=vision.tokens_per_image,
+                resample=BICUBIC,
+                image_mean=CLIP_MEAN,
+                image_std=CLIP_STD,
             ),
             image_token_id=image_token_id,
         ),
@@ -90,13 +115,37 @@ def _spec(name: str, description: str, text: DecoderConfig, vision: VisionConfig
 
 SPECS = (
     _spec(
-        "llava-1_5-7b", "llava-hf/llava-1.5-7b-hf",
-        DecoderConfig(vocab_size=32064, dim=4096, n_layers=32, n_heads=32, n_kv_heads=32, hidden_dim=11008,
-                      max_position_embeddings=4096),
+        "llava-1_5-7b",
+        "llava-hf/llava-1.5-7b-hf",
+        DecoderConfig(
+            vocab_size=32064,
+            dim=4096,
+            n_layers=32,
+            n_heads=32,
+            n_kv_heads=32,
+            hidden_dim=11008,
+            max_position_embeddings=4096,
+        ),
         # CLIP ViT-L/14 at 336 px: 24 layers, read after 23; 576 patch tokens
-        VisionConfig(image_size=336, patch_size=14, dim=1024, n_layers=23, n_heads=16, hidden_dim=4096, text_dim=4096,
-                     activation="quick_gelu", connector="mlp", patch_bias=False, class_token=True, drop_class_token=True,
-                     pre_norm=True, post_norm=False, norm_eps=1e-5, image_mean=CLIP_MEAN, image_std=CLIP_STD),
+        VisionConfig(
+            image_size=336,
+            patch_size=14,
+            dim=1024,
+            n_layers=23,
+            n_heads=16,
+            hidden_dim=4096,
+            text_dim=4096,
+            activation="quick_gelu",
+            connector="mlp",
+            patch_bias=False,
+            class_token=True,
+            drop_class_token=True,
+            pre_norm=True,
+            post_norm=False,
+            norm_eps=1e-5,
+            image_mean=CLIP_MEAN,
+            image_std=CLIP_STD,
+        ),
         image_token_id=32000,
     ),
 )

@@ -3,11 +3,11 @@ and its processor's defaults (the checkpoint's own processor files win; see imag
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
-from genai_pipeline.models.vision import VisionConfig
 from genai_pipeline.image_processing import ImageProcessing
+from genai_pipeline.models.vision import VisionConfig
 
 
 @dataclass(frozen=True)

@@ -6,11 +6,11 @@ Sizes are those of the public config.json files. Qwen3-0.6B, 1.7B and 4B tie the
 
 from __future__ import annotations
 
-from genai_pipeline.models.decoder import DecoderConfig
 import genai_pipeline.registry.chat_templates as chat_templates
-from genai_pipeline.registry.spec import ModelSpec
+from genai_pipeline.models.decoder import DecoderConfig
 from genai_pipeline.registry.hf_config import decoder_fields, rope_fields, sliding_window_fields
 from genai_pipeline.registry.llama import HF_KEY_MAP
+from genai_pipeline.registry.spec import ModelSpec
 
 QWEN_EOS = (151643, 151645)  # <|endoftext|>, <|im_end|>
 
@@ -21,8 +21,11 @@ def qwen2_config_from_hf(hf: dict) -> DecoderConfig:
 
 def qwen3_config_from_hf(hf: dict) -> DecoderConfig:
     return DecoderConfig(
-        **decoder_fields(hf), **rope_fields(hf), **sliding_window_fields(hf),
-        qkv_bias=bool(hf.get("attention_bias", False)), qk_norm=True,
+        **decoder_fields(hf),
+        **rope_fields(hf),
+        **sliding_window_fields(hf),
+        qkv_bias=bool(hf.get("attention_bias", False)),
+        qk_norm=True,
     )
 
 
@@ -47,8 +50,17 @@ SPECS = (
         "Qwen/Qwen2.5-0.5B",
         "qwen2",
         DecoderConfig(
-            vocab_size=151936, dim=896, n_layers=24, n_heads=14, n_kv_heads=2, hidden_dim=4864,
-            norm_eps=1e-6, rope_theta=1000000.0, qkv_bias=True, tie_embeddings=True, max_position_embeddings=32768,
+            vocab_size=151936,
+            dim=896,
+            n_layers=24,
+            n_heads=14,
+            n_kv_heads=2,
+            hidden_dim=4864,
+            norm_eps=1e-6,
+            rope_theta=1000000.0,
+            qkv_bias=True,
+            tie_embeddings=True,
+            max_position_embeddings=32768,
         ),
     ),
     _spec(
@@ -56,8 +68,17 @@ SPECS = (
         "Qwen/Qwen2.5-1.5B",
         "qwen2",
         DecoderConfig(
-            vocab_size=151936, dim=1536, n_layers=28, n_heads=12, n_kv_heads=2, hidden_dim=8960,
-            norm_eps=1e-6, rope_theta=1000000.0, qkv_bias=True, tie_embeddings=True, max_position_embeddings=131072,
+            vocab_size=151936,
+            dim=1536,
+            n_layers=28,
+            n_heads=12,
+            n_kv_heads=2,
+            hidden_dim=8960,
+            norm_eps=1e-6,
+            rope_theta=1000000.0,
+            qkv_bias=True,
+            tie_embeddings=True,
+            max_position_embeddings=131072,
         ),
     ),
     _spec(
@@ -65,8 +86,18 @@ SPECS = (
         "Qwen/Qwen3-0.6B",
         "qwen3",
         DecoderConfig(
-            vocab_size=151936, dim=1024, n_layers=28, n_heads=16, n_kv_heads=8, hidden_dim=3072, head_dim=128,
-            norm_eps=1e-6, rope_theta=1000000.0, qk_norm=True, tie_embeddings=True, max_position_embeddings=40960,
+            vocab_size=151936,
+            dim=1024,
+            n_layers=28,
+            n_heads=16,
+            n_kv_heads=8,
+            hidden_dim=3072,
+            head_dim=128,
+            norm_eps=1e-6,
+            rope_theta=1000000.0,
+            qk_norm=True,
+            tie_embeddings=True,
+            max_position_embeddings=40960,
         ),
     ),
     _spec(
@@ -74,8 +105,18 @@ SPECS = (
         "Qwen/Qwen3-1.7B",
         "qwen3",
         DecoderConfig(
-            vocab_size=151936, dim=2048, n_layers=28, n_heads=16, n_kv_heads=8, hidden_dim=6144, head_dim=128,
-            norm_eps=1e-6, rope_theta=1000000.0, qk_norm=True, tie_embeddings=True, max_position_embeddings=40960,
+            vocab_size=151936,
+            dim=2048,
+            n_layers=28,
+            n_heads=16,
+            n_kv_heads=8,
+            hidden_dim=6144,
+            head_dim=128,
+            norm_eps=1e-6,
+            rope_theta=1000000.0,
+            qk_norm=True,
+            tie_embeddings=True,
+            max_position_embeddings=40960,
         ),
     ),
     _spec(
@@ -83,8 +124,18 @@ SPECS = (
         "Qwen/Qwen3-4B",
         "qwen3",
         DecoderConfig(
-            vocab_size=151936, dim=2560, n_layers=36, n_heads=32, n_kv_heads=8, hidden_dim=9728, head_dim=128,
-            norm_eps=1e-6, rope_theta=1000000.0, qk_norm=True, tie_embeddings=True, max_position_embeddings=40960,
+            vocab_size=151936,
+            dim=2560,
+            n_layers=36,
+            n_heads=32,
+            n_kv_heads=8,
+            hidden_dim=9728,
+            head_dim=128,
+            norm_eps=1e-6,
+            rope_theta=1000000.0,
+            qk_norm=True,
+            tie_embeddings=True,
+            max_position_embeddings=40960,
         ),
     ),
 )

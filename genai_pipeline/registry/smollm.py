@@ -5,11 +5,11 @@
 
 from __future__ import annotations
 
-from genai_pipeline.models.decoder import DecoderConfig
 import genai_pipeline.registry.chat_templates as chat_templates
-from genai_pipeline.registry.spec import ModelSpec
+from genai_pipeline.models.decoder import DecoderConfig
 from genai_pipeline.registry.hf_config import decoder_fields, rope_fields, sliding_window_fields
 from genai_pipeline.registry.llama import HF_KEY_MAP
+from genai_pipeline.registry.spec import ModelSpec
 
 
 def nope_layers_from_hf(hf: dict) -> tuple[int, ...]:
@@ -25,8 +25,11 @@ def nope_layers_from_hf(hf: dict) -> tuple[int, ...]:
 
 def smollm3_config_from_hf(hf: dict) -> DecoderConfig:
     return DecoderConfig(
-        **decoder_fields(hf, tie_default=True), **rope_fields(hf), **sliding_window_fields(hf),
-        qkv_bias=bool(hf.get("attention_bias", False)), nope_layers=nope_layers_from_hf(hf),
+        **decoder_fields(hf, tie_default=True),
+        **rope_fields(hf),
+        **sliding_window_fields(hf),
+        qkv_bias=bool(hf.get("attention_bias", False)),
+        nope_layers=nope_layers_from_hf(hf),
     )
 
 
@@ -36,8 +39,16 @@ SPECS = (
         family="smollm3",
         description="HuggingFaceTB/SmolLM3-3B",
         config=DecoderConfig(
-            vocab_size=128256, dim=2048, n_layers=36, n_heads=16, n_kv_heads=4, hidden_dim=11008,
-            norm_eps=1e-6, rope_theta=5000000.0, tie_embeddings=True, max_position_embeddings=65536,
+            vocab_size=128256,
+            dim=2048,
+            n_layers=36,
+            n_heads=16,
+            n_kv_heads=4,
+            hidden_dim=11008,
+            norm_eps=1e-6,
+            rope_theta=5000000.0,
+            tie_embeddings=True,
+            max_position_embeddings=65536,
             nope_layers=tuple(range(3, 36, 4)),
         ),
         key_map=HF_KEY_MAP,

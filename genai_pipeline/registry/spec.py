@@ -4,9 +4,9 @@ entries of it, the registry's __init__ collects them)."""
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 from genai_pipeline.models.decoder import DecoderConfig
 from genai_pipeline.tokenizer import TokenizerKind
@@ -49,7 +49,9 @@ class ModelSpec:
         if not self.entry:
             object.__setattr__(self, "entry", self.name)
         if self.checkpoint_format not in CHECKPOINT_FORMATS:
-            raise ValueError(f"{self.name}: checkpoint_format must be one of {', '.join(CHECKPOINT_FORMATS)}, got '{self.checkpoint_format}'")
+            raise ValueError(
+                f"{self.name}: checkpoint_format must be one of {', '.join(CHECKPOINT_FORMATS)}, got '{self.checkpoint_format}'"
+            )
 
     def map_key(self, checkpoint_key: str) -> tuple[str, ...]:
         """Our tensor(s) holding a checkpoint tensor: one, several for a fused one, none if unknown."""

@@ -21,8 +21,8 @@ One call of a method taking T tokens, with n real tokens (n <= T) at cursor `pos
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Callable, Mapping
 
 import torch
 
@@ -48,30 +48,41 @@ class CacheIOContract:
     def as_manifest(self) -> dict:
         """The manifest's `cache_io`: the I/O contract in numbers (read back by from_manifest) and words."""
         s, cache = self.max_seq_len, f"[1, {self.n_kv_heads}, {self.max_seq_len}, {self.head_dim}]"
-        inputs = ["tokens int64 [1, T]", "positions int64 [1, T]", f"mask float32 [1, 1, T, {s} + T]",
-                  f"k_past float32 {cache} x {self.n_layers} layers", f"v_past float32 {cache} x {self.n_layers} layers"]
+        inputs = [
+            "tokens int64 [1, T]",
+            "positions int64 [1, T]",
+            f"mask float32 [1, 1, T, {s} + T]",
+            f"k_past float32 {cache} x {self.n_layers} layers",
+            f"v_past float32 {cache} x {self.n_layers} layers",
+        ]
         if self.sliding_window is not None:
             inputs.append(f"window_mask float32 [1, 1, T, {s} + T] (sliding window {self.sliding_window})")
         return {
             **dataclasses.asdict(self),
             "inputs": inputs,
-            "outputs": ["logits float32 [1, vocab] (after the last row)",
-                        f"k_new float32 [1, {self.n_kv_heads}, T, {self.head_dim}] x {self.n_layers} layers",
-                        f"v_new float32 [1, {self.n_kv_heads}, T, {self.head_dim}] x {self.n_layers} layers"],
+            "outputs": [
+                "logits float32 [1, vocab] (after the last row)",
+                f"k_new float32 [1, {self.n_kv_heads}, T, {self.head_dim}] x {self.n_layers} layers",
+                f"v_new float32 [1, {self.n_kv_heads}, T, {self.head_dim}] x {self.n_layers} layers",
+            ],
             "cache": f"the runtime's buffers, k and v {cache} per layer (heads, rows, head dim), passed whole; "
-                     "rows at and past the cursor are hidden by the mask",
+            "rows at and past the cursor are hidden by the mask",
             "padding": "a call of n < T tokens is left-padded with token 0; padding rows take position = cursor",
             "positions": "each row's position in the sequence; RoPE rows are gathered by it",
             "mask": f"additive, 0 seen / {MASK_HIDDEN} hidden; columns 0..{s - 1} are cache rows, {s}..{s}+T-1 this "
-                    "call's rows; a real row sees cache rows before the cursor and real rows up to itself, a padding "
-                    "row only itself" + ("; window_mask also hides rows sliding_window or more positions back"
-                                         if self.sliding_window is not None else ""),
+            "call's rows; a real row sees cache rows before the cursor and real rows up to itself, a padding "
+            "row only itself"
+            + (
+                "; window_mask also hides rows sliding_window or more positions back"
+                if self.sliding_window is not None
+                else ""
+            ),
             "cache_update": "the real rows of k_new / v_new (the last n) are written at cache rows cursor..cursor+n-1",
             "mask_hidden": MASK_HIDDEN,
         }
 
     @classmethod
-    def from_manifest(cls, manifest: dict) -> "CacheIOContract | None":
+    def from_manifest(cls, manifest: dict) -> CacheIOContract | None:
         """The contract of an export in the cache-I/O form; None for the other form."""
         if manifest.get("decoder_form") != FORM:
             return None
@@ -79,7 +90,7 @@ class CacheIOContract:
         return cls(**{f.name: recorded[f.name] for f in dataclasses.fields(cls)})
 
     @classmethod
-    def of(cls, decoder, tokens_per_call: Mapping[str, int]) -> "CacheIOContract":
+    def of(cls, decoder, tokens_per_call: Mapping[str, int]) -> CacheIOContract:
         c = decoder.config
         window = c.sliding_window if any(decoder.layer_windowed) else None
         return cls(c.n_layers, c.n_kv_heads, c.head_dim, decoder.max_seq_len, dict(tokens_per_call), window)
@@ -173,7 +184,11 @@ def eager_runner(graphs: Mapping[GraphName, torch.nn.Module], n_layers: int) -> 
 
     def run(method: GraphName, inputs: list) -> list:
         tokens, positions, mask = inputs[:3]
-        k_past, v_past, rest = inputs[3 : 3 + n_layers], inputs[3 + n_layers : 3 + 2 * n_layers], inputs[3 + 2 * n_layers :]
+        k_past, v_past, rest = (
+            inputs[3 : 3 + n_layers],
+            inputs[3 + n_layers : 3 + 2 * n_layers],
+            inputs[3 + 2 * n_layers :],
+        )
         with torch.no_grad():
             logits, k_new, v_new = graphs[method](tokens, positions, mask, list(k_past), list(v_past), *rest)
         return [logits, *k_new, *v_new]

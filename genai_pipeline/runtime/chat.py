@@ -13,9 +13,10 @@ prefilled.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable, Literal, Protocol
+from typing import Literal, Protocol
 
 import torch
 
@@ -27,7 +28,6 @@ from genai_pipeline.runtime.generate import generate
 from genai_pipeline.runtime.lookahead import LookaheadOptions
 from genai_pipeline.runtime.multimodal import MultimodalSession
 from genai_pipeline.tokenizer import END_OF_TURN_TOKENS
-
 
 
 class ChatSession(Protocol):
@@ -64,7 +64,9 @@ def common_prefix_len(a: list[int], b: list[int]) -> int:
     return n
 
 
-def end_of_turn_ids(folder: Path, tokenizer: ChatTokenizer, eos_ids: Iterable[int], template: ChatTemplate) -> tuple[int, ...]:
+def end_of_turn_ids(
+    folder: Path, tokenizer: ChatTokenizer, eos_ids: Iterable[int], template: ChatTemplate
+) -> tuple[int, ...]:
     """Tokens that end a reply: the manifest's `eos_ids`, generation_config.json's `eos_token_id`
     (an int or a list), and the template's eos_token and END_OF_TURN_TOKENS where the vocabulary
     has them as one token."""
@@ -135,7 +137,9 @@ class Chat:
         conversation's images, in order, expanded where the template marks them."""
         t = self.template
         try:
-            text = render_chat(messages, t.source, bos_token=t.bos_token, eos_token=t.eos_token, add_generation_prompt=True)
+            text = render_chat(
+                messages, t.source, bos_token=t.bos_token, eos_token=t.eos_token, add_generation_prompt=True
+            )
         except ChatTemplateError as e:
             raise ChatTemplateError(f"'{t.origin}': {e}" if t.origin else str(e)) from None
         if images:
@@ -149,7 +153,9 @@ class Chat:
         frames = [frame for f in images for frame in f.pixels]
         slots = [i for i, t in enumerate(ids) if t == self.session.image_token_id]
         if len(slots) != n * len(frames):
-            raise InputError(f"the conversation holds {len(slots)} image token(s) for {len(frames)} image frame(s) of {n} each")
+            raise InputError(
+                f"the conversation holds {len(slots)} image token(s) for {len(frames)} image frame(s) of {n} each"
+            )
         runs = [slots[k * n : (k + 1) * n] for k in range(len(frames))]
         for run in runs:
             if run[0] < reused <= run[-1]:
@@ -175,8 +181,16 @@ class Chat:
         room = context - len(ids) + 1  # the last generated token is never fed back
         max_new = min(self.max_new_tokens, room)
         # Lookahead drafts from the whole conversation: a reply often quotes earlier turns.
-        result = generate(self.session, ids[reused:], max_new, self.sampler, self.stop_ids, on_token,
-                          lookahead=self.lookahead, history=ids[:reused])
+        result = generate(
+            self.session,
+            ids[reused:],
+            max_new,
+            self.sampler,
+            self.stop_ids,
+            on_token,
+            lookahead=self.lookahead,
+            history=ids[:reused],
+        )
         # Everything fed is cached: the prompt, and each reply token but one that ended the reply.
         self.cached = (ids + result.tokens)[: self.session.pos]
         reply_text = self.tokenizer.decode(result.tokens)

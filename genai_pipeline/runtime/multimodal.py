@@ -19,8 +19,8 @@ import torch
 
 from genai_pipeline.bundle import read_manifest
 from genai_pipeline.errors import InputError, ProgramError
-from genai_pipeline.names import ArtifactKey, GraphName, Mode
 from genai_pipeline.image_processing import Frames, ImageProcessing, expand_prompt, image_frames, read_image
+from genai_pipeline.names import ArtifactKey, GraphName, Mode
 from genai_pipeline.runtime.program import load_program
 from genai_pipeline.runtime.session import check_room
 from genai_pipeline.upstream.executorch_logs import native_logs_hidden
@@ -42,24 +42,34 @@ class MultimodalSession:
             self.split = vision.get("layout") == "split"
             self.mode = Mode(self.manifest["mode"]) if self.split else Mode.DYNAMIC
             self.prefill_len = int(self.manifest["prefill_len"])
-            keys = (ArtifactKey.TOKEN_EMBEDDING, ArtifactKey.TEXT_DECODER, ArtifactKey.VISION_ENCODER) if self.split else (ArtifactKey.MULTIMODAL,)
+            keys = (
+                (ArtifactKey.TOKEN_EMBEDDING, ArtifactKey.TEXT_DECODER, ArtifactKey.VISION_ENCODER)
+                if self.split
+                else (ArtifactKey.MULTIMODAL,)
+            )
             files = {key: self.manifest["artifacts"][key.value]["file"] for key in keys}
             expected = {key: self.manifest["files"][file] for key, file in files.items()}
         except (KeyError, ValueError, TypeError) as e:
             raise ProgramError(f"'{folder}/manifest.json' lacks {e}; re-export the model") from None
-        programs = {key: load_program(folder / files[key], expected[key]["bytes"], expected[key]["sha256"] if verify else None)
-                    for key in keys}
+        programs = {
+            key: load_program(folder / files[key], expected[key]["bytes"], expected[key]["sha256"] if verify else None)
+            for key in keys
+        }
         with native_logs_hidden():
             if self.split:
                 # the encoder and the embedding have one method, `forward`
                 self._methods = {
-                    GraphName.TOKEN_EMBEDDING: programs[ArtifactKey.TOKEN_EMBEDDING].load_method(GraphName.FORWARD.value),
+                    GraphName.TOKEN_EMBEDDING: programs[ArtifactKey.TOKEN_EMBEDDING].load_method(
+                        GraphName.FORWARD.value
+                    ),
                     GraphName.VISION_ENCODER: programs[ArtifactKey.VISION_ENCODER].load_method(GraphName.FORWARD.value),
                     **{g: programs[ArtifactKey.TEXT_DECODER].load_method(g.value) for g in self.mode.graphs},
                 }
             else:
-                self._methods = {g: programs[ArtifactKey.MULTIMODAL].load_method(g.value) for g in
-                                 (GraphName.TOKEN_EMBEDDING, GraphName.TEXT_DECODER, GraphName.VISION_ENCODER)}
+                self._methods = {
+                    g: programs[ArtifactKey.MULTIMODAL].load_method(g.value)
+                    for g in (GraphName.TOKEN_EMBEDDING, GraphName.TEXT_DECODER, GraphName.VISION_ENCODER)
+                }
         self.frames: list[np.ndarray] = []  # uint8 [3, S, S] each, in prompt order: the next prefill's
         self.vision_seconds = 0.0  # the last prefill's time in the vision encoder
         self.vision_calls = 0  # frames encoded since the session was made
@@ -116,7 +126,9 @@ class MultimodalSession:
                 i -= 1
                 break
         for row in range(i, total):  # a re-fed last row, or a tail too close to the end of the cache
-            logits = self._execute(GraphName.DECODE, [embeddings[:, row : row + 1], torch.tensor([self.pos], dtype=torch.long)])
+            logits = self._execute(
+                GraphName.DECODE, [embeddings[:, row : row + 1], torch.tensor([self.pos], dtype=torch.long)]
+            )
             self.pos += 1
         return logits.reshape(-1, logits.shape[-1])[-1]
 
@@ -130,7 +142,9 @@ class MultimodalSession:
         slots = [i for i, t in enumerate(tokens) if t == self.image_token_id]
         n = self.processing.tokens_per_image
         if len(slots) != n * len(self.frames):
-            raise InputError(f"the prompt holds {len(slots)} image token(s) for {len(self.frames)} image frame(s) of {n} each")
+            raise InputError(
+                f"the prompt holds {len(slots)} image token(s) for {len(self.frames)} image frame(s) of {n} each"
+            )
         start = time.perf_counter()
         for k, frame in enumerate(self.frames):
             features = self._execute(GraphName.VISION_ENCODER, [torch.from_numpy(frame).unsqueeze(0)])

@@ -28,7 +28,9 @@ def check_pte_file(path: Path, expected_bytes: int | None = None, expected_sha25
     if len(head) < 8 or head[4:6] != PTE_MAGIC_PREFIX:
         raise ProgramError(f"'{path}' is not an ExecuTorch program (.pte); re-export it")
     if expected_bytes is not None and size != expected_bytes:
-        raise ProgramError(f"'{path}' is {size} bytes but its manifest says {expected_bytes}: truncated or replaced; re-export it")
+        raise ProgramError(
+            f"'{path}' is {size} bytes but its manifest says {expected_bytes}: truncated or replaced; re-export it"
+        )
     if expected_sha256 is not None and sha256(path) != expected_sha256:
         raise ProgramError(f"'{path}' does not match the sha256 in its manifest: the file is corrupt; re-export it")
     return path
@@ -48,7 +50,9 @@ def load_program(path: Path, expected_bytes: int | None = None, expected_sha256:
             for name in program.method_names:
                 program.metadata(name)
     except (RuntimeError, ValueError) as e:
-        raise ProgramError(f"'{path}' cannot be loaded by the ExecuTorch runtime ({e}); it is corrupt or truncated, re-export it") from None
+        raise ProgramError(
+            f"'{path}' cannot be loaded by the ExecuTorch runtime ({e}); it is corrupt or truncated, re-export it"
+        ) from None
     return program
 
 

@@ -43,15 +43,20 @@ def check_constants(program, path: Path, manifest: dict) -> None:
     """The program's own metadata methods against its manifest: a program of another export under
     this manifest (its sizes and sha256 copied over) is refused here, not deep inside a run."""
     config = manifest["config"]
-    for method, want in (("get_vocab_size", config["vocab_size"]), ("get_n_layers", config["n_layers"]),
-                         ("get_max_seq_len", manifest["max_seq_len"])):
+    for method, want in (
+        ("get_vocab_size", config["vocab_size"]),
+        ("get_n_layers", config["n_layers"]),
+        ("get_max_seq_len", manifest["max_seq_len"]),
+    ):
         if method not in program.method_names:
             continue
         with native_logs_hidden():
             got = program.load_method(method).execute([])[0]
         if got != want:
-            raise ProgramError(f"'{path}' is a program with {method.removeprefix('get_').replace('_', ' ')} {got}, but its "
-                               f"manifest says {want}: the folder mixes two exports; re-export")
+            raise ProgramError(
+                f"'{path}' is a program with {method.removeprefix('get_').replace('_', ' ')} {got}, but its "
+                f"manifest says {want}: the folder mixes two exports; re-export"
+            )
 
 
 class DecoderSession:
@@ -181,8 +186,10 @@ class DecoderSession:
         The cursor moves past all of them: the caller moves it back to keep only the accepted ones
         (positions past the cursor are never read, and are overwritten)."""
         if not self.can_verify(len(tokens)):
-            raise InputError(f"{len(tokens)} tokens at position {self.pos} do not fit one verify call "
-                             f"(verify length {self.verify_len}, context {self.max_seq_len})")
+            raise InputError(
+                f"{len(tokens)} tokens at position {self.pos} do not fit one verify call "
+                f"(verify length {self.verify_len}, context {self.max_seq_len})"
+            )
         n = len(tokens)
         padded = tokens + [0] * (self.verify_rows(n) - n)
         inputs = [torch.tensor([padded], dtype=torch.long), torch.tensor([self.pos], dtype=torch.long)]

@@ -26,7 +26,11 @@ def check_recipe(target: Target, quant) -> None:
         if recipe not in target.recipes:
             owners = [t.name for t in _targets().values() if t.name != target.name and recipe in t.recipes]
             hint = f" ('{recipe}' is a recipe of --target {' or '.join(owners)})" if owners else ""
-            raise InputError(f"target '{target.name}' does not support recipe '{recipe}'{hint}; it supports: {', '.join(target.recipes)}")
+            raise InputError(
+                f"target '{target.name}' does not support recipe '{recipe}'{hint}; it supports: {', '.join(target.recipes)}"
+            )
     if quant.embedding and quant.embedding not in target.embedding_recipes:
         supported = ", ".join(target.embedding_recipes) or "none"
-        raise InputError(f"target '{target.name}' does not support --embedding {quant.embedding}; it supports: {supported}")
+        raise InputError(
+            f"target '{target.name}' does not support --embedding {quant.embedding}; it supports: {supported}"
+        )

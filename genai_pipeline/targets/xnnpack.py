@@ -45,7 +45,15 @@ class _PairSwappedEmbedding(nn.Module):
         super().__init__()
         w = embedding.weight
         swapped = torch.arange(w.shape[1]).view(-1, 2).flip(-1).flatten()
-        table = type(w)(w.qdata[:, swapped].contiguous(), w.scale, w.zero_point, w.target_dtype, w.block_size, w.dtype, w.activation_quantization)
+        table = type(w)(
+            w.qdata[:, swapped].contiguous(),
+            w.scale,
+            w.zero_point,
+            w.target_dtype,
+            w.block_size,
+            w.dtype,
+            w.activation_quantization,
+        )
         self.embedding = nn.Embedding(*w.shape, _weight=table, _freeze=True)
         # One gather outside the delegates (a view + flip would add a delegate call for the view).
         self.register_buffer("swapped", swapped, persistent=False)
@@ -69,7 +77,13 @@ def _swap_tied_int4_lookup(decoder) -> None:
     if not decoder.config.tie_embeddings or not isinstance(lookup, nn.Embedding):
         return  # untied, or swapped already (prefill and decode share one decoder)
     a, b = _int4_table_of(lookup.weight), _int4_table_of(head.weight)
-    if a is None or b is None or a[3] != b[3] or a[3][1] % 2 or not all(torch.equal(x, y) for x, y in zip(a[:3], b[:3])):
+    if (
+        a is None
+        or b is None
+        or a[3] != b[3]
+        or a[3][1] % 2
+        or not all(torch.equal(x, y) for x, y in zip(a[:3], b[:3]))
+    ):
         return
     decoder.tok_embeddings = _PairSwappedEmbedding(lookup)
 

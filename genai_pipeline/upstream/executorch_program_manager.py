@@ -46,9 +46,11 @@ def _shared_constants(manager, config) -> dict[str, int]:
 
     named = manager._named_data
     program = manager._emitter_output.program
-    constant_alignment = config.constant_tensor_alignment or ALIGNMENT  # a constant's offset in the file is a multiple of it
+    constant_alignment = (
+        config.constant_tensor_alignment or ALIGNMENT
+    )  # a constant's offset in the file is a multiple of it
     by_size = {}
-    for key, entry in (named.pte_data.items() if named is not None else ()):
+    for key, entry in named.pte_data.items() if named is not None else ():
         data = named.buffers[entry.buffer_index]
         # Not a FileBackedData: those stay on disk until written.
         if isinstance(data, bytes) and constant_alignment % entry.alignment == 0:
@@ -92,7 +94,9 @@ def store_shared_bytes_once(manager, config) -> int:
     longer stored twice."""
     import dataclasses
 
-    if not pins.warn_unpinned(log, "bytes shared by a constant and a delegate's named data left stored twice", "executorch"):
+    if not pins.warn_unpinned(
+        log, "bytes shared by a constant and a delegate's named data left stored twice", "executorch"
+    ):
         return 0
 
     from executorch.exir._serialize._serialize import serialize_for_executorch

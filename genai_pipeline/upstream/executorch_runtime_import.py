@@ -32,7 +32,8 @@ def import_executorch_runtime() -> bool:
     """Register the runtime and the kernels our programs call; True when done without the export
     stack. Once per process, before anything else imports ExecuTorch's runtime."""
     lean = "executorch.exir" not in sys.modules and pins.warn_unpinned(
-        log, "ExecuTorch's runtime imported with its export stack (~130 MB more)", "executorch")
+        log, "ExecuTorch's runtime imported with its export stack (~130 MB more)", "executorch"
+    )
     if lean:
         try:
             _import_portable_lib_without_exir()
@@ -43,6 +44,7 @@ def import_executorch_runtime() -> bool:
     if not lean:
         import executorch.extension.llm.custom_ops.custom_ops  # noqa: F401  llama.update_cache / custom_sdpa kernels
     import executorch.kernels.quantized  # noqa: F401  quantized embedding kernels
+
     return lean
 
 
@@ -66,9 +68,8 @@ def _import_portable_lib_without_exir() -> None:
 
 
 def _load_custom_ops_kernels() -> None:
-    import torch
-
     import executorch
+    import torch
 
     if not hasattr(torch.ops.llama, "custom_sdpa"):
         folder = Path(executorch.__path__[0]) / "extension" / "llm" / "custom_ops"

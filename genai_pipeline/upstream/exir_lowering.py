@@ -45,9 +45,15 @@ def to_edge_transform_and_lower(programs: dict, partitioners: list, constant_met
     `to_edge` + `to_backend` workflow and warn.)"""
     from executorch import exir
 
-    if not pins.warn_unpinned(log, "lowering by ExecuTorch's own to_edge_transform_and_lower (slower)", "torch", "executorch"):
-        return exir.to_edge_transform_and_lower(programs, partitioner=partitioners, constant_methods=constant_methods,
-                                                compile_config=exir.EdgeCompileConfig(_check_ir_validity=False))
+    if not pins.warn_unpinned(
+        log, "lowering by ExecuTorch's own to_edge_transform_and_lower (slower)", "torch", "executorch"
+    ):
+        return exir.to_edge_transform_and_lower(
+            programs,
+            partitioner=partitioners,
+            constant_methods=constant_methods,
+            compile_config=exir.EdgeCompileConfig(_check_ir_validity=False),
+        )
     from executorch.exir.program._program import (
         EdgeProgramManager,
         _remove_invalid_ops_for_not_decompose,
@@ -56,8 +62,10 @@ def to_edge_transform_and_lower(programs: dict, partitioners: list, constant_met
     from executorch.exir.tracer import _default_decomposition_table
 
     def wanted(program):  # [(ops a partitioner takes whole, which of their nodes it takes)], as ExecuTorch filters them
-        return [(set(_remove_invalid_ops_for_not_decompose(ops)), supports)
-                for ops, supports in (p.ops_to_not_decompose(program) for p in partitioners)]
+        return [
+            (set(_remove_invalid_ops_for_not_decompose(ops)), supports)
+            for ops, supports in (p.ops_to_not_decompose(program) for p in partitioners)
+        ]
 
     keep = {op for program in programs.values() for ops, _ in wanted(program) for op in ops}
     table = _default_decomposition_table()
@@ -68,11 +76,14 @@ def to_edge_transform_and_lower(programs: dict, partitioners: list, constant_met
     config = exir.EdgeCompileConfig(_check_ir_validity=False)
     refused = any(
         node.op == "call_function" and node.target in ops and supports is not None and not supports(node)
-        for program in programs.values() for ops, supports in wanted(program) for node in program.graph.nodes
+        for program in programs.values()
+        for ops, supports in wanted(program)
+        for node in program.graph.nodes
     )
     if refused:  # from the decomposed graphs: re-tracing the exported ones again trips on their unbacked symbols
-        return exir.to_edge_transform_and_lower(programs, partitioner=partitioners, constant_methods=constant_methods,
-                                                compile_config=config)
+        return exir.to_edge_transform_and_lower(
+            programs, partitioner=partitioners, constant_methods=constant_methods, compile_config=config
+        )
     config = dataclasses.replace(config, preserve_ops=sorted(keep, key=str))
     edge = EdgeProgramManager(
         {name: _edge_program(config, program) for name, program in programs.items()},
@@ -114,7 +125,9 @@ def _edge_program(config, program):
         module_call_graph=program.module_call_graph,
         example_inputs=program.example_inputs,
         constants=program.constants,
-        verifiers=[EXIREdgeDialectVerifier(edge_compile_config=config, class_only=True, preserve_ops=config.preserve_ops)],
+        verifiers=[
+            EXIREdgeDialectVerifier(edge_compile_config=config, class_only=True, preserve_ops=config.preserve_ops)
+        ],
     )
     edge_program = lift_constant_tensor_pass(edge_program)  # the tensors ScalarToTensorPass made
     edge_program = convert_constant_dim_order_pass.convert_constant_dim_order_pass(edge_program)
@@ -128,7 +141,12 @@ def _aten_to_edge_passes(config) -> list:
     from executorch.exir.program._program import _get_aten_to_edge_passes
     from torch._export.passes import ReplaceViewOpsWithViewCopyOpsPass
 
-    passes = [RemoveNonCoreAtenOpGraphAssertsPass(), ReplaceViewOpsWithViewCopyOpsPass(), *_get_aten_to_edge_passes(config)[0], OpReplacePass()]
+    passes = [
+        RemoveNonCoreAtenOpGraphAssertsPass(),
+        ReplaceViewOpsWithViewCopyOpsPass(),
+        *_get_aten_to_edge_passes(config)[0],
+        OpReplacePass(),
+    ]
     return passes if config._skip_dim_order else [*passes, MemoryFormatOpsPass()]
 
 
@@ -156,8 +174,12 @@ def _tensor_arguments(node) -> list:
     from executorch.exir.pass_base import map_args
 
     found = []
-    map_args(node.target, lambda value, arg: found.append(value) if isinstance(arg.type, torch.TensorType) else None,
-             node.args, node.kwargs)
+    map_args(
+        node.target,
+        lambda value, arg: found.append(value) if isinstance(arg.type, torch.TensorType) else None,
+        node.args,
+        node.kwargs,
+    )
     return found
 
 
@@ -174,12 +196,22 @@ def _passes_a_literal_as_tensor(graph) -> bool:  # ScalarToTensorPass
 
 
 def _passes_a_symbol_as_tensor(graph) -> bool:  # SymToTensorPass
-    return any(isinstance(v, torch.fx.Node) and isinstance(v.meta.get("val"), (torch.SymInt, torch.SymFloat, torch.SymBool))
-               for n in _operator_calls(graph) for v in _tensor_arguments(n))
+    return any(
+        isinstance(v, torch.fx.Node) and isinstance(v.meta.get("val"), (torch.SymInt, torch.SymFloat, torch.SymBool))
+        for n in _operator_calls(graph)
+        for v in _tensor_arguments(n)
+    )
 
 
 # Binary ops whose tensor operands RemoveMixedTypeOperators casts to the result's dtype.
-_PROMOTING_OPS = ("aten.add.Tensor", "aten.mul.Tensor", "aten.sub.Tensor", "aten.div.Tensor", "aten.div.Tensor_mode", "aten.minimum.default")
+_PROMOTING_OPS = (
+    "aten.add.Tensor",
+    "aten.mul.Tensor",
+    "aten.sub.Tensor",
+    "aten.div.Tensor",
+    "aten.div.Tensor_mode",
+    "aten.minimum.default",
+)
 
 
 def _mixes_dtypes(graph) -> bool:  # RemoveMixedTypeOperators: an operand whose dtype is not the result's

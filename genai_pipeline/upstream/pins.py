@@ -40,7 +40,7 @@ def pinned(*packages: str) -> bool:
 
 
 def unpinned(*packages: str) -> str:
-    """"executorch 1.6.0 (pinned: 1.5.1)" for each of `packages` not at its pinned version."""
+    """ "executorch 1.6.0 (pinned: 1.5.1)" for each of `packages` not at its pinned version."""
     return ", ".join(f"{p} {installed(p) or 'not installed'} (pinned: {PINNED[p]})" for p in packages if not pinned(p))
 
 

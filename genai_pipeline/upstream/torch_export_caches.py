@@ -36,7 +36,9 @@ def forget_lowered_graphs() -> None:
     ShapeEnv's: a garbage collection does not free a ShapeEnv whose only referrers are the symbolic
     sizes in its own cache's keys), and ExecuTorch memoizes node comparisons without bound.
     Clearing them costs nothing but the next lowering's cache misses."""
-    if not pins.warn_unpinned(log, "torch's and ExecuTorch's caches of the last lowering kept (more memory held)", "torch", "executorch"):
+    if not pins.warn_unpinned(
+        log, "torch's and ExecuTorch's caches of the last lowering kept (more memory held)", "torch", "executorch"
+    ):
         return
     from executorch.exir.backend.utils import is_same_node
     from torch._subclasses.fake_tensor import FakeTensorMode

@@ -32,7 +32,11 @@ def _static_dimension_slice(node) -> bool:
     value = node.args[0].meta["val"]
     dim = node.args[1] % value.dim()
     stride = node.args[4] if len(node.args) > 4 else 1
-    return stride == 1 and is_concrete_int(value.shape[dim]) and all(s != 0 for s in (*value.shape, *node.meta["val"].shape))
+    return (
+        stride == 1
+        and is_concrete_int(value.shape[dim])
+        and all(s != 0 for s in (*value.shape, *node.meta["val"].shape))
+    )
 
 
 @functools.cache

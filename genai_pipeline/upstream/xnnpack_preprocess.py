@@ -54,7 +54,9 @@ def _page_out(tensors) -> None:
     if _madvise is None:
         return
     with open("/proc/self/maps") as maps:  # [start, end) of every file mapping: lines with an inode
-        files = [tuple(int(a, 16) for a in f[0].split("-")) for f in map(str.split, maps) if len(f) >= 6 and f[4] != "0"]
+        files = [
+            tuple(int(a, 16) for a in f[0].split("-")) for f in map(str.split, maps) if len(f) >= 6 and f[4] != "0"
+        ]
     page = mmap.PAGESIZE
     for t in tensors:
         start, end = t.data_ptr(), t.data_ptr() + t.untyped_storage().nbytes()
@@ -67,7 +69,12 @@ def _forget_refused_nodes() -> None:
     """XNNPACK's partitioner configs keep the last node they refused (for a debug message), and
     with it that node's graph and the weights its metadata holds, for the life of the process.
     Partitioning is over when preprocess starts."""
-    from executorch.backends.xnnpack.partition.config import gemm_configs, generic_node_configs, node_configs, xnnpack_config
+    from executorch.backends.xnnpack.partition.config import (
+        gemm_configs,
+        generic_node_configs,
+        node_configs,
+        xnnpack_config,
+    )
 
     for config in (gemm_configs, generic_node_configs, node_configs, xnnpack_config):
         config.why.node = None
@@ -171,8 +178,12 @@ def install() -> bool:
     own preprocess, logged once). Call it before lowering to XNNPACK."""
     global _installed
     if _installed is None:
-        _installed = pins.warn_unpinned(log, "XNNPACK's preprocess left as ExecuTorch's (more memory, slower lowering)",
-                                         "executorch") and _patch()
+        _installed = (
+            pins.warn_unpinned(
+                log, "XNNPACK's preprocess left as ExecuTorch's (more memory, slower lowering)", "executorch"
+            )
+            and _patch()
+        )
     return _installed
 
 

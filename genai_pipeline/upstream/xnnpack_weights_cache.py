@@ -24,7 +24,12 @@ class _BackendOption(ctypes.Structure):
     """executorch::runtime::BackendOption (runtime/backend/options.h): a 64-byte key, then
     std::variant<bool, int, std::array<char, 256>>: 256 bytes of storage, then its index byte."""
 
-    _fields_ = [("key", ctypes.c_char * 64), ("value", ctypes.c_ubyte * 256), ("index", ctypes.c_ubyte), ("_pad", ctypes.c_ubyte * 3)]
+    _fields_ = [
+        ("key", ctypes.c_char * 64),
+        ("value", ctypes.c_ubyte * 256),
+        ("index", ctypes.c_ubyte),
+        ("_pad", ctypes.c_ubyte * 3),
+    ]
 
 
 _BOOL, _INT = 0, 1  # the variant's alternatives
@@ -46,7 +51,9 @@ def share_packed_weights() -> bool:
     GENAI_XNNPACK_WEIGHT_CACHE=0 leaves it off, for A/B measurements."""
     if os.environ.get("GENAI_XNNPACK_WEIGHT_CACHE") == "0":
         return False
-    if not pins.warn_unpinned(log, "XNNPACK weights cache left off: its C++ layout is the pinned version's", "executorch"):
+    if not pins.warn_unpinned(
+        log, "XNNPACK weights cache left off: its C++ layout is the pinned version's", "executorch"
+    ):
         return False
     import executorch.extension.pybindings.portable_lib as portable_lib  # loads libexecutorch.so
 

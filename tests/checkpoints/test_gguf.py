@@ -17,9 +17,8 @@ import numpy as np
 import pytest
 import torch
 
-from genai_pipeline.checkpoints import infer_checkpoint_spec, load_decoder, metadata_folder
 from genai_pipeline.checkpoints import gguf as ours
-from genai_pipeline.checkpoints import gguf_vocab
+from genai_pipeline.checkpoints import gguf_vocab, infer_checkpoint_spec, load_decoder, metadata_folder
 from genai_pipeline.errors import CheckpointError
 from genai_pipeline.registry import infer_spec
 from tests.conftest import REPO, TINY_MAX_SEQ, TINY_VOCAB, save_hf_checkpoint, train_sentencepiece, train_tokenizer
@@ -33,12 +32,20 @@ HF_TO_GGUF = {
     "model.embed_tokens.weight": "token_embd.weight",
     "model.norm.weight": "output_norm.weight",
     "lm_head.weight": "output.weight",
-    "self_attn.q_proj.weight": "attn_q.weight", "self_attn.k_proj.weight": "attn_k.weight",
-    "self_attn.v_proj.weight": "attn_v.weight", "self_attn.o_proj.weight": "attn_output.weight",
-    "self_attn.q_proj.bias": "attn_q.bias", "self_attn.k_proj.bias": "attn_k.bias", "self_attn.v_proj.bias": "attn_v.bias",
-    "self_attn.q_norm.weight": "attn_q_norm.weight", "self_attn.k_norm.weight": "attn_k_norm.weight",
-    "mlp.gate_proj.weight": "ffn_gate.weight", "mlp.up_proj.weight": "ffn_up.weight", "mlp.down_proj.weight": "ffn_down.weight",
-    "input_layernorm.weight": "attn_norm.weight", "post_attention_layernorm.weight": "ffn_norm.weight",
+    "self_attn.q_proj.weight": "attn_q.weight",
+    "self_attn.k_proj.weight": "attn_k.weight",
+    "self_attn.v_proj.weight": "attn_v.weight",
+    "self_attn.o_proj.weight": "attn_output.weight",
+    "self_attn.q_proj.bias": "attn_q.bias",
+    "self_attn.k_proj.bias": "attn_k.bias",
+    "self_attn.v_proj.bias": "attn_v.bias",
+    "self_attn.q_norm.weight": "attn_q_norm.weight",
+    "self_attn.k_norm.weight": "attn_k_norm.weight",
+    "mlp.gate_proj.weight": "ffn_gate.weight",
+    "mlp.up_proj.weight": "ffn_up.weight",
+    "mlp.down_proj.weight": "ffn_down.weight",
+    "input_layernorm.weight": "attn_norm.weight",
+    "post_attention_layernorm.weight": "ffn_norm.weight",
 }
 
 
@@ -76,7 +83,9 @@ def llama3_rope_freqs(c) -> np.ndarray:
         elif wavelen > low_wavelen:
             out.append(p["factor"])
         else:
-            smooth = (p["original_max_position_embeddings"] / wavelen - p["low_freq_factor"]) / (p["high_freq_factor"] - p["low_freq_factor"])
+            smooth = (p["original_max_position_embeddings"] / wavelen - p["low_freq_factor"]) / (
+                p["high_freq_factor"] - p["low_freq_factor"]
+            )
             out.append(1 / ((1 - smooth) / p["factor"] + smooth))
     return np.array(out, dtype=np.float32)
 
@@ -142,9 +151,13 @@ def write_gguf(path: Path, arch: str, model, types: list[Q], tokenizer_json: Pat
         writer.add_sliding_window(c.sliding_window or 0)
         if c.rope_parameters.get("rope_type") == "longrope":
             writer.add_tensor("rope_factors_long.weight", np.array(c.rope_parameters["long_factor"], dtype=np.float32))
-            writer.add_tensor("rope_factors_short.weight", np.array(c.rope_parameters["short_factor"], dtype=np.float32))
+            writer.add_tensor(
+                "rope_factors_short.weight", np.array(c.rope_parameters["short_factor"], dtype=np.float32)
+            )
             scale = c.max_position_embeddings / c.original_max_position_embeddings
-            writer.add_rope_scaling_attn_factors(math.sqrt(1 + math.log(scale) / math.log(c.original_max_position_embeddings)))
+            writer.add_rope_scaling_attn_factors(
+                math.sqrt(1 + math.log(scale) / math.log(c.original_max_position_embeddings))
+            )
     if arch == "llama" and c.rope_parameters.get("rope_type") == "llama3":
         writer.add_tensor("rope_freqs.weight", llama3_rope_freqs(c))
     write_tokenizer(writer, tokenizer_json)
@@ -203,8 +216,16 @@ def random_model(model_type: str, **config):
     }
     config_cls, model_cls = classes[model_type]
     defaults = dict(
-        vocab_size=TINY_VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-        intermediate_size=128, max_position_embeddings=256, bos_token_id=0, eos_token_id=0, pad_token_id=0,
+        vocab_size=TINY_VOCAB,
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=128,
+        max_position_embeddings=256,
+        bos_token_id=0,
+        eos_token_id=0,
+        pad_token_id=0,
     )
     torch.manual_seed(0)
     model = model_cls(config_cls(**{**defaults, **config})).eval()
@@ -253,9 +274,17 @@ def test_qwen3_qk_norms(tmp_path, tokenizer_json):
 
 
 def test_llama3_rope_scaling_from_rope_freqs(tmp_path, tokenizer_json):
-    rope = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-            "original_max_position_embeddings": 8192, "rope_theta": 500000.0}
-    file, model = tiny(tmp_path, tokenizer_json, "llama", "llama", [Q.F32], rope_parameters=rope, max_position_embeddings=16384)
+    rope = {
+        "rope_type": "llama3",
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 8192,
+        "rope_theta": 500000.0,
+    }
+    file, model = tiny(
+        tmp_path, tokenizer_json, "llama", "llama", [Q.F32], rope_parameters=rope, max_position_embeddings=16384
+    )
     assert ours.read_config(file)["rope_scaling"]["factor"] == 8.0
     assert_same_logits(file, model)
 
@@ -263,8 +292,15 @@ def test_llama3_rope_scaling_from_rope_freqs(tmp_path, tokenizer_json):
 def test_gemma3_norm_offset_and_sliding_window(tmp_path, tokenizer_json):
     # both layers slide (5 of every 6 do), over a window shorter than the prompt
     file, model = tiny(
-        tmp_path, tokenizer_json, "gemma3_text", "gemma3", [Q.Q8_0, Q.F16], head_dim=16, sliding_window=4,
-        query_pre_attn_scalar=16, tie_word_embeddings=True,
+        tmp_path,
+        tokenizer_json,
+        "gemma3_text",
+        "gemma3",
+        [Q.Q8_0, Q.F16],
+        head_dim=16,
+        sliding_window=4,
+        query_pre_attn_scalar=16,
+        tie_word_embeddings=True,
     )
     config = ours.read_config(file)
     assert (config["model_type"], config["sliding_window"], config["sliding_window_pattern"]) == ("gemma3_text", 4, 6)
@@ -272,13 +308,24 @@ def test_gemma3_norm_offset_and_sliding_window(tmp_path, tokenizer_json):
 
 
 def test_phi3_fused_qkv_gate_up_and_longrope(tmp_path, tokenizer_json):
-    rope = {"rope_type": "longrope", "rope_theta": 10000.0, "partial_rotary_factor": 0.5,
-            "short_factor": [1.0, 1.5, 2.0, 3.0], "long_factor": [2.0, 3.0, 5.0, 8.0]}
+    rope = {
+        "rope_type": "longrope",
+        "rope_theta": 10000.0,
+        "partial_rotary_factor": 0.5,
+        "short_factor": [1.0, 1.5, 2.0, 3.0],
+        "long_factor": [2.0, 3.0, 5.0, 8.0],
+    }
     file, model = tiny(
-        tmp_path, tokenizer_json, "phi3", "phi3", [Q.Q5_0, Q.Q4_1], rope_parameters=rope,
+        tmp_path,
+        tokenizer_json,
+        "phi3",
+        "phi3",
+        [Q.Q5_0, Q.Q4_1],
+        rope_parameters=rope,
         # short factors: our program picks them when its cache fits the original context, as
         # transformers does while the sequence does
-        original_max_position_embeddings=128, tie_word_embeddings=False,
+        original_max_position_embeddings=128,
+        tie_word_embeddings=False,
     )
     assert ours.read_config(file)["partial_rotary_factor"] == 0.5
     assert_same_logits(file, model)
@@ -304,7 +351,12 @@ def test_converted_tokenizer_and_metadata_files(tmp_path, tokenizer_json):
 
     file, _ = tiny(tmp_path, tokenizer_json, "llama", "llama", [Q.F16])
     folder = metadata_folder(file)
-    assert sorted(p.name for p in folder.iterdir()) == ["config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json"]
+    assert sorted(p.name for p in folder.iterdir()) == [
+        "config.json",
+        "generation_config.json",
+        "tokenizer.json",
+        "tokenizer_config.json",
+    ]
     assert infer_spec(json.loads((folder / "config.json").read_text())).family == "llama"
     converted, original = Tokenizer.from_file(str(folder / "tokenizer.json")), Tokenizer.from_file(str(tokenizer_json))
     for text in ["The list object", "  spaces\tand\nnewlines 12345", "<|endoftext|>x", "émigré ünïcode ✓"]:
@@ -398,7 +450,7 @@ def reference_q4_k(block: bytes) -> list[float]:
     out = []
     for chunk in range(4):
         (s1, m1), (s2, m2) = _scale_min_k4(2 * chunk, scales), _scale_min_k4(2 * chunk + 1, scales)
-        q = qs[32 * chunk: 32 * chunk + 32]
+        q = qs[32 * chunk : 32 * chunk + 32]
         out += [d * s1 * (b & 0xF) - dmin * m1 for b in q] + [d * s2 * (b >> 4) - dmin * m2 for b in q]
     return out
 
@@ -408,7 +460,7 @@ def reference_q5_k(block: bytes) -> list[float]:
     out = []
     for chunk in range(4):
         (s1, m1), (s2, m2) = _scale_min_k4(2 * chunk, scales), _scale_min_k4(2 * chunk + 1, scales)
-        q = qs[32 * chunk: 32 * chunk + 32]
+        q = qs[32 * chunk : 32 * chunk + 32]
         low, high = 1 << (2 * chunk), 2 << (2 * chunk)
         out += [d * s1 * ((b & 0xF) + (16 if qh[i] & low else 0)) - dmin * m1 for i, b in enumerate(q)]
         out += [d * s2 * ((b >> 4) + (16 if qh[i] & high else 0)) - dmin * m2 for i, b in enumerate(q)]
@@ -419,7 +471,7 @@ def reference_q6_k(block: bytes) -> list[float]:
     ql, qh, scales, d = block[0:128], block[128:192], np.frombuffer(block[192:208], dtype=np.int8), _f16(block[208:210])
     out = [0.0] * 256
     for half in range(2):
-        l_, h_, s_, y = ql[64 * half:], qh[32 * half:], scales[8 * half:], 128 * half
+        l_, h_, s_, y = ql[64 * half :], qh[32 * half :], scales[8 * half :], 128 * half
         for i in range(32):
             k = i // 16
             q1 = ((l_[i] & 0xF) | ((h_[i] & 3) << 4)) - 32
@@ -431,7 +483,9 @@ def reference_q6_k(block: bytes) -> list[float]:
     return out
 
 
-@pytest.mark.parametrize("kind, reference", [(Q.Q4_K, reference_q4_k), (Q.Q5_K, reference_q5_k), (Q.Q6_K, reference_q6_k)])
+@pytest.mark.parametrize(
+    "kind, reference", [(Q.Q4_K, reference_q4_k), (Q.Q5_K, reference_q5_k), (Q.Q6_K, reference_q6_k)]
+)
 def test_k_quant_dequantization(tmp_path, kind, reference):
     rng = np.random.default_rng(int(kind))
     rows, cols = 3, 512
@@ -440,7 +494,9 @@ def test_k_quant_dequantization(tmp_path, kind, reference):
     # finite fp16 scales (random bytes could be inf/nan): d at the end for Q6_K, d and dmin first otherwise
     offsets = [block_bytes - 2] if kind == Q.Q6_K else [0, 2]
     for offset in offsets:
-        raw[..., offset:offset + 2] = rng.uniform(-0.05, 0.05, size=raw.shape[:2]).astype(np.float16)[..., None].view(np.uint8)
+        raw[..., offset : offset + 2] = (
+            rng.uniform(-0.05, 0.05, size=raw.shape[:2]).astype(np.float16)[..., None].view(np.uint8)
+        )
     writer = gguf.GGUFWriter(str(tmp_path / "k.gguf"), "llama")
     writer.add_tensor("blk.0.ffn_down.weight", raw.reshape(rows, -1), raw_dtype=kind)
     writer.write_header_to_file()
@@ -449,7 +505,9 @@ def test_k_quant_dequantization(tmp_path, kind, reference):
     writer.close()
     tensor = ours.open_reader(tmp_path / "k.gguf").tensors[0]
     values = ours._dequantize(tensor, tmp_path / "k.gguf")
-    expected = np.array([[v for b in range(cols // 256) for v in reference(raw[r, b].tobytes())] for r in range(rows)], dtype=np.float32)
+    expected = np.array(
+        [[v for b in range(cols // 256) for v in reference(raw[r, b].tobytes())] for r in range(rows)], dtype=np.float32
+    )
     assert values.shape == (rows, cols)
     np.testing.assert_allclose(values, expected, rtol=1e-5, atol=1e-6)
 
@@ -481,7 +539,11 @@ def _minimal(path: Path, arch: str = "llama", tensor_type: Q = Q.F32, tokenizer:
 def test_truncated_or_corrupt_file(tmp_path, tokenizer_json):
     file, _ = tiny(tmp_path, tokenizer_json, "llama", "llama", [Q.Q8_0])
     data = file.read_bytes()
-    for name, content in [("truncated.gguf", data[: len(data) // 3]), ("header.gguf", data[:20]), ("garbage.gguf", b"not a gguf" * 50)]:
+    for name, content in [
+        ("truncated.gguf", data[: len(data) // 3]),
+        ("header.gguf", data[:20]),
+        ("garbage.gguf", b"not a gguf" * 50),
+    ]:
         (tmp_path / name).write_bytes(content)
         with pytest.raises(CheckpointError, match="truncated or (not a GGUF|corrupt)|cannot|not a GGUF"):
             spec, _ = infer_checkpoint_spec(tmp_path / name)
@@ -523,7 +585,9 @@ def test_cli_exports_and_runs_a_tiny_gguf(tmp_path, tokenizer_json, capsys):
     assert main(argv) == 0
     assert (out / "tokenizer.json").is_file() and (out / "text_decoder.pte").is_file()
     # the converted metadata files travel with the program: the chat template, the end-of-turn ids
-    assert json.loads((out / "tokenizer_config.json").read_text())["chat_template"].startswith("{% for m in messages %}")
+    assert json.loads((out / "tokenizer_config.json").read_text())["chat_template"].startswith(
+        "{% for m in messages %}"
+    )
     assert json.loads((out / "generation_config.json").read_text())["eos_token_id"] == 0
     capsys.readouterr()
     assert main(["run", str(out), "--prompt", "The list object", "--max-new-tokens", "4", "--json"]) == 0
@@ -568,7 +632,9 @@ def test_smollm2_greedy_tokens_match_transformers(smollm2):
             logits = decoder(torch.tensor([[ids[-1]]]), torch.tensor([pos]), last_only=True)
             pos += 1
     del decoder
-    reference = transformers.AutoModelForCausalLM.from_pretrained(smollm2.parent, gguf_file=smollm2.name, dtype=torch.float32)
+    reference = transformers.AutoModelForCausalLM.from_pretrained(
+        smollm2.parent, gguf_file=smollm2.name, dtype=torch.float32
+    )
     expected = []
     with torch.no_grad():  # greedy without generate(), which would stop at <|im_end|>
         for _ in range(16):
@@ -632,7 +698,24 @@ def test_a_q4_0_gguf_exported_as_8da4w_keeps_the_files_integers_and_scales(tmp_p
 
     file, _ = tiny(tmp_path, tokenizer_json, "llama", "llama", [Q.Q4_0])
     out = tmp_path / "q4_0"
-    assert main(["export", "--checkpoint", str(file), "--recipe", "8da4w", "--mode", "kv", "--max-seq-len", "64", "--out", str(out)]) == 0
+    assert (
+        main(
+            [
+                "export",
+                "--checkpoint",
+                str(file),
+                "--recipe",
+                "8da4w",
+                "--mode",
+                "kv",
+                "--max-seq-len",
+                "64",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     program, segment = _read_program(out / "text_decoder.pte")
     blobs = {segment(entry.segment_index) for entry in program.named_data}
     file_weights = ours.read_q4_0(file)
@@ -651,7 +734,10 @@ def test_a_q4_0_gguf_exported_as_8da4w_keeps_the_files_integers_and_scales(tmp_p
     # for XNNPACK: targets/xnnpack.py)
     groups = [[n] for n in linears if not re.search(r"\.(wq|wk|wv|w1|w3)\.", n)]
     for i in range(2):
-        groups += [[f"layers.{i}.attention.{w}.weight" for w in ("wq", "wk", "wv")], [f"layers.{i}.feed_forward.{w}.weight" for w in ("w1", "w3")]]
+        groups += [
+            [f"layers.{i}.attention.{w}.weight" for w in ("wq", "wk", "wv")],
+            [f"layers.{i}.feed_forward.{w}.weight" for w in ("w1", "w3")],
+        ]
     assert sorted(n for g in groups for n in g) == sorted(linears)
     for group in groups:
         assert b"".join(integers[n] for n in group) in blobs, f"{group}: not the file's integers"

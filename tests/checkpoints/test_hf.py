@@ -4,9 +4,9 @@ import json
 
 import pytest
 import torch
+from conftest import save_hf_checkpoint
 from safetensors.torch import load_file, save_file
 
-from conftest import save_hf_checkpoint
 from genai_pipeline.checkpoints.hf import load_decoder
 from genai_pipeline.errors import CheckpointError
 from genai_pipeline.registry import get_spec
@@ -82,7 +82,9 @@ def test_half_precision_is_read_and_integer_weights_are_refused(checkpoint):
     save_file({k: v.to(torch.bfloat16) for k, v in tensors.items()}, f, metadata={"format": "pt"})
     model = load_decoder(SPEC, checkpoint, 16)
     assert model.layers[0].attention.wq.weight.dtype == torch.float32
-    tensors["model.layers.0.self_attn.q_proj.weight"] = torch.zeros(tensors["model.layers.0.self_attn.q_proj.weight"].shape, dtype=torch.int8)
+    tensors["model.layers.0.self_attn.q_proj.weight"] = torch.zeros(
+        tensors["model.layers.0.self_attn.q_proj.weight"].shape, dtype=torch.int8
+    )
     save_file(tensors, f, metadata={"format": "pt"})
     message = _error(checkpoint)
     assert "model.layers.0.self_attn.q_proj.weight" in message and "int8" in message and "float" in message
@@ -106,14 +108,17 @@ def test_config_that_is_not_this_family(checkpoint):
     assert "does not describe a llama model" in _error(checkpoint)
 
 
-@pytest.mark.parametrize("layers, needle", [
-    (10**9, "num_hidden_layers is 1000000000, but the tensors hold layers 0 to 1"),
-    (2**64 - 1, "but the tensors hold layers 0 to 1"),
-    (1, "num_hidden_layers is 1, but the tensors hold layers 0 to 1"),
-    (2.5, "num_hidden_layers is 2.5; expected a whole number"),
-    ("two", "num_hidden_layers is 'two'; expected a whole number"),
-    (0, "num_hidden_layers is 0; expected a whole number"),
-])
+@pytest.mark.parametrize(
+    "layers, needle",
+    [
+        (10**9, "num_hidden_layers is 1000000000, but the tensors hold layers 0 to 1"),
+        (2**64 - 1, "but the tensors hold layers 0 to 1"),
+        (1, "num_hidden_layers is 1, but the tensors hold layers 0 to 1"),
+        (2.5, "num_hidden_layers is 2.5; expected a whole number"),
+        ("two", "num_hidden_layers is 'two'; expected a whole number"),
+        (0, "num_hidden_layers is 0; expected a whole number"),
+    ],
+)
 def test_a_layer_count_the_tensors_do_not_hold_is_refused_before_building(checkpoint, layers, needle):
     """A config.json declaring a billion layers would build a billion-layer model (a hang, then a
     killed process): it is checked against the safetensors headers first, by loading and by inference."""
@@ -127,13 +132,20 @@ def test_a_layer_count_the_tensors_do_not_hold_is_refused_before_building(checkp
         infer_checkpoint_spec(checkpoint)
 
 
-@pytest.mark.parametrize("key, value, needle", [
-    ("rms_norm_eps", float("nan"), "rms_norm_eps is nan; expected a finite number above 0"),
-    ("rope_parameters", {"rope_type": "default", "rope_theta": float("inf")}, "rope_theta must be a finite number above 0"),
-    ("hidden_size", 64.5, "hidden_size is 64.5; expected a whole number >= 1"),
-    ("max_position_embeddings", -1, "max_position_embeddings is -1; expected a whole number >= 1"),
-    ("rms_norm_eps", "small", "rms_norm_eps is 'small'; expected a finite number above 0"),
-])
+@pytest.mark.parametrize(
+    "key, value, needle",
+    [
+        ("rms_norm_eps", float("nan"), "rms_norm_eps is nan; expected a finite number above 0"),
+        (
+            "rope_parameters",
+            {"rope_type": "default", "rope_theta": float("inf")},
+            "rope_theta must be a finite number above 0",
+        ),
+        ("hidden_size", 64.5, "hidden_size is 64.5; expected a whole number >= 1"),
+        ("max_position_embeddings", -1, "max_position_embeddings is -1; expected a whole number >= 1"),
+        ("rms_norm_eps", "small", "rms_norm_eps is 'small'; expected a finite number above 0"),
+    ],
+)
 def test_non_finite_or_mistyped_hyperparameters_are_refused(checkpoint, key, value, needle):
     config = json.loads((checkpoint / "config.json").read_text())
     (checkpoint / "config.json").write_text(json.dumps({**config, key: value}))

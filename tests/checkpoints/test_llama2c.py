@@ -10,8 +10,8 @@ import sys
 import pytest
 import torch
 import torch.nn.functional as F
-
 from conftest import train_sentencepiece
+
 from genai_pipeline.checkpoints import infer_checkpoint_spec, load_decoder
 from genai_pipeline.cli import main
 from genai_pipeline.errors import CheckpointError
@@ -95,7 +95,11 @@ def llama2c_reference(state: dict, args: dict, tokens: list[int]) -> torch.Tenso
         attention = torch.einsum("hqk,khd->qhd", scores.softmax(-1), v).reshape(t, dim)
         h = h + attention @ w["attention.wo.weight"].T
         x = rmsnorm(h, w["ffn_norm.weight"])
-        h = h + (F.silu(x @ w["feed_forward.w1.weight"].T) * (x @ w["feed_forward.w3.weight"].T)) @ w["feed_forward.w2.weight"].T
+        h = (
+            h
+            + (F.silu(x @ w["feed_forward.w1.weight"].T) * (x @ w["feed_forward.w3.weight"].T))
+            @ w["feed_forward.w2.weight"].T
+        )
     return rmsnorm(h, state["norm.weight"]) @ state["output.weight"].T
 
 
@@ -188,8 +192,12 @@ def test_missing_and_unexpected_tensors_are_named(tmp_path):
 
 
 STORIES_ARGS = {  # model_args of the published karpathy/tinyllamas checkpoints
-    "stories15m": dict(dim=288, n_layers=6, n_heads=6, n_kv_heads=6, vocab_size=32000, multiple_of=32, max_seq_len=256, dropout=0.0),
-    "stories110m": dict(dim=768, n_layers=12, n_heads=12, n_kv_heads=12, vocab_size=32000, multiple_of=32, max_seq_len=1024, dropout=0.0),
+    "stories15m": dict(
+        dim=288, n_layers=6, n_heads=6, n_kv_heads=6, vocab_size=32000, multiple_of=32, max_seq_len=256, dropout=0.0
+    ),
+    "stories110m": dict(
+        dim=768, n_layers=12, n_heads=12, n_kv_heads=12, vocab_size=32000, multiple_of=32, max_seq_len=1024, dropout=0.0
+    ),
 }
 
 
@@ -225,8 +233,21 @@ def llama2c_export(tmp_path_factory):
     save_llama2c(folder, state, name="stories_tiny.pt")
     train_sentencepiece(folder / "tokenizer.model", VOCAB)
     out = tmp_path_factory.mktemp("llama2c_export")
-    argv = ["export", "--checkpoint", folder, "--target", "portable", "--mode", "hybrid",
-            "--max-seq-len", MAX_SEQ, "--prefill-len", 8, "--out", out]
+    argv = [
+        "export",
+        "--checkpoint",
+        folder,
+        "--target",
+        "portable",
+        "--mode",
+        "hybrid",
+        "--max-seq-len",
+        MAX_SEQ,
+        "--prefill-len",
+        8,
+        "--out",
+        out,
+    ]
     err = io.StringIO()
     with pytest.MonkeyPatch.context() as mp:  # capsys is per test; the CLI logs to the sys.stderr of the call
         mp.setattr(sys, "stderr", err)

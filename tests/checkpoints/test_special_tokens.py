@@ -23,7 +23,9 @@ def chat_checkpoint(folder, generation_eos=(2, 5), config_eos=2):
     tok = Tokenizer.from_file(str(train_tokenizer(folder / "tokenizer.json", TINY_VOCAB - 2)))
     tok.add_special_tokens(["<|im_start|>", "<|im_end|>"])
     tok.save(str(folder / "tokenizer.json"))
-    (folder / "generation_config.json").write_text(json.dumps({"bos_token_id": 1, "eos_token_id": list(generation_eos)}))
+    (folder / "generation_config.json").write_text(
+        json.dumps({"bos_token_id": 1, "eos_token_id": list(generation_eos)})
+    )
     (folder / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|im_end|>", "chat_template": CHATML}))
     return folder, tok.token_to_id("<|im_end|>")
 
@@ -36,7 +38,12 @@ def test_every_eos_the_checkpoint_names_and_where_it_came_from(tmp_path):
     assert special.end_of_turn_ids == (im_end,)
     assert special.sources["bos_id"] == ("generation_config.json",)
     assert special.sources["pad_id"] == ("config.json",)
-    assert set(special.sources["eos_ids"]) == {"generation_config.json", "config.json", "tokenizer_config.json", "chat template (<|im_end|>)"}
+    assert set(special.sources["eos_ids"]) == {
+        "generation_config.json",
+        "config.json",
+        "tokenizer_config.json",
+        "chat template (<|im_end|>)",
+    }
 
 
 def test_the_entry_fills_only_what_the_checkpoint_lacks(tmp_path):

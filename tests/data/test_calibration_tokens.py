@@ -3,8 +3,8 @@
 import json
 
 import pytest
-
 from conftest import train_tokenizer
+
 from genai_pipeline.chat_template import ChatTemplate
 from genai_pipeline.data import LOADERS, calibration_steps, calibration_tokens, random_token_lists
 from genai_pipeline.errors import DataError, InputError

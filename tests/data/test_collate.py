@@ -64,7 +64,11 @@ def test_random_tokens_are_reproducible_and_in_range(caplog):
     with caplog.at_level(logging.WARNING):
         a = random_token_lists(3, seq_len=50, vocab_size=7, seed=1)
     assert "RANDOM" not in caplog.text  # the quantize stage warns when it calibrates on them, not the data layer
-    assert a == random_token_lists(3, seq_len=50, vocab_size=7, seed=1) != random_token_lists(3, seq_len=50, vocab_size=7, seed=2)
+    assert (
+        a
+        == random_token_lists(3, seq_len=50, vocab_size=7, seed=1)
+        != random_token_lists(3, seq_len=50, vocab_size=7, seed=2)
+    )
     assert len(a) == 3 and all(len(ids) == 50 for ids in a)
     assert {t for ids in a for t in ids} == set(range(1, 7))  # never 0, the padding id
 

@@ -10,7 +10,12 @@ from genai_pipeline.errors import DataError
 from genai_pipeline.options import DatasetSpec
 
 CHAT = [
-    {"messages": [{"role": "user", "content": "What is a list?"}, {"role": "assistant", "content": "A mutable sequence."}]},
+    {
+        "messages": [
+            {"role": "user", "content": "What is a list?"},
+            {"role": "assistant", "content": "A mutable sequence."},
+        ]
+    },
     {"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]},
 ]
 
@@ -54,11 +59,19 @@ def test_multimodal_parts_resolve_images_next_to_the_json(tmp_path):
     cat, dog = tmp_path / "img" / "cat.png", tmp_path / "dog.png"
     cat.write_bytes(b"\x89PNG")
     dog.write_bytes(b"\x89PNG")
-    content = [{"type": "image", "image": "img/cat.png"}, {"type": "text", "text": "and"}, {"type": "image", "path": "dog.png"}]
-    [sample] = load_messages(_write_json(tmp_path / "vision.json", [{"messages": [{"role": "user", "content": content}]}]))
+    content = [
+        {"type": "image", "image": "img/cat.png"},
+        {"type": "text", "text": "and"},
+        {"type": "image", "path": "dog.png"},
+    ]
+    [sample] = load_messages(
+        _write_json(tmp_path / "vision.json", [{"messages": [{"role": "user", "content": content}]}])
+    )
     assert sample.images == (cat, dog)
     assert sample.messages[0].content == (
-        ContentPart("image", image=cat), ContentPart("text", text="and"), ContentPart("image", image=dog)
+        ContentPart("image", image=cat),
+        ContentPart("text", text="and"),
+        ContentPart("image", image=dog),
     )
 
 
@@ -113,7 +126,10 @@ def test_malformed_json_line_says_which(tmp_path):
         ({"messages": [{"content": "hi"}]}, "message 0: message has no 'role'"),
         ({"messages": [{"role": "user"}]}, "message 0: message has no 'content'"),
         ({"messages": ["hi"]}, "must be an object"),
-        ({"messages": [{"role": "user", "content": [{"type": "audio", "audio": "a.wav"}]}]}, "unsupported content part type 'audio'"),
+        (
+            {"messages": [{"role": "user", "content": [{"type": "audio", "audio": "a.wav"}]}]},
+            "unsupported content part type 'audio'",
+        ),
         ({"messages": [{"role": "user", "content": [{"type": "text"}]}]}, "text part needs a string 'text'"),
     ],
 )

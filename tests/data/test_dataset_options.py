@@ -41,7 +41,10 @@ def test_options_take_specs_or_strings_in_order():
 
 @pytest.mark.parametrize(
     "kwargs, problem",
-    [({"limit": 0}, "--calib-limit must be at least 1, got 0"), ({"seq_len": 0}, "--calib-seq-len must be at least 1, got 0")],
+    [
+        ({"limit": 0}, "--calib-limit must be at least 1, got 0"),
+        ({"seq_len": 0}, "--calib-seq-len must be at least 1, got 0"),
+    ],
 )
 def test_bad_option_values(kwargs, problem):
     with pytest.raises(InputError) as e:

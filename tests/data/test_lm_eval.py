@@ -34,17 +34,32 @@ def test_wikitext_style_task_built_from_local_text(tmp_path):
     "doc, text",
     [
         (  # ARC: choices by label
-            {"question": "Which is a mammal?", "choices": {"text": ["trout", "whale"], "label": ["A", "B"]}, "answerKey": "B"},
+            {
+                "question": "Which is a mammal?",
+                "choices": {"text": ["trout", "whale"], "label": ["A", "B"]},
+                "answerKey": "B",
+            },
             "Question: Which is a mammal?\nAnswer: whale",
         ),
         ({"question": "2+2?", "choices": ["3", "4", "5"], "answer": 1}, "Question: 2+2?\nAnswer: 4"),  # MMLU
-        ({"question": "Half of 8?", "answer": "8 / 2 = 4\n#### 4"}, "Question: Half of 8?\nAnswer: 8 / 2 = 4\n#### 4"),  # GSM8K
-        ({"ctx": "She opens the door and", "endings": ["flies.", "walks in."], "label": "1"}, "She opens the door and walks in."),
-        ({"passage": "Water is wet.", "question": "is water wet", "answer": True}, "Water is wet.\n\nQuestion: is water wet\nAnswer: yes"),
+        (
+            {"question": "Half of 8?", "answer": "8 / 2 = 4\n#### 4"},
+            "Question: Half of 8?\nAnswer: 8 / 2 = 4\n#### 4",
+        ),  # GSM8K
+        (
+            {"ctx": "She opens the door and", "endings": ["flies.", "walks in."], "label": "1"},
+            "She opens the door and walks in.",
+        ),
+        (
+            {"passage": "Water is wet.", "question": "is water wet", "answer": True},
+            "Water is wet.\n\nQuestion: is water wet\nAnswer: yes",
+        ),
         ({"query": "Q: Capital of France?\nA:", "gold": ["Paris", "paris"]}, "Q: Capital of France?\nA: Paris"),
         ({"goal": "Open a jar", "label": 0}, "Open a jar"),  # an index with no choices: prompt only
-        ({"context": "Ottawa is in Canada.", "question": "Where is Ottawa?", "answers": {"text": ["Canada"]}},
-         "Ottawa is in Canada.\n\nQuestion: Where is Ottawa?\nAnswer: Canada"),  # SQuAD
+        (
+            {"context": "Ottawa is in Canada.", "question": "Where is Ottawa?", "answers": {"text": ["Canada"]}},
+            "Ottawa is in Canada.\n\nQuestion: Where is Ottawa?\nAnswer: Canada",
+        ),  # SQuAD
     ],
 )
 def test_documents_render_as_prompt_and_answer(doc, text):

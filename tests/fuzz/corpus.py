@@ -57,7 +57,12 @@ def gguf_bytes(metadata: dict, tensors: list[tuple[str, list[int], int, bytes]])
     out += [_string(k) + struct.pack("<I", kind) + _value(kind, v) for k, (kind, v) in metadata.items()]
     offset, blobs = 0, []
     for name, dims, kind, data in tensors:
-        out.append(_string(name) + struct.pack("<I", len(dims)) + struct.pack(f"<{len(dims)}Q", *dims) + struct.pack("<IQ", kind, offset))
+        out.append(
+            _string(name)
+            + struct.pack("<I", len(dims))
+            + struct.pack(f"<{len(dims)}Q", *dims)
+            + struct.pack("<IQ", kind, offset)
+        )
         padded = data + b"\0" * (-len(data) % 32)
         blobs.append(padded)
         offset += len(padded)
@@ -66,7 +71,9 @@ def gguf_bytes(metadata: dict, tensors: list[tuple[str, list[int], int, bytes]])
 
 
 def _bytes_to_unicode() -> list[str]:
-    keep = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    keep = (
+        list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    )
     chars, extra = {}, 0
     for b in range(256):
         if b in keep:
@@ -137,40 +144,84 @@ def base_gguf() -> bytes:
 
 def _regions(data: bytes) -> dict[str, tuple[int, int]]:
     """Byte ranges of the base file: header, metadata, tensor table, data."""
-    metadata = b"".join(_string(k) + struct.pack("<I", kind) + _value(kind, v) for k, (kind, v) in base_metadata().items())
+    metadata = b"".join(
+        _string(k) + struct.pack("<I", kind) + _value(kind, v) for k, (kind, v) in base_metadata().items()
+    )
     tensors = base_tensors(random.Random(SEED))
     table = sum(8 + len(n) + 4 + 8 * len(d) + 12 for n, d, _, _ in tensors)
     data_start = 24 + len(metadata) + table
     data_start += -data_start % 32
-    return {"header": (0, 24), "metadata": (24, 24 + len(metadata)), "tensor table": (24 + len(metadata), 24 + len(metadata) + table),
-            "data": (data_start, len(data))}
+    return {
+        "header": (0, 24),
+        "metadata": (24, 24 + len(metadata)),
+        "tensor table": (24 + len(metadata), 24 + len(metadata) + table),
+        "data": (data_start, len(data)),
+    }
 
 
 # Metadata values a hostile or broken file may hold: (key, type, value)
 ABSURD_METADATA = [
-    ("llama.block_count", U64, 10**9), ("llama.block_count", U64, 2**64 - 1), ("llama.block_count", U32, 0),
-    ("llama.block_count", F32, 2.5), ("llama.block_count", STRING, "two"), ("llama.block_count", U32, 3),
-    ("llama.embedding_length", U32, 0), ("llama.embedding_length", U64, 2**62), ("llama.embedding_length", I32, -32),
-    ("llama.embedding_length", U32, 33), ("llama.attention.head_count", U32, 0), ("llama.attention.head_count", U32, 3),
-    ("llama.attention.head_count", U32, 10**6), ("llama.attention.head_count_kv", U32, 0), ("llama.attention.head_count_kv", U32, 3),
-    ("llama.feed_forward_length", U32, 0), ("llama.feed_forward_length", U32, 65), ("llama.feed_forward_length", U64, 2**40),
-    ("llama.context_length", U32, 0), ("llama.context_length", I32, -1), ("llama.context_length", STRING, "long"),
-    ("llama.rope.dimension_count", STRING, "sixteen"), ("llama.rope.dimension_count", U32, 0), ("llama.rope.dimension_count", U32, 7),
-    ("llama.rope.dimension_count", U32, 4096), ("llama.rope.freq_base", F32, float("nan")), ("llama.rope.freq_base", F32, float("inf")),
-    ("llama.rope.freq_base", F32, -1.0), ("llama.attention.layer_norm_rms_epsilon", F32, float("nan")),
-    ("llama.attention.layer_norm_rms_epsilon", F32, 0.0), ("llama.attention.layer_norm_rms_epsilon", STRING, "tiny"),
-    ("tokenizer.ggml.bos_token_id", U32, 10**6), ("tokenizer.ggml.eos_token_id", U32, len(VOCAB)),
-    ("tokenizer.ggml.eos_token_id", STRING, "</s>"), ("tokenizer.ggml.bos_token_id", F32, float("nan")),
-    ("tokenizer.ggml.eos_token_id", ARRAY, (U32, [299, 298])), ("tokenizer.ggml.bos_token_id", I32, -1),
-    ("general.architecture", ARRAY, (STRING, ["llama"])), ("general.architecture", STRING, "mamba"), ("general.architecture", U32, 7),
-    ("tokenizer.ggml.model", STRING, "bert"), ("tokenizer.ggml.model", U32, 1), ("tokenizer.ggml.tokens", ARRAY, (U32, [1, 2])),
-    ("tokenizer.ggml.tokens", ARRAY, (STRING, VOCAB[:10])), ("tokenizer.ggml.tokens", STRING, "abc"),
-    ("tokenizer.ggml.token_type", ARRAY, (I32, [1])), ("tokenizer.ggml.merges", ARRAY, (STRING, ["a"])),
-    ("tokenizer.ggml.merges", ARRAY, (U32, [1])), ("tokenizer.ggml.add_bos_token", STRING, "no"),
-    ("tokenizer.ggml.unknown_token_id", U32, 10**6), ("tokenizer.ggml.padding_token_id", U32, 2**31),
-    ("tokenizer.chat_template", STRING, "{% for x in range(100000) %}{% for y in range(100000) %}{% endfor %}{% endfor %}"),
-    ("tokenizer.chat_template", STRING, "{{ 'a' * 10**10 }}"), ("tokenizer.chat_template", STRING, "{% if %}"),
-    ("tokenizer.chat_template", U32, 5), ("general.alignment", U32, 3), ("general.alignment", U32, 0),
+    ("llama.block_count", U64, 10**9),
+    ("llama.block_count", U64, 2**64 - 1),
+    ("llama.block_count", U32, 0),
+    ("llama.block_count", F32, 2.5),
+    ("llama.block_count", STRING, "two"),
+    ("llama.block_count", U32, 3),
+    ("llama.embedding_length", U32, 0),
+    ("llama.embedding_length", U64, 2**62),
+    ("llama.embedding_length", I32, -32),
+    ("llama.embedding_length", U32, 33),
+    ("llama.attention.head_count", U32, 0),
+    ("llama.attention.head_count", U32, 3),
+    ("llama.attention.head_count", U32, 10**6),
+    ("llama.attention.head_count_kv", U32, 0),
+    ("llama.attention.head_count_kv", U32, 3),
+    ("llama.feed_forward_length", U32, 0),
+    ("llama.feed_forward_length", U32, 65),
+    ("llama.feed_forward_length", U64, 2**40),
+    ("llama.context_length", U32, 0),
+    ("llama.context_length", I32, -1),
+    ("llama.context_length", STRING, "long"),
+    ("llama.rope.dimension_count", STRING, "sixteen"),
+    ("llama.rope.dimension_count", U32, 0),
+    ("llama.rope.dimension_count", U32, 7),
+    ("llama.rope.dimension_count", U32, 4096),
+    ("llama.rope.freq_base", F32, float("nan")),
+    ("llama.rope.freq_base", F32, float("inf")),
+    ("llama.rope.freq_base", F32, -1.0),
+    ("llama.attention.layer_norm_rms_epsilon", F32, float("nan")),
+    ("llama.attention.layer_norm_rms_epsilon", F32, 0.0),
+    ("llama.attention.layer_norm_rms_epsilon", STRING, "tiny"),
+    ("tokenizer.ggml.bos_token_id", U32, 10**6),
+    ("tokenizer.ggml.eos_token_id", U32, len(VOCAB)),
+    ("tokenizer.ggml.eos_token_id", STRING, "</s>"),
+    ("tokenizer.ggml.bos_token_id", F32, float("nan")),
+    ("tokenizer.ggml.eos_token_id", ARRAY, (U32, [299, 298])),
+    ("tokenizer.ggml.bos_token_id", I32, -1),
+    ("general.architecture", ARRAY, (STRING, ["llama"])),
+    ("general.architecture", STRING, "mamba"),
+    ("general.architecture", U32, 7),
+    ("tokenizer.ggml.model", STRING, "bert"),
+    ("tokenizer.ggml.model", U32, 1),
+    ("tokenizer.ggml.tokens", ARRAY, (U32, [1, 2])),
+    ("tokenizer.ggml.tokens", ARRAY, (STRING, VOCAB[:10])),
+    ("tokenizer.ggml.tokens", STRING, "abc"),
+    ("tokenizer.ggml.token_type", ARRAY, (I32, [1])),
+    ("tokenizer.ggml.merges", ARRAY, (STRING, ["a"])),
+    ("tokenizer.ggml.merges", ARRAY, (U32, [1])),
+    ("tokenizer.ggml.add_bos_token", STRING, "no"),
+    ("tokenizer.ggml.unknown_token_id", U32, 10**6),
+    ("tokenizer.ggml.padding_token_id", U32, 2**31),
+    (
+        "tokenizer.chat_template",
+        STRING,
+        "{% for x in range(100000) %}{% for y in range(100000) %}{% endfor %}{% endfor %}",
+    ),
+    ("tokenizer.chat_template", STRING, "{{ 'a' * 10**10 }}"),
+    ("tokenizer.chat_template", STRING, "{% if %}"),
+    ("tokenizer.chat_template", U32, 5),
+    ("general.alignment", U32, 3),
+    ("general.alignment", U32, 0),
 ]
 
 
@@ -178,7 +229,11 @@ def gguf_cases() -> dict[str, list[tuple[str, bytes]]]:
     rng = random.Random(SEED)
     base = base_gguf()
     regions = _regions(base)
-    cases: dict[str, list[tuple[str, bytes]]] = {"gguf: truncations": [], "gguf: absurd metadata": [], "gguf: lying tensor table": []}
+    cases: dict[str, list[tuple[str, bytes]]] = {
+        "gguf: truncations": [],
+        "gguf: absurd metadata": [],
+        "gguf: lying tensor table": [],
+    }
     for cut in sorted({0, 3, 4, 8, 16, 23, 24, *(rng.randrange(24, len(base)) for _ in range(30))}):
         cases["gguf: truncations"].append((f"cut at {cut}", base[:cut]))
     for region, (lo, hi) in regions.items():
@@ -198,7 +253,9 @@ def gguf_cases() -> dict[str, list[tuple[str, bytes]]]:
     for key, kind, value in ABSURD_METADATA:
         metadata = base_metadata()
         metadata[key] = (kind, value)
-        cases["gguf: absurd metadata"].append((f"{key} = {value!r:.40}", gguf_bytes(metadata, base_tensors(random.Random(SEED)))))
+        cases["gguf: absurd metadata"].append(
+            (f"{key} = {value!r:.40}", gguf_bytes(metadata, base_tensors(random.Random(SEED))))
+        )
     cases["gguf: absurd metadata"].append(("an array declaring 2^40 entries", _lying_array(base)))
     tensors = base_tensors(random.Random(SEED))
     lies = [
@@ -207,14 +264,26 @@ def gguf_cases() -> dict[str, list[tuple[str, bytes]]]:
         ("5 dimensions", lambda t: [(t[0][0], [DIM, len(VOCAB), 1, 1, 1], t[0][2], t[0][3])] + t[1:], None),
         ("a dimension of 0", lambda t: [(t[0][0], [DIM, 0], t[0][2], t[0][3])] + t[1:], None),
         ("an undefined type", lambda t: [(t[0][0], t[0][1], 99, t[0][3])] + t[1:], None),
-        ("a quantized type with a shape that is not whole blocks", lambda t: [(t[0][0], [33, len(VOCAB)], Q8_0_TENSOR, t[0][3])] + t[1:], None),
+        (
+            "a quantized type with a shape that is not whole blocks",
+            lambda t: [(t[0][0], [33, len(VOCAB)], Q8_0_TENSOR, t[0][3])] + t[1:],
+            None,
+        ),
         ("a block missing", lambda t: [x for x in t if not x[0].startswith("blk.1.")], None),
         ("a block more", lambda t: t + [("blk.2.attn_norm.weight", [DIM], F32_TENSOR, t[1][3])], None),
         ("a tensor duplicated", lambda t: t + [t[1]], None),
-        ("a tensor of another shape", lambda t: [t[0], (t[1][0], [DIM + 1], F32_TENSOR, t[1][3] + b"\0" * 4)] + t[2:], None),
+        (
+            "a tensor of another shape",
+            lambda t: [t[0], (t[1][0], [DIM + 1], F32_TENSOR, t[1][3] + b"\0" * 4)] + t[2:],
+            None,
+        ),
         ("an unknown tensor", lambda t: t + [("blk.0.mystery.weight", [DIM], F32_TENSOR, t[1][3])], None),
         ("token_embd missing", lambda t: t[1:], None),
-        ("embedding rows fewer than the vocabulary", lambda t: [(t[0][0], [DIM, 100], F32_TENSOR, t[0][3][: 100 * DIM * 4])] + t[1:], None),
+        (
+            "embedding rows fewer than the vocabulary",
+            lambda t: [(t[0][0], [DIM, 100], F32_TENSOR, t[0][3][: 100 * DIM * 4])] + t[1:],
+            None,
+        ),
         ("a name of 2^40 bytes", None, "name"),
     ]
     for name, change, hack in lies:
@@ -305,9 +374,11 @@ HOSTILE_TEMPLATES = {
 def template_cases() -> dict[str, list[tuple[str, str]]]:
     rng = random.Random(SEED)
     real = base_metadata()["tokenizer.chat_template"][1]
-    smollm = ("{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}{{ '<|im_start|>system\n"
-              "You are a helpful AI assistant<|im_end|>\n' }}{% endif %}{{'<|im_start|>' + message['role'] + '\n' + "
-              "message['content'] + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
+    smollm = (
+        "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}{{ '<|im_start|>system\n"
+        "You are a helpful AI assistant<|im_end|>\n' }}{% endif %}{{'<|im_start|>' + message['role'] + '\n' + "
+        "message['content'] + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+    )
     mutations = []
     for n in range(40):
         source = list(rng.choice((real, smollm)))
@@ -325,8 +396,12 @@ def _png(width: int, height: int, body: bytes = b"\0" * 16) -> bytes:
     def chunk(kind: bytes, data: bytes) -> bytes:
         return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
 
-    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0))
-            + chunk(b"IDAT", zlib.compress(body)) + chunk(b"IEND", b""))
+    return (
+        b"\x89PNG\r\n\x1a\n"
+        + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0))
+        + chunk(b"IDAT", zlib.compress(body))
+        + chunk(b"IEND", b"")
+    )
 
 
 def _jpeg_declaring(width: int, height: int) -> bytes:
@@ -349,11 +424,20 @@ def _real_image(kind: str) -> bytes:
 def image_cases() -> dict[str, list[tuple[str, bytes]]]:
     rng = random.Random(SEED)
     bombs = [
-        ("png 50000 x 50000", _png(50000, 50000)), ("png 2147483647 x 1", _png(2147483647, 1)),
-        ("png 10000 x 9000", _png(10000, 9000)), ("png 0 x 0", _png(0, 0)), ("jpeg 65500 x 65500", _jpeg_declaring(65500, 65500)),
+        ("png 50000 x 50000", _png(50000, 50000)),
+        ("png 2147483647 x 1", _png(2147483647, 1)),
+        ("png 10000 x 9000", _png(10000, 9000)),
+        ("png 0 x 0", _png(0, 0)),
+        ("jpeg 65500 x 65500", _jpeg_declaring(65500, 65500)),
         ("gif 65535 x 65535", b"GIF89a" + struct.pack("<HH", 65535, 65535) + b"\x00\x00\x00;"),
-        ("bmp 100000 x 100000", b"BM" + struct.pack("<IHHI", 54, 0, 0, 54) + struct.pack("<IiiHHIIiiII", 40, 100000, 100000, 1, 24, 0, 0, 0, 0, 0, 0)),
-        ("empty file", b""), ("text", b"not an image at all\n"),
+        (
+            "bmp 100000 x 100000",
+            b"BM"
+            + struct.pack("<IHHI", 54, 0, 0, 54)
+            + struct.pack("<IiiHHIIiiII", 40, 100000, 100000, 1, 24, 0, 0, 0, 0, 0, 0),
+        ),
+        ("empty file", b""),
+        ("text", b"not an image at all\n"),
     ]
     damaged = []
     for kind in ("PNG", "JPEG", "GIF", "BMP", "WEBP"):
@@ -374,6 +458,7 @@ def image_cases() -> dict[str, list[tuple[str, bytes]]]:
 
 def manifest_cases(manifest: dict) -> list[tuple[str, object]]:
     """Manifests a reader may meet: (name, the JSON value written as manifest.json)."""
+
     def without(key):
         return {k: v for k, v in manifest.items() if k != key}
 
@@ -382,23 +467,42 @@ def manifest_cases(manifest: dict) -> list[tuple[str, object]]:
 
     artifact = next(iter(manifest["artifacts"]))
     return [
-        ("a list", [1, 2]), ("null", None), ("a string", "manifest"), ("an empty object", {}),
-        ("no artifacts", without("artifacts")), ("config null", with_("config", None)), ("config a list", with_("config", [])),
-        ("max_seq_len a string", with_("max_seq_len", "512")), ("max_seq_len 0", with_("max_seq_len", 0)),
-        ("max_seq_len true", with_("max_seq_len", True)), ("mode unknown", with_("mode", "turbo")),
-        ("artifacts a list", with_("artifacts", [])), ("artifact not an object", with_("artifacts", {artifact: 3})),
-        ("artifact file outside the folder", with_("artifacts", {artifact: {**manifest["artifacts"][artifact], "file": "../x.pte"}})),
-        ("artifact file missing", with_("artifacts", {artifact: {**manifest["artifacts"][artifact], "file": "gone.pte"}})),
-        ("files null", with_("files", None)), ("bos id a string", with_("bos_id", "<s>")), ("eos ids null", with_("eos_ids", None)),
+        ("a list", [1, 2]),
+        ("null", None),
+        ("a string", "manifest"),
+        ("an empty object", {}),
+        ("no artifacts", without("artifacts")),
+        ("config null", with_("config", None)),
+        ("config a list", with_("config", [])),
+        ("max_seq_len a string", with_("max_seq_len", "512")),
+        ("max_seq_len 0", with_("max_seq_len", 0)),
+        ("max_seq_len true", with_("max_seq_len", True)),
+        ("mode unknown", with_("mode", "turbo")),
+        ("artifacts a list", with_("artifacts", [])),
+        ("artifact not an object", with_("artifacts", {artifact: 3})),
+        (
+            "artifact file outside the folder",
+            with_("artifacts", {artifact: {**manifest["artifacts"][artifact], "file": "../x.pte"}}),
+        ),
+        (
+            "artifact file missing",
+            with_("artifacts", {artifact: {**manifest["artifacts"][artifact], "file": "gone.pte"}}),
+        ),
+        ("files null", with_("files", None)),
+        ("bos id a string", with_("bos_id", "<s>")),
+        ("eos ids null", with_("eos_ids", None)),
         ("vocab size 0", with_("config", {**manifest["config"], "vocab_size": 0})),
-        ("config of another model", with_("config", {**manifest["config"], "n_layers": manifest["config"]["n_layers"] + 1})),
+        (
+            "config of another model",
+            with_("config", {**manifest["config"], "n_layers": manifest["config"]["n_layers"] + 1}),
+        ),
         ("max_seq_len of another export", with_("max_seq_len", manifest["max_seq_len"] * 2)),
     ]
 
 
 # -- running the cases ---------------------------------------------------------------------------
 
-_CHILD = r'''
+_CHILD = r"""
 import json, resource, signal, sys, traceback
 from pathlib import Path
 resource.setrlimit(resource.RLIMIT_AS, ({memory}, {memory}))
@@ -427,7 +531,7 @@ for case in sorted(folder.iterdir(), key=lambda p: int(p.name.split("-")[0]))[st
     finally:
         signal.alarm(0)
     print(json.dumps({{"case": case.name, "outcome": outcome, "message": message[:300]}}), flush=True)
-'''
+"""
 
 
 def check_gguf(path: Path) -> str | None:
@@ -456,7 +560,9 @@ def check_template(path: Path) -> str | None:
     from genai_pipeline.chat_template import render_chat
     from genai_pipeline.data.samples import Message
 
-    render_chat((Message("system", "Be brief."), Message("user", "Hello?")), path.read_text(), add_generation_prompt=True)
+    render_chat(
+        (Message("system", "Be brief."), Message("user", "Hello?")), path.read_text(), add_generation_prompt=True
+    )
     return None
 
 
@@ -474,7 +580,9 @@ def all_cases() -> dict[str, list[tuple[str, bytes | str]]]:
     return {**gguf_cases(), **template_cases(), **image_cases()}
 
 
-def outcomes(cases: dict[str, list[tuple[str, bytes | str]]], folder: Path, timeout: float = 600) -> dict[str, list[dict]]:
+def outcomes(
+    cases: dict[str, list[tuple[str, bytes | str]]], folder: Path, timeout: float = 600
+) -> dict[str, list[dict]]:
     """Each case fed to the tool, one child process per kind of input (gguf, templates, images),
     bounded in time (per case) and memory; {category: [{case, outcome, message, category}]}."""
     rows: dict[str, list[dict]] = {category: [] for category in cases}
@@ -492,8 +600,12 @@ def outcomes(cases: dict[str, list[tuple[str, bytes | str]]], folder: Path, time
         child = _CHILD.format(memory=CHILD_MEMORY, here=str(Path(__file__).parent), seconds=CASE_SECONDS)
         done = 0
         while done < len(mine):
-            result = subprocess.run([sys.executable, "-c", child, kind, str(where), str(done)], capture_output=True,
-                                    text=True, timeout=timeout)
+            result = subprocess.run(
+                [sys.executable, "-c", child, kind, str(where), str(done)],
+                capture_output=True,
+                text=True,
+                timeout=timeout,
+            )
             seen = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
             for row in seen:
                 category, name = files[row["case"]]
@@ -530,4 +642,6 @@ if __name__ == "__main__":
             if row["outcome"] not in ("accepted", "refused") or "--verbose" in sys.argv:
                 print(f"  {category}: {row['case']}: {row['outcome']} {row['message'][:160]}", file=sys.stderr)
     print(table(results))
-    print(f"{sum(map(len, results.values()))} cases; seconds by kind (one child process each, its imports included): {seconds}")
+    print(
+        f"{sum(map(len, results.values()))} cases; seconds by kind (one child process each, its imports included): {seconds}"
+    )

@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 
 sys.path.insert(0, str(Path(__file__).parent))
 import corpus  # noqa: E402
-
 from conftest import copy_export  # noqa: E402
+
 from genai_pipeline.cli import main  # noqa: E402
 from genai_pipeline.errors import GenAIError  # noqa: E402
 
@@ -34,7 +34,9 @@ def results(tmp_path_factory):
 def test_every_case_is_refused_in_one_line_or_accepted_correctly(results, category):
     rows = results[category]
     assert len(rows) == len(corpus.all_cases()[category])
-    bad = [f"{r['case']}: {r['outcome']} {r['message'][:200]}" for r in rows if r["outcome"] not in ("accepted", "refused")]
+    bad = [
+        f"{r['case']}: {r['outcome']} {r['message'][:200]}" for r in rows if r["outcome"] not in ("accepted", "refused")
+    ]
     assert not bad, "\n".join(bad)
     refused = [r for r in rows if r["outcome"] == "refused"]
     assert all(r["message"] and "\n" not in r["message"] for r in refused)
@@ -53,7 +55,9 @@ def test_the_corpus_is_what_its_seed_makes():
     assert first["gguf: byte flips in the data"] == second["gguf: byte flips in the data"]
 
 
-@pytest.mark.parametrize("case", ["cut at 23", "llama.block_count = 1000000000", "offset past the end", "an array declaring 2^40 entries"])
+@pytest.mark.parametrize(
+    "case", ["cut at 23", "llama.block_count = 1000000000", "offset past the end", "an array declaring 2^40 entries"]
+)
 def test_the_cli_refuses_a_hostile_gguf_in_one_line_and_keeps_out(capsys, tmp_path, export_tiny, case):
     cases = dict(name_case for cases in corpus.gguf_cases().values() for name_case in cases)
     (tmp_path / "m.gguf").write_bytes(cases[case])
@@ -120,7 +124,11 @@ def damaged_folders(export_tiny, tmp_path_factory):
         (folder / "manifest.json").write_text(json.dumps(value))
         folders[f"manifest: {name}"] = folder
     program = (base / "text_decoder.pte").read_bytes()
-    for name, at in (("program: header flipped", 12), ("program: middle flipped", len(program) // 2), ("program: truncated", None)):
+    for name, at in (
+        ("program: header flipped", 12),
+        ("program: middle flipped", len(program) // 2),
+        ("program: truncated", None),
+    ):
         folder = copy_export(base, tmp_path_factory.mktemp("program") / "out")
         data = bytearray(program[: len(program) // 3] if at is None else program)
         if at is not None:
@@ -129,21 +137,34 @@ def damaged_folders(export_tiny, tmp_path_factory):
         folders[name] = folder
     folder = copy_export(base, tmp_path_factory.mktemp("tokenizer") / "out")
     tokenizer = json.loads((folder / "tokenizer.json").read_text())
-    tokenizer["model"]["vocab"] = {token: (i + 1) % len(tokenizer["model"]["vocab"]) for token, i in tokenizer["model"]["vocab"].items()}
+    tokenizer["model"]["vocab"] = {
+        token: (i + 1) % len(tokenizer["model"]["vocab"]) for token, i in tokenizer["model"]["vocab"].items()
+    }
     (folder / "tokenizer.json").write_text(json.dumps(tokenizer))  # another model's: same tokens, other ids
     folders["tokenizer: another model's"] = folder
     return folders
 
 
 @pytest.mark.xdist_group("damaged-folders")  # built once, on one worker
-@pytest.mark.parametrize("command", [["run", "--prompt", "x", "--max-new-tokens", "2"], ["inspect"], ["bench", "--gen-len", "2", "--prompt-len", "2", "--repeats", "1"]])
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["run", "--prompt", "x", "--max-new-tokens", "2"],
+        ["inspect"],
+        ["bench", "--gen-len", "2", "--prompt-len", "2", "--repeats", "1"],
+    ],
+)
 def test_a_damaged_export_folder_is_refused_in_one_line(capsys, damaged_folders, command):
     failures = []
     for name, folder in damaged_folders.items():
         capsys.readouterr()
         code = main([command[0], str(folder), *command[1:]])
         err = capsys.readouterr().err.strip().splitlines()
-        if code == 0 and command[0] != "run" and (name.startswith("tokenizer") or "another" in name and command[0] == "inspect"):
+        if (
+            code == 0
+            and command[0] != "run"
+            and (name.startswith("tokenizer") or "another" in name and command[0] == "inspect")
+        ):
             continue  # what the command does not read: inspect describes the program alone, and a bench of random
             # ids reads no tokenizer
         if code != 2 or not err or not err[-1].startswith("error: ") or any("internal error" in line for line in err):
@@ -154,12 +175,15 @@ def test_a_damaged_export_folder_is_refused_in_one_line(capsys, damaged_folders,
 # -- the CLI's own arguments ---------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("argv, needle", [
-    (["--temperature", "nan"], "--temperature must be a number >= 0"),
-    (["--temperature", "inf"], "--temperature must be a number >= 0"),
-    (["--top-p", "nan"], "--top-p must be in (0, 1]"),
-    (["--top-k", "-1"], "--top-k must be >= 0"),
-])
+@pytest.mark.parametrize(
+    "argv, needle",
+    [
+        (["--temperature", "nan"], "--temperature must be a number >= 0"),
+        (["--temperature", "inf"], "--temperature must be a number >= 0"),
+        (["--top-p", "nan"], "--top-p must be in (0, 1]"),
+        (["--top-k", "-1"], "--top-k must be >= 0"),
+    ],
+)
 def test_sampling_values_outside_their_domain_are_refused(capsys, export_tiny, argv, needle):
     assert main(["run", str(export_tiny("kv")), "--prompt", "x", *argv]) == 2
     assert needle in capsys.readouterr().err
@@ -170,10 +194,13 @@ def test_threads_past_the_cores_are_refused(capsys, export_tiny):
     assert "the cores of this machine" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("argv, needle", [
-    (["--recipe", "fp32", "--calib", "text:README.md"], "--calib calibrates a quantized recipe"),
-    (["--max-seq-len", "1000000000"], "needs a KV cache of"),
-])
+@pytest.mark.parametrize(
+    "argv, needle",
+    [
+        (["--recipe", "fp32", "--calib", "text:README.md"], "--calib calibrates a quantized recipe"),
+        (["--max-seq-len", "1000000000"], "needs a KV cache of"),
+    ],
+)
 def test_export_arguments_that_cannot_work_are_refused_before_any_work(capsys, tmp_path, argv, needle):
     assert main(["export", "reference", *argv, "--out", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err
@@ -186,7 +213,9 @@ def test_an_image_declaring_too_many_pixels_is_refused_before_decoding(capsys, t
 
     bombs = dict(corpus.image_cases()["images: declared sizes"])
     (tmp_path / "bomb.png").write_bytes(bombs["png 50000 x 50000"])
-    with pytest.raises(InputError, match=r"50000 x 50000 = 2,500,000,000 pixels, over the limit of 89,478,485.*GENAI_MAX_IMAGE_PIXELS"):
+    with pytest.raises(
+        InputError, match=r"50000 x 50000 = 2,500,000,000 pixels, over the limit of 89,478,485.*GENAI_MAX_IMAGE_PIXELS"
+    ):
         read_image(tmp_path / "bomb.png")
     (tmp_path / "ok.png").write_bytes(bombs["png 10000 x 9000"])
     monkeypatch.setenv("GENAI_MAX_IMAGE_PIXELS", "10")
@@ -239,8 +268,12 @@ def test_eval_refuses_to_score_non_finite_logits(tmp_path, export_tiny, monkeypa
     (tmp_path / "text.txt").write_text("The list object holds items in order. " * 8)
     session = evaluate_module.open_session
     monkeypatch.setattr(evaluate_module, "open_session", lambda f, **kw: _NaNScores(session(f, **kw)))
-    with pytest.raises(ProgramError, match="the program in .* gives NaN or Inf logits although its float model does not"):
-        evaluate_module.evaluate(folder, evaluate_module.EvalOptions(text=tmp_path / "text.txt", max_tokens=32), progress=False)
+    with pytest.raises(
+        ProgramError, match="the program in .* gives NaN or Inf logits although its float model does not"
+    ):
+        evaluate_module.evaluate(
+            folder, evaluate_module.EvalOptions(text=tmp_path / "text.txt", max_tokens=32), progress=False
+        )
 
 
 class _NaNScores:
@@ -254,4 +287,3 @@ class _NaNScores:
 
     def score(self, tokens):
         return self.session.score(tokens) * float("nan")
-

@@ -4,10 +4,10 @@ import dataclasses
 
 import pytest
 import torch
-
 from conftest import TINY_MAX_SEQ, TINY_VOCAB, save_hf_checkpoint
-from genai_pipeline.models.decoder import DecoderConfig, LongRopeScaling
 from tiny_hf import max_diff_to_transformers
+
+from genai_pipeline.models.decoder import DecoderConfig, LongRopeScaling
 
 
 def test_llama_matches_transformers(tiny_checkpoint):
@@ -92,7 +92,9 @@ def test_tied_head_is_its_own_graph_input_over_the_same_storage(tmp_path):
     save_hf_checkpoint(tmp_path, tie_word_embeddings=True)
     model = load_decoder(get_spec("smollm2-135m"), tmp_path, 32)
     assert model.output.weight.data_ptr() == model.tok_embeddings.weight.data_ptr()
-    program = torch.export.export(DecoderGraph(model, last_only=True), (torch.zeros(1, 1, dtype=torch.long), torch.tensor([0])))
+    program = torch.export.export(
+        DecoderGraph(model, last_only=True), (torch.zeros(1, 1, dtype=torch.long), torch.tensor([0]))
+    )
     inputs = {s.target for s in program.graph_signature.input_specs if s.kind.name == "PARAMETER"}
     assert {"decoder.output.weight", "decoder.tok_embeddings.weight"} <= inputs
     state = program.state_dict
@@ -123,11 +125,16 @@ def test_rope_half_swap_by_matmul_computes_the_same(tiny_eager, rope_dim):
     assert torch.equal(after, before)
 
 
-@pytest.mark.parametrize("recipe, change, fused", [
-    ("fp32", {}, "qkv"), ("fp32", {"qkv_bias": True}, "qkv"), ("8da8w", {"qkv_bias": True}, "qkv"),
-    ("fp32", {"qk_norm": True}, "qkv"),  # q and k normed per head before RoPE: rotated apart
-    ("8da4w", {}, "qk"),  # the default keeps wv at 8 bits: it cannot share the 4-bit kernel
-])
+@pytest.mark.parametrize(
+    "recipe, change, fused",
+    [
+        ("fp32", {}, "qkv"),
+        ("fp32", {"qkv_bias": True}, "qkv"),
+        ("8da8w", {"qkv_bias": True}, "qkv"),
+        ("fp32", {"qk_norm": True}, "qkv"),  # q and k normed per head before RoPE: rotated apart
+        ("8da4w", {}, "qk"),  # the default keeps wv at 8 bits: it cannot share the 4-bit kernel
+    ],
+)
 def test_fused_projections_compute_the_same(tiny_eager, recipe, change, fused):
     """XNNPACK's lowering fuses the linears that read one input (targets/xnnpack.py), and RoPE
     rotates q and k as one tensor: the same logits, prefill then a decode step."""

@@ -6,16 +6,16 @@ import json
 
 import pytest
 import torch
+from conftest import TINY_VOCAB
 from safetensors.torch import load_file, save_file
+from tiny_hf import FAMILIES, MAX_SEQ, max_diff_to_transformers, save_tiny
 
 import genai_pipeline
-from conftest import TINY_VOCAB
 from genai_pipeline.checkpoints.hf import load_decoder
 from genai_pipeline.errors import CheckpointError
 from genai_pipeline.options import PrepareOptions
 from genai_pipeline.registry import get_spec
 from genai_pipeline.runtime.session import DecoderSession, EagerSession
-from tiny_hf import FAMILIES, MAX_SEQ, max_diff_to_transformers, save_tiny
 
 PREFILL_LEN = 8
 # 19 tokens: two full prefill chunks and a padded one, then decode; all well past the windows of 8.
@@ -55,13 +55,21 @@ def test_hub_layout_configs_read_like_transformers(tmp_path):
     """4.x spellings: Gemma's rope_local_base_freq + sliding_window_pattern, Phi's rope_scaling."""
     gemma, phi = tmp_path / "gemma", tmp_path / "phi"
     save_tiny(gemma, "gemma3_text")
-    _to_hub_layout(gemma, ("rope_parameters", "layer_types", "_sliding_window_pattern"),
-                   dict(rope_theta=10000.0, rope_local_base_freq=100.0, sliding_window_pattern=2))
+    _to_hub_layout(
+        gemma,
+        ("rope_parameters", "layer_types", "_sliding_window_pattern"),
+        dict(rope_theta=10000.0, rope_local_base_freq=100.0, sliding_window_pattern=2),
+    )
     save_tiny(phi, "phi3")
     rope = json.loads((phi / "config.json").read_text())["rope_parameters"]
-    _to_hub_layout(phi, ("rope_parameters",), dict(
-        rope_theta=10000.0, rope_scaling={"type": "longrope", "short_factor": rope["short_factor"], "long_factor": rope["long_factor"]},
-    ))
+    _to_hub_layout(
+        phi,
+        ("rope_parameters",),
+        dict(
+            rope_theta=10000.0,
+            rope_scaling={"type": "longrope", "short_factor": rope["short_factor"], "long_factor": rope["long_factor"]},
+        ),
+    )
     for folder, model_type in ((gemma, "gemma3_text"), (phi, "phi3")):
         assert max_diff_to_transformers(folder, FAMILIES[model_type].spec) <= 1e-4, model_type
 

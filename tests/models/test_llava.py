@@ -10,14 +10,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-
 from test_vision import SPECIALS, VOCAB, _hf_greedy, _run, _tokenizer, export_program, photo, printable, write_ppm
 
 from genai_pipeline.checkpoints.multimodal import load_multimodal
+from genai_pipeline.image_processing import expand_prompt, image_frames
 from genai_pipeline.prepare.multimodal import read_processing
 from genai_pipeline.registry import infer_spec
 from genai_pipeline.registry.llava import CLIP_MEAN, CLIP_STD
-from genai_pipeline.image_processing import expand_prompt, image_frames
 
 IMAGE = 28  # px; patch 7 -> 4 x 4 patches -> 16 tokens (the class token dropped)
 TOKENS = 16
@@ -33,11 +32,30 @@ def llava_checkpoint(tmp_path_factory) -> Path:
     folder = tmp_path_factory.mktemp("llava")
     _tokenizer(folder / "tokenizer.json")
     config = transformers.LlavaConfig(
-        vision_config=dict(model_type="clip_vision_model", hidden_size=32, intermediate_size=64, num_hidden_layers=3,
-                           num_attention_heads=2, image_size=IMAGE, patch_size=7, projection_dim=16),
-        text_config=dict(model_type="llama", vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-                         num_key_value_heads=2, intermediate_size=128, max_position_embeddings=256, bos_token_id=1, eos_token_id=2),
-        image_token_index=IMAGE_ID, image_seq_length=TOKENS,
+        vision_config=dict(
+            model_type="clip_vision_model",
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=3,
+            num_attention_heads=2,
+            image_size=IMAGE,
+            patch_size=7,
+            projection_dim=16,
+        ),
+        text_config=dict(
+            model_type="llama",
+            vocab_size=VOCAB,
+            hidden_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            intermediate_size=128,
+            max_position_embeddings=256,
+            bos_token_id=1,
+            eos_token_id=2,
+        ),
+        image_token_index=IMAGE_ID,
+        image_seq_length=TOKENS,
     )
     torch.manual_seed(0)
     model = transformers.LlavaForConditionalGeneration(config).eval()
@@ -45,11 +63,23 @@ def llava_checkpoint(tmp_path_factory) -> Path:
         for name, p in model.named_parameters():
             p.normal_(0, 0.08) if "norm" not in name else p.normal_(1.0, 0.1)
     model.save_pretrained(folder, safe_serialization=True)
-    (folder / "preprocessor_config.json").write_text(json.dumps({
-        "image_processor_type": "CLIPImageProcessor", "do_resize": True, "size": {"shortest_edge": IMAGE},
-        "do_center_crop": True, "crop_size": {"height": IMAGE, "width": IMAGE}, "resample": 3, "do_rescale": True,
-        "rescale_factor": 1 / 255, "do_normalize": True, "image_mean": list(CLIP_MEAN), "image_std": list(CLIP_STD),
-    }))
+    (folder / "preprocessor_config.json").write_text(
+        json.dumps(
+            {
+                "image_processor_type": "CLIPImageProcessor",
+                "do_resize": True,
+                "size": {"shortest_edge": IMAGE},
+                "do_center_crop": True,
+                "crop_size": {"height": IMAGE, "width": IMAGE},
+                "resample": 3,
+                "do_rescale": True,
+                "rescale_factor": 1 / 255,
+                "do_normalize": True,
+                "image_mean": list(CLIP_MEAN),
+                "image_std": list(CLIP_STD),
+            }
+        )
+    )
     return folder
 
 
@@ -101,7 +131,9 @@ def llava_program(llava_checkpoint, tmp_path_factory) -> Path:
     return export_program(llava_checkpoint, tmp_path_factory.mktemp("llava-program"), MAX_SEQ)
 
 
-def test_llava_program_matches_transformers_and_executorch_multimodal_runner(llava_program, llava_reference, tmp_path, capfd):
+def test_llava_program_matches_transformers_and_executorch_multimodal_runner(
+    llava_program, llava_reference, tmp_path, capfd
+):
     frame = photo(IMAGE, IMAGE).transpose(2, 0, 1).copy()
     image = write_ppm(tmp_path / "photo.ppm", photo(IMAGE, IMAGE))
     ours = _run(str(llava_program), "--image", str(image), "--prompt", PROMPT, "--max-new-tokens", "10")
@@ -120,7 +152,8 @@ def test_llava_program_matches_transformers_and_executorch_multimodal_runner(lla
     capfd.readouterr()
     stats = []
     MultimodalRunner(str(llava_program / "multimodal.pte"), str(llava_program / "tokenizer.json")).generate(
-        inputs, GenerationConfig(echo=False, max_new_tokens=10, temperature=0.0), stats_callback=stats.append)
+        inputs, GenerationConfig(echo=False, max_new_tokens=10, temperature=0.0), stats_callback=stats.append
+    )
     printed = capfd.readouterr().out
     tok = Tokenizer.from_file(str(llava_program / "tokenizer.json"))
     assert stats[0].num_prompt_tokens == len(ids)

@@ -15,11 +15,18 @@ import pytest
 import torch
 
 from genai_pipeline.checkpoints.multimodal import load_multimodal
+from genai_pipeline.image_processing import ImageProcessing, expand_prompt, image_frames
 from genai_pipeline.prepare.multimodal import read_processing
 from genai_pipeline.registry import get_spec, infer_spec
-from genai_pipeline.image_processing import ImageProcessing, expand_prompt, image_frames
 
-SPECIALS = ["<|endoftext|>", "<|im_start|>", "<end_of_utterance>", "<fake_token_around_image>", "<image>", "<global-img>"]
+SPECIALS = [
+    "<|endoftext|>",
+    "<|im_start|>",
+    "<end_of_utterance>",
+    "<fake_token_around_image>",
+    "<image>",
+    "<global-img>",
+]
 SPECIALS += [f"<row_{r}_col_{c}>" for r in range(1, 7) for c in range(1, 7)]
 SPECIALS += ["<img>", "</img>", "<IMG_CONTEXT>"]  # InternVL's (tests/models/test_internvl.py)
 VOCAB = 384
@@ -32,12 +39,15 @@ NEW_TOKENS = 12
 def _tokenizer(path: Path) -> None:
     """Byte-level BPE with the family's special tokens as contiguous ids 0..41 (as ExecuTorch's runner needs)."""
     import pydoc_data.topics
+
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=VOCAB, special_tokens=SPECIALS, initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(
+        vocab_size=VOCAB, special_tokens=SPECIALS, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
     tok.train_from_iterator(["\n".join(sorted(pydoc_data.topics.topics.values()))[:100_000]], trainer)
     tok.post_processor = processors.TemplateProcessing(single="<|im_start|> $A", special_tokens=[("<|im_start|>", 1)])
     tok.save(str(path))
@@ -48,12 +58,30 @@ def save_tiny_smolvlm(folder: Path) -> Path:
 
     _tokenizer(folder / "tokenizer.json")
     config = transformers.Idefics3Config(
-        vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
-                           image_size=IMAGE, patch_size=8),
-        text_config=dict(model_type="llama", vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-                         num_key_value_heads=2, intermediate_size=128, max_position_embeddings=256, tie_word_embeddings=True,
-                         bos_token_id=1, eos_token_id=2),
-        scale_factor=2, image_token_id=SPECIALS.index("<image>"), tie_word_embeddings=True,
+        vision_config=dict(
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            image_size=IMAGE,
+            patch_size=8,
+        ),
+        text_config=dict(
+            model_type="llama",
+            vocab_size=VOCAB,
+            hidden_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            intermediate_size=128,
+            max_position_embeddings=256,
+            tie_word_embeddings=True,
+            bos_token_id=1,
+            eos_token_id=2,
+        ),
+        scale_factor=2,
+        image_token_id=SPECIALS.index("<image>"),
+        tie_word_embeddings=True,
     )
     torch.manual_seed(0)
     model = transformers.Idefics3ForConditionalGeneration(config).eval()
@@ -63,13 +91,28 @@ def save_tiny_smolvlm(folder: Path) -> Path:
     model.save_pretrained(folder, safe_serialization=True)
     # The processor's files, as SmolVLM's (splitting on, LANCZOS, mean = std = 0.5), at this size: an image of
     # IMAGE px is one frame that needs no resizing (Pillow, which resizes, may be missing).
-    (folder / "preprocessor_config.json").write_text(json.dumps({
-        "image_processor_type": "Idefics3ImageProcessor", "do_convert_rgb": True, "do_resize": True,
-        "size": {"longest_edge": IMAGE}, "max_image_size": {"longest_edge": IMAGE}, "do_image_splitting": True,
-        "resample": 1, "do_rescale": True, "rescale_factor": 1 / 255, "do_normalize": True,
-        "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5], "do_pad": True,
-    }))
-    (folder / "processor_config.json").write_text(json.dumps({"image_seq_len": 4, "processor_class": "Idefics3Processor"}))
+    (folder / "preprocessor_config.json").write_text(
+        json.dumps(
+            {
+                "image_processor_type": "Idefics3ImageProcessor",
+                "do_convert_rgb": True,
+                "do_resize": True,
+                "size": {"longest_edge": IMAGE},
+                "max_image_size": {"longest_edge": IMAGE},
+                "do_image_splitting": True,
+                "resample": 1,
+                "do_rescale": True,
+                "rescale_factor": 1 / 255,
+                "do_normalize": True,
+                "image_mean": [0.5, 0.5, 0.5],
+                "image_std": [0.5, 0.5, 0.5],
+                "do_pad": True,
+            }
+        )
+    )
+    (folder / "processor_config.json").write_text(
+        json.dumps({"image_seq_len": 4, "processor_class": "Idefics3Processor"})
+    )
     return folder
 
 
@@ -122,7 +165,9 @@ def write_ppm(path: Path, image: np.ndarray) -> Path:
     return path
 
 
-def _prompt_ids(checkpoint: Path, processing: ImageProcessing, images: list[np.ndarray], text: str = PROMPT) -> list[int]:
+def _prompt_ids(
+    checkpoint: Path, processing: ImageProcessing, images: list[np.ndarray], text: str = PROMPT
+) -> list[int]:
     from tokenizers import Tokenizer
 
     expanded = expand_prompt(text, [image_frames(i, processing) for i in images], processing)
@@ -229,7 +274,11 @@ def test_program_has_the_runner_methods_and_a_manifest(program):
     assert manifest["artifacts"]["multimodal"]["methods"] == ["token_embedding", "text_decoder", "vision_encoder"]
     vision = manifest["vision"]
     assert set(vision["components"]) == {"vision_encoder", "token_embedding", "text_decoder"}
-    assert (vision["image_size"], vision["tokens_per_image"], vision["image_token_id"]) == (IMAGE, 4, SPECIALS.index("<image>"))
+    assert (vision["image_size"], vision["tokens_per_image"], vision["image_token_id"]) == (
+        IMAGE,
+        4,
+        SPECIALS.index("<image>"),
+    )
     assert vision["preprocessing"]["do_image_splitting"] and vision["preprocessing"]["image_mean"] == [0.5, 0.5, 0.5]
     assert vision["runner_vocab_size"] == VOCAB  # every special token can be sampled by ExecuTorch's runner
     assert (manifest["bos_id"], manifest["eos_ids"]) == (1, [2])
@@ -263,7 +312,9 @@ def test_program_stores_each_weight_once(program, ours):
     table = model.decoder.tok_embeddings.weight
     assert model.decoder.config.tie_embeddings and model.decoder.output.weight.data_ptr() == table.data_ptr()
     tensors = {t.data_ptr(): t for t in model.parameters()}
-    tensors.update({b.data_ptr(): b for name, b in model.named_buffers() if "kv_cache" not in name})  # the cache is planned memory
+    tensors.update(
+        {b.data_ptr(): b for name, b in model.named_buffers() if "kv_cache" not in name}
+    )  # the cache is planned memory
     expected = sum(t.numel() * t.element_size() for t in tensors.values())
     if not hasattr(compile_stage, "store_shared_bytes_once"):
         expected += table.numel() * table.element_size()
@@ -277,8 +328,9 @@ def test_program_stores_each_weight_once(program, ours):
 
 
 def _run(*argv: str) -> dict:
-    done = subprocess.run([sys.executable, "-m", "genai_pipeline.cli", "run", *argv, "--json"],
-                          capture_output=True, text=True, check=True)
+    done = subprocess.run(
+        [sys.executable, "-m", "genai_pipeline.cli", "run", *argv, "--json"], capture_output=True, text=True, check=True
+    )
     return json.loads(done.stdout)
 
 
@@ -293,7 +345,10 @@ def test_genai_run_matches_transformers_and_executorch_multimodal_runner(program
 
     import executorch.extension.llm.custom_ops.custom_ops  # noqa: F401  kernels the program calls
     from executorch.extension.llm.runner import (
-        GenerationConfig, MultimodalRunner, make_image_input, make_token_input,
+        GenerationConfig,
+        MultimodalRunner,
+        make_image_input,
+        make_token_input,
     )
     from tokenizers import Tokenizer
 
@@ -301,8 +356,12 @@ def test_genai_run_matches_transformers_and_executorch_multimodal_runner(program
     inputs = [make_token_input(ids[:first]), make_image_input(torch.from_numpy(frame)), make_token_input(ids[last:])]
     runner = MultimodalRunner(str(program / "multimodal.pte"), str(program / "tokenizer.json"))
     pieces, stats = [], []
-    runner.generate(inputs, GenerationConfig(echo=False, max_new_tokens=NEW_TOKENS, temperature=0.0),
-                    token_callback=pieces.append, stats_callback=stats.append)
+    runner.generate(
+        inputs,
+        GenerationConfig(echo=False, max_new_tokens=NEW_TOKENS, temperature=0.0),
+        token_callback=pieces.append,
+        stats_callback=stats.append,
+    )
     assert stats[0].num_prompt_tokens == len(ids)  # 4 image embeddings advanced the position as 4 tokens
     tok = Tokenizer.from_file(str(program / "tokenizer.json"))
     assert pieces == [tok.decode([t], skip_special_tokens=False) for t in ours["tokens"]]
@@ -334,7 +393,9 @@ def test_missing_corrupt_and_unsupported_images(program, tmp_path, capsys):
 def test_images_and_placeholders_must_pair(program, image_file, capsys):
     message = _error(capsys, str(program), "--image", str(image_file), "--prompt", "<image> and <image>?")
     assert "2 <image> placeholder(s) but 1 image(s)" in message
-    message = _error(capsys, str(program), "--image", str(image_file), "--image", str(image_file), "--prompt", "just <image>")
+    message = _error(
+        capsys, str(program), "--image", str(image_file), "--image", str(image_file), "--prompt", "just <image>"
+    )
     assert "1 <image> placeholder(s) but 2 image(s)" in message
 
 
@@ -370,13 +431,22 @@ def test_prompt_expansion_matches_transformers():
     for rows, cols in ((0, 0), (1, 2), (3, 2)):
         frames = Frames(pixels=(), rows=rows, cols=cols)
         assert image_prompt(frames, p) == get_image_prompt_string(
-            rows, cols, 4, "<fake_token_around_image>", "<image>", "<global-img>")
+            rows, cols, 4, "<fake_token_around_image>", "<image>", "<global-img>"
+        )
     one = Frames(pixels=(), rows=0, cols=0)
     assert expand_prompt("Hi", [one], p) == image_prompt(one, p) + "Hi"  # no placeholder: images first
     assert expand_prompt("a <image> b", [one], p) == f"a {image_prompt(one, p)} b"
 
 
-PHOTOS = [(37, 53, "RGB"), (96, 40, "RGB"), (64, 64, "L"), (50, 81, "RGBA"), (70, 30, "CMYK"), (45, 45, "I;16"), (33, 20, "P")]
+PHOTOS = [
+    (37, 53, "RGB"),
+    (96, 40, "RGB"),
+    (64, 64, "L"),
+    (50, 81, "RGBA"),
+    (70, 30, "CMYK"),
+    (45, 45, "I;16"),
+    (33, 20, "P"),
+]
 
 
 @pytest.mark.parametrize("h,w,mode", PHOTOS)
@@ -389,12 +459,18 @@ def test_frames_equal_transformers_processor_pixel_for_pixel(h, w, mode):
     from genai_pipeline.image_processing import to_rgb
 
     rgb = Image.fromarray(photo(h, w, seed=h))
-    image = {"RGB": rgb, "L": rgb.convert("L"), "CMYK": rgb.convert("CMYK"), "P": rgb.convert("P"),
-             "I;16": Image.fromarray((photo(h, w)[..., 0].astype(np.uint16) * 200)),
-             "RGBA": Image.fromarray(np.dstack([photo(h, w), np.linspace(0, 255, h * w).reshape(h, w).astype(np.uint8)]))}[mode]
+    image = {
+        "RGB": rgb,
+        "L": rgb.convert("L"),
+        "CMYK": rgb.convert("CMYK"),
+        "P": rgb.convert("P"),
+        "I;16": Image.fromarray(photo(h, w)[..., 0].astype(np.uint16) * 200),
+        "RGBA": Image.fromarray(np.dstack([photo(h, w), np.linspace(0, 255, h * w).reshape(h, w).astype(np.uint8)])),
+    }[mode]
     processing = ImageProcessing(tile_size=IMAGE, longest_edge=2 * IMAGE, tokens_per_image=4)
-    hf = Idefics3ImageProcessorPil(size={"longest_edge": 2 * IMAGE}, max_image_size={"longest_edge": IMAGE},
-                                   do_image_splitting=True, do_pad=False)
+    hf = Idefics3ImageProcessorPil(
+        size={"longest_edge": 2 * IMAGE}, max_image_size={"longest_edge": IMAGE}, do_image_splitting=True, do_pad=False
+    )
     out = hf.preprocess([[image]], return_row_col_info=True)
     ours = image_frames(to_rgb(image), processing)
     expected = np.asarray(out["pixel_values"][0])
@@ -429,7 +505,8 @@ def test_program_with_split_images_matches_transformers_fed_by_its_processor(pro
     processing = MultimodalSession(program).processing
     processor = transformers.Idefics3Processor(
         image_processor=transformers.models.idefics3.image_processing_pil_idefics3.Idefics3ImageProcessorPil(
-            size={"longest_edge": 2 * IMAGE}, max_image_size={"longest_edge": IMAGE}, do_image_splitting=True),
+            size={"longest_edge": 2 * IMAGE}, max_image_size={"longest_edge": IMAGE}, do_image_splitting=True
+        ),
         tokenizer=transformers.PreTrainedTokenizerFast(tokenizer_file=str(program / "tokenizer.json")),
         image_seq_len=4,
     )

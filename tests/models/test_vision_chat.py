@@ -12,9 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from test_vision import IMAGE, SPECIALS
-from test_vision import checkpoint, image_file, program  # noqa: F401  session fixtures (built once: test_vision.once)
+from test_vision import IMAGE, SPECIALS, checkpoint, image_file, program  # noqa: F401  session fixtures (built once: test_vision.once)
 from test_vision_split import split_program  # noqa: F401
 
 from genai_pipeline.chat_template import read_chat_template
@@ -99,10 +97,12 @@ def test_chat_prompt_equals_transformers_processor(chat_folder, image_file):
     chat.attach_image(image_file)
     reply = chat.send("What is in the picture?")
     processor = transformers.Idefics3Processor(
-        image_processor=Idefics3ImageProcessorPil(size={"longest_edge": IMAGE}, max_image_size={"longest_edge": IMAGE},
-                                                  do_image_splitting=True),
+        image_processor=Idefics3ImageProcessorPil(
+            size={"longest_edge": IMAGE}, max_image_size={"longest_edge": IMAGE}, do_image_splitting=True
+        ),
         tokenizer=transformers.PreTrainedTokenizerFast(tokenizer_file=str(chat_folder / "tokenizer.json")),
-        image_seq_len=4, chat_template=SMOLVLM_TEMPLATE,
+        image_seq_len=4,
+        chat_template=SMOLVLM_TEMPLATE,
     )
     messages = [
         {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "What is in the picture?"}]},
@@ -122,10 +122,16 @@ def _repl(capsys, monkeypatch, folder: Path, lines: list[str], *options: str) ->
     return code, captured.out, captured.err.strip().splitlines()
 
 
-def test_repl_image_command_bad_path_and_text_only_model(chat_folder, image_file, export_tiny, capsys, monkeypatch, tmp_path):
+def test_repl_image_command_bad_path_and_text_only_model(
+    chat_folder, image_file, export_tiny, capsys, monkeypatch, tmp_path
+):
     missing = tmp_path / "nope.png"
-    code, out, err = _repl(capsys, monkeypatch, chat_folder,
-                           [f"/image {missing}", f"/image {image_file}", "What is in the picture?", "Tell me more.", "/exit"])
+    code, out, err = _repl(
+        capsys,
+        monkeypatch,
+        chat_folder,
+        [f"/image {missing}", f"/image {image_file}", "What is in the picture?", "Tell me more.", "/exit"],
+    )
     assert code == 0
     assert [line for line in err if "nope.png" in line] == [f"genai: image '{missing}' does not exist"]
     assert f"genai: {image_file} goes with your next message" in err
@@ -135,7 +141,16 @@ def test_repl_image_command_bad_path_and_text_only_model(chat_folder, image_file
     assert out == "".join(f"{r}\n" for r in replies)
 
     # --image with --chat: the first message's
-    code, out, _ = _repl(capsys, monkeypatch, chat_folder, ["Tell me more."], "--image", str(image_file), "--prompt", "What is in the picture?")
+    code, out, _ = _repl(
+        capsys,
+        monkeypatch,
+        chat_folder,
+        ["Tell me more."],
+        "--image",
+        str(image_file),
+        "--prompt",
+        "What is in the picture?",
+    )
     assert code == 0 and out == "".join(f"{r}\n" for r in replies)
 
     code, out, err = _repl(capsys, monkeypatch, export_tiny("hybrid"), [f"/image {image_file}", "Hi", "/exit"])
@@ -147,10 +162,21 @@ def test_rendered_chat_marks_expand_as_each_processor_does():
     one = Frames(pixels=(None,), rows=0, cols=0)
     smolvlm = ImageProcessing(tile_size=IMAGE, longest_edge=IMAGE, tokens_per_image=2)
     assert expand_rendered_chat("User:<image>Hi", [one], smolvlm) == (
-        "User:<fake_token_around_image><global-img><image><image><fake_token_around_image>Hi")
+        "User:<fake_token_around_image><global-img><image><image><fake_token_around_image>Hi"
+    )
     # InternVL's template writes the image token itself; its processor expands it per frame
-    internvl = ImageProcessing(kind="internvl", tile_size=IMAGE, longest_edge=0, tokens_per_image=2,
-                               image_token="<IMG_CONTEXT>", image_start="<img>", image_end="</img>")
-    assert expand_rendered_chat("user\n<IMG_CONTEXT>\nHi", [one], internvl) == "user\n<img><IMG_CONTEXT><IMG_CONTEXT></img>\nHi"
+    internvl = ImageProcessing(
+        kind="internvl",
+        tile_size=IMAGE,
+        longest_edge=0,
+        tokens_per_image=2,
+        image_token="<IMG_CONTEXT>",
+        image_start="<img>",
+        image_end="</img>",
+    )
+    assert (
+        expand_rendered_chat("user\n<IMG_CONTEXT>\nHi", [one], internvl)
+        == "user\n<img><IMG_CONTEXT><IMG_CONTEXT></img>\nHi"
+    )
     with pytest.raises(InputError, match="wrote 0 <IMG_CONTEXT> for 1 image"):
         expand_rendered_chat("a template that drops images", [one], internvl)

@@ -16,7 +16,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-
 from test_vision import IMAGE, PROMPT, _hf_greedy, _pixel_values, photo, save_tiny_smolvlm, write_ppm
 
 from genai_pipeline.cli import main
@@ -34,8 +33,26 @@ def quant_checkpoint(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def quantized_vlm(quant_checkpoint, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("smolvlm-8da4w") / "export"
-    assert main(["export", "--checkpoint", str(quant_checkpoint), "--recipe", "8da4w", "--vision-recipe", "8da4w",
-                 "--group-size", str(GROUP), "--max-seq-len", str(MAX_SEQ), "--out", str(out)]) == 0
+    assert (
+        main(
+            [
+                "export",
+                "--checkpoint",
+                str(quant_checkpoint),
+                "--recipe",
+                "8da4w",
+                "--vision-recipe",
+                "8da4w",
+                "--group-size",
+                str(GROUP),
+                "--max-seq-len",
+                str(MAX_SEQ),
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     return out
 
 
@@ -118,7 +135,9 @@ def test_quantized_program_is_its_eager_twin_and_near_float(quantized_vlm, tmp_p
     reference = EagerMultimodalSession(reference, program.image_token_id, 4)
     logits = []
     for seed in range(2):
-        prompt = program.encode_prompt(tokenizer, PROMPT, [write_ppm(tmp_path / f"{seed}.ppm", photo(IMAGE, IMAGE, seed))])
+        prompt = program.encode_prompt(
+            tokenizer, PROMPT, [write_ppm(tmp_path / f"{seed}.ppm", photo(IMAGE, IMAGE, seed))]
+        )
         frames = list(program.frames)
         got = _first_token_logits(program, prompt, frames)
         assert _relative(got, _first_token_logits(twin, prompt, frames)) <= 1e-4
@@ -149,17 +168,37 @@ def _export_error(capsys, tmp_path, *argv: str) -> str:
 
 
 def test_refusals(quant_checkpoint, tmp_path, capsys):
-    assert "--vision-recipe applies to vision-language models" in _export_error(capsys, tmp_path, "reference", "--vision-recipe", "8da8w")
+    assert "--vision-recipe applies to vision-language models" in _export_error(
+        capsys, tmp_path, "reference", "--vision-recipe", "8da8w"
+    )
     # a static recipe with no --calib images: what to pass instead
-    assert "--calib messages:FILE.json" in _export_error(capsys, tmp_path, "--checkpoint", str(quant_checkpoint), "--recipe", "8a8w")
+    assert "--calib messages:FILE.json" in _export_error(
+        capsys, tmp_path, "--checkpoint", str(quant_checkpoint), "--recipe", "8a8w"
+    )
     for flags in (["--recipe", "8da4w"], ["--vision-recipe", "8da8w"]):
-        assert "--split exports float programs only" in _export_error(capsys, tmp_path, "--checkpoint", str(quant_checkpoint), "--split", *flags)
+        assert "--split exports float programs only" in _export_error(
+            capsys, tmp_path, "--checkpoint", str(quant_checkpoint), "--split", *flags
+        )
     write_ppm(tmp_path / "cat.ppm", photo(IMAGE, IMAGE))
-    chats = [{"messages": [{"role": "user", "content": [{"type": "image", "image": "cat.ppm"}, {"type": "text", "text": "What?"}]},
-                           {"role": "assistant", "content": "A cat."}]}]
+    chats = [
+        {
+            "messages": [
+                {"role": "user", "content": [{"type": "image", "image": "cat.ppm"}, {"type": "text", "text": "What?"}]},
+                {"role": "assistant", "content": "A cat."},
+            ]
+        }
+    ]
     (tmp_path / "chats.json").write_text(json.dumps(chats))
-    assert "holds images" in _export_error(capsys, tmp_path, "--checkpoint", str(quant_checkpoint), "--recipe", "8da4w",
-                                           "--calib", f"messages:{tmp_path / 'chats.json'}")
+    assert "holds images" in _export_error(
+        capsys,
+        tmp_path,
+        "--checkpoint",
+        str(quant_checkpoint),
+        "--recipe",
+        "8da4w",
+        "--calib",
+        f"messages:{tmp_path / 'chats.json'}",
+    )
 
 
 # ---------------------------------------------------------------- genai eval --images
@@ -168,8 +207,10 @@ def test_refusals(quant_checkpoint, tmp_path, capsys):
 @pytest.fixture(scope="module")
 def questions(tmp_path_factory) -> Path:
     folder = tmp_path_factory.mktemp("questions")
-    rows = [{"image": write_ppm(folder / f"{i}.ppm", photo(IMAGE, IMAGE, i)).name, "prompt": p, "answer": a, "kind": "x"}
-            for i, (p, a) in enumerate([("What colour is it?", "red"), ("Which shape?", "a circle"), ("How many?", "2")])]
+    rows = [
+        {"image": write_ppm(folder / f"{i}.ppm", photo(IMAGE, IMAGE, i)).name, "prompt": p, "answer": a, "kind": "x"}
+        for i, (p, a) in enumerate([("What colour is it?", "red"), ("Which shape?", "a circle"), ("How many?", "2")])
+    ]
     (folder / "q.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     return folder / "q.jsonl"
 
@@ -194,7 +235,9 @@ def test_eval_images_against_transformers(quantized_vlm, quant_checkpoint, quest
         pixels = _pixel_values(list(session.frames))
         answer = tokenizer.encode(" " + row["answer"], add_special_tokens=False) + [eos]
         with torch.no_grad():
-            logits = hf(input_ids=torch.tensor([prompt + answer[:-1]]), pixel_values=pixels).logits[0, len(prompt) - 1 :]
+            logits = hf(input_ids=torch.tensor([prompt + answer[:-1]]), pixel_values=pixels).logits[
+                0, len(prompt) - 1 :
+            ]
         nll -= torch.log_softmax(logits, -1).gather(1, torch.tensor(answer)[:, None]).sum().item()
         count += len(answer)
         text = tokenizer.decode(_hf_greedy(hf, prompt, pixels, len(answer) + 4, eos)).strip()
@@ -253,13 +296,19 @@ def test_bench_reports_image_encode_first_token_and_decode(quantized_vlm, capsys
 
 def _chats(folder: Path, with_images: bool = True) -> Path:
     """A few chats (an image and a question, an answer) in the `messages` form, images beside them."""
-    turns = [("What is in the picture?", "A red disc on a gradient."), ("Which colour is the bar?", "Blue."),
-             ("Describe the image.", "A bright circle and a dark stripe."), ("Is there a circle?", "Yes, one.")]
+    turns = [
+        ("What is in the picture?", "A red disc on a gradient."),
+        ("Which colour is the bar?", "Blue."),
+        ("Describe the image.", "A bright circle and a dark stripe."),
+        ("Is there a circle?", "Yes, one."),
+    ]
     chats = []
     for i, (question, answer) in enumerate(turns):
         content = [{"type": "text", "text": question}]
         if with_images:
-            content.insert(0, {"type": "image", "image": write_ppm(folder / f"calib{i}.ppm", photo(IMAGE, IMAGE, 10 + i)).name})
+            content.insert(
+                0, {"type": "image", "image": write_ppm(folder / f"calib{i}.ppm", photo(IMAGE, IMAGE, 10 + i)).name}
+            )
         chats.append({"messages": [{"role": "user", "content": content}, {"role": "assistant", "content": answer}]})
     path = folder / ("chats.json" if with_images else "text_chats.json")
     path.write_text(json.dumps(chats))
@@ -270,8 +319,24 @@ def _chats(folder: Path, with_images: bool = True) -> Path:
 def static_vlm(quant_checkpoint, tmp_path_factory) -> Path:
     folder = tmp_path_factory.mktemp("smolvlm-8a8w")
     out = folder / "export"
-    assert main(["export", "--checkpoint", str(quant_checkpoint), "--recipe", "8a8w", "--calib", f"messages:{_chats(folder)}",
-                 "--max-seq-len", str(MAX_SEQ), "--out", str(out)]) == 0
+    assert (
+        main(
+            [
+                "export",
+                "--checkpoint",
+                str(quant_checkpoint),
+                "--recipe",
+                "8a8w",
+                "--calib",
+                f"messages:{_chats(folder)}",
+                "--max-seq-len",
+                str(MAX_SEQ),
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     return out
 
 
@@ -280,10 +345,15 @@ def test_static_manifest_and_report_name_every_component(static_vlm):
     vision = manifest["vision"]
     components = vision["components"]
     # the tower: 2 layers x (q, k, v, out_proj, fc1, fc2), the connector and the patch convolution
-    assert components["vision_encoder"]["recipe"] == "8a8w" and components["vision_encoder"]["layers"] == {"8a8w": 2 * 6 + 2}
+    assert components["vision_encoder"]["recipe"] == "8a8w" and components["vision_encoder"]["layers"] == {
+        "8a8w": 2 * 6 + 2
+    }
     assert components["token_embedding"]["recipe"] == "fp32" and components["token_embedding"]["layers"] == {}
     # 2 layers x (wq, wk, wv, wo, w1, w2, w3); the LM head quantizes its input per token (targets/xnnpack.py)
-    assert components["text_decoder"]["recipe"] == "8a8w" and components["text_decoder"]["layers"] == {"8a8w": 2 * 7, "8da8w": 1}
+    assert components["text_decoder"]["recipe"] == "8a8w" and components["text_decoder"]["layers"] == {
+        "8a8w": 2 * 7,
+        "8da8w": 1,
+    }
     assert components["text_decoder"]["float_ops"] == ["add", "mul"]  # the residual stream stays float
     assert manifest["verification"]["top1_agreement"] > 0.85  # measured 91 % (74 % with the residual stream int8)
     assert vision["calibration"]["chats"] == 4 and vision["calibration"]["frames"] == 4
@@ -347,7 +417,9 @@ def test_static_program_runs_its_qdq_model_and_tracks_float(static_vlm, tmp_path
     reference = EagerMultimodalSession(reference, program.image_token_id, 4)
     logits = []
     for seed in range(2):
-        prompt = program.encode_prompt(tokenizer, PROMPT, [write_ppm(tmp_path / f"{seed}.ppm", photo(IMAGE, IMAGE, 100 + seed))])
+        prompt = program.encode_prompt(
+            tokenizer, PROMPT, [write_ppm(tmp_path / f"{seed}.ppm", photo(IMAGE, IMAGE, 100 + seed))]
+        )
         frames = list(program.frames)
         pixels = torch.from_numpy(frames[0]).unsqueeze(0)
         with torch.no_grad():
@@ -384,8 +456,24 @@ def test_static_run_and_eval(static_vlm, questions, tmp_path, capsys):
     from genai_pipeline.tokenizer import Tokenizer
 
     image = write_ppm(tmp_path / "run.ppm", photo(IMAGE, IMAGE, 7))
-    assert main(["run", str(static_vlm), "--image", str(image), "--prompt", PROMPT, "--max-new-tokens", "6",
-                 "--temperature", "0", "--json"]) == 0
+    assert (
+        main(
+            [
+                "run",
+                str(static_vlm),
+                "--image",
+                str(image),
+                "--prompt",
+                PROMPT,
+                "--max-new-tokens",
+                "6",
+                "--temperature",
+                "0",
+                "--json",
+            ]
+        )
+        == 0
+    )
     ran = json.loads(capsys.readouterr().out)
     assert ran["image_tokens"] == 4 and len(ran["tokens"]) == 6
     manifest = _manifest(static_vlm)
@@ -412,10 +500,15 @@ def test_static_run_and_eval(static_vlm, questions, tmp_path, capsys):
 def test_static_refusals(quant_checkpoint, tmp_path, capsys):
     ck = ["--checkpoint", str(quant_checkpoint)]
     text_chats = f"messages:{_chats(tmp_path, with_images=False)}"
-    assert "--calib messages:FILE.json" in _export_error(capsys, tmp_path, *ck, "--recipe", "8a8w", "--calib", text_chats)
-    assert "cache-I/O form" in _export_error(capsys, tmp_path, *ck, "--target", "qnn", "--recipe", "16a8w",
-                                             "--calib", f"messages:{_chats(tmp_path)}")
-    assert "drop --vision-recipe" in _export_error(capsys, tmp_path, *ck, "--recipe", "8a8w", "--vision-recipe", "8da8w",
-                                                   "--calib", f"messages:{_chats(tmp_path)}")
-    assert "--split exports float programs only" in _export_error(capsys, tmp_path, *ck, "--split", "--recipe", "8a8w",
-                                                                  "--calib", f"messages:{_chats(tmp_path)}")
+    assert "--calib messages:FILE.json" in _export_error(
+        capsys, tmp_path, *ck, "--recipe", "8a8w", "--calib", text_chats
+    )
+    assert "cache-I/O form" in _export_error(
+        capsys, tmp_path, *ck, "--target", "qnn", "--recipe", "16a8w", "--calib", f"messages:{_chats(tmp_path)}"
+    )
+    assert "drop --vision-recipe" in _export_error(
+        capsys, tmp_path, *ck, "--recipe", "8a8w", "--vision-recipe", "8da8w", "--calib", f"messages:{_chats(tmp_path)}"
+    )
+    assert "--split exports float programs only" in _export_error(
+        capsys, tmp_path, *ck, "--split", "--recipe", "8a8w", "--calib", f"messages:{_chats(tmp_path)}"
+    )

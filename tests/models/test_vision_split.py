@@ -10,9 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-
-from test_vision import IMAGE, MAX_SEQ, NEW_TOKENS, PROMPT, SPECIALS, infer_spec, once
-from test_vision import checkpoint, image_file, program  # noqa: F401  session fixtures (built once: test_vision.once)
+from test_vision import IMAGE, MAX_SEQ, NEW_TOKENS, PROMPT, SPECIALS, checkpoint, image_file, infer_spec, once, program  # noqa: F401  session fixtures (built once: test_vision.once)
 
 from genai_pipeline.cli import main
 from genai_pipeline.options import SamplingOptions
@@ -54,17 +52,29 @@ def test_split_export_writes_one_program_per_component(split_program, mode, caps
     vision = manifest["vision"]
     assert vision["layout"] == "split" and manifest["mode"] == mode
     methods = {c: vision["components"][c]["methods"] for c in COMPONENTS}
-    assert methods == {"vision_encoder": ["forward"], "token_embedding": ["forward"], "text_decoder": DECODER_METHODS[mode]}
+    assert methods == {
+        "vision_encoder": ["forward"],
+        "token_embedding": ["forward"],
+        "text_decoder": DECODER_METHODS[mode],
+    }
     assert all(vision["components"][c]["file"] == f"{c}.pte" for c in COMPONENTS)
-    assert (vision["image_size"], vision["tokens_per_image"], vision["image_token_id"]) == (IMAGE, 4, SPECIALS.index("<image>"))
-    assert vision["special_token_ids"] == {t: SPECIALS.index(t) for t in ("<image>", "<fake_token_around_image>", "<global-img>")}
+    assert (vision["image_size"], vision["tokens_per_image"], vision["image_token_id"]) == (
+        IMAGE,
+        4,
+        SPECIALS.index("<image>"),
+    )
+    assert vision["special_token_ids"] == {
+        t: SPECIALS.index(t) for t in ("<image>", "<fake_token_around_image>", "<global-img>")
+    }
     assert vision["preprocessing"]["image_mean"] == [0.5, 0.5, 0.5] and vision["preprocessing"]["tile_size"] == IMAGE
 
     # genai inspect DIR: each program, with its methods and their inputs
     assert main(["inspect", str(folder), "--json"]) == 0
     reports = json.loads(capsys.readouterr().out)
     assert list(reports) == [f"{c}.pte" for c in COMPONENTS]
-    assert {name: sorted(r["methods"]) for name, r in reports.items()} == {f"{c}.pte": sorted(methods[c]) for c in COMPONENTS}
+    assert {name: sorted(r["methods"]) for name, r in reports.items()} == {
+        f"{c}.pte": sorted(methods[c]) for c in COMPONENTS
+    }
     pixels = reports["vision_encoder.pte"]["methods"]["forward"]["inputs"][0]
     assert (pixels["dtype"], pixels["shape"]) == ("byte", [1, 3, IMAGE, IMAGE])  # a device feeds raw uint8 pixels
     decoder_first_input = reports["text_decoder.pte"]["methods"][DECODER_METHODS[mode][0]]["inputs"][0]
@@ -86,8 +96,11 @@ def test_each_split_program_stores_its_components_weights_once(split_program, ch
     model = load_multimodal(spec, checkpoint, MAX_SEQ, read_processing(spec, checkpoint)[1])
 
     def nbytes(module, skip=()) -> int:
-        tensors = {t.data_ptr(): t for name, t in [*module.named_parameters(), *module.named_buffers()]
-                   if "kv_cache" not in name and not name.startswith(skip)}
+        tensors = {
+            t.data_ptr(): t
+            for name, t in [*module.named_parameters(), *module.named_buffers()]
+            if "kv_cache" not in name and not name.startswith(skip)
+        }
         return sum(t.numel() * t.element_size() for t in tensors.values())
 
     table = model.decoder.tok_embeddings.weight
@@ -134,8 +147,19 @@ def test_split_layout_generates_the_one_program_layouts_greedy_tokens(split_prog
     assert n % 8 and calls == ["token_embedding", "vision_encoder", *decoder]
 
     # and through the CLI, with the --json figures of a vision-language run
-    argv = ["run", str(split_program(mode)), "--image", str(image_file), "--prompt", PROMPT,
-            "--max-new-tokens", str(NEW_TOKENS), "--temperature", "0", "--json"]
+    argv = [
+        "run",
+        str(split_program(mode)),
+        "--image",
+        str(image_file),
+        "--prompt",
+        PROMPT,
+        "--max-new-tokens",
+        str(NEW_TOKENS),
+        "--temperature",
+        "0",
+        "--json",
+    ]
     assert main(argv) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["tokens"] == expected and out["image_tokens"] == 4 and out["vision_encoder_ms"] > 0
@@ -144,8 +168,12 @@ def test_split_layout_generates_the_one_program_layouts_greedy_tokens(split_prog
 def test_split_is_refused_for_text_only_models_and_kv_mode(checkpoint, tmp_path, capsys):
     assert main(["export", "reference", "--split", "--out", str(tmp_path / "text")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err[-1:] == ["error: --split applies to vision-language models only; reference is a text-only model "
-                   "(its export is one program already)"]
-    assert main(["export", "--checkpoint", str(checkpoint), "--split", "--mode", "kv", "--out", str(tmp_path / "kv")]) == 2
+    assert err[-1:] == [
+        "error: --split applies to vision-language models only; reference is a text-only model "
+        "(its export is one program already)"
+    ]
+    assert (
+        main(["export", "--checkpoint", str(checkpoint), "--split", "--mode", "kv", "--out", str(tmp_path / "kv")]) == 2
+    )
     assert capsys.readouterr().err.strip().splitlines()[-1].startswith("error: --split takes --mode dynamic")
     assert not (tmp_path / "text").exists() and not (tmp_path / "kv").exists()

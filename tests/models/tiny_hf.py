@@ -7,14 +7,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-
 from conftest import TINY_VOCAB
+
 from genai_pipeline.checkpoints.hf import load_decoder
 from genai_pipeline.registry import get_spec
 
 BASE = dict(
-    vocab_size=TINY_VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-    intermediate_size=128, max_position_embeddings=256, bos_token_id=0, eos_token_id=0, pad_token_id=0,
+    vocab_size=TINY_VOCAB,
+    hidden_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    intermediate_size=128,
+    max_position_embeddings=256,
+    bos_token_id=0,
+    eos_token_id=0,
+    pad_token_id=0,
 )
 MAX_SEQ = 64  # cache length of the tests: the sliding windows below (8) are much shorter
 
@@ -33,26 +41,54 @@ FAMILIES = {
     f.model_type: f
     for f in (
         Family(
-            "llama", "LlamaConfig", "llama3_2-1b",
-            dict(rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                               "original_max_position_embeddings": 32}, rope_theta=50000.0),
+            "llama",
+            "LlamaConfig",
+            "llama3_2-1b",
+            dict(
+                rope_scaling={
+                    "rope_type": "llama3",
+                    "factor": 8.0,
+                    "low_freq_factor": 1.0,
+                    "high_freq_factor": 4.0,
+                    "original_max_position_embeddings": 32,
+                },
+                rope_theta=50000.0,
+            ),
         ),
         Family("qwen2", "Qwen2Config", "qwen2_5-0_5b"),
         Family("qwen3", "Qwen3Config", "qwen3-0_6b", dict(head_dim=32)),
         Family("smollm3", "SmolLM3Config", "smollm3-3b", dict(no_rope_layers=[1, 0])),  # layer 1 has no RoPE
         Family(
-            "phi3", "Phi3Config", "phi_4_mini",
+            "phi3",
+            "Phi3Config",
+            "phi_4_mini",
             # short factors: MAX_SEQ fits the original context; every layer slides (as Phi-3 does)
-            dict(partial_rotary_factor=0.75, original_max_position_embeddings=MAX_SEQ, sliding_window=8,
-                 tie_word_embeddings=True,
-                 rope_scaling={"type": "longrope", "short_factor": [1.0, 1.3, 1.7, 2.2, 3.0, 4.0],
-                               "long_factor": [1.0, 2.0, 4.0, 8.0, 16.0, 32.0]}),
+            dict(
+                partial_rotary_factor=0.75,
+                original_max_position_embeddings=MAX_SEQ,
+                sliding_window=8,
+                tie_word_embeddings=True,
+                rope_scaling={
+                    "type": "longrope",
+                    "short_factor": [1.0, 1.3, 1.7, 2.2, 3.0, 4.0],
+                    "long_factor": [1.0, 2.0, 4.0, 8.0, 16.0, 32.0],
+                },
+            ),
         ),
         Family(
-            "gemma3_text", "Gemma3TextConfig", "gemma3-1b",
-            dict(head_dim=32, query_pre_attn_scalar=24, sliding_window=8, layer_types=["sliding_attention", "full_attention"],
-                 rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 100.0},
-                                  "full_attention": {"rope_type": "default", "rope_theta": 10000.0}}),
+            "gemma3_text",
+            "Gemma3TextConfig",
+            "gemma3-1b",
+            dict(
+                head_dim=32,
+                query_pre_attn_scalar=24,
+                sliding_window=8,
+                layer_types=["sliding_attention", "full_attention"],
+                rope_parameters={
+                    "sliding_attention": {"rope_type": "default", "rope_theta": 100.0},
+                    "full_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                },
+            ),
         ),
     )
 }

@@ -2,23 +2,23 @@
 
 import json
 import operator
-from pathlib import Path
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
-
 from conftest import Q4, REFERENCE
+
 from genai_pipeline.cli import main
 from genai_pipeline.errors import InputError
 from genai_pipeline.options import CalibrationOptions, PrepareOptions, QuantOptions
 from genai_pipeline.prepare import prepare
 from genai_pipeline.quantize import quantize
 from genai_pipeline.quantize.recipes import quantize_module
-from genai_pipeline.registry import get_spec
 from genai_pipeline.quantize.size_budget import graph_bytes
+from genai_pipeline.registry import get_spec
 from genai_pipeline.targets import get_target
 
 
@@ -45,7 +45,9 @@ def _exported_constants(prepared):
 
 def test_prefill_and_decode_carry_identical_quantization_parameters(tiny_checkpoint):
     options = PrepareOptions(mode="hybrid", max_seq_len=64, prefill_len=8, checkpoint=tiny_checkpoint)
-    prepared = quantize(prepare(get_spec("smollm2-135m"), options), QuantOptions(recipe="8da4w", embedding="8w"), get_target("xnnpack"))
+    prepared = quantize(
+        prepare(get_spec("smollm2-135m"), options), QuantOptions(recipe="8da4w", embedding="8w"), get_target("xnnpack")
+    )
     graphs = _exported_constants(prepared)
     prefill, decode = graphs["prefill"], graphs["decode"]
     scales = [k for k in prefill if k.endswith("weight.scale")]
@@ -59,10 +61,17 @@ def test_prefill_and_decode_carry_identical_quantization_parameters(tiny_checkpo
 
 def test_overrides_first_match_wins_and_group_size_is_checked(tiny_eager):
     model = tiny_eager()
-    plan = quantize_module(model, QuantOptions(recipe="8da4w", overrides=(("^output$", "8da8w"), ("w2", "fp32"), ("output", "8da4w"))))
+    plan = quantize_module(
+        model, QuantOptions(recipe="8da4w", overrides=(("^output$", "8da8w"), ("w2", "fp32"), ("output", "8da4w")))
+    )
     assert plan["output"] == "8da8w"
-    assert plan["layers.0.feed_forward.w2"] == "fp32" and type(model.layers[0].feed_forward.w2.weight) is torch.nn.Parameter
-    assert plan["layers.1.attention.wq"] == "8da4w" and type(model.layers[1].attention.wq.weight) is not torch.nn.Parameter
+    assert (
+        plan["layers.0.feed_forward.w2"] == "fp32"
+        and type(model.layers[0].feed_forward.w2.weight) is torch.nn.Parameter
+    )
+    assert (
+        plan["layers.1.attention.wq"] == "8da4w" and type(model.layers[1].attention.wq.weight) is not torch.nn.Parameter
+    )
     with pytest.raises(InputError, match="multiple of --group-size 256"):
         quantize_module(tiny_eager(), QuantOptions(recipe="8da4w", group_size=256))
 
@@ -71,17 +80,38 @@ def test_a_group_size_that_does_not_divide_the_layers_is_one_clear_line(tmp_path
     """--group-size 128 on layers 64 wide (as 128 on SmolLM2-135M's 576): refused before any calibration,
     naming the sizes that fit, no output folder."""
     out = tmp_path / "g128"
-    argv = ["export", "--checkpoint", str(tiny_checkpoint), "--recipe", "8da4w", "--group-size", "128", "--out", str(out)]
+    argv = [
+        "export",
+        "--checkpoint",
+        str(tiny_checkpoint),
+        "--recipe",
+        "8da4w",
+        "--group-size",
+        "128",
+        "--out",
+        str(out),
+    ]
     assert main(argv) == 2
     last = capsys.readouterr().err.strip().splitlines()[-1]
-    assert last == "error: --group-size 128 does not divide the input width of the model's int4 layers (64); use --group-size 16 or 32 or 64"
+    assert (
+        last
+        == "error: --group-size 128 does not divide the input width of the model's int4 layers (64); use --group-size 16 or 32 or 64"
+    )
     assert not out.exists()
 
 
-@pytest.mark.parametrize("recipe,embedding,want", [
-    ("8da4w", "auto", "4w"), ("8da8w", "auto", "8w"), ("fp32", "auto", None), ("8a8w", "auto", None),
-    ("8da4w", "fp32", None), ("8da4w", "8w", "8w"), ("fp32", "8w", "8w"),
-])
+@pytest.mark.parametrize(
+    "recipe,embedding,want",
+    [
+        ("8da4w", "auto", "4w"),
+        ("8da8w", "auto", "8w"),
+        ("fp32", "auto", None),
+        ("8a8w", "auto", None),
+        ("8da4w", "fp32", None),
+        ("8da4w", "8w", "8w"),
+        ("fp32", "8w", "8w"),
+    ],
+)
 def test_embedding_follows_the_recipe_unless_told(recipe, embedding, want):
     options = QuantOptions(recipe=recipe, embedding=embedding)
     assert options.embedding == want
@@ -100,20 +130,28 @@ def test_auto_embedding_is_quantized_with_the_linear_layers(tiny_eager):
     assert plan["output"] == "8da4w" and plan["layers.0.attention.wv"] == "8da4w"
 
 
-@pytest.mark.parametrize("bad", [dict(recipe="int3"), dict(embedding="2w"), dict(group_size=48), dict(overrides=(("(", "8da4w"),))])
+@pytest.mark.parametrize(
+    "bad", [dict(recipe="int3"), dict(embedding="2w"), dict(group_size=48), dict(overrides=(("(", "8da4w"),))]
+)
 def test_bad_quant_options(bad):
     with pytest.raises(InputError):
         QuantOptions(**bad)
 
 
 def _inspect(folder):
-    out = subprocess.run([sys.executable, "-m", "genai_pipeline.cli", "inspect", str(folder / "text_decoder.pte"), "--json"],
-                         capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-m", "genai_pipeline.cli", "inspect", str(folder / "text_decoder.pte"), "--json"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     return json.loads(out)
 
 
 def test_quantized_hybrid_program_stores_the_weights_once_and_is_small(export_reference):
-    hybrid, kv, fp32 = (_inspect(export_reference(m, q)) for m, q in (("hybrid", Q4), ("kv", Q4), ("hybrid", QuantOptions())))
+    hybrid, kv, fp32 = (
+        _inspect(export_reference(m, q)) for m, q in (("hybrid", Q4), ("kv", Q4), ("hybrid", QuantOptions()))
+    )
     # hybrid's two more methods (prefill, prefill_long) add their graphs, not a weight (the table: 1 MB)
     assert hybrid["file_bytes"] - kv["file_bytes"] <= graph_bytes(4, 2), (hybrid["file_bytes"], kv["file_bytes"])
     # fp32 stores its tied table once; here the int4 head and the int8 lookup are two tables, wv
@@ -121,7 +159,10 @@ def test_quantized_hybrid_program_stores_the_weights_once_and_is_small(export_re
     # rotation adds a float 256 x 256 linear before the tied head (1.5 % of the fp32 program): 0.25x of the fp32 program.
     assert hybrid["file_bytes"] <= 0.26 * fp32["file_bytes"], (hybrid["file_bytes"], fp32["file_bytes"])
     manifest = json.loads((export_reference("hybrid", Q4) / "manifest.json").read_text())
-    assert manifest["recipe"] == "8da4w-g32-rot-sq0.5+emb8w+attention.wv=8da8w+more_bits.w2=8da8w+edges.w1w3=8da8w" and manifest["quantization"]["embedding"] == "8w"
+    assert (
+        manifest["recipe"] == "8da4w-g32-rot-sq0.5+emb8w+attention.wv=8da8w+more_bits.w2=8da8w+edges.w1w3=8da8w"
+        and manifest["quantization"]["embedding"] == "8w"
+    )
 
 
 def _qparams(graph_module):
@@ -168,15 +209,39 @@ def test_static_encodings_are_identical_in_prefill_and_decode(tiny_checkpoint):
 
 def test_qnn_export_stops_after_quantization_with_one_clear_line(tmp_path, tiny_checkpoint, capsys):
     out = tmp_path / "qnn"
-    argv = ["export", "--checkpoint", str(tiny_checkpoint), "--target", "qnn", "--recipe", "16a4w", "--calib", "random",
-            "--calib-limit", "2", "--calib-seq-len", "16", "--max-seq-len", "64", "--prefill-len", "8", "--out", str(out)]
+    argv = [
+        "export",
+        "--checkpoint",
+        str(tiny_checkpoint),
+        "--target",
+        "qnn",
+        "--recipe",
+        "16a4w",
+        "--calib",
+        "random",
+        "--calib-limit",
+        "2",
+        "--calib-seq-len",
+        "16",
+        "--max-seq-len",
+        "64",
+        "--prefill-len",
+        "8",
+        "--out",
+        str(out),
+    ]
     assert main(argv) == 2
     last = capsys.readouterr().err.strip().splitlines()[-1]
     assert last.startswith("error: lowering to QNN needs the Qualcomm QNN SDK")
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["status"] == "qdq-only" and (out / "text_decoder.qdq.pt2").is_file()
     spec = manifest["compile_spec"]  # decoded from the compile specs lowering would use
-    assert (spec["soc"], spec["htp_arch"], spec["weight_sharing"], spec["context_binaries"]) == ("SM8650", "V75", True, [["prefill", "decode"]])
+    assert (spec["soc"], spec["htp_arch"], spec["weight_sharing"], spec["context_binaries"]) == (
+        "SM8650",
+        "V75",
+        True,
+        [["prefill", "decode"]],
+    )
     assert not (out / "text_decoder.pte").exists()
     report = (out / "quant_report.html").read_text()
     sqnr = re.findall(r"<td>layers\.(\d)</td><td class=num>([\d.]+)</td>", report)
@@ -196,10 +261,27 @@ def test_qnn_export_stops_after_quantization_with_one_clear_line(tmp_path, tiny_
 
 
 def test_8a8w_reference_program_tracks_its_float_model(export_reference, capsys):
-    quant = QuantOptions(recipe="8a8w", calibration=CalibrationOptions(
-        datasets=(f"text:{REFERENCE / 'sample.txt'}",), limit=64, seq_len=256))
+    quant = QuantOptions(
+        recipe="8a8w",
+        calibration=CalibrationOptions(datasets=(f"text:{REFERENCE / 'sample.txt'}",), limit=64, seq_len=256),
+    )
     folder = export_reference("kv", quant)
-    assert main(["eval", str(folder), "--text", str(REFERENCE / "heldout.txt"), "--max-tokens", "1024", "--window", "128", "--json"]) == 0
+    assert (
+        main(
+            [
+                "eval",
+                str(folder),
+                "--text",
+                str(REFERENCE / "heldout.txt"),
+                "--max-tokens",
+                "1024",
+                "--window",
+                "128",
+                "--json",
+            ]
+        )
+        == 0
+    )
     result = json.loads(capsys.readouterr().out)
     ppl = result["perplexity"]
     assert ppl["program"] <= 1.01 * ppl["float"]  # measured +0.06 % (+1.4 % with a static scale on the LM head)
@@ -227,10 +309,16 @@ def test_given_int4_weights_and_scales_are_what_the_program_stores(tiny_checkpoi
     options = PrepareOptions(mode="kv", max_seq_len=64, checkpoint=tiny_checkpoint)
     prepared = prepare(get_spec("smollm2-135m"), options)
     module = next(iter(prepared.artifacts.values())).module
-    names = ["layers.0.attention.wq.weight", "layers.1.feed_forward.w2.weight", "layers.1.attention.wv.weight"]  # wv: 8-bit unless given
+    names = [
+        "layers.0.attention.wq.weight",
+        "layers.1.feed_forward.w2.weight",
+        "layers.1.attention.wv.weight",
+    ]  # wv: 8-bit unless given
     given = {n: _given_int4(module.get_parameter(n).shape, i) for i, n in enumerate(names)}
     q_quant = quantize(prepared, QuantOptions(recipe="8da4w", embedding="8w"), get_target("xnnpack"), given=given)
-    assert q_quant.quantization["rotate"] is False and "-rot" not in q_quant.recipe  # given values fit their own basis only
+    assert (
+        q_quant.quantization["rotate"] is False and "-rot" not in q_quant.recipe
+    )  # given values fit their own basis only
     # What it stores: a negative scale's block negated (XNNPACK takes positive scales), -8 -> +7 there.
     want = {}
     for n, (q, d) in given.items():
@@ -248,18 +336,24 @@ def test_given_int4_weights_and_scales_are_what_the_program_stores(tiny_checkpoi
     holds = lambda part: any(part in blob for blob in blobs)  # noqa: E731  wq and wv are rows of a fused weight
     for n, (q, d) in want.items():
         assert holds(_xnnpack_int4(q)), f"{n}: the program does not hold the given integers"
-        assert holds(d.to(torch.bfloat16).view(torch.int16).numpy().tobytes()), f"{n}: the program does not hold the given scales"
+        assert holds(d.to(torch.bfloat16).view(torch.int16).numpy().tobytes()), (
+            f"{n}: the program does not hold the given scales"
+        )
 
 
 def test_given_weights_are_checked(tiny_eager):
     model = tiny_eager()
     shape = model.layers[0].attention.wq.weight.shape
     with pytest.raises(InputError, match="do not match"):
-        quantize_module(model, QuantOptions(recipe="8da4w"), {"layers.0.attention.wq.weight": _given_int4((shape[0], 32), 0)})
+        quantize_module(
+            model, QuantOptions(recipe="8da4w"), {"layers.0.attention.wq.weight": _given_int4((shape[0], 32), 0)}
+        )
     with pytest.raises(InputError, match="does not have"):
         quantize_module(tiny_eager(), QuantOptions(recipe="8da4w"), {"nope.weight": _given_int4(shape, 0)})
     with pytest.raises(InputError, match="need recipe 8da4w"):
-        quantize_module(tiny_eager(), QuantOptions(recipe="8da8w"), {"layers.0.attention.wq.weight": _given_int4(shape, 0)})
+        quantize_module(
+            tiny_eager(), QuantOptions(recipe="8da8w"), {"layers.0.attention.wq.weight": _given_int4(shape, 0)}
+        )
 
 
 @pytest.mark.parametrize("rule", ["mse", "q4_0", "torchao"])
@@ -311,9 +405,9 @@ def test_gptq_solves_together_only_the_layers_that_read_one_input(tiny_eager):
 def test_one_calibration_pass_gives_gptq_the_hessians_of_the_smoothed_model(tiny_eager):
     # quantize measures smoothing's absmax and GPTQ's X^T X in one pass, before smoothing, and
     # rescales the latter: it must be what a second pass over the smoothed model measures.
+    from conftest import TINY_MAX_SEQ
     from torch import nn
 
-    from conftest import TINY_MAX_SEQ
     from genai_pipeline.quantize.calibration import input_statistics
     from genai_pipeline.quantize.gptq import input_hessians
     from genai_pipeline.quantize.smoothing import smooth, smoothed_hessians, smoothed_inputs, smoothing_scales
@@ -328,7 +422,9 @@ def test_one_calibration_pass_gives_gptq_the_hessians_of_the_smoothed_model(tiny
     assert set(divided) == names  # every linear of a block reads a smoothed input
     predicted, measured = smoothed_hessians(before, divided), input_hessians(model, names, [ids], TINY_MAX_SEQ)[0]
     for name in names:
-        torch.testing.assert_close(predicted[name], measured[name], rtol=1e-4, atol=1e-4 * measured[name].abs().max().item())
+        torch.testing.assert_close(
+            predicted[name], measured[name], rtol=1e-4, atol=1e-4 * measured[name].abs().max().item()
+        )
         assert not torch.allclose(before[name], measured[name], rtol=1e-2)  # smoothing did change it
 
 
@@ -336,11 +432,16 @@ def test_8da4w_keeps_the_mlp_inputs_of_the_edge_layers_at_8_bits():
     from genai_pipeline.quantize.recipes import recipe_for
 
     options = QuantOptions(recipe="8da4w")
-    eight = {i for i in range(30) for w in ("w1", "w3") if recipe_for(f"layers.{i}.feed_forward.{w}", options, 30) == "8da8w"}
+    eight = {
+        i for i in range(30) for w in ("w1", "w3") if recipe_for(f"layers.{i}.feed_forward.{w}", options, 30) == "8da8w"
+    }
     assert eight == {0, 1, 28, 29}  # SmolLM2-135M's depth: the first and last 1/15
     assert recipe_for("layers.0.feed_forward.w1", options, 4) == "8da4w"  # none below 15 layers
     assert recipe_for("layers.0.feed_forward.w1", QuantOptions(recipe="8da8w"), 30) == "8da8w"
-    assert recipe_for("layers.0.feed_forward.w1", QuantOptions(recipe="8da4w", overrides=(("w1", "8da4w"),)), 30) == "8da4w"
+    assert (
+        recipe_for("layers.0.feed_forward.w1", QuantOptions(recipe="8da4w", overrides=(("w1", "8da4w"),)), 30)
+        == "8da4w"
+    )
 
 
 def test_8da4w_keeps_w2_at_8_bits_in_llama_cpps_more_bits_layers():
@@ -360,6 +461,7 @@ def test_8da4w_keeps_w2_at_8_bits_in_llama_cpps_more_bits_layers():
 
 def test_smoothing_keeps_the_float_function_and_balances_inputs_and_weights(tiny_eager):
     from conftest import TINY_MAX_SEQ
+
     from genai_pipeline.quantize.calibration import input_absmax
     from genai_pipeline.quantize.smoothing import smooth, smoothing_scales
 
@@ -378,4 +480,6 @@ def test_smoothing_keeps_the_float_function_and_balances_inputs_and_weights(tiny
     absmax = input_absmax(model, [ids], TINY_MAX_SEQ)
     for i in range(2):
         w2 = model.layers[i].feed_forward.w2.weight
-        torch.testing.assert_close(absmax[f"layers.{i}.feed_forward.w2"], w2.detach().abs().amax(0), rtol=1e-3, atol=1e-6)
+        torch.testing.assert_close(
+            absmax[f"layers.{i}.feed_forward.w2"], w2.detach().abs().amax(0), rtol=1e-3, atol=1e-6
+        )

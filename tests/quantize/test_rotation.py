@@ -19,7 +19,9 @@ from genai_pipeline.quantize.rotation import can_rotate, random_hadamard, rotate
 
 def _decoder(seed: int = 0, **config) -> Decoder:
     torch.manual_seed(seed)
-    c = DecoderConfig(**{"vocab_size": 97, "dim": 96, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2, "hidden_dim": 192, **config})
+    c = DecoderConfig(
+        **{"vocab_size": 97, "dim": 96, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2, "hidden_dim": 192, **config}
+    )
     model = Decoder(c, 32).eval()
     with torch.no_grad():
         for p in model.parameters():  # norms away from 1, so folding them is tested
@@ -41,12 +43,21 @@ def test_random_hadamard_is_orthogonal_and_spreads_every_coordinate(dim):
     assert torch.equal(q, random_hadamard(dim))  # seeded: genai eval rebuilds the export's
 
 
-@pytest.mark.parametrize("config", [
-    dict(tie_embeddings=True),  # SmolLM2 / Llama 3.2: the head reads the rotated table through head_rotation
-    dict(qkv_bias=True),  # Qwen 2: biases of the linears that read the residual stream
-    dict(tie_embeddings=True, norm_unit_offset=True, scale_embeddings=True, activation="gelu_tanh", qk_norm=True,
-         final_logit_softcap=30.0),  # Gemma-like: x * (1 + w) norms
-])
+@pytest.mark.parametrize(
+    "config",
+    [
+        dict(tie_embeddings=True),  # SmolLM2 / Llama 3.2: the head reads the rotated table through head_rotation
+        dict(qkv_bias=True),  # Qwen 2: biases of the linears that read the residual stream
+        dict(
+            tie_embeddings=True,
+            norm_unit_offset=True,
+            scale_embeddings=True,
+            activation="gelu_tanh",
+            qk_norm=True,
+            final_logit_softcap=30.0,
+        ),  # Gemma-like: x * (1 + w) norms
+    ],
+)
 def test_rotated_decoder_computes_the_same_logits(config):
     model = _decoder(**config)
     rotated = copy.deepcopy(model)
@@ -60,7 +71,9 @@ def test_rotated_decoder_computes_the_same_logits(config):
         assert rotated.output.weight.data_ptr() == rotated.tok_embeddings.weight.data_ptr()
     assert not torch.allclose(rotated.tok_embeddings.weight, model.tok_embeddings.weight)
     # the residual stream really is in another basis, and block_outputs reads it back in the float one
-    inside = rotated.layers[0](rotated.embed(torch.tensor([tokens])), 0, rotated._rope_at(0, len(tokens)).get("global"), None)
+    inside = rotated.layers[0](
+        rotated.embed(torch.tensor([tokens])), 0, rotated._rope_at(0, len(tokens)).get("global"), None
+    )
     want_blocks, got_blocks = block_outputs(model, tokens), block_outputs(rotated, tokens)
     assert not torch.allclose(inside, want_blocks["layers.0"], atol=1e-3)
     for name, x in want_blocks.items():

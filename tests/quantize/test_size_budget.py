@@ -5,8 +5,8 @@ import json
 
 import pytest
 import torch
-
 from conftest import Q4, REFERENCE
+
 from genai_pipeline.cli import main
 from genai_pipeline.errors import InputError
 from genai_pipeline.evaluate import float_model, quantized_model
@@ -16,25 +16,38 @@ from genai_pipeline.quantize import quantize
 from genai_pipeline.quantize.calibration import SENSITIVITY_TOKENS, gptq_samples, held_out_tokens
 from genai_pipeline.quantize.multimodal import check_vision_language_quant
 from genai_pipeline.quantize.recipes import recipe_for
-from genai_pipeline.registry import get_spec
 from genai_pipeline.quantize.rotation import rotate
-from genai_pipeline.quantize.size_budget import graph_bytes, layer_groups, linear_bytes, program_bytes, promote, promotion_gains
+from genai_pipeline.quantize.size_budget import (
+    graph_bytes,
+    layer_groups,
+    linear_bytes,
+    program_bytes,
+    promote,
+    promotion_gains,
+)
 from genai_pipeline.quantize.weights import q4_0_qparams, torchao_qparams
+from genai_pipeline.registry import get_spec
 from genai_pipeline.targets import get_target
 
 
 def _reference_decoder(rotated: bool):
-    decoder = next(iter(prepare(get_spec("reference"), PrepareOptions(max_seq_len=256, prefill_len=32)).artifacts.values())).module
+    decoder = next(
+        iter(prepare(get_spec("reference"), PrepareOptions(max_seq_len=256, prefill_len=32)).artifacts.values())
+    ).module
     if rotated:
         rotate(decoder)  # as quantize does first: the tied head gains a float linear
     return decoder
 
 
 def _bytes(decoder, quant: QuantOptions) -> int:
-    return program_bytes(decoder, lambda name: recipe_for(name, quant, len(decoder.layers)), quant.embedding, quant.group_size)
+    return program_bytes(
+        decoder, lambda name: recipe_for(name, quant, len(decoder.layers)), quant.embedding, quant.group_size
+    )
 
 
-@pytest.mark.parametrize("quant", [Q4, QuantOptions()], ids=["8da4w-emb8w", "fp32"])  # 8da4w + emb4w: the budget test below
+@pytest.mark.parametrize(
+    "quant", [Q4, QuantOptions()], ids=["8da4w-emb8w", "fp32"]
+)  # 8da4w + emb4w: the budget test below
 def test_program_bytes_counts_what_the_program_stores_but_its_graphs(export_reference, quant):
     folder = export_reference("hybrid", quant)
     size = (folder / "text_decoder.pte").stat().st_size
@@ -67,7 +80,9 @@ def test_the_measurement_finds_a_broken_layer_and_leaves_the_model_as_it_was():
     tokens = [t % decoder.config.vocab_size for t in range(7, 7 + 2 * 96)]
     windows = [tokens[:96], tokens[96:]]
     gains = promotion_gains(decoder, four_bit, eight_bit, layer_groups(names, len(decoder.layers)), windows)
-    assert max(gains, key=gains.get) == "w1@2-2" and gains["w1@2-2"] > 100 * max(abs(g) for k, g in gains.items() if k != "w1@2-2")
+    assert max(gains, key=gains.get) == "w1@2-2" and gains["w1@2-2"] > 100 * max(
+        abs(g) for k, g in gains.items() if k != "w1@2-2"
+    )
     after = decoder.state_dict()
     assert all(torch.equal(before[k], after[k]) for k in before)  # weights and KV cache
     extra = linear_bytes(768, 256, "8da8w", 32) - linear_bytes(768, 256, "8da4w", 32)
@@ -81,7 +96,20 @@ def test_an_export_under_a_budget_fits_it_and_eval_rebuilds_its_mix(tmp_path, ca
     largest = _bytes(decoder, QuantOptions(recipe="8da4w", overrides=((r"^layers\.", "8da8w"),)))
     budget = round((smallest + (largest - smallest) / 3 + graph_bytes(4, 1)) / 1e6, 3)
     out = tmp_path / "budget"
-    argv = ["export", "reference", "--recipe", "8da4w", "--size-budget", str(budget), "--mode", "kv", "--max-seq-len", "256", "--out", str(out)]
+    argv = [
+        "export",
+        "reference",
+        "--recipe",
+        "8da4w",
+        "--size-budget",
+        str(budget),
+        "--mode",
+        "kv",
+        "--max-seq-len",
+        "256",
+        "--out",
+        str(out),
+    ]
     assert main(argv) == 0
     assert "layer groups at 8 bits" in capsys.readouterr().err
     manifest = json.loads((out / "manifest.json").read_text())
@@ -89,10 +117,15 @@ def test_an_export_under_a_budget_fits_it_and_eval_rebuilds_its_mix(tmp_path, ca
     assert manifest["recipe"].endswith(f"+emb4w+budget{budget:g}MB") and 0 < len(promoted) < 4 * 7
     quant = QuantOptions(recipe="8da4w", size_budget=budget, promoted=promoted)
     size = (out / "text_decoder.pte").stat().st_size
-    assert 0 <= size - _bytes(decoder, quant) <= graph_bytes(4, 1) and size <= budget * 1e6  # a tied int4 table: stored once
+    assert (
+        0 <= size - _bytes(decoder, quant) <= graph_bytes(4, 1) and size <= budget * 1e6
+    )  # a tied int4 table: stored once
     rebuilt = quantized_model(out, manifest, float_model(manifest))
-    eight = {n for n, m in rebuilt.named_modules() if n.startswith("layers.") and isinstance(m, torch.nn.Linear)
-             and m.weight.target_dtype == torch.int8}
+    eight = {
+        n
+        for n, m in rebuilt.named_modules()
+        if n.startswith("layers.") and isinstance(m, torch.nn.Linear) and m.weight.target_dtype == torch.int8
+    }
     assert eight == set(promoted)
     assert main(["eval", str(out), "--text", str(REFERENCE / "heldout.txt"), "--max-tokens", "300", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["top1_agreement"] > 0.8
@@ -103,11 +136,16 @@ def test_a_budget_over_given_int4_weights_keeps_them_where_it_promotes_nothing()
     budget promotes take 8 bits, the others the given integers as they are."""
     prepared = prepare(get_spec("reference"), PrepareOptions(mode="kv", max_seq_len=256))
     decoder = next(iter(prepared.artifacts.values())).module
-    given = {f"{n}.weight": q4_0_qparams(m.weight, 32) for n, m in decoder.named_modules()
-             if isinstance(m, torch.nn.Linear) and n.startswith("layers.")}
+    given = {
+        f"{n}.weight": q4_0_qparams(m.weight, 32)
+        for n, m in decoder.named_modules()
+        if isinstance(m, torch.nn.Linear) and n.startswith("layers.")
+    }
     smallest = _bytes(decoder, QuantOptions(recipe="8da4w", size_budget=1, promoted=(), rotate=False))
     budget = (smallest + 400_000 + graph_bytes(4, 1)) / 1e6
-    quantized = quantize(prepared, QuantOptions(recipe="8da4w", size_budget=budget), get_target("xnnpack"), given=dict(given))
+    quantized = quantize(
+        prepared, QuantOptions(recipe="8da4w", size_budget=budget), get_target("xnnpack"), given=dict(given)
+    )
     promoted, module = quantized.quantization["promoted"], next(iter(quantized.artifacts.values())).module
     assert 0 < len(promoted) < len(given)
     for name, (q, _) in given.items():
@@ -121,7 +159,9 @@ def test_a_budget_over_given_int4_weights_keeps_them_where_it_promotes_nothing()
 def test_a_budget_measures_on_calibration_tokens_gptq_does_not_fit(tmp_path):
     prepared = prepare(get_spec("reference"), PrepareOptions(max_seq_len=256))
     default = QuantOptions(recipe="8da4w", size_budget=5)
-    assert gptq_samples(prepared, default) == gptq_samples(prepared, QuantOptions(recipe="8da4w"))  # the first 4096 tokens
+    assert gptq_samples(prepared, default) == gptq_samples(
+        prepared, QuantOptions(recipe="8da4w")
+    )  # the first 4096 tokens
     fit, held = gptq_samples(prepared, default)[0], held_out_tokens(prepared, default)
     assert len(held) == SENSITIVITY_TOKENS and held[:8] != fit[:8]
     text = tmp_path / "calib.txt"
@@ -137,9 +177,29 @@ def test_a_budget_measures_on_calibration_tokens_gptq_does_not_fit(tmp_path):
 
 def test_a_budget_below_the_all_4_bit_program_is_one_line_before_any_work(tmp_path, capsys):
     out = tmp_path / "small"
-    assert main(["export", "reference", "--recipe", "8da4w", "--size-budget", "0.5", "--max-seq-len", "256", "--out", str(out)]) == 2
+    assert (
+        main(
+            [
+                "export",
+                "reference",
+                "--recipe",
+                "8da4w",
+                "--size-budget",
+                "0.5",
+                "--max-seq-len",
+                "256",
+                "--out",
+                str(out),
+            ]
+        )
+        == 2
+    )
     err = capsys.readouterr().err
-    assert "--size-budget 0.5 MB is too small: with every layer at 4 bits" in err and "gptq" not in err and "Traceback" not in err
+    assert (
+        "--size-budget 0.5 MB is too small: with every layer at 4 bits" in err
+        and "gptq" not in err
+        and "Traceback" not in err
+    )
     assert not out.exists()
 
 

@@ -7,8 +7,8 @@ import json
 
 import pytest
 import torch
-
 from conftest import TINY_MAX_SEQ, TINY_PREFILL
+
 from genai_pipeline.checkpoints.hf import random_decoder
 from genai_pipeline.models.decoder import MASK_HIDDEN, DecoderConfig
 from genai_pipeline.names import GraphName
@@ -17,14 +17,36 @@ from genai_pipeline.runtime.cache_io import CacheIOContract, CacheIOSession, eag
 from genai_pipeline.runtime.open import open_session
 from genai_pipeline.runtime.session import EagerSession
 
-PROMPT = [5, 17, 42, 7, 99, 3, 250, 11, 64, 8, 120, 33, 2, 77, 150, 9, 31, 200, 45]  # 19: chunks of 8, 8 and a left-padded 3
+PROMPT = [
+    5,
+    17,
+    42,
+    7,
+    99,
+    3,
+    250,
+    11,
+    64,
+    8,
+    120,
+    33,
+    2,
+    77,
+    150,
+    9,
+    31,
+    200,
+    45,
+]  # 19: chunks of 8, 8 and a left-padded 3
 
 
 def _eager_cache_io(decoder, prefill_len: int) -> CacheIOSession:
     decoder.use_cache_io()
     graph = CacheIOGraph(decoder)
     contract = CacheIOContract.of(decoder, {"prefill": prefill_len, "decode": 1})
-    return CacheIOSession(contract, eager_runner({GraphName.PREFILL: graph, GraphName.DECODE: graph}, decoder.config.n_layers))
+    return CacheIOSession(
+        contract, eager_runner({GraphName.PREFILL: graph, GraphName.DECODE: graph}, decoder.config.n_layers)
+    )
 
 
 def _max_diff_over_a_conversation(session, reference, steps: int = 6) -> float:
@@ -40,9 +62,24 @@ def _max_diff_over_a_conversation(session, reference, steps: int = 6) -> float:
 
 
 GEMMA_LIKE = DecoderConfig(  # sliding-window layers with their own RoPE base, qk norm, sandwich norms, softcap
-    vocab_size=256, dim=64, n_layers=3, n_heads=4, n_kv_heads=1, hidden_dim=96, head_dim=16, qk_norm=True,
-    sandwich_norms=True, norm_unit_offset=True, activation="gelu_tanh", scale_embeddings=True, sliding_window=5,
-    sliding_window_layers=(0, 2), rope_theta=1e6, rope_local_theta=1e4, attention_scale=0.2, final_logit_softcap=30.0,
+    vocab_size=256,
+    dim=64,
+    n_layers=3,
+    n_heads=4,
+    n_kv_heads=1,
+    hidden_dim=96,
+    head_dim=16,
+    qk_norm=True,
+    sandwich_norms=True,
+    norm_unit_offset=True,
+    activation="gelu_tanh",
+    scale_embeddings=True,
+    sliding_window=5,
+    sliding_window_layers=(0, 2),
+    rope_theta=1e6,
+    rope_local_theta=1e4,
+    attention_scale=0.2,
+    final_logit_softcap=30.0,
 )
 
 
@@ -60,15 +97,19 @@ def test_eager_cache_io_form_with_sliding_window_layers():
 
 
 def test_call_inputs_follow_the_contract():
-    contract = CacheIOContract(n_layers=1, n_kv_heads=1, head_dim=2, max_seq_len=6, tokens_per_call={"prefill": 4, "decode": 1})
+    contract = CacheIOContract(
+        n_layers=1, n_kv_heads=1, head_dim=2, max_seq_len=6, tokens_per_call={"prefill": 4, "decode": 1}
+    )
     cache = [torch.zeros(1, 1, 6, 2)]
     tokens, positions, mask, *_ = contract.call_inputs([7, 8], pos=3, rows=4, k_cache=cache, v_cache=cache)
     assert tokens.tolist() == [[0, 0, 7, 8]] and positions.tolist() == [[3, 3, 3, 4]]  # left-padded
     seen = (mask[0, 0] == 0).int().tolist()  # columns: cache rows 0..5, then this call's rows 0..3
-    assert seen == [[0, 0, 0, 0, 0, 0, 1, 0, 0, 0],  # padding rows see only themselves
-                    [0, 0, 0, 0, 0, 0, 0, 1, 0, 0],
-                    [1, 1, 1, 0, 0, 0, 0, 0, 1, 0],  # real rows: cache rows before the cursor, real rows up to themselves
-                    [1, 1, 1, 0, 0, 0, 0, 0, 1, 1]]
+    assert seen == [
+        [0, 0, 0, 0, 0, 0, 1, 0, 0, 0],  # padding rows see only themselves
+        [0, 0, 0, 0, 0, 0, 0, 1, 0, 0],
+        [1, 1, 1, 0, 0, 0, 0, 0, 1, 0],  # real rows: cache rows before the cursor, real rows up to themselves
+        [1, 1, 1, 0, 0, 0, 0, 0, 1, 1],
+    ]
     assert set(mask.unique().tolist()) == {0.0, MASK_HIDDEN}
 
 
@@ -79,7 +120,10 @@ def test_cache_io_program_run_by_the_driver_gives_the_eager_logits(export_tiny, 
 
     folder = export_tiny("hybrid", target, cache_io=True)
     manifest = json.loads((folder / "manifest.json").read_text())
-    assert manifest["decoder_form"] == "cache-io" and manifest["cache_io"]["tokens_per_call"] == {"prefill": TINY_PREFILL, "decode": 1}
+    assert manifest["decoder_form"] == "cache-io" and manifest["cache_io"]["tokens_per_call"] == {
+        "prefill": TINY_PREFILL,
+        "decode": 1,
+    }
     session = open_session(folder)
     assert isinstance(session, CacheIOSession)
     assert _max_diff_over_a_conversation(session, EagerSession(tiny_eager())) <= 1e-4

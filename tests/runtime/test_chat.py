@@ -6,8 +6,8 @@ import shutil
 
 import pytest
 import torch
-
 from conftest import REFERENCE, TINY_MAX_SEQ, TINY_PREFILL, TINY_VOCAB
+
 from genai_pipeline.chat_template import ChatTemplate, read_chat_template, render_chat
 from genai_pipeline.checkpoints.hf import load_decoder
 from genai_pipeline.compile import compile_artifacts
@@ -225,11 +225,14 @@ def test_a_turn_that_does_not_fit_leaves_the_conversation_as_it_was(tiny_eager, 
 def test_a_template_that_fails_to_render_names_its_file(eager, tokenizer, tmp_path):
     (tmp_path / "tokenizer_config.json").write_text(json.dumps(SPECIALS))
     (tmp_path / "chat_template.jinja").write_text(
-        "{% if messages[0]['role'] == 'system' %}{{ raise_exception('System role not supported') }}{% endif %}" + TEMPLATE
+        "{% if messages[0]['role'] == 'system' %}{{ raise_exception('System role not supported') }}{% endif %}"
+        + TEMPLATE
     )
     template = read_chat_template(tmp_path)
     chat = Chat(eager, tokenizer, template, Sampler(GREEDY), (0,), MAX_NEW, system="Be brief.")
-    with pytest.raises(ChatTemplateError, match=r"chat_template.jinja': the chat template fails: System role not supported"):
+    with pytest.raises(
+        ChatTemplateError, match=r"chat_template.jinja': the chat template fails: System role not supported"
+    ):
         chat.send("Hi")
     assert Chat(eager, tokenizer, template, Sampler(GREEDY), (0,), MAX_NEW).send("Hi").tokens
 
@@ -239,7 +242,9 @@ def test_export_writes_the_registry_template_when_the_checkpoint_has_none(tmp_pa
     options = PrepareOptions(max_seq_len=TINY_MAX_SEQ, prefill_len=TINY_PREFILL, checkpoint=tiny_checkpoint)
     prepared = prepare(get_spec("smollm2-135m"), options)
     prepared = dataclasses.replace(prepared, spec=dataclasses.replace(prepared.spec, chat_template=TEMPLATE))
-    target = Target(name="none", description="", recipes=("fp32",), partitioners=list, lowering_blocked=lambda: "not here")
+    target = Target(
+        name="none", description="", recipes=("fp32",), partitioners=list, lowering_blocked=lambda: "not here"
+    )
     with pytest.raises(ExportError, match="not here"):
         compile_artifacts(prepared, target, tmp_path / "out")
     assert read_chat_template(tmp_path / "out").source == TEMPLATE

@@ -16,9 +16,23 @@ def test_dynamic_program_runs_in_executorch_text_llm_runner(export_reference, qu
     folder = export_reference("dynamic", quant)
     prompt, n = "The list object", 40
     ours = subprocess.run(
-        [sys.executable, "-m", "genai_pipeline.cli", "run", str(folder), "--prompt", prompt,
-         "--max-new-tokens", str(n), "--temperature", "0", "--json"],
-        capture_output=True, text=True, check=True,
+        [
+            sys.executable,
+            "-m",
+            "genai_pipeline.cli",
+            "run",
+            str(folder),
+            "--prompt",
+            prompt,
+            "--max-new-tokens",
+            str(n),
+            "--temperature",
+            "0",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
     )
     ours = json.loads(ours.stdout)
 
@@ -30,8 +44,10 @@ def test_dynamic_program_runs_in_executorch_text_llm_runner(export_reference, qu
     runner.generate(
         # num_bos=1: ExecuTorch's C++ tokenizer takes its BOS token from tokenizer.json's post-processor,
         # but the runner adds it only when asked.
-        prompt, GenerationConfig(echo=False, max_new_tokens=n, temperature=0.0, num_bos=1),
-        token_callback=pieces.append, stats_callback=stats.append,
+        prompt,
+        GenerationConfig(echo=False, max_new_tokens=n, temperature=0.0, num_bos=1),
+        token_callback=pieces.append,
+        stats_callback=stats.append,
     )
     assert stats and stats[0].num_prompt_tokens == len(ours["prompt_tokens"])  # same prompt ids, BOS included
     assert len(pieces) == len(ours["tokens"]) == n  # one callback per generated token

@@ -5,9 +5,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import Q4, REFERENCE
 
 import genai_pipeline
-from conftest import Q4, REFERENCE
 from genai_pipeline.cli import main
 from genai_pipeline.errors import InputError
 from genai_pipeline.options import PrepareOptions, QuantOptions
@@ -29,7 +29,9 @@ def export_reference_verify(tmp_path_factory):
     def build(mode: str, quant: QuantOptions = QuantOptions()) -> Path:
         if (mode, quant) not in built:
             out = tmp_path_factory.mktemp(f"reference_verify_{mode}_{quant.describe()}")
-            options = PrepareOptions(mode=mode, max_seq_len=REFERENCE_MAX_SEQ, prefill_len=32, verify_len=VERIFY_LEN, long_prefill_len=0)
+            options = PrepareOptions(
+                mode=mode, max_seq_len=REFERENCE_MAX_SEQ, prefill_len=32, verify_len=VERIFY_LEN, long_prefill_len=0
+            )
             genai_pipeline.export("reference", out=out, prepare=options, quant=quant, verify=False)
             built[mode, quant] = out
         return built[mode, quant]
@@ -37,8 +39,14 @@ def export_reference_verify(tmp_path_factory):
     return build
 
 
-def assert_lookahead_is_lossless(folder: Path, prompts: list[str], max_new_tokens: int | None = None,
-                                 draft_len: int = VERIFY_LEN - 1, near_tie: float = 0.0, chat: bool = False) -> list:
+def assert_lookahead_is_lossless(
+    folder: Path,
+    prompts: list[str],
+    max_new_tokens: int | None = None,
+    draft_len: int = VERIFY_LEN - 1,
+    near_tie: float = 0.0,
+    chat: bool = False,
+) -> list:
     """Greedy generation from each prompt, plain and with lookahead, in one session: the same
     tokens, and the cache cursor where plain decoding leaves it. `max_new_tokens` None: up to the
     end of the context. `chat`: each prompt is a user message through the folder's chat template,
@@ -99,7 +107,9 @@ def test_greedy_lookahead_equals_plain_decoding_to_the_context_edge(export_refer
     results = assert_lookahead_is_lossless(folder, heldout_prompts())
     # The prompts end mid-chunk, and generation runs to the end of the context.
     assert all(len(r.prompt_tokens) % 32 for r in results)
-    assert all(len(r.prompt_tokens) + len(r.tokens) == REFERENCE_MAX_SEQ + 1 for r in results if r.stop_reason == "length")
+    assert all(
+        len(r.prompt_tokens) + len(r.tokens) == REFERENCE_MAX_SEQ + 1 for r in results if r.stop_reason == "length"
+    )
     assert sum(r.accepted for r in results) > 0 and sum(r.verify_calls for r in results) > 0
 
 
@@ -123,7 +133,9 @@ def test_verify_takes_any_length_up_to_its_own_and_never_past_the_context(export
     short = session.verify(tokens[30:33])
     session.pos = 30
     session.verify_padded = True  # how a program exported with a verify of one length is run
-    assert session.verify_rows(3) == VERIFY_LEN and torch.allclose(session.verify(tokens[30:33]), short, atol=1e-4, rtol=1e-4)
+    assert session.verify_rows(3) == VERIFY_LEN and torch.allclose(
+        session.verify(tokens[30:33]), short, atol=1e-4, rtol=1e-4
+    )
     session.verify_padded = False
     session.pos = REFERENCE_MAX_SEQ - 2
     assert session.can_verify(2) and not session.can_verify(3)
@@ -152,7 +164,19 @@ def test_bench_reports_lookahead_figures(export_reference_verify, tmp_path, caps
     prompt = tmp_path / "prompt.txt"
     prompt.write_text((REFERENCE / "heldout.txt").read_text(encoding="utf-8")[:600])
     folder = export_reference_verify("dynamic", Q4)
-    args = ["bench", str(folder), "--prompt-file", str(prompt), "--gen-len", "48", "--repeats", "1", "--lookahead", "7", "--json"]
+    args = [
+        "bench",
+        str(folder),
+        "--prompt-file",
+        str(prompt),
+        "--gen-len",
+        "48",
+        "--repeats",
+        "1",
+        "--lookahead",
+        "7",
+        "--json",
+    ]
     assert main(args) == 0
     r = json.loads(capsys.readouterr().out)["lookahead"]
     assert r["draft_len"] == 7 and r["tokens"] == r["plain_tokens"] == 48 and r["tokens_per_call"] >= 1
@@ -165,7 +189,9 @@ def test_real_model_lookahead_parts_from_plain_decoding_only_at_near_ties(smollm
     # SmolLM2-135M-Instruct from its GGUF, fp32, --verify-len 8 (tests/conftest.py).
     folder = smollm2_fp32
     paragraph = (REFERENCE / "heldout.txt").read_text(encoding="utf-8")[:600]
-    prompts = [f"Rewrite the following text so that it is easier to read.\n\n{paragraph}",
-               "Write a short story about a robot who learns to paint."]
+    prompts = [
+        f"Rewrite the following text so that it is easier to read.\n\n{paragraph}",
+        "Write a short story about a robot who learns to paint.",
+    ]
     results = assert_lookahead_is_lossless(folder, prompts, max_new_tokens=120, near_tie=1.0, chat=True)
     assert results[0].tokens_per_call > 1.5

@@ -13,9 +13,24 @@ def program_rss_mb(folder, **env) -> float:
     """What loading and running the program adds to a process: `genai bench`'s peak RSS minus its
     RSS before loading (the libraries, ~360 MB, the same for every program)."""
     out = subprocess.run(
-        [sys.executable, "-m", "genai_pipeline.cli", "bench", str(folder), "--prompt-len", "64", "--gen-len", "8",
-         "--repeats", "1", "--json"],
-        env={**os.environ, "PYTHONPATH": str(REPO), **env}, capture_output=True, text=True, check=True,
+        [
+            sys.executable,
+            "-m",
+            "genai_pipeline.cli",
+            "bench",
+            str(folder),
+            "--prompt-len",
+            "64",
+            "--gen-len",
+            "8",
+            "--repeats",
+            "1",
+            "--json",
+        ],
+        env={**os.environ, "PYTHONPATH": str(REPO), **env},
+        capture_output=True,
+        text=True,
+        check=True,
     ).stdout
     r = json.loads(out)
     return r["peak_rss_mb"] - r["rss_before_load_mb"]

@@ -57,7 +57,7 @@ def parse(payload: bytes) -> tuple[dict, bytes]:
     assert payload.startswith(MAGIC)
     (size,) = struct.unpack_from("<I", payload, len(MAGIC))
     start = len(MAGIC) + 4
-    return json.loads(payload[start:start + size]), payload[start + size:]
+    return json.loads(payload[start : start + size]), payload[start + size :]
 
 
 class StandInQnnBackend(BackendDetails):
@@ -108,6 +108,8 @@ def standin_target(options: QnnOptions = QnnOptions()):
     real = target.grouped
 
     def grouped(methods):
-        return dataclasses.replace(real(methods), partitioner=StandInPartitioner, context=lambda specs: contextlib.nullcontext())
+        return dataclasses.replace(
+            real(methods), partitioner=StandInPartitioner, context=lambda specs: contextlib.nullcontext()
+        )
 
     return dataclasses.replace(target, grouped=grouped, lowering_blocked=lambda: None)

@@ -24,6 +24,7 @@ HYBRID = ("prefill", "decode")
 
 # ---- 1. compile specs -------------------------------------------------------------------------
 
+
 def test_specs_name_the_soc_its_arch_and_share_weights_in_hybrid_mode():
     from executorch.backends.qualcomm.serialization.qc_schema import HtpArch, QcomChipset
 
@@ -52,8 +53,17 @@ def test_single_graph_emulator_and_no_weight_sharing_plans():
 
 
 def test_qnn_options_pass_through_to_the_htp_options():
-    p = qnn.plan(QnnOptions(options=("precision=fp16", "max_sf_buf_size=1048576", "use_multi_contexts=true",
-                                         "performance_mode=high_performance")), HYBRID)
+    p = qnn.plan(
+        QnnOptions(
+            options=(
+                "precision=fp16",
+                "max_sf_buf_size=1048576",
+                "use_multi_contexts=true",
+                "performance_mode=high_performance",
+            )
+        ),
+        HYBRID,
+    )
     d = qnn.describe(qnn.compile_specs(p)["decode"][0].value)
     assert d["precision"] == "fp16" and d["spill_fill_bytes"] == 1 << 20 and d["multi_contexts"]
     assert d["performance_mode"] == "high_performance" and d["htp_arch"] == "V75" and d["soc"] == "SM8650"
@@ -64,18 +74,31 @@ def test_qnn_options_pass_through_to_the_htp_options():
     assert summary["context_binaries"] == [["prefill"], ["decode"]]
 
 
-@pytest.mark.parametrize("options, methods, message", [
-    (QnnOptions(soc="SM9999"), HYBRID, "unknown SoC 'SM9999'; known SoCs: QCM6490, QCS9100, SA8255"),
-    (QnnOptions(soc="sm8450"), HYBRID, "SoC SM8450 has HTP V69, and prefill and decode sharing weights in one "
-                                           "context binary needs V73 or newer"),
-    (QnnOptions(soc="SM8350"), HYBRID, "--mode kv, or with --no-weight-sharing"),
-    (QnnOptions(options=("decode:precision=fp16",)), HYBRID,
-     "methods prefill and decode share one context binary but their QNN options differ in precision"),
-    (QnnOptions(options=("precision=int4",)), HYBRID, "--qnn-option precision: bad value 'int4' (one of: quantized, fp16)"),
-    (QnnOptions(options=("optimization_level=3",)), HYBRID, "has no such field"),
-    (QnnOptions(options=("vtcm=4",)), HYBRID, "unknown key 'vtcm'"),
-    (QnnOptions(options=("forward:precision=fp16",)), HYBRID, "no method 'forward'"),
-])
+@pytest.mark.parametrize(
+    "options, methods, message",
+    [
+        (QnnOptions(soc="SM9999"), HYBRID, "unknown SoC 'SM9999'; known SoCs: QCM6490, QCS9100, SA8255"),
+        (
+            QnnOptions(soc="sm8450"),
+            HYBRID,
+            "SoC SM8450 has HTP V69, and prefill and decode sharing weights in one context binary needs V73 or newer",
+        ),
+        (QnnOptions(soc="SM8350"), HYBRID, "--mode kv, or with --no-weight-sharing"),
+        (
+            QnnOptions(options=("decode:precision=fp16",)),
+            HYBRID,
+            "methods prefill and decode share one context binary but their QNN options differ in precision",
+        ),
+        (
+            QnnOptions(options=("precision=int4",)),
+            HYBRID,
+            "--qnn-option precision: bad value 'int4' (one of: quantized, fp16)",
+        ),
+        (QnnOptions(options=("optimization_level=3",)), HYBRID, "has no such field"),
+        (QnnOptions(options=("vtcm=4",)), HYBRID, "unknown key 'vtcm'"),
+        (QnnOptions(options=("forward:precision=fp16",)), HYBRID, "no method 'forward'"),
+    ],
+)
 def test_bad_qnn_input_is_one_clear_line(options, methods, message):
     with pytest.raises(InputError) as e:
         qnn.plan(options, methods)
@@ -83,6 +106,7 @@ def test_bad_qnn_input_is_one_clear_line(options, methods, message):
 
 
 # ---- 2. validation of what was built ------------------------------------------------------------
+
 
 def test_specs_are_compared_as_enums_with_what_was_asked():
     p = qnn.plan(QnnOptions(soc="SM8650"), HYBRID)
@@ -97,6 +121,7 @@ def test_specs_are_compared_as_enums_with_what_was_asked():
 
 
 # ---- 3. one multi-graph payload, through our own lowering ---------------------------------------
+
 
 class _Core(torch.nn.Module):
     def __init__(self):
@@ -132,7 +157,7 @@ def _program_parts(path):
 
     def segment(i):
         s = program.segments[i]
-        return data[header.segment_base_offset + s.offset: header.segment_base_offset + s.offset + s.size]
+        return data[header.segment_base_offset + s.offset : header.segment_base_offset + s.offset + s.size]
 
     return program, segment
 
@@ -179,7 +204,11 @@ def test_inspect_shows_the_shared_payload_and_the_decoded_spec(standin_pte):
     (payload,) = report["delegate_payloads"]
     assert payload["backend"] == "StandInQnnBackend" and sorted(payload["methods"]) == ["decode", "prefill"]
     assert payload["bytes"] > 64 * 96 * 4
-    assert (payload["qnn"]["soc"], payload["qnn"]["htp_arch"], payload["qnn"]["weight_sharing"]) == ("SM8650", "V75", True)
+    assert (payload["qnn"]["soc"], payload["qnn"]["htp_arch"], payload["qnn"]["weight_sharing"]) == (
+        "SM8650",
+        "V75",
+        True,
+    )
     text = format_report(report)
     assert "shared by decode, prefill" in text and "QNN SM8650 (HTP V75" in text and "weight sharing on" in text
 
@@ -187,8 +216,9 @@ def test_inspect_shows_the_shared_payload_and_the_decoded_spec(standin_pte):
 def test_without_weight_sharing_each_method_has_its_own_payload(tmp_path):
     StandInQnnBackend.calls.clear()
     with tqdm(disable=True) as progress:
-        program = _to_executorch(_artifact(), standin_target(QnnOptions(soc="SM8450", weight_sharing=False)),
-                                 progress, quantized=False)
+        program = _to_executorch(
+            _artifact(), standin_target(QnnOptions(soc="SM8450", weight_sharing=False)), progress, quantized=False
+        )
     path = tmp_path / "two.pte"
     path.write_bytes(program.buffer)
     assert StandInQnnBackend.calls == [{"prefill": 1}, {"decode": 1}]
@@ -206,7 +236,9 @@ def test_after_lowering_methods_meant_for_one_context_binary_but_split_are_caugh
 
     def grouped(methods):
         g = real(methods)
-        return dataclasses.replace(g, groups=(("prefill",), ("decode",)), compile_specs={**g.compile_specs, "decode": fp16})
+        return dataclasses.replace(
+            g, groups=(("prefill",), ("decode",)), compile_specs={**g.compile_specs, "decode": fp16}
+        )
 
     with pytest.raises(ExportError, match="prefill and decode did not get one shared context binary"):
         with tqdm(disable=True) as progress:
@@ -233,16 +265,29 @@ def test_with_an_sdk_the_partitioner_is_qnns_on_the_same_path(tmp_path, monkeypa
 
 # ---- bad input on the command line: one line, exit 2, before any work --------------------------
 
-@pytest.mark.parametrize("args, message", [
-    (["--target", "qnn", "--recipe", "16a8w", "--soc", "SM9999"], "error: unknown SoC 'SM9999'; known SoCs: QCM6490, "),
-    (["--target", "qnn", "--recipe", "16a8w", "--soc", "sm8450"],
-     "error: SoC SM8450 has HTP V69, and prefill and decode sharing weights in one context binary needs V73 or newer"),
-    (["--target", "qnn", "--recipe", "16a8w", "--qnn-option", "decode:precision=fp16"],
-     "error: methods prefill and decode share one context binary but their QNN options differ in precision"),
-    (["--target", "xnnpack", "--recipe", "16a8w"],
-     "error: target 'xnnpack' does not support recipe '16a8w' ('16a8w' is a recipe of --target qnn); it supports: fp32,"),
-    (["--target", "xnnpack", "--recipe", "8da4w", "--soc", "SM8750"], "error: --soc applies to --target qnn only"),
-])
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (
+            ["--target", "qnn", "--recipe", "16a8w", "--soc", "SM9999"],
+            "error: unknown SoC 'SM9999'; known SoCs: QCM6490, ",
+        ),
+        (
+            ["--target", "qnn", "--recipe", "16a8w", "--soc", "sm8450"],
+            "error: SoC SM8450 has HTP V69, and prefill and decode sharing weights in one context binary needs V73 or newer",
+        ),
+        (
+            ["--target", "qnn", "--recipe", "16a8w", "--qnn-option", "decode:precision=fp16"],
+            "error: methods prefill and decode share one context binary but their QNN options differ in precision",
+        ),
+        (
+            ["--target", "xnnpack", "--recipe", "16a8w"],
+            "error: target 'xnnpack' does not support recipe '16a8w' ('16a8w' is a recipe of --target qnn); it supports: fp32,",
+        ),
+        (["--target", "xnnpack", "--recipe", "8da4w", "--soc", "SM8750"], "error: --soc applies to --target qnn only"),
+    ],
+)
 def test_bad_qnn_command_lines_stop_before_any_work(tmp_path, capsys, args, message):
     from genai_pipeline.cli import main
 
@@ -254,7 +299,7 @@ def test_bad_qnn_command_lines_stop_before_any_work(tmp_path, capsys, args, mess
 
 
 def test_v69_hybrid_alternatives_pass_the_checks(capsys):
-    from genai_pipeline.cli import build_parser, _qnn_configured
+    from genai_pipeline.cli import _qnn_configured, build_parser
     from genai_pipeline.targets import get_target
 
     for extra in (["--mode", "kv"], ["--no-weight-sharing"], ["--qnn-x86-emulator"]):
@@ -266,6 +311,7 @@ def test_v69_hybrid_alternatives_pass_the_checks(capsys):
 
 # ---- 4. manifest, inspect and run of a QNN export ----------------------------------------------
 
+
 def test_qnn_export_manifest_inspect_and_run(tmp_path, capsys):
     from genai_pipeline.artifacts import PreparedModel
     from genai_pipeline.cli import main
@@ -274,8 +320,13 @@ def test_qnn_export_manifest_inspect_and_run(tmp_path, capsys):
     from genai_pipeline.registry import get_spec
 
     spec = get_spec("smollm2-135m")
-    prepared = PreparedModel(spec=spec, config=spec.config, artifacts={ArtifactKey.TEXT_DECODER: _artifact()},
-                             options=PrepareOptions(mode="hybrid", max_seq_len=16, prefill_len=8), weights="random")
+    prepared = PreparedModel(
+        spec=spec,
+        config=spec.config,
+        artifacts={ArtifactKey.TEXT_DECODER: _artifact()},
+        options=PrepareOptions(mode="hybrid", max_seq_len=16, prefill_len=8),
+        weights="random",
+    )
     out = tmp_path / "qnn"
     compile_artifacts(prepared, standin_target(QnnOptions(soc="sm8750")), out)
     manifest = json.loads((out / "manifest.json").read_text())
@@ -332,6 +383,7 @@ def test_with_an_sdk_root_lowering_reaches_qnns_own_backend(tmp_path, monkeypatc
 
 # ---- 5. the decoder's cache-I/O form through QNN's quantizer, passes and op builders --------------
 
+
 @pytest.fixture(scope="module")
 def qnn_form_export(tmp_path_factory):
     """A one-layer SmolLM-like checkpoint exported as `genai export --target qnn --recipe 16a8w`
@@ -364,13 +416,19 @@ def test_qnn_form_passes_qnns_quantizer_passes_and_op_builders(qnn_form_export):
     assert calls == [{"prefill": 1, "decode": 1}]  # the whole graph is one partition per method, lowered together
     for method, (program,) in programs[0].items():
         ops = {str(n.target) for n in program.graph.nodes if n.op == "call_function"}
-        data_dependent = {op for op in ops if "local_scalar_dense" in op or "sym_" in op or "llama." in op or "_assert" in op}
+        data_dependent = {
+            op for op in ops if "local_scalar_dense" in op or "sym_" in op or "llama." in op or "_assert" in op
+        }
         assert not data_dependent, f"{method}: {data_dependent}"
         assert any("quantize_per_tensor" in op for op in ops)  # 16a8w QDQ reached the backend
         user = set(program.graph_signature.user_inputs)
         shapes = [tuple(n.meta["val"].shape) for n in program.graph.nodes if n.op == "placeholder" and n.name in user]
-        rows = 8 if method == "prefill" else 1  # static shapes: tokens, positions, mask, k and v (the partition's own order)
-        assert sorted(shapes) == sorted([(1, rows), (1, rows), (1, 1, rows, 32 + rows), (1, 2, 32, 16), (1, 2, 32, 16)]), shapes
+        rows = (
+            8 if method == "prefill" else 1
+        )  # static shapes: tokens, positions, mask, k and v (the partition's own order)
+        assert sorted(shapes) == sorted(
+            [(1, rows), (1, rows), (1, 1, rows, 32 + rows), (1, 2, 32, 16), (1, 2, 32, 16)]
+        ), shapes
         wrappers = QnnBackend._build_op_wrappers(program, False, [], False, QnnExecuTorchBackendType.kHtpBackend)
         assert len(wrappers) > 20  # every node became a QNN op wrapper (an unsupported op raises)
 

@@ -5,9 +5,9 @@ import gc
 
 import pytest
 import torch
+from conftest import Q4, TINY_MAX_SEQ, TINY_PREFILL
 from tqdm import tqdm
 
-from conftest import Q4, TINY_MAX_SEQ, TINY_PREFILL
 from genai_pipeline import compile
 from genai_pipeline.compile import compile_artifacts, lower
 from genai_pipeline.names import Mode
@@ -23,8 +23,9 @@ from genai_pipeline.upstream.torch_export_caches import forget_lowered_graphs
 @functools.cache  # each form lowered once per session: tests only read the programs
 def lower_tiny(checkpoint, mode: str, verify_len: int = 0):
     """{method: lowered ExportedProgram} of the tiny model, as compile lowers it."""
-    options = PrepareOptions(mode=mode, max_seq_len=TINY_MAX_SEQ, prefill_len=TINY_PREFILL, checkpoint=checkpoint,
-                             verify_len=verify_len)
+    options = PrepareOptions(
+        mode=mode, max_seq_len=TINY_MAX_SEQ, prefill_len=TINY_PREFILL, checkpoint=checkpoint, verify_len=verify_len
+    )
     artifact = next(iter(prepare(get_spec("smollm2-135m"), options).artifacts.values()))
     with tqdm(disable=True) as progress:
         edge = lower(artifact, get_target("xnnpack"), progress)
@@ -32,8 +33,11 @@ def lower_tiny(checkpoint, mode: str, verify_len: int = 0):
 
 
 def delegates(program) -> list:
-    return [getattr(program.graph_module, n.args[0].target) for n in program.graph.nodes
-            if n.op == "call_function" and "executorch_call_delegate" in str(n.target)]
+    return [
+        getattr(program.graph_module, n.args[0].target)
+        for n in program.graph.nodes
+        if n.op == "call_function" and "executorch_call_delegate" in str(n.target)
+    ]
 
 
 def weight_names(program) -> set[str]:
@@ -77,7 +81,9 @@ def test_dynamic_length_graph_is_one_delegate_per_layer(tiny_checkpoint):
 
 
 @pytest.mark.parametrize("slices_delegated", [True, False])
-def test_rope_swaps_halves_by_a_matmul_only_where_slices_would_end_the_delegate(tiny_eager, monkeypatch, slices_delegated):
+def test_rope_swaps_halves_by_a_matmul_only_where_slices_would_end_the_delegate(
+    tiny_eager, monkeypatch, slices_delegated
+):
     """With the pinned ExecuTorch, RoPE's halves are slices (the +-1 product, the last matmul before
     the attention, slowed custom_sdpa at 2 threads: docs/decisions/0027); with another, whose
     partitioner takes no slice of a dynamic-length tensor, the product keeps each layer in one
@@ -108,13 +114,19 @@ def lower_quantized_tiny(checkpoint) -> tuple[bytes, int]:
     many times lowering re-traced a graph to decompose it)."""
     from torch.export import ExportedProgram
 
-    options = PrepareOptions(mode=Mode.DYNAMIC.value, max_seq_len=TINY_MAX_SEQ, prefill_len=TINY_PREFILL, checkpoint=checkpoint)
-    prepared = quantize(prepare(get_spec("smollm2-135m"), options), QuantOptions(recipe="8da4w", embedding=None), get_target("xnnpack"))
+    options = PrepareOptions(
+        mode=Mode.DYNAMIC.value, max_seq_len=TINY_MAX_SEQ, prefill_len=TINY_PREFILL, checkpoint=checkpoint
+    )
+    prepared = quantize(
+        prepare(get_spec("smollm2-135m"), options), QuantOptions(recipe="8da4w", embedding=None), get_target("xnnpack")
+    )
     get_target("xnnpack").partitioners()  # builds (and decomposes) XNNPACK's pattern graphs, once per process
     decompositions, run = [], ExportedProgram.run_decompositions
     with pytest.MonkeyPatch.context() as patch, tqdm(disable=True) as progress:
         patch.setattr(ExportedProgram, "run_decompositions", lambda *a, **k: decompositions.append(1) or run(*a, **k))
-        program = compile._to_executorch(next(iter(prepared.artifacts.values())), get_target("xnnpack"), progress, quantized=True)
+        program = compile._to_executorch(
+            next(iter(prepared.artifacts.values())), get_target("xnnpack"), progress, quantized=True
+        )
     forget_lowered_graphs()
     return program.buffer, len(decompositions)
 
@@ -132,21 +144,45 @@ def test_lowering_makes_the_program_executorchs_own_lowering_makes(tiny_checkpoi
     ran, to_edge = [], []
     may_change, may_rewrite = patches._may_change, exir_lowering._may_rewrite
     monkeypatch.setattr(patches, "_may_change", lambda p, *a: ran.append((p.__name__, may_change(p, *a))) or ran[-1][1])
-    monkeypatch.setattr(exir_lowering, "_may_rewrite", lambda p, g: to_edge.append((exir_lowering._pass_name(p), may_rewrite(p, g))) or to_edge[-1][1])
+    monkeypatch.setattr(
+        exir_lowering,
+        "_may_rewrite",
+        lambda p, g: to_edge.append((exir_lowering._pass_name(p), may_rewrite(p, g))) or to_edge[-1][1],
+    )
     ours, decompositions = lower_quantized_tiny(tiny_checkpoint)
     assert decompositions == 1  # one graph: the forward method
     skipped = {name for name, ran_it in to_edge if not ran_it}
-    assert skipped == {"NormalizeTransposePass", "ReplaceBrokenOpsWithFunctionalOpsPass", "ScalarToTensorPass", "SymToTensorPass",
-                       "RemoveMixedTypeOperators", "MemoryFormatOpsPass"}
+    assert skipped == {
+        "NormalizeTransposePass",
+        "ReplaceBrokenOpsWithFunctionalOpsPass",
+        "ScalarToTensorPass",
+        "SymToTensorPass",
+        "RemoveMixedTypeOperators",
+        "MemoryFormatOpsPass",
+    }
     assert {name for name, ran_it in to_edge if ran_it} >= {"ReplaceViewOpsWithViewCopyOpsPass", "OpReplacePass"}
     skipped = {name for name, ran_it in ran if not ran_it}
-    assert {"ConvertToUpsampleBilinear2d", "ConvertToSDPAPass", "DecomposeBatchNorm", "Conv1dUnsqueezePass", "ConvertToLinearPass",
-            "DimOrderOpsRevertPass"} <= skipped  # no dim-order op: the aten-to-edge pass that makes them was skipped too
+    assert {
+        "ConvertToUpsampleBilinear2d",
+        "ConvertToSDPAPass",
+        "DecomposeBatchNorm",
+        "Conv1dUnsqueezePass",
+        "ConvertToLinearPass",
+        "DimOrderOpsRevertPass",
+    } <= skipped  # no dim-order op: the aten-to-edge pass that makes them was skipped too
     assert {name for name, ran_it in ran if ran_it} >= {"ChannelsLastTaggedReshapePass", "ConstPropPass"}
 
     monkeypatch.setattr(xnnpack_preprocess, "XNNPACKPassManager", _passes.XNNPACKPassManager)
-    monkeypatch.setattr(compile, "to_edge_transform_and_lower", lambda programs, partitioners, constant_methods: to_edge_transform_and_lower(
-        programs, partitioner=partitioners, constant_methods=constant_methods, compile_config=EdgeCompileConfig(_check_ir_validity=False)))
+    monkeypatch.setattr(
+        compile,
+        "to_edge_transform_and_lower",
+        lambda programs, partitioners, constant_methods: to_edge_transform_and_lower(
+            programs,
+            partitioner=partitioners,
+            constant_methods=constant_methods,
+            compile_config=EdgeCompileConfig(_check_ir_validity=False),
+        ),
+    )
     theirs, decompositions = lower_quantized_tiny(tiny_checkpoint)
     assert xnnpack_preprocess.XNNPACKPassManager is _passes.XNNPACKPassManager  # lowered with ExecuTorch's own
     assert decompositions == 3
@@ -172,5 +208,7 @@ def test_nothing_keeps_the_weights_once_the_program_is_written(tiny_checkpoint, 
     compile_artifacts(prepared, get_target("xnnpack"), tmp_path)
     del prepared
     gc.collect()
-    live = [o for o in gc.get_objects() if isinstance(o, torch.Tensor) and not isinstance(o, torch._subclasses.FakeTensor)]
+    live = [
+        o for o in gc.get_objects() if isinstance(o, torch.Tensor) and not isinstance(o, torch._subclasses.FakeTensor)
+    ]
     assert not storages(live) & weights

@@ -6,7 +6,6 @@ import subprocess
 import sys
 
 import torch
-
 from conftest import REPO
 from pretend_installed import pretend_installed
 
@@ -23,8 +22,13 @@ with native_logs_hidden() if sys.argv[2] == "hidden" else contextlib.nullcontext
 
 def cpp_log_lines(program, how: str) -> list[str]:
     env = {k: v for k, v in os.environ.items() if k != "GENAI_DEBUG"}
-    done = subprocess.run([sys.executable, "-c", CHILD, str(program), how], env={**env, "PYTHONPATH": str(REPO)},
-                          capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-c", CHILD, str(program), how],
+        env={**env, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     return [line for line in done.stderr.splitlines() if line.startswith("[") and ".cpp:" in line]
 

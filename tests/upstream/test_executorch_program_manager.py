@@ -4,9 +4,9 @@ tied embedding in ExecuTorch's own lowering: these fail when an upgrade changes 
 import inspect
 
 import torch
+from pretend_installed import pretend_installed
 from torch import nn
 
-from pretend_installed import pretend_installed
 from genai_pipeline.inspect import inspect_program
 from genai_pipeline.upstream.executorch_program_manager import store_shared_bytes_once
 
@@ -34,7 +34,12 @@ def _lowered():
     tokens = torch.tensor([[1, 7, 300, 511]])
     program = torch.export.export(module, (tokens,), strict=False)
     config = ExecutorchBackendConfig()
-    return to_edge_transform_and_lower(program, partitioner=[XnnpackPartitioner()]).to_executorch(config), config, module, tokens
+    return (
+        to_edge_transform_and_lower(program, partitioner=[XnnpackPartitioner()]).to_executorch(config),
+        config,
+        module,
+        tokens,
+    )
 
 
 def test_the_private_names_it_uses_are_the_pinned_wheels():
@@ -44,7 +49,11 @@ def test_the_private_names_it_uses_are_the_pinned_wheels():
     for name in ("_named_data", "_emitter_output", "_data_serializer", "_pte_data", "_tensor_data", "_buffer"):
         assert hasattr(manager, name), name
     assert list(inspect.signature(_serialize.serialize_for_executorch).parameters)[:4] == [
-        "emitter_output", "config", "data_serializer", "named_data_store"]
+        "emitter_output",
+        "config",
+        "data_serializer",
+        "named_data_store",
+    ]
     assert callable(_program._program_to_flatbuffer)
     # serialize_pte_binary calls the module-level name the patch swaps in while it serializes.
     assert "_program_to_flatbuffer" in _program.serialize_pte_binary.__code__.co_names
@@ -92,4 +101,3 @@ def test_nothing_changes_without_shared_bytes():
     data = bytes(manager._pte_data)
     assert store_shared_bytes_once(manager, config) == 0
     assert manager.buffer == data
-

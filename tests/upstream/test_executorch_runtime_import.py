@@ -43,13 +43,16 @@ def test_the_files_it_loads_by_path_are_the_pinned_wheels():
     # portable_lib needs nothing of exir but `_warnings` (a later version importing more would need the export stack)
     source = (root / "extension" / "pybindings" / "portable_lib.py").read_text()
     assert [line for line in source.splitlines() if "import" in line and "exir" in line] == [
-        "import executorch.exir._warnings as _exir_warnings"]
+        "import executorch.exir._warnings as _exir_warnings"
+    ]
 
 
 def test_another_executorch_imports_the_runtime_with_its_export_stack():
-    code = ("import sys; from genai_pipeline.upstream import pins; pins.installed = lambda package: '1.6.0'; "
-            "from genai_pipeline.upstream.executorch_runtime_import import import_executorch_runtime as i; "
-            "print(i(), 'executorch.exir' in sys.modules)")
+    code = (
+        "import sys; from genai_pipeline.upstream import pins; pins.installed = lambda package: '1.6.0'; "
+        "from genai_pipeline.upstream.executorch_runtime_import import import_executorch_runtime as i; "
+        "print(i(), 'executorch.exir' in sys.modules)"
+    )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.split() == ["False", "True"]

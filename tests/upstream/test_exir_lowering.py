@@ -7,8 +7,8 @@ import inspect
 
 import pytest
 import torch
-
 from pretend_installed import pretend_installed
+
 from genai_pipeline.errors import ExportError
 
 
@@ -27,16 +27,30 @@ def test_the_private_names_it_uses_are_the_pinned_wheels():
 
     assert parameters(_program._remove_invalid_ops_for_not_decompose) == ["preserve_ops"]
     assert parameters(_program._sanity_check_graph_for_non_decomp_ops)[:5] == [
-        "name", "program", "ops_set_to_not_decompose", "check_op_support", "generate_error"]
+        "name",
+        "program",
+        "ops_set_to_not_decompose",
+        "check_op_support",
+        "generate_error",
+    ]
     assert parameters(_program._get_aten_to_edge_passes) == ["config"]
     before_lifting, after_lifting = _program._get_aten_to_edge_passes(EdgeCompileConfig())
     assert isinstance(before_lifting, list) and isinstance(after_lifting, list)
     assert parameters(_program._transform)[:2] == ["self", "passes"]
-    assert parameters(_program._gen_edge_manager_for_partitioners)[:4] == ["partitioner", "aten_programs", "config", "constant_methods"]
+    assert parameters(_program._gen_edge_manager_for_partitioners)[:4] == [
+        "partitioner",
+        "aten_programs",
+        "config",
+        "constant_methods",
+    ]
     assert callable(_program.lift_constant_tensor_pass) and callable(_program.EdgeProgramManager)
     assert parameters(_get_updated_graph_signature) == ["old_signature", "new_gm"]
     assert callable(_default_decomposition_table) and callable(ReplaceViewOpsWithViewCopyOpsPass)
-    assert {f.name for f in dataclasses.fields(EdgeCompileConfig)} >= {"_check_ir_validity", "_skip_dim_order", "preserve_ops"}
+    assert {f.name for f in dataclasses.fields(EdgeCompileConfig)} >= {
+        "_check_ir_validity",
+        "_skip_dim_order",
+        "preserve_ops",
+    }
     # Every pass `_may_rewrite` may skip is one of `_generate_edge_program`'s, as `_aten_to_edge_passes` lists them.
     assert set(_HAS_WORK) <= {_pass_name(p) for p in _aten_to_edge_passes(EdgeCompileConfig())}
 
@@ -48,7 +62,9 @@ def test_another_version_lowers_by_executorchs_own_steps_or_stops_with_one_line(
 
     pretend_installed(monkeypatch, executorch="1.6.0")
     called = []
-    monkeypatch.setattr(exir, "to_edge_transform_and_lower", lambda programs, **kwargs: called.append(programs) or "ExecuTorch's")
+    monkeypatch.setattr(
+        exir, "to_edge_transform_and_lower", lambda programs, **kwargs: called.append(programs) or "ExecuTorch's"
+    )
     assert to_edge_transform_and_lower({"forward": "exported"}, [], {}) == "ExecuTorch's"
     assert called == [{"forward": "exported"}]
     with pytest.raises(ExportError, match=r"executorch==1\.5\.1, found executorch 1\.6\.0"):
@@ -80,8 +96,11 @@ def test_nodes_a_partitioner_refuses_are_decomposed_as_executorch_does(monkeypat
     assert took_over
     left = [str(n.target) for n in edge.exported_program().graph.nodes if n.op == "call_function"]
     assert not any("linear" in t for t in left)  # the refused linear was decomposed (and delegated as a matmul)
-    executorchs = theirs(programs(), partitioner=[RefusingTheSecondLinear()],
-                         compile_config=exir.EdgeCompileConfig(_check_ir_validity=False))
+    executorchs = theirs(
+        programs(),
+        partitioner=[RefusingTheSecondLinear()],
+        compile_config=exir.EdgeCompileConfig(_check_ir_validity=False),
+    )
     assert edge.to_executorch().buffer == executorchs.to_executorch().buffer
 
 
@@ -101,11 +120,21 @@ def test_an_aten_to_edge_pass_is_skipped_only_where_it_has_nothing_to_rewrite():
     class MixedTypesScalarsAndCopies(torch.nn.Module):
         def forward(self, x, i):
             y = (x + i) * 2.0 + x.shape[0]  # int + float, a float literal, a symbolic size as an operand
-            return y.t(), y.to(torch.float16), x.clone(memory_format=torch.contiguous_format), torch.div(i, 2, rounding_mode="floor")
+            return (
+                y.t(),
+                y.to(torch.float16),
+                x.clone(memory_format=torch.contiguous_format),
+                torch.div(i, 2, rounding_mode="floor"),
+            )
 
     def program():
         inputs = (torch.randn(4, 3), torch.arange(3))
-        exported = torch.export.export(MixedTypesScalarsAndCopies(), inputs, dynamic_shapes=({0: torch.export.Dim("n", min=2, max=64)}, None), strict=False)
+        exported = torch.export.export(
+            MixedTypesScalarsAndCopies(),
+            inputs,
+            dynamic_shapes=({0: torch.export.Dim("n", min=2, max=64)}, None),
+            strict=False,
+        )
         return exported.run_decompositions(_default_decomposition_table())
 
     config = exir.EdgeCompileConfig(_check_ir_validity=False)
@@ -117,9 +146,15 @@ def test_an_aten_to_edge_pass_is_skipped_only_where_it_has_nothing_to_rewrite():
             assert said, f"{name} rewrote the graph, _may_rewrite said it would not"
             changed.add(name)
     assert {"ScalarToTensorPass", "SymToTensorPass", "RemoveMixedTypeOperators", "MemoryFormatOpsPass"} <= changed
-    assert _edge_program(config, program()).graph_module.code == _generate_edge_program(config, program()).graph_module.code
+    assert (
+        _edge_program(config, program()).graph_module.code
+        == _generate_edge_program(config, program()).graph_module.code
+    )
     # The two that no exported graph gave work here (the view ops are copies by then), on graphs made to
-    for pass_, work in ((NormalizeTransposePass(), lambda x: x.t() + 1), (ReplaceBrokenOpsWithFunctionalOpsPass(), lambda x: x.view(-1) + 1)):
+    for pass_, work in (
+        (NormalizeTransposePass(), lambda x: x.t() + 1),
+        (ReplaceBrokenOpsWithFunctionalOpsPass(), lambda x: x.view(-1) + 1),
+    ):
         for fn, has_work in ((work, True), (lambda x: x + 1, False)):
             graph_module = make_fx(fn, tracing_mode="fake")(torch.randn(3, 4))
             assert _may_rewrite(pass_, graph_module) == has_work

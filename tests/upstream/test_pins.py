@@ -7,16 +7,18 @@ import re
 import tomllib
 
 import pytest
-
 from conftest import REPO
 from pretend_installed import pretend_installed
+
 from genai_pipeline.errors import ExportError
 from genai_pipeline.upstream import pins
 
 
 def test_the_installed_wheels_are_the_pinned_ones():
     for package, version in pins.PINNED.items():
-        assert pins.installed(package) == version, f"{package}: re-check genai_pipeline/upstream/ against {pins.installed(package)}"
+        assert pins.installed(package) == version, (
+            f"{package}: re-check genai_pipeline/upstream/ against {pins.installed(package)}"
+        )
     assert pins.pinned("torch", "executorch", "torchao")
 
 
@@ -27,9 +29,15 @@ def test_pyproject_pins_the_same_versions():
 
 
 def test_the_pinned_versions_are_written_once():
-    written = [f"{path.relative_to(REPO)}: {line}" for path in (REPO / "genai_pipeline").rglob("*.py")
-               for line in path.read_text().splitlines() if re.match(r"\s*PINNED_(TORCH|EXECUTORCH|TORCHAO)\s*=", line)]
-    assert sorted(written) == [f'genai_pipeline/upstream/pins.py: PINNED_{p.upper()} = "{v}"' for p, v in sorted(pins.PINNED.items())]
+    written = [
+        f"{path.relative_to(REPO)}: {line}"
+        for path in (REPO / "genai_pipeline").rglob("*.py")
+        for line in path.read_text().splitlines()
+        if re.match(r"\s*PINNED_(TORCH|EXECUTORCH|TORCHAO)\s*=", line)
+    ]
+    assert sorted(written) == [
+        f'genai_pipeline/upstream/pins.py: PINNED_{p.upper()} = "{v}"' for p, v in sorted(pins.PINNED.items())
+    ]
 
 
 def test_a_local_version_suffix_is_not_part_of_the_version(monkeypatch):
@@ -52,4 +60,7 @@ def test_another_version_warns_once_or_stops_with_one_line(monkeypatch, caplog):
     pins.require_pinned("a patch", "torch")
     with pytest.raises(ExportError) as e:
         pins.require_pinned("a patch", "executorch")
-    assert str(e.value) == "a patch is written for executorch==1.5.1, found executorch 1.6.0: install the versions pyproject.toml pins"
+    assert (
+        str(e.value)
+        == "a patch is written for executorch==1.5.1, found executorch 1.6.0: install the versions pyproject.toml pins"
+    )

@@ -6,9 +6,9 @@ tests/targets/test_xnnpack.py::test_nothing_keeps_the_weights_once_the_program_i
 import logging
 
 import torch
+from pretend_installed import pretend_installed
 from torch.export import Dim
 
-from pretend_installed import pretend_installed
 from genai_pipeline.upstream import torch_export_caches
 
 

@@ -29,7 +29,9 @@ def lowered():
 
     torch.manual_seed(0)
     module = FusedThenSplit().eval()
-    program = torch.export.export(module, (torch.randn(1, 7, 64),), dynamic_shapes=({1: Dim("length", min=1, max=128)},))
+    program = torch.export.export(
+        module, (torch.randn(1, 7, 64),), dynamic_shapes=({1: Dim("length", min=1, max=128)},)
+    )
     edge = to_edge_transform_and_lower(program, partitioner=get_target("xnnpack").partitioners())
     assert delegate_dynamic_slices()  # installed by the partitioners, for the pinned wheel
     ops = [str(n.target) for n in edge.exported_program().graph.nodes if n.op == "call_function"]

@@ -8,8 +8,8 @@ import inspect
 import logging
 
 import torch
-
 from pretend_installed import pretend_installed
+
 from genai_pipeline.targets import get_target
 from genai_pipeline.upstream import xnnpack_preprocess as patches
 
@@ -17,12 +17,19 @@ from genai_pipeline.upstream import xnnpack_preprocess as patches
 def test_the_hooks_and_names_it_replaces_are_the_pinned_wheels():
     from executorch.backends.xnnpack import xnnpack_preprocess
     from executorch.backends.xnnpack._passes import XNNPACKPassManager
-    from executorch.backends.xnnpack.partition.config import gemm_configs, generic_node_configs, node_configs, xnnpack_config
+    from executorch.backends.xnnpack.partition.config import (
+        gemm_configs,
+        generic_node_configs,
+        node_configs,
+        xnnpack_config,
+    )
     from executorch.exir.backend.backend_details import BackendDetails, PreprocessResult
 
     # The two hooks ExecuTorch gives a backend to override, with the arguments ours take.
-    copy_hook, multimethod_hook = (inspect.getattr_static(BackendDetails, name) for name in
-                                   ("copy_exported_program_for_preprocess", "preprocess_multimethod"))
+    copy_hook, multimethod_hook = (
+        inspect.getattr_static(BackendDetails, name)
+        for name in ("copy_exported_program_for_preprocess", "preprocess_multimethod")
+    )
     assert isinstance(copy_hook, classmethod) and isinstance(multimethod_hook, classmethod)
     assert list(inspect.signature(copy_hook.__func__).parameters) == ["cls", "edge_program", "compile_specs"]
     assert list(inspect.signature(multimethod_hook.__func__).parameters) == ["cls", "edge_programs", "compile_specs"]

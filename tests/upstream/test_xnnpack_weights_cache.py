@@ -11,8 +11,13 @@ from conftest import REPO
 
 
 def run(code: str, **env) -> str:
-    return subprocess.run([sys.executable, "-c", code], env={**os.environ, "PYTHONPATH": str(REPO), **env},
-                          capture_output=True, text=True, check=True).stdout.strip()
+    return subprocess.run(
+        [sys.executable, "-c", code],
+        env={**os.environ, "PYTHONPATH": str(REPO), **env},
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
 
 
 def test_the_pinned_wheel_reads_the_weights_cache_option_back():
