@@ -971,7 +971,7 @@ LOOKAHEAD_TASKS = {
 def task_prompt_ids(folder: Path, work: Path) -> dict[str, Path]:
     """Each lookahead task's prompt as the ids `genai bench --prompt-file --chat` runs (the model's chat
     template), in a JSON file: the peers run the same ids (their random-weight models share the vocabulary)."""
-    from genai_pipeline.bench import bench_prompt
+    from genai_pipeline.bench.text import bench_prompt
     from genai_pipeline.options import BenchOptions
     from genai_pipeline.runtime.open import open_session
 

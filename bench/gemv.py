@@ -64,7 +64,7 @@ def main() -> None:
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    from genai_pipeline.bench import memory_bandwidth_gbs
+    from genai_pipeline.bench.host import memory_bandwidth_gbs
 
     with tempfile.TemporaryDirectory() as tmp:
         programs = {}

@@ -36,7 +36,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")  # as genai run / genai bench (doc
 
 import torch  # noqa: E402
 
-from genai_pipeline.bench import bench_prompt, replay_sampler  # noqa: E402
+from genai_pipeline.bench.text import bench_prompt, replay_sampler  # noqa: E402
 from genai_pipeline.options import BenchOptions  # noqa: E402
 from genai_pipeline.runtime import generate as loop  # noqa: E402
 from genai_pipeline.runtime.lookahead import DraftSizer, LookaheadOptions  # noqa: E402

@@ -27,7 +27,7 @@ def _scalar(value):
     return None
 
 
-def _read_program(path: Path):
+def read_program(path: Path):
     """The program's flatbuffer and a reader of its segments. Only the flatbuffer (kilobytes) is
     parsed: the segments after it hold the weights, which would otherwise be read and copied
     whole (three times the file size in memory for a 1B model)."""
@@ -50,7 +50,7 @@ def _read_program(path: Path):
     return program, segment
 
 
-def _constant_sizes(program) -> dict[int, int]:
+def constant_sizes(program) -> dict[int, int]:
     """Bytes of each constant tensor (padding included), by its buffer index."""
     if not program.constant_segment.offsets:  # inline constants (no segments)
         return {i: len(b.storage) for i, b in enumerate(program.constant_buffer)}
@@ -88,7 +88,7 @@ def inspect_program(path: Path) -> dict:
     from executorch.exir.schema import DataLocation
 
     try:
-        program, segment = _read_program(path)
+        program, segment = read_program(path)
     except Exception as e:  # any parse failure of a damaged flatbuffer
         raise ProgramError(
             f"'{path}' cannot be parsed as an ExecuTorch program ({type(e).__name__}); it is corrupt or truncated, re-export it"
@@ -150,7 +150,7 @@ def inspect_program(path: Path) -> dict:
     def shared(users: set) -> bool:
         return len(compute) > 1 and users == compute
 
-    const_sizes = _constant_sizes(program)
+    const_sizes = constant_sizes(program)
     mutable = {
         name: {
             "placement": {m: list(p) for m, p in where.items()},

@@ -262,7 +262,7 @@ def test_eval_refuses_to_score_non_finite_logits(tmp_path, export_tiny, monkeypa
     """A program whose logits are NaN: eval fails naming it, never 'perplexity nan'."""
     from genai_pipeline.errors import ProgramError
 
-    evaluate_module = importlib.import_module("genai_pipeline.evaluate")  # the module, not the API's function
+    evaluate_module = importlib.import_module("genai_pipeline.evaluate.text")
 
     folder = copy_export(export_tiny("kv"), tmp_path / "out")
     (tmp_path / "text.txt").write_text("The list object holds items in order. " * 8)

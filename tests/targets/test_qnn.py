@@ -12,7 +12,7 @@ from qnn_standin import StandInQnnBackend, parse, standin_target
 from tqdm import tqdm
 
 from genai_pipeline.artifacts import Artifact, GraphBundle
-from genai_pipeline.compile import _to_executorch
+from genai_pipeline.compile import to_executorch
 from genai_pipeline.errors import ExportError, InputError
 from genai_pipeline.inspect import inspect_program
 from genai_pipeline.names import ArtifactKey, GraphName
@@ -167,7 +167,7 @@ def standin_pte(tmp_path_factory):
     StandInQnnBackend.calls.clear()
     artifact = _artifact()
     with tqdm(disable=True) as progress:
-        program = _to_executorch(artifact, standin_target(), progress, quantized=False)
+        program = to_executorch(artifact, standin_target(), progress, quantized=False)
     path = tmp_path_factory.mktemp("standin") / "text_decoder.pte"
     path.write_bytes(program.buffer)
     return path, artifact, list(StandInQnnBackend.calls)
@@ -216,7 +216,7 @@ def test_inspect_shows_the_shared_payload_and_the_decoded_spec(standin_pte):
 def test_without_weight_sharing_each_method_has_its_own_payload(tmp_path):
     StandInQnnBackend.calls.clear()
     with tqdm(disable=True) as progress:
-        program = _to_executorch(
+        program = to_executorch(
             _artifact(), standin_target(QnnOptions(soc="SM8450", weight_sharing=False)), progress, quantized=False
         )
     path = tmp_path / "two.pte"
@@ -242,7 +242,7 @@ def test_after_lowering_methods_meant_for_one_context_binary_but_split_are_caugh
 
     with pytest.raises(ExportError, match="prefill and decode did not get one shared context binary"):
         with tqdm(disable=True) as progress:
-            _to_executorch(_artifact(), dataclasses.replace(target, grouped=grouped), progress, quantized=False)
+            to_executorch(_artifact(), dataclasses.replace(target, grouped=grouped), progress, quantized=False)
 
 
 def test_with_an_sdk_the_partitioner_is_qnns_on_the_same_path(tmp_path, monkeypatch):
@@ -299,12 +299,12 @@ def test_bad_qnn_command_lines_stop_before_any_work(tmp_path, capsys, args, mess
 
 
 def test_v69_hybrid_alternatives_pass_the_checks(capsys):
-    from genai_pipeline.cli import _qnn_configured, build_parser
+    from genai_pipeline.cli import build_parser, qnn_configured
     from genai_pipeline.targets import get_target
 
     for extra in (["--mode", "kv"], ["--no-weight-sharing"], ["--qnn-x86-emulator"]):
         args = build_parser().parse_args(["export", "--target", "qnn", "--soc", "SM8450", *extra, "--out", "x"])
-        target = _qnn_configured(get_target("qnn"), args)
+        target = qnn_configured(get_target("qnn"), args)
         methods = ("decode",) if "kv" in extra else HYBRID
         assert target.compile_spec(methods)["soc"] == "SM8450"
 
@@ -358,7 +358,7 @@ def test_with_an_sdk_multi_contexts_get_one_spill_fill_size_for_every_delegate(t
     monkeypatch.setattr(utils, "update_spill_fill_size", lambda modules: seen.append(modules) or 4096)
     target = standin_target(QnnOptions(options=("use_multi_contexts=true",)))
     with tqdm(disable=True) as progress:
-        _to_executorch(_artifact(), target, progress, quantized=False)
+        to_executorch(_artifact(), target, progress, quantized=False)
     assert len(seen) == 1 and len(seen[0]) == 2  # prefill's and decode's delegate, in one call
     assert all(m.backend_id == "StandInQnnBackend" for m in seen[0])
     given = qnn.plan(QnnOptions(options=("use_multi_contexts=true", "max_sf_buf_size=65536")), HYBRID)
@@ -378,7 +378,7 @@ def test_with_an_sdk_root_lowering_reaches_qnns_own_backend(tmp_path, monkeypatc
     assert target.lowering_blocked() is None
     with pytest.raises(RuntimeError, match="Failed to initialize QNN backend"):
         with tqdm(disable=True) as progress:
-            _to_executorch(_artifact(), target, progress, quantized=False)
+            to_executorch(_artifact(), target, progress, quantized=False)
 
 
 # ---- 5. the decoder's cache-I/O form through QNN's quantizer, passes and op builders --------------

@@ -11,7 +11,7 @@ import pytest
 from conftest import TINY_MAX_SEQ, copy_export, save_hf_checkpoint
 
 from genai_pipeline import cli
-from genai_pipeline.cli import _one_openmp_thread_per_caller, main
+from genai_pipeline.cli import main, one_openmp_thread_per_caller
 from genai_pipeline.errors import ExportError
 
 
@@ -318,13 +318,13 @@ def test_run_chat_bad_input(capsys, monkeypatch, tmp_path, export_tiny):
 def test_program_timing_commands_run_one_openmp_thread_per_caller(monkeypatch, argv, expected):
     monkeypatch.setenv("OMP_NUM_THREADS", "")  # so that monkeypatch restores the variable afterwards
     monkeypatch.delenv("OMP_NUM_THREADS")
-    _one_openmp_thread_per_caller(argv)
+    one_openmp_thread_per_caller(argv)
     assert os.environ.get("OMP_NUM_THREADS") == expected
 
 
 def test_a_users_openmp_setting_wins(monkeypatch):
     monkeypatch.setenv("OMP_NUM_THREADS", "2")
-    _one_openmp_thread_per_caller(["bench", "x"])
+    one_openmp_thread_per_caller(["bench", "x"])
     assert os.environ["OMP_NUM_THREADS"] == "2"
 
 
