@@ -574,7 +574,7 @@ def worker_run_genai(folder: str, prompt_file: str, image: str, gen_len: int, th
     t = time.perf_counter()
     session = MultimodalSession(Path(folder))
     load_s = time.perf_counter() - t
-    tokenizer = Tokenizer.from_folder(Path(folder), bos_id=session.manifest.get("bos_id"))
+    tokenizer = Tokenizer.from_folder(Path(folder), bos_id=session.manifest.bos_id)
     reference = torch.load(prompt_file)
     text = reference["text"].replace("<image>", session.processing.placeholder)
     ids = session.encode_prompt(tokenizer, text, [Path(image)])

@@ -34,8 +34,8 @@ def measure(folder: Path, data: Path, limit: int = 0, max_new_tokens: int = 16) 
     from genai_pipeline.tokenizer import Tokenizer
 
     session = MultimodalSession(folder, verify=True)
-    tokenizer = Tokenizer.from_folder(folder, bos_id=session.manifest.get("bos_id"))
-    eos = tuple(session.manifest.get("eos_ids", ()))
+    tokenizer = Tokenizer.from_folder(folder, bos_id=session.manifest.bos_id)
+    eos = session.manifest.eos_ids
     rows = [json.loads(line) for line in data.read_text().splitlines() if line.strip()]
     rows = rows[:limit] if limit else rows
     hits, per_kind, wrong, start = 0, {}, [], time.perf_counter()
@@ -73,11 +73,11 @@ def executorch_runner(folder: Path, data: Path, limit: int, max_new_tokens: int 
     from genai_pipeline.tokenizer import Tokenizer
 
     session = MultimodalSession(folder)
-    tokenizer = Tokenizer.from_folder(folder, bos_id=session.manifest.get("bos_id"))
+    tokenizer = Tokenizer.from_folder(folder, bos_id=session.manifest.bos_id)
     from tokenizers import Tokenizer as HFTokenizer
 
     vocab = HFTokenizer.from_file(str(folder / "tokenizer.json"))  # the runner prints EOS as its text
-    eos_text = [vocab.id_to_token(e) for e in session.manifest.get("eos_ids", ())]
+    eos_text = [vocab.id_to_token(e) for e in session.manifest.eos_ids]
     runner = MultimodalRunner(str(folder / "multimodal.pte"), str(folder / "tokenizer.json"))
     rows = [json.loads(line) for line in data.read_text().splitlines() if line.strip()][:limit]
     answers, hits = [], 0

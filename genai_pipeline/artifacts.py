@@ -10,6 +10,7 @@ from typing import Any
 
 from torch import nn
 
+from genai_pipeline.manifest import Manifest
 from genai_pipeline.models.decoder import DecoderConfig
 from genai_pipeline.names import ArtifactKey, GraphName
 from genai_pipeline.options import PrepareOptions
@@ -60,13 +61,14 @@ class PreparedModel:
     special_tokens: Any = None  # checkpoints.special_tokens.SpecialTokens: ids and where each came from
     recipe: str = "fp32"  # set by the quantize stage
     quantization: Mapping[str, Any] = field(default_factory=dict)  # the QuantOptions applied, as data
-    manifest_extra: Mapping[str, Any] = field(
-        default_factory=dict
-    )  # more manifest keys (a multimodal model's `vision`)
+    # The manifest's optional sections, as the stage that owns each writes it (manifest.Manifest):
+    vision: Mapping[str, Any] | None = None  # a vision-language model's components, image size, preprocessing
+    decoder_form: str | None = None  # "cache-io": the program takes its KV cache as I/O ...
+    cache_io: Mapping[str, Any] | None = None  # ... by this contract
 
 
 @dataclass(frozen=True)
 class ArtifactSet:
     folder: Path
     programs: Mapping[ArtifactKey, Path]
-    manifest: Mapping[str, Any]
+    manifest: Manifest

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import logging
 import shutil
 import time
@@ -13,12 +11,20 @@ import torch
 from tqdm import tqdm
 
 from genai_pipeline.artifacts import Artifact, ArtifactSet, PreparedModel
-from genai_pipeline.bundle import MANIFEST, atomic_write, sha256, tool_versions, weights_fingerprint
 from genai_pipeline.chat_template import read_chat_template
 from genai_pipeline.errors import ExportError
+from genai_pipeline.export_folder import (
+    MANIFEST,
+    atomic_write,
+    int4_file,
+    sha256,
+    smoothing_file,
+    tool_versions,
+    weights_fingerprint,
+)
+from genai_pipeline.manifest import COMPLETE, QDQ_ONLY, ArtifactEntry, FileEntry, Manifest
 from genai_pipeline.names import GraphName
-from genai_pipeline.quantize.smoothing import smoothing_file
-from genai_pipeline.quantize.weights import int4_file, save_int4
+from genai_pipeline.quantize.weights import save_int4
 from genai_pipeline.targets import Target
 from genai_pipeline.upstream.executorch_program_manager import store_shared_bytes_once
 from genai_pipeline.upstream.exir_lowering import lower_grouped, to_edge_transform_and_lower
@@ -88,14 +94,14 @@ def to_executorch(artifact: Artifact, target: Target, progress: tqdm, quantized:
     return program
 
 
-def _compile_spec(prepared: PreparedModel, target: Target) -> dict:
-    """{"compile_spec": the backend's spec, decoded} when it has one (QNN: SoC, HTP arch, ...),
-    also for a QDQ-only export; per artifact when there are several."""
+def _compile_spec(prepared: PreparedModel, target: Target) -> dict | None:
+    """The backend's compile spec, decoded, when it has one (QNN: SoC, HTP arch, ...), also for a
+    QDQ-only export; per artifact when there are several."""
     specs = {key.value: target.compile_spec(tuple(g.value for g in a.graphs)) for key, a in prepared.artifacts.items()}
     specs = {key: spec for key, spec in specs.items() if spec is not None}
     if not specs:
-        return {}
-    return {"compile_spec": next(iter(specs.values())) if len(specs) == 1 else specs}
+        return None
+    return next(iter(specs.values())) if len(specs) == 1 else specs
 
 
 def _copy(src: Path, dest: Path) -> None:
@@ -144,7 +150,7 @@ def _qdq_manifest(key, qdq):
 def compile_artifacts(prepared: PreparedModel, target: Target, out: Path) -> ArtifactSet:
     """Writes `<artifact>.pte` (+ `<artifact>.qdq.pt2` when calibrated), the tokenizer, and the
     manifest last, into `out`: a new or empty folder (`genai export` passes its staging folder, see
-    bundle.publish), since the manifest lists every file there. Where the target cannot lower on
+    export_folder.publish), since the manifest lists every file there. Where the target cannot lower on
     this host (no vendor SDK), the QDQ models and a manifest with status `qdq-only` are written,
     then ExportError says why."""
     out = Path(out)
@@ -181,52 +187,54 @@ def compile_artifacts(prepared: PreparedModel, target: Target, out: Path) -> Art
         # The entry's template stands in for a checkpoint without one: `genai run --chat` reads only the folder.
         atomic_write(out / "chat_template.jinja", prepared.spec.chat_template)
     files = {
-        path.name: {"bytes": path.stat().st_size, "sha256": sha256(path)}
+        path.name: FileEntry(path.stat().st_size, sha256(path))
         for path in sorted(out.iterdir())
         if path.is_file() and not path.name.startswith(".") and path.name != MANIFEST
     }
     options = prepared.options
-    manifest = {
-        "model": prepared.spec.name,
-        "entry": prepared.spec.entry,
-        "family": prepared.spec.family,
-        "weights": prepared.weights,
+    manifest = Manifest(
+        model=prepared.spec.name,
+        entry=prepared.spec.entry,
+        family=prepared.spec.family,
+        weights=prepared.weights,
         # What `genai eval` and the quantization report rebuild the float model from, and how
         # they know the weights are still the ones exported.
-        "checkpoint": None if prepared.weights == "random" else weights_fingerprint(Path(prepared.weights)),
-        "config": dataclasses.asdict(prepared.config),
-        "recipe": prepared.recipe,
-        "quantization": dict(prepared.quantization),
-        "seed": options.seed,
-        "target": target.name,
-        **_compile_spec(prepared, target),
-        "mode": options.mode.value,
-        "max_seq_len": options.max_seq_len,
-        "prefill_len": options.prefill_len,
-        "bos_id": prepared.spec.bos_id,
-        "eos_ids": list(prepared.spec.eos_ids),
-        "special_tokens": prepared.special_tokens.as_manifest() if prepared.special_tokens else None,
-        "status": "qdq-only" if blocked else "complete",
-        "artifacts": {
-            key.value: {
-                "file": programs[key].name if key in programs else None,
-                "qdq": _qdq_manifest(key, artifact.qdq),
-                "methods": [g.value for g in artifact.graphs],
-                "dynamic_methods": [
+        checkpoint=None if prepared.weights == "random" else weights_fingerprint(Path(prepared.weights)),
+        config=prepared.config,
+        recipe=prepared.recipe,
+        quantization=dict(prepared.quantization),
+        seed=options.seed,
+        target=target.name,
+        compile_spec=_compile_spec(prepared, target),
+        mode=options.mode,
+        max_seq_len=options.max_seq_len,
+        prefill_len=options.prefill_len,
+        bos_id=prepared.spec.bos_id,
+        eos_ids=tuple(prepared.spec.eos_ids),
+        special_tokens=prepared.special_tokens.as_manifest() if prepared.special_tokens else None,
+        status=QDQ_ONLY if blocked else COMPLETE,
+        artifacts={
+            key: ArtifactEntry(
+                file=programs[key].name if key in programs else None,
+                qdq=_qdq_manifest(key, artifact.qdq),
+                methods=tuple(g.value for g in artifact.graphs),
+                dynamic_methods=tuple(
                     g.value for g, graph in artifact.graphs.items() if graph.dynamic_shapes is not None
-                ],
-                "constant_methods": dict(artifact.constant_methods),
-            }
+                ),
+                constant_methods=dict(artifact.constant_methods),
+            )
             for key, artifact in prepared.artifacts.items()
         },
-        **prepared.manifest_extra,
-        "files": files,
-        "export_seconds": round(time.perf_counter() - started, 2),
-        "versions": tool_versions(),
-    }
-    atomic_write(out / MANIFEST, json.dumps(manifest, indent=2) + "\n")
+        vision=prepared.vision,
+        decoder_form=prepared.decoder_form,
+        cache_io=prepared.cache_io,
+        files=files,
+        export_seconds=round(time.perf_counter() - started, 2),
+        versions=tool_versions(),
+    )
+    manifest.write(out)
     if blocked:
         raise ExportError(f"{blocked} in {out}")
     # debug: `genai export` says where the folder ends up, not its staging folder
-    log.debug("wrote %s (%s) in %.1f s", out, ", ".join(p.name for p in programs.values()), manifest["export_seconds"])
+    log.debug("wrote %s (%s) in %.1f s", out, ", ".join(p.name for p in programs.values()), manifest.export_seconds)
     return ArtifactSet(folder=out, programs=programs, manifest=manifest)

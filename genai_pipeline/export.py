@@ -16,22 +16,14 @@ import shutil
 from pathlib import Path
 
 from genai_pipeline.artifacts import ArtifactSet
-from genai_pipeline.bundle import (
-    MANIFEST,
-    check_out_folder,
-    make_staging_folder,
-    publish,
-    read_manifest,
-    record_in_manifest,
-    recover_interrupted,
-)
 from genai_pipeline.checkpoints import infer_checkpoint_spec
 from genai_pipeline.compile import compile_artifacts
 from genai_pipeline.data import calibration_tokens
 from genai_pipeline.errors import ExportError, InputError
 from genai_pipeline.evaluate.report import write_quant_report
 from genai_pipeline.evaluate.verify import Verification, verify_export
-from genai_pipeline.names import ArtifactKey
+from genai_pipeline.export_folder import MANIFEST, check_out_folder, make_staging_folder, publish, recover_interrupted
+from genai_pipeline.manifest import Manifest
 from genai_pipeline.options import DEFAULT_MODEL, PrepareOptions, QuantOptions
 from genai_pipeline.prepare import prepare
 from genai_pipeline.quantize import quantize
@@ -83,9 +75,8 @@ def export(
         shutil.rmtree(staging, ignore_errors=True)  # whatever stopped the export, its staging folder goes
     if blocked is not None:
         raise blocked
-    manifest = read_manifest(out)
-    programs = {ArtifactKey(key): out / a["file"] for key, a in manifest["artifacts"].items() if a.get("file")}
-    return ArtifactSet(folder=out, programs=programs, manifest=manifest)
+    manifest = Manifest.read(out)
+    return ArtifactSet(out, {key: out / file for key, file in manifest.programs.items()}, manifest)
 
 
 def _spec(model: str | None, checkpoint: Path | None) -> ModelSpec:
@@ -154,7 +145,7 @@ def _verify(staging: Path, recipe: str, quant: QuantOptions) -> Verification:
     log.info("verifying the program against its float model")
     texts = [d.path for d in quant.calibration.datasets if d.kind == "text"]
     verification = verify_export(staging, recipe, texts)
-    record_in_manifest(staging, "verification", verification.as_manifest())
+    dataclasses.replace(Manifest.read(staging), verification=verification.as_manifest()).write(staging)
     log.info("%s", verification.line())
     if verification.warning:
         log.warning("WARNING: %s", verification.warning)

@@ -6,7 +6,6 @@ width and vocabulary, and every (model, mode, target) program is built once and 
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 from pathlib import Path
@@ -201,10 +200,6 @@ def export_reference(tmp_path_factory):
 def copy_export(folder: Path, dest: Path) -> Path:
     shutil.copytree(folder, dest)
     return dest
-
-
-def manifest(folder: Path) -> dict:
-    return json.loads((folder / "manifest.json").read_text())
 
 
 def train_sentencepiece(path: Path, vocab_size: int = 512) -> Path:

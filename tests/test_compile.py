@@ -4,10 +4,11 @@ import dataclasses
 
 import pytest
 import torch
-from conftest import TINY_PREFILL, TINY_VOCAB, manifest
+from conftest import TINY_PREFILL, TINY_VOCAB
 
 from genai_pipeline.cli import main
 from genai_pipeline.errors import InputError
+from genai_pipeline.manifest import Manifest
 from genai_pipeline.options import PrepareOptions, SamplingOptions
 from genai_pipeline.runtime.generate import Sampler, generate
 from genai_pipeline.runtime.session import DecoderSession, EagerSession
@@ -101,13 +102,13 @@ def test_decode_continues_from_the_cache_prefill_wrote(export_tiny, tiny_eager):
 
 
 def test_manifest_describes_the_program(export_tiny, tiny_checkpoint):
-    m = manifest(export_tiny("hybrid"))
-    assert m["mode"] == "hybrid" and m["target"] == "xnnpack" and m["recipe"] == "fp32"
-    assert m["artifacts"]["text_decoder"]["methods"] == ["prefill", "decode", "prefill_long"]
-    assert m["weights"] == str(tiny_checkpoint)
+    m = Manifest.read(export_tiny("hybrid"))
+    assert m.mode == "hybrid" and m.target == "xnnpack" and m.recipe == "fp32"
+    assert m.artifacts["text_decoder"].methods == ("prefill", "decode", "prefill_long")
+    assert m.weights == str(tiny_checkpoint)
     # the checkpoint's files, and the entry's chat template standing in for the one it lacks
-    assert set(m["files"]) == {"text_decoder.pte", "tokenizer.json", "generation_config.json", "chat_template.jinja"}
-    assert {"torch", "executorch", "torchao", "genai_pipeline"} <= set(m["versions"])
-    from genai_pipeline.bundle import sha256
+    assert set(m.files) == {"text_decoder.pte", "tokenizer.json", "generation_config.json", "chat_template.jinja"}
+    assert {"torch", "executorch", "torchao", "genai_pipeline"} <= set(m.versions)
+    from genai_pipeline.export_folder import sha256
 
-    assert m["files"]["text_decoder.pte"]["sha256"] == sha256(export_tiny("hybrid") / "text_decoder.pte")
+    assert m.files["text_decoder.pte"].sha256 == sha256(export_tiny("hybrid") / "text_decoder.pte")

@@ -14,18 +14,16 @@ import textwrap
 import pytest
 from conftest import copy_export
 
-from genai_pipeline.bundle import (
-    add_to_manifest,
+from genai_pipeline.cli import main
+from genai_pipeline.errors import InputError
+from genai_pipeline.export_folder import (
     atomic_write,
     check_out_folder,
-    check_weights,
     publish,
-    read_manifest,
     recover_interrupted,
     weights_fingerprint,
 )
-from genai_pipeline.cli import main
-from genai_pipeline.errors import InputError
+from genai_pipeline.manifest import Manifest
 from genai_pipeline.options import QuantOptions
 
 export_module = importlib.import_module("genai_pipeline.export")  # genai_pipeline.export is the function
@@ -159,19 +157,19 @@ def test_an_absent_or_empty_out_or_one_of_our_exports_is_accepted(tmp_path, expo
 
 _KILLED_WHILE_PUBLISHING = textwrap.dedent("""
     import os, pathlib, shutil, signal, sys
-    from genai_pipeline import bundle
+    from genai_pipeline import export_folder
     out, where = pathlib.Path(sys.argv[1]), sys.argv[2]
-    staging = bundle.make_staging_folder(out)
+    staging = export_folder.make_staging_folder(out)
     (staging / "manifest.json").write_text("new")
     kill = lambda *a, **k: os.kill(os.getpid(), signal.SIGKILL)
     if where != "after the exchange":
-        bundle._exchange = lambda a, b: False  # a system without renameat2: two renames
+        export_folder._exchange = lambda a, b: False  # a system without renameat2: two renames
     if where == "between the renames":
         rename = pathlib.Path.rename
         pathlib.Path.rename = lambda self, to: (rename(self, to), setattr(pathlib.Path, "rename", kill))[0]
     else:
         shutil.rmtree = kill  # the old export is in place to be removed
-    bundle.publish(staging, out)
+    export_folder.publish(staging, out)
 """)
 
 
@@ -214,7 +212,7 @@ def test_an_export_replaces_the_previous_one_whole(tmp_path, tiny_checkpoint, ex
     out = copy_export(export_tiny("kv"), tmp_path / "out")
     for stray in ("quant_report.html", "text_decoder.qdq.pt2", "notes.txt"):  # files of an earlier export, listed
         (out / stray).write_text("from an earlier export")
-        add_to_manifest(out, stray)
+        Manifest.read(out).with_file(out, stray).write(out)
     result = subprocess.run(
         [
             sys.executable,
@@ -239,9 +237,9 @@ def test_an_export_replaces_the_previous_one_whole(tmp_path, tiny_checkpoint, ex
     )
     assert result.returncode == 0, result.stderr
     assert "RANDOM" not in result.stderr
-    manifest = read_manifest(out)
+    manifest = Manifest.read(out)
     names = sorted(p.name for p in out.iterdir() if not p.name.startswith("."))
-    assert names == sorted([*manifest["files"], "manifest.json"])
+    assert names == sorted([*manifest.files, "manifest.json"])
     assert "notes.txt" not in names and "text_decoder.qdq.pt2" not in names and "quant_report.html" in names
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # no staging or set-aside folder left
     report = (out / "quant_report.html").read_text()
@@ -250,8 +248,8 @@ def test_an_export_replaces_the_previous_one_whole(tmp_path, tiny_checkpoint, ex
         name: "0o644" for name in names
     }
     assert stat.S_IMODE(out.stat().st_mode) == 0o755
-    assert manifest["checkpoint"]["path"] == str(tiny_checkpoint.resolve())
-    assert set(manifest["checkpoint"]["files"]) == {"model.safetensors"}
+    assert manifest.checkpoint["path"] == str(tiny_checkpoint.resolve())
+    assert set(manifest.checkpoint["files"]) == {"model.safetensors"}
 
 
 def test_a_failed_export_leaves_the_previous_one_intact(capsys, tmp_path, export_tiny):
@@ -272,10 +270,10 @@ def test_eval_and_report_refuse_weights_changed_since_the_export(capsys, tmp_pat
 
     checkpoint = shutil.copytree(tiny_checkpoint, tmp_path / "ckpt")
     folder = copy_export(export_tiny("kv"), tmp_path / "export")
-    manifest = read_manifest(folder)
+    manifest = json.loads((folder / "manifest.json").read_text())  # edited by hand: raw JSON
     manifest["checkpoint"]["path"] = str(checkpoint)  # the same bytes with new modification times
     (folder / "manifest.json").write_text(json.dumps(manifest))
-    check_weights(manifest)  # a copy or a `touch` is not a change: the sha256 settles it
+    Manifest.read(folder).check_weights()  # a copy or a `touch` is not a change: the sha256 settles it
     weights = checkpoint / "model.safetensors"
     data = bytearray(weights.read_bytes())
     data[-8:] = bytes(8)  # same size, other values
@@ -296,7 +294,7 @@ def test_eval_and_report_refuse_weights_changed_since_the_export(capsys, tmp_pat
 
 
 def test_the_qdq_reuse_key_includes_the_tool_versions(monkeypatch, tiny_checkpoint):
-    from genai_pipeline.bundle import tool_versions
+    from genai_pipeline.export_folder import tool_versions
     from genai_pipeline.options import PrepareOptions
     from genai_pipeline.prepare import prepare
     from genai_pipeline.quantize import static

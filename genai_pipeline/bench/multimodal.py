@@ -19,7 +19,6 @@ import torch
 
 from genai_pipeline.bench.host import current_rss_mb, peak_rss_mb
 from genai_pipeline.bench.text import timed_decode
-from genai_pipeline.bundle import folder_tokenizer
 from genai_pipeline.errors import InputError
 from genai_pipeline.image_processing import Frames, expand_prompt
 from genai_pipeline.options import BenchOptions
@@ -29,9 +28,9 @@ from genai_pipeline.runtime.program import set_threads
 
 
 def _prompt(folder: Path, session: MultimodalSession, frame, text_len: int) -> list[int]:
-    tokenizer = folder_tokenizer(folder, session.manifest)
+    tokenizer = session.manifest.tokenizer(folder)
     ids = tokenizer.encode(expand_prompt("", [Frames((frame,), 0, 0)], session.processing))
-    vocab = session.manifest["config"]["vocab_size"]
+    vocab = session.manifest.config.vocab_size
     text = torch.randint(1, vocab, (text_len,), generator=torch.Generator().manual_seed(0))
     text[text == session.image_token_id] = 1  # an image token would ask for a second image
     return ids + text.tolist()
@@ -69,8 +68,8 @@ def bench_multimodal(folder: Path, options: BenchOptions) -> dict:
         decode.append(timed_decode(session, token, options.gen_len))
     peak_rss = peak_rss_mb()
     return {
-        "model": session.manifest["model"],
-        "recipe": session.manifest.get("recipe", "fp32"),
+        "model": session.manifest.model,
+        "recipe": session.manifest.recipe,
         "threads": options.threads or None,
         "image_size": session.processing.tile_size,
         "image_tokens": prompt.count(session.image_token_id),

@@ -28,6 +28,8 @@ from genai_pipeline.bench.host import current_rss_mb, memory_bandwidth_gbs, peak
 from genai_pipeline.errors import InputError
 from genai_pipeline.inspect import inspect_program
 from genai_pipeline.limits import read_input_text
+from genai_pipeline.manifest import Manifest
+from genai_pipeline.names import ArtifactKey
 from genai_pipeline.options import BenchOptions
 from genai_pipeline.runtime.generate import generate, greedy_token
 from genai_pipeline.runtime.lookahead import LookaheadOptions, lookahead_options
@@ -36,19 +38,19 @@ from genai_pipeline.runtime.program import set_threads
 from genai_pipeline.runtime.session import DecoderSession
 
 
-def embedding_table_bytes(manifest: dict) -> int:
+def embedding_table_bytes(manifest: Manifest) -> int:
     """The token-embedding table's bytes in the program, values and scales; a step reads one row."""
-    config, quantization = manifest["config"], manifest.get("quantization") or {}
-    values = config["vocab_size"] * config["dim"]
+    config, quantization = manifest.config, manifest.quantization
+    values = config.vocab_size * config.dim
     if quantization.get("embedding") == "4w":  # two values a byte, an fp32 scale per group
         return values // 2 + values // quantization["group_size"] * 4
     if quantization.get("embedding") == "8w":  # a byte a value, an fp32 scale per row
-        return values + config["vocab_size"] * 4
+        return values + config.vocab_size * 4
     return values * 4
 
 
-def weight_bytes_per_token(folder: Path, manifest: dict) -> int:
-    report = inspect_program(Path(folder) / manifest["artifacts"]["text_decoder"]["file"])
+def weight_bytes_per_token(folder: Path, manifest: Manifest) -> int:
+    report = inspect_program(Path(folder) / manifest.artifacts[ArtifactKey.TEXT_DECODER].file)
     stored = report["named_data"]["bytes"] + report["constant_segment"]["bytes"]
     return stored - embedding_table_bytes(manifest)
 
@@ -101,9 +103,9 @@ def bench(folder: Path, options: BenchOptions) -> dict:
     weights = weight_bytes_per_token(folder, session.manifest)
     bandwidth = memory_bandwidth_gbs()
     return {
-        "model": session.manifest["model"],
-        "mode": session.manifest["mode"],
-        "recipe": session.manifest.get("recipe", "fp32"),
+        "model": session.manifest.model,
+        "mode": session.manifest.mode.value,
+        "recipe": session.manifest.recipe,
         "threads": options.threads or None,
         "prompt_len": len(prompt),
         "gen_len": options.gen_len,
@@ -122,12 +124,10 @@ def bench(folder: Path, options: BenchOptions) -> dict:
 def bench_prompt(folder: Path, session: DecoderSession, options: BenchOptions) -> tuple[list[int], tuple[int, ...]]:
     """The prompt's ids, and the ids that end generation (only for a chat prompt)."""
     if options.prompt_file is None:
-        vocab = session.manifest["config"]["vocab_size"]
+        vocab = session.manifest.config.vocab_size
         return torch.randint(1, vocab, (options.prompt_len,), generator=torch.Generator().manual_seed(0)).tolist(), ()
-    from genai_pipeline.bundle import folder_tokenizer
-
     text = read_input_text(options.prompt_file, "--prompt-file")
-    tokenizer = folder_tokenizer(folder, session.manifest)
+    tokenizer = session.manifest.tokenizer(folder)
     if not options.chat:
         return tokenizer.encode(text), ()
     from genai_pipeline.chat_template import read_chat_template
@@ -137,7 +137,7 @@ def bench_prompt(folder: Path, session: DecoderSession, options: BenchOptions) -
     template = read_chat_template(folder)
     if template is None:
         raise InputError(f"'{folder}' has no chat template for --chat")
-    stop_ids = end_of_turn_ids(folder, tokenizer, session.manifest.get("eos_ids", ()), template)
+    stop_ids = end_of_turn_ids(folder, tokenizer, session.manifest.eos_ids, template)
     chat = Chat(session, tokenizer, template, greedy_token, stop_ids, 1)
     return chat.render((Message("user", text),)), stop_ids
 

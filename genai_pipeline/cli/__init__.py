@@ -96,9 +96,9 @@ def cmd_export(args) -> int:
         result = export(args.model, out=args.out, prepare=options, quant=quant, target=target)
     finally:
         signal.signal(signal.SIGTERM, previous)
-    log.info("wrote %s in %.1f s", result.folder, result.manifest["export_seconds"])
-    for name, f in result.manifest["files"].items():
-        log.info("  %s  %.2f MB", name, f["bytes"] / (1 << 20))
+    log.info("wrote %s in %.1f s", result.folder, result.manifest.export_seconds)
+    for name, f in result.manifest.files.items():
+        log.info("  %s  %.2f MB", name, f.bytes / (1 << 20))
     return 0
 
 
@@ -135,7 +135,7 @@ def qnn_configured(target, args):
 
 
 def cmd_run(args) -> int:
-    from genai_pipeline.bundle import folder_tokenizer, read_manifest
+    from genai_pipeline.manifest import Manifest
     from genai_pipeline.runtime.generate import Sampler, generate
     from genai_pipeline.runtime.lookahead import lookahead_options
     from genai_pipeline.runtime.multimodal import MultimodalSession, is_multimodal
@@ -150,13 +150,13 @@ def cmd_run(args) -> int:
         raise InputError("--system needs --chat")
     sampling = SamplingOptions(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
     images = [Path(p) for p in args.image]
-    if is_multimodal(read_manifest(Path(args.folder))):
+    if is_multimodal(Manifest.read(Path(args.folder))):
         session = MultimodalSession(Path(args.folder), verify=not args.no_verify)
     elif images:
         raise InputError(f"'{args.folder}' holds a text-only model: it cannot take --image")
     else:
         session = open_session(Path(args.folder), verify=not args.no_verify)
-    tokenizer = folder_tokenizer(Path(args.folder), session.manifest)
+    tokenizer = session.manifest.tokenizer(Path(args.folder))
     lookahead = lookahead_options(args.lookahead, session)
     if args.chat:
         return chat(args, session, tokenizer, Sampler(sampling), lookahead)
@@ -179,9 +179,7 @@ def cmd_run(args) -> int:
         if not args.json:
             print(stream.push(token), end="", flush=True)
 
-    result = generate(
-        session, prompt, max_new, Sampler(sampling), tuple(session.manifest.get("eos_ids", ())), show, lookahead
-    )
+    result = generate(session, prompt, max_new, Sampler(sampling), session.manifest.eos_ids, show, lookahead)
     text = tokenizer.decode(result.tokens)
     if args.json:
         print(
@@ -281,7 +279,7 @@ def _eval_images(args) -> int:
 
 def cmd_bench(args) -> int:
     from genai_pipeline.bench import bench
-    from genai_pipeline.bundle import read_manifest
+    from genai_pipeline.manifest import Manifest
     from genai_pipeline.runtime.multimodal import is_multimodal
 
     options = BenchOptions(
@@ -293,7 +291,7 @@ def cmd_bench(args) -> int:
         prompt_file=Path(args.prompt_file) if args.prompt_file else None,
         chat=args.chat,
     )
-    if is_multimodal(read_manifest(Path(args.folder))):
+    if is_multimodal(Manifest.read(Path(args.folder))):
         return _bench_multimodal(args, options)
     r = bench(Path(args.folder), options)
     if args.json:
@@ -343,13 +341,13 @@ def cmd_inspect(args) -> int:
         print(json.dumps(report, indent=2) if args.json else format_report(report))
         return 0
     # An export folder: each of its programs (a split vision-language export has three).
-    from genai_pipeline.bundle import read_manifest
+    from genai_pipeline.manifest import Manifest
     from genai_pipeline.runtime.program import check_pte_file
 
-    manifest = read_manifest(path)
-    files = [a["file"] for a in manifest["artifacts"].values() if a.get("file")]
+    manifest = Manifest.read(path)
+    files = list(manifest.programs.values())
     for name in files:  # what is described is what was exported
-        check_pte_file(path / name, *(manifest["files"].get(name, {}).get(k) for k in ("bytes", "sha256")))
+        check_pte_file(path / name, manifest.files[name].bytes, manifest.files[name].sha256)
     reports = {name: inspect_program(path / name) for name in files}
     print(json.dumps(reports, indent=2) if args.json else "\n\n".join(format_report(r) for r in reports.values()))
     return 0

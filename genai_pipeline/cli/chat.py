@@ -23,7 +23,7 @@ def chat(args, session, tokenizer, sampler, lookahead) -> int:
             f"'{folder}' has no chat template (chat_template.jinja, or chat_template in tokenizer_config.json); "
             "write one there as chat_template.jinja, or export from a checkpoint that has one"
         )
-    stop_ids = end_of_turn_ids(folder, tokenizer, session.manifest.get("eos_ids", ()), template)
+    stop_ids = end_of_turn_ids(folder, tokenizer, session.manifest.eos_ids, template)
     chat = Chat(
         session, tokenizer, template, sampler, stop_ids, args.max_new_tokens, system=args.system, lookahead=lookahead
     )
@@ -35,7 +35,7 @@ def chat(args, session, tokenizer, sampler, lookahead) -> int:
 
         log.info(
             "chat with %s: %s/reset clears the conversation, /exit or Ctrl-D quits",
-            session.manifest.get("model"),
+            session.manifest.model,
             "/image PATH attaches an image to your next message, " if chat.takes_images else "",
         )
     for text in _user_messages(args.prompt, interactive):

@@ -25,9 +25,9 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from genai_pipeline.bundle import check_weights, folder_tokenizer, read_manifest
 from genai_pipeline.errors import InputError
 from genai_pipeline.limits import read_input_text
+from genai_pipeline.manifest import COMPLETE, Manifest
 from genai_pipeline.options import ImageEvalOptions
 from genai_pipeline.runtime.generate import generate, greedy_token
 from genai_pipeline.runtime.multimodal import MultimodalSession, is_multimodal
@@ -128,16 +128,16 @@ def evaluate_images(folder: Path, options: ImageEvalOptions, progress: bool = Tr
     from genai_pipeline.evaluate.text import float_model
 
     folder = Path(folder)
-    manifest = read_manifest(folder)
+    manifest = Manifest.read(folder)
     if not is_multimodal(manifest):
         raise InputError(f"'{folder}' holds a text-only model: --images needs a vision-language export (use --text)")
     questions = read_questions(options.images, options.limit)
-    if manifest.get("status", "complete") != "complete":
-        raise InputError(f"'{folder}' has no program (status {manifest.get('status')}): nothing to evaluate")
-    check_weights(manifest)  # the float model must be the one the program was made from
+    if manifest.status != COMPLETE:
+        raise InputError(f"'{folder}' has no program (status {manifest.status}): nothing to evaluate")
+    manifest.check_weights()  # the float model must be the one the program was made from
     program = MultimodalSession(folder)
-    tokenizer = folder_tokenizer(folder, manifest)
-    eos = tuple(manifest.get("eos_ids", ()))
+    tokenizer = manifest.tokenizer(folder)
+    eos = manifest.eos_ids
     if not eos:
         raise InputError(f"'{folder}/manifest.json' names no end-of-sequence id: answers could not end")
     reference = EagerMultimodalSession(
@@ -168,7 +168,7 @@ def evaluate_images(folder: Path, options: ImageEvalOptions, progress: bool = Tr
     n = len(questions)
     return {
         "questions": n,
-        "recipe": manifest.get("recipe", "fp32"),
+        "recipe": manifest.recipe,
         "answer_tokens": answer_tokens,
         "exact_match": {name: hits[name] / n for name in models},
         "answer_perplexity": {name: math.exp(nll[name] / answer_tokens) for name in models},

@@ -6,8 +6,9 @@ from __future__ import annotations
 import html
 from pathlib import Path
 
-from genai_pipeline.bundle import add_to_manifest, atomic_write, check_weights, read_manifest
 from genai_pipeline.evaluate.text import block_outputs, float_model, layer_sqnr, quantized_model
+from genai_pipeline.export_folder import atomic_write
+from genai_pipeline.manifest import Manifest
 from genai_pipeline.runtime.cache_io import CacheIOContract
 
 REPORT = "quant_report.html"
@@ -19,8 +20,8 @@ def write_quant_report(folder: Path, tokens: list[int], source: str, verificatio
     """quant_report.html in the export folder `folder` (before it is published), listed in its
     manifest. `source` says what the tokens are; `verification` (verify.Verification): the
     program's own figures against float, shown above the per-layer chart."""
-    manifest = read_manifest(folder)
-    check_weights(manifest)
+    manifest = Manifest.read(folder)
+    manifest.check_weights()
     model = float_model(manifest)
     want = block_outputs(model, tokens)
     # The float model turns into the QDQ one in place: one copy of the weights in memory, not two
@@ -29,14 +30,14 @@ def write_quant_report(folder: Path, tokens: list[int], source: str, verificatio
     sqnr = layer_sqnr(want, block_outputs(qdq, tokens, CacheIOContract.from_manifest(manifest)))
     path = Path(folder) / REPORT
     data = f"{len(tokens)} tokens of {source}"
-    if "vision" in manifest:
+    if manifest.vision is not None:
         data += "; the image tower's layers and connector over a synthetic test image (evaluate.report_image)"
     atomic_write(path, render(manifest, sqnr, data, verification))
-    add_to_manifest(folder, REPORT)
+    manifest.with_file(folder, REPORT).write(folder)
     return path
 
 
-def render(manifest: dict, sqnr: dict[str, float], data: str, verification=None) -> str:
+def render(manifest: Manifest, sqnr: dict[str, float], data: str, verification=None) -> str:
     worst = min(sqnr, key=sqnr.get) if sqnr else None
     top = max([v for v in sqnr.values() if v != float("inf")] + [1.0])
     rows = []
@@ -47,7 +48,7 @@ def render(manifest: dict, sqnr: dict[str, float], data: str, verification=None)
             f"<tr><td>{html.escape(layer)}</td><td class=num>{db:.2f}</td>"
             f"<td><div class=bar style='width:{width:.1f}%;background:{color}'></div></td></tr>"
         )
-    title = f"{manifest['model']} — {manifest['recipe']} on {manifest['target']}"
+    title = f"{manifest.model} — {manifest.recipe} on {manifest.target}"
     return f"""<!doctype html>
 <meta charset=utf-8>
 <title>{html.escape(title)}</title>

@@ -24,19 +24,20 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from genai_pipeline.bundle import check_weights, folder_tokenizer, read_manifest
 from genai_pipeline.checkpoints import load_decoder
 from genai_pipeline.checkpoints.hf import random_decoder
 from genai_pipeline.errors import InputError, ProgramError
+from genai_pipeline.export_folder import int4_file, smoothing_file
 from genai_pipeline.limits import read_input_text
-from genai_pipeline.models.decoder import Decoder, DecoderConfig
+from genai_pipeline.manifest import COMPLETE, Manifest
+from genai_pipeline.models.decoder import Decoder
 from genai_pipeline.models.vision import VisionLanguageModel
 from genai_pipeline.names import ArtifactKey, GraphName, Mode
 from genai_pipeline.options import EvalOptions, quant_options_from
 from genai_pipeline.quantize.recipes import quantize_module
 from genai_pipeline.quantize.rotation import rotate, unrotated
-from genai_pipeline.quantize.smoothing import smooth, smoothing_file
-from genai_pipeline.quantize.weights import int4_file, load_int4
+from genai_pipeline.quantize.smoothing import smooth
+from genai_pipeline.quantize.weights import load_int4
 from genai_pipeline.registry import get_spec
 from genai_pipeline.runtime.cache_io import CacheIOContract, CacheIOSession, eager_runner
 from genai_pipeline.runtime.multimodal import MultimodalSession, is_multimodal
@@ -45,31 +46,25 @@ from genai_pipeline.runtime.session import DecoderSession, EagerSession
 from genai_pipeline.upstream.executorch_logs import native_logs_hidden
 
 
-def float_model(manifest: dict):
+def float_model(manifest: Manifest):
     """The float model an export started from, rebuilt from its manifest: a Decoder, or for a
     vision-language export a VisionLanguageModel (decoder and image tower)."""
-    spec = get_spec(manifest.get("entry", manifest["model"]))
-    if "vision" in manifest:
+    spec = get_spec(manifest.entry)
+    if manifest.vision is not None:
         return _float_vision_language_model(spec, manifest)
-    if manifest["weights"] == "random":
-        config = DecoderConfig.from_dict(manifest["config"])
-        return random_decoder(config, manifest["max_seq_len"], manifest.get("seed", 0))
-    # The absolute path: `weights` is the --checkpoint as typed, relative to where export ran.
-    checkpoint = (manifest.get("checkpoint") or {}).get("path", manifest["weights"])
-    return load_decoder(spec, Path(checkpoint), manifest["max_seq_len"])
+    if manifest.weights == "random":
+        return random_decoder(manifest.config, manifest.max_seq_len, manifest.seed)
+    return load_decoder(spec, manifest.checkpoint_path, manifest.max_seq_len)
 
 
-def _float_vision_language_model(spec, manifest: dict):
+def _float_vision_language_model(spec, manifest: Manifest):
     from genai_pipeline.checkpoints.multimodal import load_multimodal, random_multimodal
     from genai_pipeline.models.vision import VisionConfig
 
-    vision = VisionConfig.from_dict(manifest["vision"]["config"])
-    if manifest["weights"] == "random":
-        return random_multimodal(
-            DecoderConfig.from_dict(manifest["config"]), vision, manifest["max_seq_len"], manifest.get("seed", 0)
-        )
-    checkpoint = (manifest.get("checkpoint") or {}).get("path", manifest["weights"])
-    return load_multimodal(spec, Path(checkpoint), manifest["max_seq_len"], vision)
+    vision = VisionConfig.from_dict(manifest.vision["config"])
+    if manifest.weights == "random":
+        return random_multimodal(manifest.config, vision, manifest.max_seq_len, manifest.seed)
+    return load_multimodal(spec, manifest.checkpoint_path, manifest.max_seq_len, vision)
 
 
 def text_decoder(model):
@@ -207,26 +202,28 @@ class _Recorder(torch.fx.Interpreter):
         return result
 
 
-def quantized_model(folder: Path, manifest: dict, reference: Decoder, in_place: bool = False):
+def quantized_model(folder: Path, manifest: Manifest, reference: Decoder, in_place: bool = False):
     """The QDQ model of an export: loaded from `.qdq.pt2` (static recipes), or rebuilt by applying
     the manifest's dynamic recipe to a copy of the float model (to the float model itself with
     `in_place`). None for a float export."""
-    quant = quant_options_from(manifest.get("quantization", {}))
+    quant = quant_options_from(manifest.quantization)
     if quant.is_float:
         return None
-    if quant.is_static and "vision" in manifest:  # the calibrated tower and text decoder, the float token embedding
+    if (
+        quant.is_static and manifest.vision is not None
+    ):  # the calibrated tower and text decoder, the float token embedding
         from genai_pipeline.quantize.multimodal import StaticVisionLanguage
 
-        files = manifest["artifacts"][ArtifactKey.MULTIMODAL.value]["qdq"]
+        files = manifest.artifacts[ArtifactKey.MULTIMODAL].qdq
         graphs = {name: torch.export.load(Path(folder) / file).module() for name, file in files.items()}
         return StaticVisionLanguage(
             reference.decoder.embed, graphs[GraphName.VISION_ENCODER.value], graphs[GraphName.TEXT_DECODER.value]
         )
     if quant.is_static:
-        qdq_file = manifest["artifacts"]["text_decoder"]["qdq"]
+        qdq_file = manifest.artifacts[ArtifactKey.TEXT_DECODER].qdq
         return torch.export.load(Path(folder) / qdq_file).module()
     model = reference if in_place else copy.deepcopy(reference)
-    if "vision" in manifest:  # every component, each with its recipe
+    if manifest.vision is not None:  # every component, each with its recipe
         from genai_pipeline.quantize.multimodal import quantize_model
 
         computed = int4_file(folder, ArtifactKey.MULTIMODAL.value)
@@ -253,10 +250,10 @@ NON_FINITE = {
 
 
 def evaluate(folder: Path, options: EvalOptions, progress: bool = True) -> dict:
-    manifest = read_manifest(folder)
-    check_weights(manifest)  # the float model must be the one the program was made from
-    max_seq_len = int(manifest["max_seq_len"])
-    tokenizer = folder_tokenizer(Path(folder), manifest)
+    manifest = Manifest.read(folder)
+    manifest.check_weights()  # the float model must be the one the program was made from
+    max_seq_len = manifest.max_seq_len
+    tokenizer = manifest.tokenizer(folder)
     tokens = tokenizer.encode(read_input_text(options.text, "--text", errors="replace"))[: options.max_tokens]
     if len(tokens) < 2:
         raise InputError(f"'{options.text}' has fewer than 2 tokens")
@@ -276,7 +273,7 @@ def evaluate(folder: Path, options: EvalOptions, progress: bool = True) -> dict:
         )
     elif qdq is not None:
         models["qdq"] = EagerSession(qdq, max_seq_len)
-    if manifest.get("status", "complete") == "complete":
+    if manifest.status == COMPLETE:
         models["program"] = (
             MultimodalSession(folder, verify=True) if is_multimodal(manifest) else open_session(folder, verify=True)
         )
@@ -316,7 +313,7 @@ def evaluate(folder: Path, options: EvalOptions, progress: bool = True) -> dict:
     result = {
         "tokens": count,
         "window": window,
-        "recipe": manifest.get("recipe", "fp32"),
+        "recipe": manifest.recipe,
         "perplexity": {
             name: math.exp(nll[name] / count) if name in nll else None for name in ("float", "qdq", "program")
         },

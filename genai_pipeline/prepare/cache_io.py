@@ -42,7 +42,7 @@ def cache_io_example_inputs(decoder: Decoder, rows: int) -> tuple:
 
 def cache_io_graphs(decoder: Decoder, options: PrepareOptions) -> tuple[dict, GraphBundle, dict]:
     """The cache-I/O form: its deploy graphs (static T), its quantize graph (dynamic T, every
-    row's logits) and the manifest's description of the I/O contract."""
+    row's logits) and the manifest's sections describing the I/O contract (PreparedModel fields)."""
     from genai_pipeline.runtime.cache_io import FORM, CacheIOContract
 
     decoder.use_cache_io()

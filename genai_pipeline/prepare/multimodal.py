@@ -269,20 +269,18 @@ def prepare_multimodal(spec: ModelSpec, options) -> PreparedModel:
             key.value: {"file": f"{artifact.key.value}.pte", "method": key.value, "params": n}
             for key, n in params.items()
         }
-    manifest = {
-        "vision": {
-            "layout": "split" if options.split else "one program",
-            "components": components,
-            "config": dataclasses.asdict(vision),
-            "image_size": vision.image_size,
-            "tokens_per_image": vision.tokens_per_image,
-            "image_token_id": image_token_id,
-            # What a runner that does not tokenize them needs (a C++ NPU runner): the ids of the
-            # tokens the prompt expansion writes around each frame.
-            "special_token_ids": _image_token_ids(tokenizer, processing),
-            "runner_vocab_size": runner_vocab,
-            "preprocessing": dataclasses.asdict(processing),
-        }
+    section = {
+        "layout": "split" if options.split else "one program",
+        "components": components,
+        "config": dataclasses.asdict(vision),
+        "image_size": vision.image_size,
+        "tokens_per_image": vision.tokens_per_image,
+        "image_token_id": image_token_id,
+        # What a runner that does not tokenize them needs (a C++ NPU runner): the ids of the
+        # tokens the prompt expansion writes around each frame.
+        "special_token_ids": _image_token_ids(tokenizer, processing),
+        "runner_vocab_size": runner_vocab,
+        "preprocessing": dataclasses.asdict(processing),
     }
     return PreparedModel(
         spec=spec,
@@ -292,7 +290,7 @@ def prepare_multimodal(spec: ModelSpec, options) -> PreparedModel:
         weights=weights,
         tokenizer_file=tokenizer,
         special_tokens=special,
-        manifest_extra=manifest,
+        vision=section,
     )
 
 

@@ -130,9 +130,9 @@ def prepare_text(spec: ModelSpec, options: PrepareOptions) -> PreparedModel:
     constants = decoder_constants(spec, config, options.max_seq_len, dynamic=options.mode is Mode.DYNAMIC)
     if options.mode is Mode.HYBRID:
         constants["get_prefill_len"] = options.prefill_len
-    extra = {}
+    sections = {}  # the manifest's decoder_form and cache_io, for the cache-I/O form
     if options.cache_io:
-        graphs, quantize_graph, extra = cache_io_graphs(decoder, options)
+        graphs, quantize_graph, sections = cache_io_graphs(decoder, options)
         constants["use_sdpa_with_kv_cache"] = False  # plain attention; the cache is graph I/O
     else:
         graphs = _graphs(decoder, options)
@@ -151,5 +151,5 @@ def prepare_text(spec: ModelSpec, options: PrepareOptions) -> PreparedModel:
         weights=weights,
         tokenizer_file=tokenizer,
         special_tokens=special,
-        manifest_extra=extra,
+        **sections,
     )

@@ -209,7 +209,7 @@ def quantize_vision_language(prepared: PreparedModel, options: QuantOptions, tar
             entry["recipe"],
             ", ".join(f"{n} layers {r}" for r, n in entry["layers"].items()) or "no layers",
         )
-    vision = dict(prepared.manifest_extra["vision"])
+    vision = dict(prepared.vision)
     vision["components"] = {k: {**v, **recipes[k]} for k, v in vision["components"].items()}
     return dataclasses.replace(
         prepared,
@@ -217,7 +217,7 @@ def quantize_vision_language(prepared: PreparedModel, options: QuantOptions, tar
         artifacts={artifact.key: dataclasses.replace(artifact, int4=computed)},
         recipe=options.describe(),
         quantization=dataclasses.asdict(options),
-        manifest_extra={**prepared.manifest_extra, "vision": vision},
+        vision=vision,
     )
 
 
@@ -284,7 +284,7 @@ def calibration_chats(prepared: PreparedModel, options: QuantOptions) -> list[Ca
         template is None and prepared.spec.chat_template is not None
     ):  # the entry's, which compile writes beside the program
         template = ChatTemplate(prepared.spec.chat_template)
-    vision = prepared.manifest_extra["vision"]
+    vision = prepared.vision
     processing = ImageProcessing.from_dict(vision["preprocessing"])
     n, image_token, context = processing.tokens_per_image, vision["image_token_id"], prepared.options.max_seq_len
     if any(spec.kind == "random" for spec in options.calibration.datasets):
@@ -338,7 +338,7 @@ def quantize_static(prepared: PreparedModel, options: QuantOptions, target) -> P
         False
     )  # else the buffer write-back fails in to_executorch (docs/quantization.md)
     chats = calibration_chats(prepared, options)
-    image_token_id = prepared.manifest_extra["vision"]["image_token_id"]
+    image_token_id = prepared.vision["image_token_id"]
     quantizer = lambda gm: target.static_quantizer(options, gm)  # noqa: E731
     tower = artifact.graphs[GraphName.VISION_ENCODER]
 
@@ -396,7 +396,7 @@ def quantize_static(prepared: PreparedModel, options: QuantOptions, target) -> P
             ", ".join(f"{n} layers {r}" for r, n in entry["layers"].items()) or "no layers",
         )
     log.info("calibrated on %d chats, %d image frames", len(chats), frames)
-    vision = dict(prepared.manifest_extra["vision"])
+    vision = dict(prepared.vision)
     vision["components"] = {k: {**v, **recipes[k]} for k, v in vision["components"].items()}
     vision["calibration"] = {"chats": len(chats), "frames": frames, "tokens": sum(len(c.ids) for c in chats)}
     qdq = {GraphName.VISION_ENCODER: vision_qdq, GraphName.TEXT_DECODER: decoder_qdq}
@@ -405,7 +405,7 @@ def quantize_static(prepared: PreparedModel, options: QuantOptions, target) -> P
         artifacts={artifact.key: dataclasses.replace(artifact, graphs=graphs, qdq=qdq)},
         recipe=options.describe(),
         quantization=dataclasses.asdict(options),
-        manifest_extra={**prepared.manifest_extra, "vision": vision},
+        vision=vision,
     )
 
 

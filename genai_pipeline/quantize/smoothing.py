@@ -4,7 +4,6 @@ recipes quantize them."""
 from __future__ import annotations
 
 import logging
-from pathlib import Path
 
 import torch
 from torch import nn
@@ -106,8 +105,3 @@ def smoothed_hessians(hessians: dict[str, torch.Tensor], divided: dict[str, torc
     """X^T X of the inputs after smoothing, from those measured before it: an input divided by s
     channel by channel (smoothed_inputs) has X^T X divided by s s^T. Saves GPTQ a second pass."""
     return {n: h / (divided[n][:, None] * divided[n][None, :]) if n in divided else h for n, h in hessians.items()}
-
-
-def smoothing_file(folder: Path, artifact_key: str) -> Path:
-    """Where an export keeps the smoothing factors it folded into the float weights, for `genai eval`."""
-    return Path(folder) / f"{artifact_key}.smoothing.pt"

@@ -15,9 +15,9 @@ import torch
 from torch import nn
 
 from genai_pipeline.artifacts import Artifact, GraphBundle, PreparedModel
-from genai_pipeline.bundle import tool_versions
 from genai_pipeline.chat_template import read_chat_template
 from genai_pipeline.data import calibration_steps, iterate_with_progress
+from genai_pipeline.export_folder import tool_versions
 from genai_pipeline.options import QuantOptions
 from genai_pipeline.quantize.calibration import with_default_data
 

@@ -159,11 +159,6 @@ def wmse_qparams(w: torch.Tensor, group_size: int, importance: torch.Tensor, bit
     return torch.clamp(torch.round(g / best_d), -qmax - 1, qmax).reshape(w.shape).to(torch.int8), best_d.squeeze(-1)
 
 
-def int4_file(folder: Path, artifact_key: str) -> Path:
-    """Where an export keeps the int4 weights it computed (gptq), for `genai eval` to rebuild its QDQ model."""
-    return Path(folder) / f"{artifact_key}.int4.pt"
-
-
 def save_int4(path: Path, given: Mapping[str, tuple[torch.Tensor, torch.Tensor]]) -> None:
     packed = {}
     for name, (q, d) in given.items():

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import torch
 
 from genai_pipeline.errors import InputError
+from genai_pipeline.manifest import Manifest
 from genai_pipeline.models.decoder import MASK_HIDDEN
 from genai_pipeline.names import GraphName
 from genai_pipeline.runtime.session import check_room
@@ -82,11 +83,11 @@ class CacheIOContract:
         }
 
     @classmethod
-    def from_manifest(cls, manifest: dict) -> CacheIOContract | None:
+    def from_manifest(cls, manifest: Manifest) -> CacheIOContract | None:
         """The contract of an export in the cache-I/O form; None for the other form."""
-        if manifest.get("decoder_form") != FORM:
+        if manifest.decoder_form != FORM:
             return None
-        recorded = manifest["cache_io"]
+        recorded = manifest.cache_io
         return cls(**{f.name: recorded[f.name] for f in dataclasses.fields(cls)})
 
     @classmethod
@@ -128,8 +129,8 @@ class CacheIOSession:
     """prefill / step / score over a cache-I/O program or eager graph (the generation loop's
     Steppable), owning the KV cache buffers and the cursor `pos`."""
 
-    def __init__(self, contract: CacheIOContract, run: Runner, manifest: dict | None = None):
-        self.contract, self.run, self.manifest = contract, run, manifest or {}
+    def __init__(self, contract: CacheIOContract, run: Runner, manifest: Manifest | None = None):
+        self.contract, self.run, self.manifest = contract, run, manifest
         self.max_seq_len = contract.max_seq_len
         self.verify_len = 0  # no `verify` method in this form (lookahead decoding stays off)
         shape = (1, contract.n_kv_heads, contract.max_seq_len, contract.head_dim)

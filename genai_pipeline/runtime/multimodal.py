@@ -17,42 +17,42 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from genai_pipeline.bundle import read_manifest
-from genai_pipeline.errors import InputError, ProgramError
+from genai_pipeline.errors import InputError
 from genai_pipeline.image_processing import Frames, ImageProcessing, expand_prompt, image_frames, read_image
+from genai_pipeline.manifest import SPLIT, Manifest
 from genai_pipeline.names import ArtifactKey, GraphName, Mode
 from genai_pipeline.runtime.program import load_program
-from genai_pipeline.runtime.session import check_room
+from genai_pipeline.runtime.session import check_room, check_runnable
 from genai_pipeline.upstream.executorch_logs import native_logs_hidden
 
 
-def is_multimodal(manifest: dict) -> bool:
-    return "vision" in manifest
+def is_multimodal(manifest: Manifest) -> bool:
+    return manifest.vision is not None
 
 
 class MultimodalSession:
     def __init__(self, folder: Path, verify: bool = False):
         folder = Path(folder)
-        self.manifest = read_manifest(folder)
-        try:
-            vision = self.manifest["vision"]
-            self.max_seq_len = int(self.manifest["max_seq_len"])
-            self.processing = ImageProcessing.from_dict(vision["preprocessing"])
-            self.image_token_id = int(vision["image_token_id"])
-            self.split = vision.get("layout") == "split"
-            self.mode = Mode(self.manifest["mode"]) if self.split else Mode.DYNAMIC
-            self.prefill_len = int(self.manifest["prefill_len"])
-            keys = (
-                (ArtifactKey.TOKEN_EMBEDDING, ArtifactKey.TEXT_DECODER, ArtifactKey.VISION_ENCODER)
-                if self.split
-                else (ArtifactKey.MULTIMODAL,)
-            )
-            files = {key: self.manifest["artifacts"][key.value]["file"] for key in keys}
-            expected = {key: self.manifest["files"][file] for key, file in files.items()}
-        except (KeyError, ValueError, TypeError) as e:
-            raise ProgramError(f"'{folder}/manifest.json' lacks {e}; re-export the model") from None
+        self.manifest = Manifest.read(folder)
+        if not is_multimodal(self.manifest):
+            raise InputError(f"'{folder}' holds a text-only model; open it with open_session")
+        check_runnable(folder, self.manifest)
+        vision = self.manifest.vision
+        self.max_seq_len = self.manifest.max_seq_len
+        self.processing = ImageProcessing.from_dict(vision["preprocessing"])
+        self.image_token_id = vision["image_token_id"]
+        self.split = vision["layout"] == SPLIT
+        self.mode = self.manifest.mode if self.split else Mode.DYNAMIC
+        self.prefill_len = self.manifest.prefill_len
+        keys = (
+            (ArtifactKey.TOKEN_EMBEDDING, ArtifactKey.TEXT_DECODER, ArtifactKey.VISION_ENCODER)
+            if self.split
+            else (ArtifactKey.MULTIMODAL,)
+        )
+        files = {key: self.manifest.artifacts[key].file for key in keys}
+        expected = {key: self.manifest.files[file] for key, file in files.items()}
         programs = {
-            key: load_program(folder / files[key], expected[key]["bytes"], expected[key]["sha256"] if verify else None)
+            key: load_program(folder / files[key], expected[key].bytes, expected[key].sha256 if verify else None)
             for key in keys
         }
         with native_logs_hidden():

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from genai_pipeline.bundle import read_manifest
-from genai_pipeline.errors import ProgramError
+from genai_pipeline.manifest import Manifest
 from genai_pipeline.names import ArtifactKey, GraphName
 from genai_pipeline.runtime.cache_io import CacheIOContract, CacheIOSession, program_runner
 from genai_pipeline.runtime.program import load_program
@@ -19,7 +18,7 @@ def open_session(folder: Path, verify: bool = False):
     form (QNN's; the manifest's `decoder_form`) a CacheIOSession driving its methods, which owns
     the KV cache and builds positions and masks as a device runner does."""
     folder = Path(folder)
-    manifest = read_manifest(folder)
+    manifest = Manifest.read(folder)
     contract = CacheIOContract.from_manifest(manifest)
     if contract is None:
         return DecoderSession(folder, verify)
@@ -29,13 +28,10 @@ def open_session(folder: Path, verify: bool = False):
     return CacheIOSession(contract, program_runner(methods), manifest)
 
 
-def load_decoder_program(folder: Path, manifest: dict, verify: bool):
+def load_decoder_program(folder: Path, manifest: Manifest, verify: bool):
     check_runnable(folder, manifest)
-    try:
-        entry = manifest["artifacts"][ArtifactKey.TEXT_DECODER.value]
-        expected = manifest["files"][entry["file"]]
-    except (KeyError, ValueError, TypeError) as e:
-        raise ProgramError(f"'{folder}/manifest.json' lacks {e}; re-export the model") from None
-    program = load_program(folder / entry["file"], expected["bytes"], expected["sha256"] if verify else None)
-    check_constants(program, folder / entry["file"], manifest)
+    entry = manifest.artifacts[ArtifactKey.TEXT_DECODER]
+    expected = manifest.files[entry.file]
+    program = load_program(folder / entry.file, expected.bytes, expected.sha256 if verify else None)
+    check_constants(program, folder / entry.file, manifest)
     return program

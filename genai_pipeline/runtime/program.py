@@ -5,8 +5,8 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from genai_pipeline.bundle import sha256
 from genai_pipeline.errors import ProgramError
+from genai_pipeline.export_folder import sha256
 from genai_pipeline.upstream.executorch_logs import native_logs_hidden
 from genai_pipeline.upstream.executorch_runtime_import import import_executorch_runtime
 from genai_pipeline.upstream.xnnpack_weights_cache import share_packed_weights

@@ -10,20 +10,20 @@ from pathlib import Path
 
 import torch
 
-from genai_pipeline.bundle import read_manifest
 from genai_pipeline.errors import InputError, ProgramError
+from genai_pipeline.manifest import QDQ_ONLY, Manifest
 from genai_pipeline.names import ArtifactKey, GraphName, Mode
 from genai_pipeline.runtime.program import load_program
 from genai_pipeline.upstream.executorch_logs import native_logs_hidden
 
 
-def check_runnable(folder: Path, manifest: dict) -> None:
-    if manifest.get("status", "complete") == "qdq-only":
+def check_runnable(folder: Path, manifest: Manifest) -> None:
+    if manifest.status == QDQ_ONLY:
         raise ProgramError(
-            f"'{folder}' holds only a QDQ model: lowering to {manifest.get('target')} was not possible "
+            f"'{folder}' holds only a QDQ model: lowering to {manifest.target} was not possible "
             "where it was exported; `genai eval` evaluates it"
         )
-    if manifest.get("target") == "qnn":  # else the runtime fails deep in QnnExecuTorchBackend::init
+    if manifest.target == "qnn":  # else the runtime fails deep in QnnExecuTorchBackend::init
         from genai_pipeline.targets.qnn import runtime_missing
 
         if (why := runtime_missing()) is not None:
@@ -39,14 +39,13 @@ def check_room(positions: int, max_seq_len: int) -> None:
         )
 
 
-def check_constants(program, path: Path, manifest: dict) -> None:
+def check_constants(program, path: Path, manifest: Manifest) -> None:
     """The program's own metadata methods against its manifest: a program of another export under
     this manifest (its sizes and sha256 copied over) is refused here, not deep inside a run."""
-    config = manifest["config"]
     for method, want in (
-        ("get_vocab_size", config["vocab_size"]),
-        ("get_n_layers", config["n_layers"]),
-        ("get_max_seq_len", manifest["max_seq_len"]),
+        ("get_vocab_size", manifest.config.vocab_size),
+        ("get_n_layers", manifest.config.n_layers),
+        ("get_max_seq_len", manifest.max_seq_len),
     ):
         if method not in program.method_names:
             continue
@@ -63,18 +62,19 @@ class DecoderSession:
     def __init__(self, folder: Path, verify: bool = False):
         folder = Path(folder)
         self.folder = folder
-        self.manifest = read_manifest(folder)
+        self.manifest = Manifest.read(folder)
+        if self.manifest.vision is not None:
+            raise InputError(f"'{folder}' holds a vision-language model; open it with MultimodalSession")
         check_runnable(folder, self.manifest)
-        try:
-            entry = self.manifest["artifacts"][ArtifactKey.TEXT_DECODER.value]
-            self.mode = Mode(self.manifest["mode"])
-            self.max_seq_len = int(self.manifest["max_seq_len"])
-            self.prefill_len = int(self.manifest["prefill_len"])
-            expected = self.manifest["files"][entry["file"]]
-        except (KeyError, ValueError, TypeError) as e:
-            raise ProgramError(f"'{folder}/manifest.json' lacks {e}; re-export the model") from None
-        path = folder / entry["file"]
-        self.program = load_program(path, expected["bytes"], expected["sha256"] if verify else None)
+        entry = self.manifest.artifacts[ArtifactKey.TEXT_DECODER]
+        self.mode, self.max_seq_len, self.prefill_len = (
+            self.manifest.mode,
+            self.manifest.max_seq_len,
+            self.manifest.prefill_len,
+        )
+        expected = self.manifest.files[entry.file]
+        path = folder / entry.file
+        self.program = load_program(path, expected.bytes, expected.sha256 if verify else None)
         check_constants(self.program, path, self.manifest)
         with native_logs_hidden():
             self._methods = {name: self.program.load_method(name.value) for name in self.mode.graphs}
@@ -82,7 +82,7 @@ class DecoderSession:
             # any length up to verify_len, or (older exports) of that length only: shorter
             # drafts are padded at the end, as a prefill chunk.
             self.verify_len = self._load_optional(GraphName.VERIFY)
-            self.verify_padded = GraphName.VERIFY.value not in entry.get("dynamic_methods", ())
+            self.verify_padded = GraphName.VERIFY.value not in entry.dynamic_methods
             # `prefill_long` (hybrid, --long-prefill-len N): chunks of 1 to N tokens
             self.long_prefill_len = self._load_optional(GraphName.PREFILL_LONG)
         self.pos = 0

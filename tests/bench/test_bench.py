@@ -9,9 +9,9 @@ from conftest import Q4, TINY_MAX_SEQ
 
 from genai_pipeline.bench.host import memory_bandwidth_gbs
 from genai_pipeline.bench.text import bench, weight_bytes_per_token
-from genai_pipeline.bundle import read_manifest
 from genai_pipeline.cli import main
 from genai_pipeline.inspect import constant_sizes, inspect_program, read_program
+from genai_pipeline.manifest import Manifest
 from genai_pipeline.options import BenchOptions
 
 
@@ -53,10 +53,10 @@ def embedding_lookup_bytes(pte) -> int:
 
 def test_weight_bytes_per_token_leave_out_a_quantized_embedding_table(export_reference):
     folder = export_reference("kv", Q4)  # int8 token embedding with a scale per row
-    manifest = read_manifest(folder)
+    manifest = Manifest.read(folder)
     stored = inspect_program(folder / "text_decoder.pte")
     table = embedding_lookup_bytes(folder / "text_decoder.pte")
-    assert table > manifest["config"]["vocab_size"] * manifest["config"]["dim"]  # the scales are in it
+    assert table > manifest.config.vocab_size * manifest.config.dim  # the scales are in it
     assert (
         weight_bytes_per_token(folder, manifest)
         == stored["named_data"]["bytes"] + stored["constant_segment"]["bytes"] - table

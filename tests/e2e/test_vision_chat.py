@@ -54,7 +54,7 @@ def _chat(folder: Path) -> Chat:
     tokenizer = Tokenizer.from_folder(folder)
     template = read_chat_template(folder)
     assert template.origin.endswith("processor_config.json")
-    stop = end_of_turn_ids(folder, tokenizer, session.manifest["eos_ids"], template)
+    stop = end_of_turn_ids(folder, tokenizer, session.manifest.eos_ids, template)
     return Chat(session, tokenizer, template, Sampler(GREEDY), stop, NEW)
 
 

@@ -19,6 +19,7 @@ import torch
 from test_vision import IMAGE, PROMPT, hf_greedy, photo, pixel_values, save_tiny_smolvlm, write_ppm
 
 from genai_pipeline.cli import main
+from genai_pipeline.manifest import Manifest
 
 MAX_SEQ = 96
 GROUP = 64
@@ -56,10 +57,6 @@ def quantized_vlm(quant_checkpoint, tmp_path_factory) -> Path:
     return out
 
 
-def _manifest(folder: Path) -> dict:
-    return json.loads((folder / "manifest.json").read_text())
-
-
 def _first_token_logits(session, prompt: list[int], frames) -> torch.Tensor:
     session.reset()
     session.frames = list(frames)
@@ -86,8 +83,8 @@ def test_auto_vision_recipe_follows_the_decoder():
 
 
 def test_manifest_and_report_name_every_component(quantized_vlm):
-    manifest = _manifest(quantized_vlm)
-    components = manifest["vision"]["components"]
+    manifest = Manifest.read(quantized_vlm)
+    components = manifest.vision["components"]
     assert components["vision_encoder"]["recipe"] == f"8da4w-g{GROUP}-mse"
     # per layer: q, k, v, out_proj, fc1 (32 inputs) at 8 bits; fc2 (64) and the connector (128) at 4
     assert components["vision_encoder"]["layers"] == {"8da4w": 2 + 1, "8da8w": 2 * 5}
@@ -96,8 +93,8 @@ def test_manifest_and_report_name_every_component(quantized_vlm):
     # 2 layers x (q, k, o, w1, w3) + layer 0's w2 + the head at 4 bits (GPTQ); wv, layer 1's w2 at 8
     # (quantize.more_bits_layer: the last of 2 layers)
     assert components["text_decoder"]["layers"] == {"8da4w": 2 * 5 + 1 + 1, "8da8w": 2 + 1}
-    assert manifest["quantization"]["vision_recipe"] == "8da4w" and manifest["recipe"].endswith("+vision8da4w")
-    assert manifest["verification"]["tokens"] > 200  # the decoder's text path, scored by the program itself
+    assert manifest.quantization["vision_recipe"] == "8da4w" and manifest.recipe.endswith("+vision8da4w")
+    assert manifest.verification["tokens"] > 200  # the decoder's text path, scored by the program itself
     report = (quantized_vlm / "quant_report.html").read_text()
     for layer in ("token_embedding", "vision_encoder.layers.1", "vision_encoder.connector", "text_decoder.layers.1"):
         assert f"<td>{layer}</td>" in report
@@ -106,7 +103,7 @@ def test_manifest_and_report_name_every_component(quantized_vlm):
 def test_tower_linears_quantized_embeddings_float(quantized_vlm):
     from genai_pipeline.evaluate.text import float_model, quantized_model
 
-    manifest = _manifest(quantized_vlm)
+    manifest = Manifest.read(quantized_vlm)
     vision = quantized_model(quantized_vlm, manifest, float_model(manifest)).vision
     layer = vision.layers[0]
     assert tuple(layer.fc2.weight.block_size) == (1, GROUP)  # 4-bit groups
@@ -127,7 +124,7 @@ def test_quantized_program_is_its_eager_twin_and_near_float(quantized_vlm, tmp_p
     from genai_pipeline.runtime.multimodal import MultimodalSession
     from genai_pipeline.tokenizer import Tokenizer
 
-    manifest = _manifest(quantized_vlm)
+    manifest = Manifest.read(quantized_vlm)
     program = MultimodalSession(quantized_vlm)
     tokenizer = Tokenizer.from_folder(quantized_vlm)
     reference = float_model(manifest)
@@ -152,7 +149,7 @@ def test_tied_table_stored_once(quantized_vlm):
     from genai_pipeline.inspect import inspect_program
 
     weights = inspect_program(quantized_vlm / "multimodal.pte")["weights"]
-    vocab, dim = _manifest(quantized_vlm)["config"]["vocab_size"], _manifest(quantized_vlm)["config"]["dim"]
+    vocab, dim = Manifest.read(quantized_vlm).config.vocab_size, Manifest.read(quantized_vlm).config.dim
     assert weights["stored_twice_bytes"] == 0
     assert weights["named_data_in_constant_segment_bytes"] >= vocab * dim // 2  # the int4 table, two values a byte
 
@@ -227,7 +224,7 @@ def test_eval_images_against_transformers(quantized_vlm, quant_checkpoint, quest
     result = json.loads(capsys.readouterr().out)
     hf = transformers.Idefics3ForConditionalGeneration.from_pretrained(quant_checkpoint, dtype=torch.float32).eval()
     session, tokenizer = MultimodalSession(quantized_vlm), Tokenizer.from_folder(quantized_vlm)
-    eos = _manifest(quantized_vlm)["eos_ids"][0]
+    eos = Manifest.read(quantized_vlm).eos_ids[0]
     nll, count, hits = 0.0, 0, 0
     rows = [json.loads(line) for line in questions.read_text().splitlines()]
     for row in rows:
@@ -341,8 +338,8 @@ def static_vlm(quant_checkpoint, tmp_path_factory) -> Path:
 
 
 def test_static_manifest_and_report_name_every_component(static_vlm):
-    manifest = _manifest(static_vlm)
-    vision = manifest["vision"]
+    manifest = Manifest.read(static_vlm)
+    vision = manifest.vision
     components = vision["components"]
     # the tower: 2 layers x (q, k, v, out_proj, fc1, fc2), the connector and the patch convolution
     assert components["vision_encoder"]["recipe"] == "8a8w" and components["vision_encoder"]["layers"] == {
@@ -355,12 +352,12 @@ def test_static_manifest_and_report_name_every_component(static_vlm):
         "8da8w": 1,
     }
     assert components["text_decoder"]["float_ops"] == ["add", "mul"]  # the residual stream stays float
-    assert manifest["verification"]["top1_agreement"] > 0.85  # measured 91 % (74 % with the residual stream int8)
+    assert manifest.verification["top1_agreement"] > 0.85  # measured 91 % (74 % with the residual stream int8)
     assert vision["calibration"]["chats"] == 4 and vision["calibration"]["frames"] == 4
-    assert manifest["recipe"] == "8a8w" and manifest["quantization"]["vision_recipe"] is None
-    qdq = manifest["artifacts"]["multimodal"]["qdq"]
-    assert set(qdq) == {"vision_encoder", "text_decoder"} and all(f in manifest["files"] for f in qdq.values())
-    assert manifest["verification"]["tokens"] > 200
+    assert manifest.recipe == "8a8w" and manifest.quantization["vision_recipe"] is None
+    qdq = manifest.artifacts["multimodal"].qdq
+    assert set(qdq) == {"vision_encoder", "text_decoder"} and all(f in manifest.files for f in qdq.values())
+    assert manifest.verification["tokens"] > 200
     report = (static_vlm / "quant_report.html").read_text()
     for layer in ("token_embedding", "vision_encoder.layers.1", "vision_encoder.connector", "text_decoder.layers.1"):
         assert f"<td>{layer}</td>" in report
@@ -408,7 +405,7 @@ def test_static_program_runs_its_qdq_model_and_tracks_float(static_vlm, tmp_path
     from genai_pipeline.runtime.multimodal import MultimodalSession
     from genai_pipeline.tokenizer import Tokenizer
 
-    manifest = _manifest(static_vlm)
+    manifest = Manifest.read(static_vlm)
     program = MultimodalSession(static_vlm)
     tokenizer = Tokenizer.from_folder(static_vlm)
     reference = float_model(manifest)
@@ -476,7 +473,7 @@ def test_static_run_and_eval(static_vlm, questions, tmp_path, capsys):
     )
     ran = json.loads(capsys.readouterr().out)
     assert ran["image_tokens"] == 4 and len(ran["tokens"]) == 6
-    manifest = _manifest(static_vlm)
+    manifest = Manifest.read(static_vlm)
     program, tokenizer = MultimodalSession(static_vlm), Tokenizer.from_folder(static_vlm)
     assert program.encode_prompt(tokenizer, PROMPT, [image]) == ran["prompt_tokens"]
     twin = _QDQSession(quantized_model(static_vlm, manifest, float_model(manifest)), program.image_token_id, MAX_SEQ)

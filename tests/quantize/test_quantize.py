@@ -369,8 +369,9 @@ def test_4bit_rules_give_xnnpack_scales(rule):
 
 
 def test_gptq_beats_round_to_nearest_on_the_layer_output_and_round_trips():
+    from genai_pipeline.export_folder import int4_file
     from genai_pipeline.quantize.gptq import gptq_qparams
-    from genai_pipeline.quantize.weights import int4_file, load_int4, mse_qparams, save_int4
+    from genai_pipeline.quantize.weights import load_int4, mse_qparams, save_int4
 
     g = torch.Generator().manual_seed(0)
     x = torch.randn(2048, 128, generator=g) @ torch.randn(128, 128, generator=g) * 0.1  # correlated inputs

@@ -10,6 +10,7 @@ from conftest import Q4, REFERENCE
 from genai_pipeline.cli import main
 from genai_pipeline.errors import InputError
 from genai_pipeline.evaluate.text import float_model, quantized_model
+from genai_pipeline.manifest import Manifest
 from genai_pipeline.options import CalibrationOptions, PrepareOptions, QuantOptions
 from genai_pipeline.prepare import prepare
 from genai_pipeline.quantize import quantize
@@ -51,7 +52,7 @@ def _bytes(decoder, quant: QuantOptions) -> int:
 def test_program_bytes_counts_what_the_program_stores_but_its_graphs(export_reference, quant):
     folder = export_reference("hybrid", quant)
     size = (folder / "text_decoder.pte").stat().st_size
-    methods = json.loads((folder / "manifest.json").read_text())["artifacts"]["text_decoder"]["methods"]
+    methods = Manifest.read(folder).artifacts["text_decoder"].methods
     estimate = _bytes(_reference_decoder(quant.rotate), quant)
     assert len(methods) == 3 and 0 <= size - estimate <= graph_bytes(4, len(methods)), (size, estimate)
 
@@ -112,9 +113,9 @@ def test_an_export_under_a_budget_fits_it_and_eval_rebuilds_its_mix(tmp_path, ca
     ]
     assert main(argv) == 0
     assert "layer groups at 8 bits" in capsys.readouterr().err
-    manifest = json.loads((out / "manifest.json").read_text())
-    promoted = manifest["quantization"]["promoted"]
-    assert manifest["recipe"].endswith(f"+emb4w+budget{budget:g}MB") and 0 < len(promoted) < 4 * 7
+    manifest = Manifest.read(out)
+    promoted = manifest.quantization["promoted"]
+    assert manifest.recipe.endswith(f"+emb4w+budget{budget:g}MB") and 0 < len(promoted) < 4 * 7
     quant = QuantOptions(recipe="8da4w", size_budget=budget, promoted=promoted)
     size = (out / "text_decoder.pte").stat().st_size
     assert (

@@ -57,8 +57,8 @@ def assert_lookahead_is_lossless(
     lookahead chose must be within `near_tie` of the best logit plain decoding saw there, i.e. a
     near-tie, not a wrong cache row. Returns the lookahead generations (for their call counts)."""
     session = DecoderSession(Path(folder))
-    tokenizer = Tokenizer.from_folder(Path(folder), bos_id=session.manifest.get("bos_id"))
-    eos = tuple(session.manifest.get("eos_ids", ()))
+    tokenizer = Tokenizer.from_folder(Path(folder), bos_id=session.manifest.bos_id)
+    eos = session.manifest.eos_ids
     results = []
     for text in prompts:
         if chat:
@@ -126,7 +126,7 @@ def test_verify_logits_are_the_decode_steps_logits(export_reference_verify):
 
 def test_verify_takes_any_length_up_to_its_own_and_never_past_the_context(export_reference_verify):
     session = DecoderSession(export_reference_verify("hybrid", Q4))
-    assert session.manifest["artifacts"]["text_decoder"]["dynamic_methods"] == ["verify"]
+    assert session.manifest.artifacts["text_decoder"].dynamic_methods == ("verify",)
     assert [session.verify_rows(n) for n in (1, 3, VERIFY_LEN)] == [1, 3, VERIFY_LEN]
     tokens = list(range(40, 40 + 36))
     session.prefill(tokens[:30])

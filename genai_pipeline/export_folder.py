@@ -1,5 +1,6 @@
-"""An export folder on disk: its manifest, atomic writes, staging and publishing, the checkpoint's fingerprint
-(the hand-offs between the stages are in artifacts.py)."""
+"""An export folder on disk: the names of its files, atomic writes, staging and publishing, the
+checkpoint's fingerprint. Its manifest is manifest.py's; the hand-offs between the stages are in
+artifacts.py."""
 
 from __future__ import annotations
 
@@ -19,8 +20,7 @@ from typing import BinaryIO
 import torch
 
 from genai_pipeline import __version__
-from genai_pipeline.errors import InputError, ProgramError
-from genai_pipeline.names import Mode
+from genai_pipeline.errors import InputError
 
 MANIFEST = "manifest.json"
 WEIGHT_FILES = ("*.safetensors", "*.pt", "*.gguf")  # what a checkpoint's fingerprint covers
@@ -102,7 +102,9 @@ def check_out_folder(out: Path, checkpoint: Path | None) -> None:
 
 def _files_of_our_export(folder: Path) -> set[str] | None:
     """The names an export folder's manifest says are its own (the manifest included), or None
-    where the folder holds no manifest written by this tool."""
+    where the folder holds no manifest written by this tool. Read as raw JSON, not through
+    manifest.Manifest: an export of ours that this version cannot read (damaged, or of a newer
+    schema) is still ours to replace."""
     try:
         manifest = json.loads((folder / MANIFEST).read_text())
     except (OSError, ValueError):
@@ -206,40 +208,19 @@ def _exchange(a: Path, b: Path) -> bool:
     raise OSError(err, os.strerror(err), str(b))
 
 
-def add_to_manifest(folder: Path, name: str) -> None:
-    """List a file written into a finished export folder (the quantization report) in its manifest."""
-    path = Path(folder) / name
-    files = {**read_manifest(folder)["files"], name: {"bytes": path.stat().st_size, "sha256": sha256(path)}}
-    record_in_manifest(folder, "files", dict(sorted(files.items())))
+def int4_file(folder: Path, artifact_key: str) -> Path:
+    """Where an export keeps the int4 weights it computed (gptq), for `genai eval` to rebuild its QDQ model."""
+    return Path(folder) / f"{artifact_key}.int4.pt"
 
 
-def record_in_manifest(folder: Path, key: str, value) -> None:
-    """Set one entry of a finished export folder's manifest (e.g. the program's verification)."""
-    manifest = read_manifest(folder)
-    manifest[key] = value
-    atomic_write(Path(folder) / MANIFEST, json.dumps(manifest, indent=2) + "\n")
-
-
-def folder_tokenizer(folder: Path, manifest: dict):
-    """The tokenizer of an export folder, once its files are the ones exported with the program
-    (another model's tokenizer.json dropped beside it would encode to ids the program never saw)."""
-    from genai_pipeline.tokenizer import Tokenizer
-
-    for name, want in manifest["files"].items():
-        path = Path(folder) / name
-        if not name.startswith("tokenizer") or not path.is_file() or not isinstance(want, dict):
-            continue
-        if path.stat().st_size != want.get("bytes") or sha256(path) != want.get("sha256"):
-            raise ProgramError(
-                f"'{path}' is not the file exported with the program (its sha256 differs from the "
-                "manifest's); put the exported one back, or re-export"
-            )
-    return Tokenizer.from_folder(Path(folder), bos_id=manifest.get("bos_id"))
+def smoothing_file(folder: Path, artifact_key: str) -> Path:
+    """Where an export keeps the smoothing factors it folded into the float weights, for `genai eval`."""
+    return Path(folder) / f"{artifact_key}.smoothing.pt"
 
 
 def weights_fingerprint(checkpoint: Path) -> dict:
     """The checkpoint's absolute path and, for each weight file, its size, modification time and
-    sha256. Size and mtime let `check_weights` pass unchanged files at the cost of a stat; the
+    sha256. Size and mtime let `Manifest.check_weights` pass unchanged files at the cost of a stat; the
     sha256 (seconds per GB, once per export) settles a file whose mtime moved (a copy, a `touch`)
     and names the weights wherever the folder goes."""
     checkpoint = Path(checkpoint).resolve()
@@ -252,98 +233,9 @@ def weights_fingerprint(checkpoint: Path) -> dict:
     }
 
 
-def check_weights(manifest: dict) -> None:
-    """Refuse weights that changed since the export: a float model rebuilt from them would not be
-    the one the program was made from. Manifests without a fingerprint (random weights, older
-    exports) pass."""
-    recorded = manifest.get("checkpoint")
-    if not recorded:
-        return
-    folder = Path(recorded["path"])
-    now = {p.name: p for p in ([folder] if folder.is_file() else [p for g in WEIGHT_FILES for p in folder.glob(g)])}
-    for name, want in recorded["files"].items():
-        path = now.pop(name, None)
-        if path is None:
-            raise InputError(f"the checkpoint's weight file {folder / name} is gone since the export; re-export")
-        stat = path.stat()
-        if stat.st_size != want["bytes"] or (stat.st_mtime_ns != want["mtime_ns"] and sha256(path) != want["sha256"]):
-            raise InputError(f"the checkpoint's weight file {path} changed since the export; re-export")
-    if now:
-        raise InputError(
-            f"the checkpoint has a weight file the export did not read, {next(iter(now.values()))}; re-export"
-        )
-
-
 def sha256(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
             h.update(block)
     return h.hexdigest()
-
-
-def read_manifest(folder: Path) -> dict:
-    recover_interrupted(folder)
-    path = Path(folder) / MANIFEST
-    if not Path(folder).is_dir():
-        raise ProgramError(f"'{folder}' does not exist or is not a folder; pass the --out folder of `genai export`")
-    if not path.is_file():
-        raise ProgramError(f"'{folder}' has no {MANIFEST}: it is not a complete export; run `genai export` again")
-    try:
-        manifest = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ProgramError(f"'{path}' is corrupt ({e}); run `genai export` again") from None
-    problem = _malformed(manifest)
-    if problem:
-        raise ProgramError(f"'{path}' is not a manifest `genai export` writes ({problem}); run `genai export` again")
-    return manifest
-
-
-# What every reader of a manifest relies on: key -> the types its value may have
-_MANIFEST_KEYS = {
-    "model": (str,),
-    "weights": (str,),
-    "config": (dict,),
-    "mode": (str,),
-    "max_seq_len": (int,),
-    "prefill_len": (int,),
-    "artifacts": (dict,),
-    "files": (dict,),
-}
-
-
-def _malformed(manifest) -> str | None:
-    """What is wrong with a manifest's shape, or None."""
-    if not isinstance(manifest, dict):
-        return f"a JSON {type(manifest).__name__}, not an object"
-    for key, types in _MANIFEST_KEYS.items():
-        if not isinstance(manifest.get(key), types) or isinstance(manifest.get(key), bool):
-            return f"'{key}' is {json.dumps(manifest.get(key))[:40]}" if key in manifest else f"no '{key}'"
-    if manifest["max_seq_len"] < 1 or manifest["prefill_len"] < 1:
-        return "a length below 1"
-    if manifest["mode"] not in {m.value for m in Mode}:
-        return f"mode '{manifest['mode'][:20]}'"
-    for key in ("vocab_size", "dim", "n_layers", "n_heads", "n_kv_heads"):
-        value = manifest["config"].get(key)
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            return f"config {key} {json.dumps(value)[:20]}"
-    ids = [
-        manifest.get("bos_id"),
-        *(manifest.get("eos_ids") if isinstance(manifest.get("eos_ids"), list) else [None, "x"]),
-    ]
-    if any(
-        i is not None
-        and (not isinstance(i, int) or isinstance(i, bool) or not 0 <= i < manifest["config"]["vocab_size"])
-        for i in ids
-    ):
-        return "special token ids that are not ids of its vocabulary"
-    for key, artifact in manifest["artifacts"].items():
-        if (
-            not isinstance(artifact, dict)
-            or not isinstance(artifact.get("methods"), list)
-            or not isinstance(artifact.get("file"), (str, type(None)))
-        ):
-            return f"artifact '{key}' has no file name and method list"
-        if artifact["file"] is not None and Path(artifact["file"]).name != artifact["file"]:
-            return f"artifact '{key}' names a file outside the folder, '{artifact['file']}'"
-    return None

@@ -1,0 +1,395 @@
+"""An export folder's manifest.json, typed: `compile` writes it last, and every command reads it
+through `Manifest.read`, the one place that checks its shape (it comes from a folder anyone may
+have edited) and the one that says to re-export when it cannot read it.
+
+Schema versions: 1, the manifests without a `schema` key (genai_pipeline 0.2 and before);
+2 adds the key and changes nothing else. A reader takes every version up to its own; a manifest of
+a newer one is refused in one line. The sections another stage owns the shape of (the vision
+components, the cache-I/O contract, the verification, the backend's compile spec, the special
+tokens' sources, the quantization options) stay mappings, as that stage writes them."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from genai_pipeline.errors import InputError, ProgramError
+from genai_pipeline.export_folder import MANIFEST, WEIGHT_FILES, atomic_write, recover_interrupted, sha256
+from genai_pipeline.image_processing import ImageProcessing
+from genai_pipeline.models.decoder import DecoderConfig
+from genai_pipeline.models.vision import VisionConfig
+from genai_pipeline.names import ArtifactKey, Mode
+
+SCHEMA_VERSION = 2
+COMPLETE, QDQ_ONLY = "complete", "qdq-only"  # `status`: programs written, or lowering blocked on the host
+SPLIT = "split"  # a vision-language export's `vision.layout` with one program per component
+
+
+@dataclass(frozen=True)
+class FileEntry:
+    """A file of the folder as the export wrote it."""
+
+    bytes: int
+    sha256: str
+
+
+@dataclass(frozen=True)
+class ArtifactEntry:
+    """One program of the export: its file (None where lowering was blocked), its methods, and the
+    calibrated QDQ model(s) of a static recipe, kept for `genai eval`."""
+
+    file: str | None
+    methods: tuple[str, ...]
+    dynamic_methods: tuple[str, ...] = ()
+    constant_methods: Mapping[str, Any] = field(default_factory=dict)
+    qdq: str | Mapping[str, str] | None = None  # a file name; a vision-language program's: {graph: file name}
+
+
+@dataclass(frozen=True)
+class Manifest:
+    model: str
+    entry: str  # the registry entry whose loader read the checkpoint
+    weights: str  # the --checkpoint as typed, or "random"
+    config: DecoderConfig
+    mode: Mode
+    max_seq_len: int
+    prefill_len: int
+    artifacts: Mapping[ArtifactKey, ArtifactEntry]
+    files: Mapping[str, FileEntry]
+    family: str | None = None
+    # the checkpoint's absolute path and each weight file's size, mtime and sha256 (export_folder.weights_fingerprint)
+    checkpoint: Mapping[str, Any] | None = None
+    recipe: str = "fp32"
+    quantization: Mapping[str, Any] = field(default_factory=dict)  # the QuantOptions applied, as data
+    seed: int = 0
+    target: str = "xnnpack"
+    compile_spec: Mapping[str, Any] | None = None  # the backend's, decoded (QNN)
+    bos_id: int | None = None
+    eos_ids: tuple[int, ...] = ()
+    special_tokens: Mapping[str, Any] | None = None  # the ids and the files each came from
+    status: str = COMPLETE
+    vision: Mapping[str, Any] | None = None  # a vision-language program's components, image size, preprocessing
+    decoder_form: str | None = None  # "cache-io": the KV cache is method I/O, described by `cache_io`
+    cache_io: Mapping[str, Any] | None = None
+    export_seconds: float | None = None
+    versions: Mapping[str, str] = field(default_factory=dict)
+    verification: Mapping[str, Any] | None = None  # the closing check's figures (evaluate.verify)
+
+    @classmethod
+    def read(cls, folder: Path) -> Manifest:
+        """The manifest of the export folder `folder`; ProgramError, in one line, where there is
+        none or it is not one this version reads."""
+        recover_interrupted(folder)
+        path = Path(folder) / MANIFEST
+        if not Path(folder).is_dir():
+            raise ProgramError(f"'{folder}' does not exist or is not a folder; pass the --out folder of `genai export`")
+        if not path.is_file():
+            raise ProgramError(f"'{folder}' has no {MANIFEST}: it is not a complete export; run `genai export` again")
+        try:
+            data = json.loads(path.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise ProgramError(f"'{path}' is corrupt ({e}); re-export with this version") from None
+        return cls.from_json(data, path)
+
+    @classmethod
+    def from_json(cls, data: object, source: str | Path = MANIFEST) -> Manifest:
+        """The manifest in `data` (parsed JSON); `source` names it in the error."""
+        schema = data.get("schema", 1) if isinstance(data, dict) else 1
+        if isinstance(schema, int) and not isinstance(schema, bool) and schema > SCHEMA_VERSION:
+            raise ProgramError(
+                f"'{source}' was written by a newer genai_pipeline (schema {schema}); upgrade, or re-export "
+                "with this version"
+            )
+        try:
+            return _parse(data)
+        except _Malformed as e:
+            raise ProgramError(
+                f"'{source}' is not a manifest `genai export` writes ({e}); re-export with this version"
+            ) from None
+
+    def to_json(self) -> dict:
+        """The manifest as JSON data, in the order a reader of the file expects: what the program
+        is, how it was made, its artifacts and files, then when and with what."""
+        optional = {
+            "compile_spec": self.compile_spec,
+            "vision": self.vision,
+            "decoder_form": self.decoder_form,
+            "cache_io": self.cache_io,
+            "verification": self.verification,
+        }
+        data = {
+            "schema": SCHEMA_VERSION,  # the layouts of every earlier version are this one's
+            "model": self.model,
+            "entry": self.entry,
+            "family": self.family,
+            "weights": self.weights,
+            "checkpoint": self.checkpoint,
+            "config": dataclasses.asdict(self.config),
+            "recipe": self.recipe,
+            "quantization": self.quantization,
+            "seed": self.seed,
+            "target": self.target,
+            "compile_spec": self.compile_spec,
+            "mode": self.mode.value,
+            "max_seq_len": self.max_seq_len,
+            "prefill_len": self.prefill_len,
+            "bos_id": self.bos_id,
+            "eos_ids": list(self.eos_ids),
+            "special_tokens": self.special_tokens,
+            "status": self.status,
+            "artifacts": {
+                key.value: {
+                    "file": a.file,
+                    "qdq": a.qdq,
+                    "methods": list(a.methods),
+                    "dynamic_methods": list(a.dynamic_methods),
+                    "constant_methods": a.constant_methods,
+                }
+                for key, a in self.artifacts.items()
+            },
+            "vision": self.vision,
+            "decoder_form": self.decoder_form,
+            "cache_io": self.cache_io,
+            "files": {name: {"bytes": f.bytes, "sha256": f.sha256} for name, f in self.files.items()},
+            "export_seconds": self.export_seconds,
+            "versions": self.versions,
+            "verification": self.verification,
+        }
+        return {k: v for k, v in data.items() if v is not None or k not in optional}
+
+    def write(self, folder: Path) -> None:
+        """Into `folder`, whole or not at all."""
+        atomic_write(Path(folder) / MANIFEST, json.dumps(self.to_json(), indent=2) + "\n")
+
+    def with_file(self, folder: Path, name: str) -> Manifest:
+        """This manifest listing one more file of its folder, written after the export (the quantization report)."""
+        path = Path(folder) / name
+        files = {**self.files, name: FileEntry(path.stat().st_size, sha256(path))}
+        return dataclasses.replace(self, files=dict(sorted(files.items())))
+
+    @property
+    def programs(self) -> dict[ArtifactKey, str]:
+        """The file of each artifact that was lowered."""
+        return {key: a.file for key, a in self.artifacts.items() if a.file is not None}
+
+    @property
+    def checkpoint_path(self) -> Path:
+        """Where the float model is rebuilt from: the fingerprint's absolute path (`weights` is the
+        --checkpoint as typed, relative to where the export ran)."""
+        return Path(self.checkpoint["path"] if self.checkpoint else self.weights)
+
+    def check_weights(self) -> None:
+        """Refuse weights that changed since the export: a float model rebuilt from them would not be
+        the one the program was made from. Manifests without a fingerprint (random weights, older
+        exports) pass."""
+        if not self.checkpoint:
+            return
+        folder = Path(self.checkpoint["path"])
+        now = {p.name: p for p in ([folder] if folder.is_file() else [p for g in WEIGHT_FILES for p in folder.glob(g)])}
+        for name, want in self.checkpoint["files"].items():
+            path = now.pop(name, None)
+            if path is None:
+                raise InputError(f"the checkpoint's weight file {folder / name} is gone since the export; re-export")
+            stat = path.stat()
+            if stat.st_size != want["bytes"] or (
+                stat.st_mtime_ns != want["mtime_ns"] and sha256(path) != want["sha256"]
+            ):
+                raise InputError(f"the checkpoint's weight file {path} changed since the export; re-export")
+        if now:
+            raise InputError(
+                f"the checkpoint has a weight file the export did not read, {next(iter(now.values()))}; re-export"
+            )
+
+    def tokenizer(self, folder: Path):
+        """The tokenizer of the export folder `folder`, once its files are the ones exported with the
+        program (another model's tokenizer.json dropped beside it would encode to ids the program
+        never saw)."""
+        from genai_pipeline.tokenizer import Tokenizer
+
+        for name, want in self.files.items():
+            path = Path(folder) / name
+            if not name.startswith("tokenizer") or not path.is_file():
+                continue
+            if path.stat().st_size != want.bytes or sha256(path) != want.sha256:
+                raise ProgramError(
+                    f"'{path}' is not the file exported with the program (its sha256 differs from the "
+                    "manifest's); put the exported one back, or re-export"
+                )
+        return Tokenizer.from_folder(Path(folder), bos_id=self.bos_id)
+
+
+class _Malformed(Exception):
+    """What is wrong with a manifest's shape."""
+
+
+def _value(data: dict, key: str, types: tuple[type, ...], required: bool = False):
+    """data[key] when it has one of `types` (a bool is no number); None where an optional key is
+    absent or null."""
+    value = data.get(key)
+    if value is None and not required:
+        return None
+    if not isinstance(value, types) or isinstance(value, bool) and bool not in types:
+        raise _Malformed(f"'{key}' is {json.dumps(value)[:40]}" if key in data else f"no '{key}'")
+    return value
+
+
+def _whole(value, least: int = 0) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= least
+
+
+def _parse(data) -> Manifest:
+    if not isinstance(data, dict):
+        raise _Malformed(f"a JSON {type(data).__name__}, not an object")
+    if not _whole(data.get("schema", 1), 1):
+        raise _Malformed(f"schema {json.dumps(data['schema'])[:20]}")
+    model, weights = _value(data, "model", (str,), True), _value(data, "weights", (str,), True)
+    config = _value(data, "config", (dict,), True)
+    mode = _value(data, "mode", (str,), True)
+    max_seq_len, prefill_len = _value(data, "max_seq_len", (int,), True), _value(data, "prefill_len", (int,), True)
+    artifacts, files = _value(data, "artifacts", (dict,), True), _value(data, "files", (dict,), True)
+    if max_seq_len < 1 or prefill_len < 1:
+        raise _Malformed("a length below 1")
+    if mode not in {m.value for m in Mode}:
+        raise _Malformed(f"mode '{mode[:20]}'")
+    config = _decoder_config(config)
+    bos_id, eos_ids = data.get("bos_id"), data.get("eos_ids")
+    ids = [bos_id, *(eos_ids if isinstance(eos_ids, list) else [None, "x"])]
+    if any(i is not None and not (_whole(i) and i < config.vocab_size) for i in ids):
+        raise _Malformed("special token ids that are not ids of its vocabulary")
+    status = _value(data, "status", (str,)) or COMPLETE
+    if status not in (COMPLETE, QDQ_ONLY):
+        raise _Malformed(f"status '{status[:20]}'")
+    vision = _vision(_value(data, "vision", (dict,)))
+    decoder_form, cache_io = _value(data, "decoder_form", (str,)), _value(data, "cache_io", (dict,))
+    if decoder_form is not None and cache_io is None:
+        raise _Malformed(f"decoder_form '{decoder_form[:20]}' without its cache_io")
+    checkpoint = _value(data, "checkpoint", (dict,))
+    if checkpoint is not None:
+        _fingerprint(checkpoint)
+    listed = {name: _file(name, entry) for name, entry in files.items()}
+    return Manifest(
+        model=model,
+        entry=_value(data, "entry", (str,)) or model,
+        weights=weights,
+        config=config,
+        mode=Mode(mode),
+        max_seq_len=max_seq_len,
+        prefill_len=prefill_len,
+        artifacts=_artifacts(artifacts, listed, status, vision),
+        files=listed,
+        family=_value(data, "family", (str,)),
+        checkpoint=checkpoint,
+        recipe=_value(data, "recipe", (str,)) or "fp32",
+        quantization=_value(data, "quantization", (dict,)) or {},
+        seed=_value(data, "seed", (int,)) or 0,
+        target=_value(data, "target", (str,)) or "xnnpack",
+        compile_spec=_value(data, "compile_spec", (dict,)),
+        bos_id=bos_id,
+        eos_ids=tuple(eos_ids),
+        special_tokens=_value(data, "special_tokens", (dict,)),
+        status=status,
+        vision=vision,
+        decoder_form=decoder_form,
+        cache_io=cache_io,
+        export_seconds=_value(data, "export_seconds", (int, float)),
+        versions=_value(data, "versions", (dict,)) or {},
+        verification=_value(data, "verification", (dict,)),
+    )
+
+
+def _decoder_config(config: dict) -> DecoderConfig:
+    for key in ("vocab_size", "dim", "n_layers", "n_heads", "n_kv_heads"):
+        if not _whole(config.get(key), 1):
+            raise _Malformed(f"config {key} {json.dumps(config.get(key))[:20]}")
+    try:
+        return DecoderConfig.from_dict(config)
+    except (TypeError, ValueError) as e:
+        raise _Malformed(f"config: {' '.join(str(e).split())[:60]}") from None
+
+
+def _file(name: str, entry) -> FileEntry:
+    if Path(name).name != name:
+        raise _Malformed(f"a file outside the folder, '{name[:40]}'")
+    if not isinstance(entry, dict) or not _whole(entry.get("bytes")) or not isinstance(entry.get("sha256"), str):
+        raise _Malformed(f"file '{name[:40]}' without its size and sha256")
+    return FileEntry(entry["bytes"], entry["sha256"])
+
+
+def _artifacts(artifacts: dict, files: dict, status: str, vision) -> dict[ArtifactKey, ArtifactEntry]:
+    entries = {}
+    for key, artifact in artifacts.items():
+        if (
+            not isinstance(artifact, dict)
+            or not _strings(artifact.get("methods"))
+            or not isinstance(artifact.get("file"), (str, type(None)))
+        ):
+            raise _Malformed(f"artifact '{key[:20]}' has no file name and method list")
+        file = artifact["file"]
+        if file is not None and Path(file).name != file:
+            raise _Malformed(f"artifact '{key[:20]}' names a file outside the folder, '{file[:40]}'")
+        if file is None if status == COMPLETE else file is not None:
+            raise _Malformed(
+                f"artifact '{key[:20]}' {'without' if file is None else 'with'} a program, status {status}"
+            )
+        if file is not None and file not in files:
+            raise _Malformed(f"artifact '{key[:20]}' names a file the manifest does not list, '{file[:40]}'")
+        if key not in {k.value for k in ArtifactKey}:
+            raise _Malformed(f"an artifact genai does not export, '{key[:20]}'")
+        dynamic, constants, qdq = (
+            artifact.get("dynamic_methods", []),
+            artifact.get("constant_methods", {}),
+            artifact.get("qdq"),
+        )
+        if not _strings(dynamic) or not isinstance(constants, dict) or not isinstance(qdq, (str, dict, type(None))):
+            raise _Malformed(f"artifact '{key[:20]}' has malformed dynamic methods, constants or QDQ files")
+        entries[ArtifactKey(key)] = ArtifactEntry(file, tuple(artifact["methods"]), tuple(dynamic), constants, qdq)
+    needed = (
+        (ArtifactKey.MULTIMODAL,)
+        if vision is not None and vision["layout"] != SPLIT
+        else (ArtifactKey.TOKEN_EMBEDDING, ArtifactKey.TEXT_DECODER, ArtifactKey.VISION_ENCODER)
+        if vision is not None
+        else (ArtifactKey.TEXT_DECODER,)
+    )
+    missing = [key.value for key in needed if key not in entries]
+    if missing:
+        raise _Malformed(f"no {' and no '.join(missing)} artifact")
+    return entries
+
+
+def _strings(value) -> bool:
+    return isinstance(value, list) and all(isinstance(v, str) for v in value)
+
+
+def _vision(vision: dict | None) -> dict | None:
+    """The checks the readers of `vision` rely on: its layout, image token and the two configs they rebuild."""
+    if vision is None:
+        return None
+    if not isinstance(vision.get("layout"), str) or not _whole(vision.get("image_token_id")):
+        raise _Malformed("vision without its layout and image token id")
+    for key, kind in (("preprocessing", ImageProcessing), ("config", VisionConfig)):
+        try:
+            kind.from_dict(vision.get(key))
+        except (TypeError, ValueError) as e:
+            raise _Malformed(f"vision {key}: {' '.join(str(e).split())[:60]}") from None
+    return vision
+
+
+def _fingerprint(checkpoint: dict) -> None:
+    """The checks check_weights relies on."""
+    files = checkpoint.get("files")
+    if (
+        not isinstance(checkpoint.get("path"), str)
+        or not isinstance(files, dict)
+        or not all(
+            isinstance(f, dict)
+            and _whole(f.get("bytes"))
+            and _whole(f.get("mtime_ns"))
+            and isinstance(f.get("sha256"), str)
+            for f in files.values()
+        )
+    ):
+        raise _Malformed("a checkpoint fingerprint without its path, sizes, times and sha256")
