@@ -12,10 +12,10 @@ import os
 import shutil
 import sys
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from importlib.metadata import version
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 import torch
 
@@ -220,7 +220,7 @@ def smoothing_file(folder: Path, artifact_key: str) -> Path:
 
 def weights_fingerprint(checkpoint: Path) -> dict:
     """The checkpoint's absolute path and, for each weight file, its size, modification time and
-    sha256. Size and mtime let `Manifest.check_weights` pass unchanged files at the cost of a stat; the
+    sha256. Size and mtime let `check_weights` pass unchanged files at the cost of a stat; the
     sha256 (seconds per GB, once per export) settles a file whose mtime moved (a copy, a `touch`)
     and names the weights wherever the folder goes."""
     checkpoint = Path(checkpoint).resolve()
@@ -231,6 +231,27 @@ def weights_fingerprint(checkpoint: Path) -> dict:
             f.name: {"bytes": f.stat().st_size, "mtime_ns": f.stat().st_mtime_ns, "sha256": sha256(f)} for f in files
         },
     }
+
+
+def check_weights(fingerprint: Mapping[str, Any] | None) -> None:
+    """Refuse weights that changed since the export (`fingerprint`: its manifest's `checkpoint`): a
+    float model rebuilt from them would not be the one the program was made from. Manifests
+    without a fingerprint (random weights, older exports) pass."""
+    if not fingerprint:
+        return
+    folder = Path(fingerprint["path"])
+    now = {p.name: p for p in ([folder] if folder.is_file() else [p for g in WEIGHT_FILES for p in folder.glob(g)])}
+    for name, want in fingerprint["files"].items():
+        path = now.pop(name, None)
+        if path is None:
+            raise InputError(f"the checkpoint's weight file {folder / name} is gone since the export; re-export")
+        stat = path.stat()
+        if stat.st_size != want["bytes"] or (stat.st_mtime_ns != want["mtime_ns"] and sha256(path) != want["sha256"]):
+            raise InputError(f"the checkpoint's weight file {path} changed since the export; re-export")
+    if now:
+        raise InputError(
+            f"the checkpoint has a weight file the export did not read, {next(iter(now.values()))}; re-export"
+        )
 
 
 def sha256(path: Path) -> str:

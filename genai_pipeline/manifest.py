@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from genai_pipeline.errors import InputError, ProgramError
-from genai_pipeline.export_folder import MANIFEST, WEIGHT_FILES, atomic_write, recover_interrupted, sha256
+from genai_pipeline.errors import ProgramError
+from genai_pipeline.export_folder import MANIFEST, atomic_write, recover_interrupted, sha256
 from genai_pipeline.image_processing import ImageProcessing
 from genai_pipeline.models.decoder import DecoderConfig
 from genai_pipeline.models.vision import VisionConfig
@@ -114,15 +114,8 @@ class Manifest:
     def to_json(self) -> dict:
         """The manifest as JSON data, in the order a reader of the file expects: what the program
         is, how it was made, its artifacts and files, then when and with what."""
-        optional = {
-            "compile_spec": self.compile_spec,
-            "vision": self.vision,
-            "decoder_form": self.decoder_form,
-            "cache_io": self.cache_io,
-            "verification": self.verification,
-        }
         data = {
-            "schema": SCHEMA_VERSION,  # the layouts of every earlier version are this one's
+            "schema": SCHEMA_VERSION,  # a manifest of an earlier schema read is written at this one
             "model": self.model,
             "entry": self.entry,
             "family": self.family,
@@ -159,7 +152,7 @@ class Manifest:
             "versions": self.versions,
             "verification": self.verification,
         }
-        return {k: v for k, v in data.items() if v is not None or k not in optional}
+        return {k: v for k, v in data.items() if v is not None or k not in _SECTIONS}
 
     def write(self, folder: Path) -> None:
         """Into `folder`, whole or not at all."""
@@ -182,28 +175,6 @@ class Manifest:
         --checkpoint as typed, relative to where the export ran)."""
         return Path(self.checkpoint["path"] if self.checkpoint else self.weights)
 
-    def check_weights(self) -> None:
-        """Refuse weights that changed since the export: a float model rebuilt from them would not be
-        the one the program was made from. Manifests without a fingerprint (random weights, older
-        exports) pass."""
-        if not self.checkpoint:
-            return
-        folder = Path(self.checkpoint["path"])
-        now = {p.name: p for p in ([folder] if folder.is_file() else [p for g in WEIGHT_FILES for p in folder.glob(g)])}
-        for name, want in self.checkpoint["files"].items():
-            path = now.pop(name, None)
-            if path is None:
-                raise InputError(f"the checkpoint's weight file {folder / name} is gone since the export; re-export")
-            stat = path.stat()
-            if stat.st_size != want["bytes"] or (
-                stat.st_mtime_ns != want["mtime_ns"] and sha256(path) != want["sha256"]
-            ):
-                raise InputError(f"the checkpoint's weight file {path} changed since the export; re-export")
-        if now:
-            raise InputError(
-                f"the checkpoint has a weight file the export did not read, {next(iter(now.values()))}; re-export"
-            )
-
     def tokenizer(self, folder: Path):
         """The tokenizer of the export folder `folder`, once its files are the ones exported with the
         program (another model's tokenizer.json dropped beside it would encode to ids the program
@@ -220,6 +191,10 @@ class Manifest:
                     "manifest's); put the exported one back, or re-export"
                 )
         return Tokenizer.from_folder(Path(folder), bos_id=self.bos_id)
+
+
+# The optional sections, left out where an export has none (the other keys are written as null).
+_SECTIONS = ("compile_spec", "vision", "decoder_form", "cache_io", "verification")
 
 
 class _Malformed(Exception):
@@ -379,7 +354,7 @@ def _vision(vision: dict | None) -> dict | None:
 
 
 def _fingerprint(checkpoint: dict) -> None:
-    """The checks check_weights relies on."""
+    """The checks export_folder.check_weights relies on."""
     files = checkpoint.get("files")
     if (
         not isinstance(checkpoint.get("path"), str)

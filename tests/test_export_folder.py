@@ -19,6 +19,7 @@ from genai_pipeline.errors import InputError
 from genai_pipeline.export_folder import (
     atomic_write,
     check_out_folder,
+    check_weights,
     publish,
     recover_interrupted,
     weights_fingerprint,
@@ -273,7 +274,7 @@ def test_eval_and_report_refuse_weights_changed_since_the_export(capsys, tmp_pat
     manifest = json.loads((folder / "manifest.json").read_text())  # edited by hand: raw JSON
     manifest["checkpoint"]["path"] = str(checkpoint)  # the same bytes with new modification times
     (folder / "manifest.json").write_text(json.dumps(manifest))
-    Manifest.read(folder).check_weights()  # a copy or a `touch` is not a change: the sha256 settles it
+    check_weights(Manifest.read(folder).checkpoint)  # a copy or a `touch` is not a change: the sha256 settles it
     weights = checkpoint / "model.safetensors"
     data = bytearray(weights.read_bytes())
     data[-8:] = bytes(8)  # same size, other values

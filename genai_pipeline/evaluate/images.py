@@ -26,6 +26,7 @@ import torch
 from tqdm import tqdm
 
 from genai_pipeline.errors import InputError
+from genai_pipeline.export_folder import check_weights
 from genai_pipeline.limits import read_input_text
 from genai_pipeline.manifest import COMPLETE, Manifest
 from genai_pipeline.options import ImageEvalOptions
@@ -134,7 +135,7 @@ def evaluate_images(folder: Path, options: ImageEvalOptions, progress: bool = Tr
     questions = read_questions(options.images, options.limit)
     if manifest.status != COMPLETE:
         raise InputError(f"'{folder}' has no program (status {manifest.status}): nothing to evaluate")
-    manifest.check_weights()  # the float model must be the one the program was made from
+    check_weights(manifest.checkpoint)  # the float model must be the one the program was made from
     program = MultimodalSession(folder)
     tokenizer = manifest.tokenizer(folder)
     eos = manifest.eos_ids

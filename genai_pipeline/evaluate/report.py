@@ -7,7 +7,7 @@ import html
 from pathlib import Path
 
 from genai_pipeline.evaluate.text import block_outputs, float_model, layer_sqnr, quantized_model
-from genai_pipeline.export_folder import atomic_write
+from genai_pipeline.export_folder import atomic_write, check_weights
 from genai_pipeline.manifest import Manifest
 from genai_pipeline.runtime.cache_io import CacheIOContract
 
@@ -21,7 +21,7 @@ def write_quant_report(folder: Path, tokens: list[int], source: str, verificatio
     manifest. `source` says what the tokens are; `verification` (verify.Verification): the
     program's own figures against float, shown above the per-layer chart."""
     manifest = Manifest.read(folder)
-    manifest.check_weights()
+    check_weights(manifest.checkpoint)
     model = float_model(manifest)
     want = block_outputs(model, tokens)
     # The float model turns into the QDQ one in place: one copy of the weights in memory, not two

@@ -27,7 +27,7 @@ from tqdm import tqdm
 from genai_pipeline.checkpoints import load_decoder
 from genai_pipeline.checkpoints.hf import random_decoder
 from genai_pipeline.errors import InputError, ProgramError
-from genai_pipeline.export_folder import int4_file, smoothing_file
+from genai_pipeline.export_folder import check_weights, int4_file, smoothing_file
 from genai_pipeline.limits import read_input_text
 from genai_pipeline.manifest import COMPLETE, Manifest
 from genai_pipeline.models.decoder import Decoder
@@ -251,7 +251,7 @@ NON_FINITE = {
 
 def evaluate(folder: Path, options: EvalOptions, progress: bool = True) -> dict:
     manifest = Manifest.read(folder)
-    manifest.check_weights()  # the float model must be the one the program was made from
+    check_weights(manifest.checkpoint)  # the float model must be the one the program was made from
     max_seq_len = manifest.max_seq_len
     tokenizer = manifest.tokenizer(folder)
     tokens = tokenizer.encode(read_input_text(options.text, "--text", errors="replace"))[: options.max_tokens]
