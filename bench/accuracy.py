@@ -302,8 +302,8 @@ def llamacpp_rows(args, work: Path) -> list[dict]:
     with decode / prefill speed from bench/peers.py's runner (medians of --repeats)."""
     if not (ENVS / "llamacpp" / "done.json").is_file():
         raise SystemExit(
-            f"--llamacpp needs llama-cpp-python in {ENVS / 'llamacpp'}, which bench/compare.py builds "
-            "(its done.json is not there)"
+            f"--llamacpp needs llama-cpp-python in {ENVS / 'llamacpp'}, which "
+            "`python -m bench.compare --systems llamacpp` builds (its done.json is not there)"
         )
     (work / "logs").mkdir(parents=True, exist_ok=True)
     inst = install_llamacpp(work)  # the finished build's record, read from done.json

@@ -503,7 +503,7 @@ def build_mtmd(work: Path) -> dict:
 
     def make():
         if not LLAMA_TREE.exists():
-            raise ChildFailed(f"{LLAMA_TREE} is missing: run compare.py's llama.cpp install first")
+            raise ChildFailed(f"{LLAMA_TREE} is missing: run `python -m bench.compare --systems llamacpp` first")
         log = work / "logs" / "llamacpp-mtmd-build.log"
         t = time.perf_counter()
         env = {k: v for k, v in MTMD_BUILD.items() if k != "CMAKE_ARGS"}
@@ -960,7 +960,7 @@ def read_install(system: str, problems: list) -> dict | None:
             {
                 "system": system,
                 "stage": "install",
-                "reason": f"{done} is missing: install it with compare.py --systems {system} first",
+                "reason": f"{done} is missing: install it with `python -m bench.compare --systems {system}` first",
             }
         )
     return None
