@@ -182,10 +182,10 @@ def inspect_program(path: Path) -> dict:
 
 
 def _qnn_spec(spec: bytes) -> dict:
-    from genai_pipeline.targets import qnn
+    from genai_pipeline.targets import qnn_specs
 
     try:
-        return qnn.describe(spec)
+        return qnn_specs.describe(spec)
     except Exception as e:  # a spec of another ExecuTorch version's schema
         return {"error": f"cannot decode ({type(e).__name__})"}
 

@@ -567,7 +567,7 @@ def check_template(path: Path) -> str | None:
 
 
 def check_image(path: Path) -> str | None:
-    from genai_pipeline.image_processing import read_image
+    from genai_pipeline.image_files import read_image
 
     pixels = read_image(path)
     return None if pixels.ndim == 3 and pixels.shape[2] == 3 else f"an image of shape {pixels.shape}"
