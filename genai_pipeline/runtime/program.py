@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import logging
 from pathlib import Path
 
@@ -62,3 +63,16 @@ def set_threads(n: int) -> None:
     from executorch.extension.pybindings import portable_lib
 
     portable_lib._unsafe_reset_threadpool(n)
+
+
+def qnn_runtime_missing() -> str | None:
+    """Why a QNN program cannot run on this host (the QNN runtime libraries are absent), or None."""
+    try:
+        ctypes.CDLL("libQnnHtp.so")
+        return None
+    except OSError:
+        return (
+            "this program runs on Qualcomm's HTP (QNN delegate) and the QNN runtime libraries (libQnnHtp.so) "
+            "are not on this host's library path; run it on a Snapdragon device, or with the QNN SDK's "
+            "x86 libraries on LD_LIBRARY_PATH for an export made with --qnn-x86-emulator"
+        )

@@ -31,21 +31,6 @@ def _lowering_blocked() -> str | None:
     )
 
 
-def runtime_missing() -> str | None:
-    """Why a QNN program cannot run on this host (the QNN runtime libraries are absent), or None."""
-    import ctypes
-
-    try:
-        ctypes.CDLL("libQnnHtp.so")
-        return None
-    except OSError:
-        return (
-            "this program runs on Qualcomm's HTP (QNN delegate) and the QNN runtime libraries (libQnnHtp.so) "
-            "are not on this host's library path; run it on a Snapdragon device, or with the QNN SDK's "
-            "x86 libraries on LD_LIBRARY_PATH for an export made with --qnn-x86-emulator"
-        )
-
-
 def share_cache_encodings(graph_module) -> None:
     """The decoder's cache-I/O form: the past keys/values entering attention's concatenation take
     the encodings of this call's rows beside them, the rows the graph returns and the runtime

@@ -558,7 +558,7 @@ def check_gguf(path: Path) -> str | None:
 
 def check_template(path: Path) -> str | None:
     from genai_pipeline.chat_template import render_chat
-    from genai_pipeline.data.samples import Message
+    from genai_pipeline.messages import Message
 
     render_chat(
         (Message("system", "Be brief."), Message("user", "Hello?")), path.read_text(), add_generation_prompt=True
