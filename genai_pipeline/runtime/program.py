@@ -10,6 +10,7 @@ from genai_pipeline.bundle import sha256
 from genai_pipeline.errors import ProgramError
 from genai_pipeline.upstream.executorch_logs import native_logs_hidden
 from genai_pipeline.upstream.executorch_runtime_import import import_executorch_runtime
+from genai_pipeline.upstream.executorch_threadpool import set_threadpool_size
 from genai_pipeline.upstream.xnnpack_weights_cache import share_packed_weights
 
 # ExecuTorch's flatbuffer file identifier sits at bytes 4..8 of every .pte.
@@ -59,10 +60,7 @@ def load_program(path: Path, expected_bytes: int | None = None, expected_sha256:
 
 def set_threads(n: int) -> None:
     """ExecuTorch's threadpool size (XNNPACK's and the custom kernels' threads) for this process."""
-    import_executorch_runtime()
-    from executorch.extension.pybindings import portable_lib
-
-    portable_lib._unsafe_reset_threadpool(n)
+    set_threadpool_size(n)
 
 
 def qnn_runtime_missing() -> str | None:

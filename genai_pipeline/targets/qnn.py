@@ -14,8 +14,9 @@ from __future__ import annotations
 import dataclasses
 
 from genai_pipeline.options import QnnOptions
-from genai_pipeline.targets.qnn_specs import QnnPlan, check_lowered, compile_specs, no_download, plan, sdk_root, summary
+from genai_pipeline.targets.qnn_specs import QnnPlan, check_lowered, compile_specs, plan, sdk_root, summary
 from genai_pipeline.targets.target import GroupedLowering, Target
+from genai_pipeline.upstream.qnn_internals import no_download, qnn_pass_manager
 
 # QuantDtype names of ExecuTorch's Qualcomm quantizer, by our recipe names.
 QUANT_DTYPES = {"16a8w": "use_16a8w", "16a4w": "use_16a4w", "16a4w_block": "use_16a4w_block", "8a8w": "use_8a8w"}
@@ -74,18 +75,12 @@ def _qnn_context(specs: dict):
     return QnnManagerContext(specs)
 
 
-def _pass_manager():
-    from executorch.backends.qualcomm._passes.qnn_pass_manager import get_qnn_pass_manager_cls
-
-    return get_qnn_pass_manager_cls()()
-
-
 def _export_transform(program):  # QNN's passes on the exported graph, as to_edge_transform_and_lower_to_qnn runs them
-    return _pass_manager().transform_for_export_pipeline(program)
+    return qnn_pass_manager().transform_for_export_pipeline(program)
 
 
 def _edge_passes(program, specs):
-    return _pass_manager().get_to_edge_transform_passes(program, compiler_specs=specs)
+    return qnn_pass_manager().get_to_edge_transform_passes(program, compiler_specs=specs)
 
 
 def _grouped(p: QnnPlan) -> GroupedLowering:

@@ -12,14 +12,10 @@ from pathlib import Path
 
 from genai_pipeline.errors import ExportError, InputError
 from genai_pipeline.options import QnnOptions
+from genai_pipeline.upstream.qnn_internals import no_download, qc_schema, soc_info_table
 
 WEIGHT_SHARING_MIN_ARCH = 73  # HTP arch from which one context binary can share weights between graphs
 SPEC_KEY = "qnn_compile_spec"  # ExecuTorch's QCOM_QNN_COMPILE_SPEC
-
-
-def no_download() -> None:
-    # Set but empty: ExecuTorch's Qualcomm package leaves the SDK to us instead of fetching one.
-    os.environ.setdefault("QNN_SDK_ROOT", "")
 
 
 def sdk_root() -> str | None:
@@ -28,16 +24,9 @@ def sdk_root() -> str | None:
     return root if root and any(Path(root).glob("lib/*/libQnnHtp.so")) else None
 
 
-def _schema():
-    no_download()
-    from executorch.backends.qualcomm.serialization import qc_schema
-
-    return qc_schema
-
-
 def soc_table() -> dict:
     """SoC name -> ExecuTorch's SocInfo (chipset, HTP arch, VTCM MB). Imports no torch."""
-    return {info.soc_model.name: info for info in _schema()._soc_info_table.values()}
+    return {info.soc_model.name: info for info in soc_info_table().values()}
 
 
 def soc_info(name: str):
@@ -59,7 +48,7 @@ def _snake(name: str, prefix: str) -> str:
 def _option_parsers() -> dict:
     """--qnn-option keys: the HTP backend options of ExecuTorch's compile spec (weight sharing
     has its own flag), each with a parser of its value."""
-    s = _schema()
+    s = qc_schema()
 
     def choice(values: dict):
         return lambda v: values[v.lower()] if v.lower() in values else _bad(v, values)
@@ -234,7 +223,7 @@ def check_specs(specs: dict, p: QnnPlan) -> None:
     """The seed's target validation: every method's specs decoded back and compared, as enums,
     with what was asked (SoC, HTP backend, arch, weight sharing); the methods of one context
     binary must carry identical specs, since QNN compiles them all with the first one's."""
-    s = _schema()
+    s = qc_schema()
     chipset = soc_info(p.soc).soc_model
     for method, spec_list in specs.items():
         o = decode(spec_bytes(spec_list))

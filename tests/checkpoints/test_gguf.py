@@ -694,7 +694,7 @@ def test_a_q4_0_gguf_exported_as_8da4w_keeps_the_files_integers_and_scales(tmp_p
     positive bf16 scales only: a block with a negative scale is stored negated (its -8 becomes +7,
     the one value that moves) and fp16 scales round to bf16 (2^-9 at most)."""
     from genai_pipeline.cli import main
-    from genai_pipeline.inspect import read_program
+    from genai_pipeline.upstream.executorch_pte_reader import read_program
 
     file, _ = tiny(tmp_path, tokenizer_json, "llama", "llama", [Q.Q4_0])
     out = tmp_path / "q4_0"
