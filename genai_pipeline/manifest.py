@@ -20,6 +20,7 @@ from typing import Any
 from genai_pipeline.errors import ProgramError
 from genai_pipeline.export_folder import MANIFEST, atomic_write, recover_interrupted, sha256
 from genai_pipeline.image_processing import ImageProcessing
+from genai_pipeline.models.cache_io import FORM, CacheIOContract
 from genai_pipeline.models.decoder import DecoderConfig
 from genai_pipeline.models.vision import VisionConfig
 from genai_pipeline.names import ArtifactKey, Mode
@@ -240,8 +241,8 @@ def _parse(data) -> Manifest:
         raise _Malformed(f"status '{status[:20]}'")
     vision = _vision(_value(data, "vision", (dict,)))
     decoder_form, cache_io = _value(data, "decoder_form", (str,)), _value(data, "cache_io", (dict,))
-    if decoder_form is not None and cache_io is None:
-        raise _Malformed(f"decoder_form '{decoder_form[:20]}' without its cache_io")
+    if decoder_form is not None and (decoder_form != FORM or not _contract(cache_io)):
+        raise _Malformed(f"decoder_form '{decoder_form[:20]}' without its cache_io contract")
     checkpoint = _value(data, "checkpoint", (dict,))
     if checkpoint is not None:
         _fingerprint(checkpoint)
@@ -333,6 +334,11 @@ def _artifacts(artifacts: dict, files: dict, status: str, vision) -> dict[Artifa
     if missing:
         raise _Malformed(f"no {' and no '.join(missing)} artifact")
     return entries
+
+
+def _contract(cache_io: dict | None) -> bool:
+    """Whether `cache_io` holds what CacheIOContract.from_manifest reads."""
+    return cache_io is not None and all(f.name in cache_io for f in dataclasses.fields(CacheIOContract))
 
 
 def _strings(value) -> bool:

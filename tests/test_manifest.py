@@ -11,9 +11,9 @@ from conftest import REPO
 from genai_pipeline.errors import ProgramError
 from genai_pipeline.image_processing import ImageProcessing
 from genai_pipeline.manifest import SCHEMA_VERSION, Manifest
+from genai_pipeline.models.cache_io import CacheIOContract
 from genai_pipeline.names import ArtifactKey, Mode
 from genai_pipeline.options import quant_options_from
-from genai_pipeline.runtime.cache_io import CacheIOContract
 from genai_pipeline.runtime.multimodal import is_multimodal
 
 # Written by genai_pipeline 0.2 (main a6fad8f): `reference` and `reference-vlm` as `export()`
@@ -128,7 +128,12 @@ def _artifact(m: dict, **changes) -> dict:
         (lambda m: {**m, "files": {**m["files"], "../x": m["files"]["tokenizer.json"]}}, "a file outside the folder"),
         (lambda m: {**m, "files": {**m["files"], "tokenizer.json": {"bytes": 1}}}, "without its size and sha256"),
         (lambda m: {**m, "checkpoint": {"path": "/x"}}, "a checkpoint fingerprint without"),
-        (lambda m: {**m, "decoder_form": "cache-io"}, "decoder_form 'cache-io' without its cache_io"),
+        (lambda m: {**m, "decoder_form": "cache-io"}, "decoder_form 'cache-io' without its cache_io contract"),
+        (
+            lambda m: {**m, "decoder_form": "cache-io", "cache_io": {"n_layers": 4}},
+            "decoder_form 'cache-io' without its cache_io contract",
+        ),
+        (lambda m: {**m, "decoder_form": "kv-io", "cache_io": {}}, "decoder_form 'kv-io' without"),
         (lambda m: {**m, "vision": {"layout": "one program"}}, "vision without its layout and image token id"),
     ],
 )

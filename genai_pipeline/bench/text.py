@@ -131,7 +131,7 @@ def bench_prompt(folder: Path, session: DecoderSession, options: BenchOptions) -
     if not options.chat:
         return tokenizer.encode(text), ()
     from genai_pipeline.chat_template import read_chat_template
-    from genai_pipeline.data.samples import Message
+    from genai_pipeline.messages import Message
     from genai_pipeline.runtime.chat import Chat, end_of_turn_ids
 
     template = read_chat_template(folder)

@@ -9,7 +9,7 @@ from pathlib import Path
 from genai_pipeline.evaluate.text import block_outputs, float_model, layer_sqnr, quantized_model
 from genai_pipeline.export_folder import atomic_write, check_weights
 from genai_pipeline.manifest import Manifest
-from genai_pipeline.runtime.cache_io import CacheIOContract
+from genai_pipeline.models.cache_io import CacheIOContract
 
 REPORT = "quant_report.html"
 # Below this a layer's output noise is large enough to show in perplexity (see genai eval).

@@ -21,23 +21,14 @@ from typing import Literal, Protocol
 import torch
 
 from genai_pipeline.chat_template import ChatTemplate, render_chat
-from genai_pipeline.data.samples import ContentPart, Message
 from genai_pipeline.errors import ChatTemplateError, ContextFullError, InputError
 from genai_pipeline.image_processing import Frames, expand_rendered_chat
+from genai_pipeline.messages import ContentPart, Message
 from genai_pipeline.runtime.generate import generate
 from genai_pipeline.runtime.lookahead import LookaheadOptions
 from genai_pipeline.runtime.multimodal import MultimodalSession
+from genai_pipeline.runtime.session import Session
 from genai_pipeline.tokenizer import END_OF_TURN_TOKENS
-
-
-class ChatSession(Protocol):
-    """A DecoderSession or EagerSession: a KV cache with a cursor `pos` that may move back."""
-
-    pos: int
-    max_seq_len: int
-
-    def prefill(self, tokens: list[int]) -> torch.Tensor: ...
-    def step(self, token: int) -> torch.Tensor: ...
 
 
 class ChatTokenizer(Protocol):
@@ -91,7 +82,7 @@ class Chat:
 
     def __init__(
         self,
-        session: ChatSession,
+        session: Session,
         tokenizer: ChatTokenizer,
         template: ChatTemplate,
         sampler: Callable[[torch.Tensor], int],
@@ -119,7 +110,7 @@ class Chat:
         self.images: tuple[Frames, ...] = ()  # the conversation's images, in order
         self.attached: tuple[tuple[Path, Frames], ...] = ()  # images for the next user message
         self.cached: list[int] = []  # the ids whose keys and values the cache holds, from position 0
-        self.session.pos = 0
+        self.session.reset()
 
     def attach_image(self, path: Path, max_tiles: int = 0) -> None:
         """An image for the next user message, read and preprocessed now (a bad file is told at once)."""
@@ -176,7 +167,7 @@ class Chat:
         reused = min(common_prefix_len(self.cached, ids), len(ids) - 1)
         if self.takes_images:
             reused = self._stage_frames(ids, reused, images)
-        self.session.pos = reused
+        self.session.rewind(reused)
         self.cached = ids[:reused]  # until generation returns, only this much is known to be in the cache
         room = context - len(ids) + 1  # the last generated token is never fed back
         max_new = min(self.max_new_tokens, room)

@@ -10,9 +10,10 @@ from conftest import Q4, TINY_MAX_SEQ
 from genai_pipeline.bench.host import memory_bandwidth_gbs
 from genai_pipeline.bench.text import bench, weight_bytes_per_token
 from genai_pipeline.cli import main
-from genai_pipeline.inspect import constant_sizes, inspect_program, read_program
+from genai_pipeline.inspect import constant_sizes, inspect_program
 from genai_pipeline.manifest import Manifest
 from genai_pipeline.options import BenchOptions
+from genai_pipeline.upstream.executorch_pte_reader import read_program
 
 
 def test_bench_reports_rates_memory_and_bandwidth_share(export_tiny, capsys):

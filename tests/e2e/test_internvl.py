@@ -183,7 +183,7 @@ def test_internvl_frames_equal_transformers_processor_pixel_for_pixel(internvl_o
     Image = pytest.importorskip("PIL.Image", reason="Pillow is not installed: transformers' processor needs it")
     from transformers.models.got_ocr2.image_processing_pil_got_ocr2 import GotOcr2ImageProcessorPil
 
-    from genai_pipeline.image_processing import to_rgb
+    from genai_pipeline.image_files import to_rgb
 
     _, processing = internvl_ours
     image = Image.fromarray(photo(h, w, seed=w)).convert(mode)

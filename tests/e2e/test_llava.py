@@ -165,7 +165,7 @@ def test_clip_frames_equal_transformers_processor_pixel_for_pixel(llava_ours, h,
     Image = pytest.importorskip("PIL.Image", reason="Pillow is not installed: transformers' processor needs it")
     from transformers import CLIPImageProcessorPil
 
-    from genai_pipeline.image_processing import to_rgb
+    from genai_pipeline.image_files import to_rgb
 
     _, processing = llava_ours
     image = Image.fromarray(photo(h, w, seed=w)).convert(mode)

@@ -410,7 +410,7 @@ def test_image_tokens_that_do_not_fit_the_context(program, image_file, capsys):
 
 def test_grayscale_netpbm_is_converted(program, tmp_path):
     """A PGM (one channel) reads as RGB with equal channels; Pillow converts the other modes."""
-    from genai_pipeline.image_processing import read_image
+    from genai_pipeline.image_files import read_image
 
     gray = photo(IMAGE, IMAGE)[..., 0]
     path = tmp_path / "gray.pgm"
@@ -456,7 +456,7 @@ def test_frames_equal_transformers_processor_pixel_for_pixel(h, w, mode):
     Image = pytest.importorskip("PIL.Image", reason="Pillow is not installed: transformers' processor needs it")
     from transformers.models.idefics3.image_processing_pil_idefics3 import Idefics3ImageProcessorPil
 
-    from genai_pipeline.image_processing import to_rgb
+    from genai_pipeline.image_files import to_rgb
 
     rgb = Image.fromarray(photo(h, w, seed=h))
     image = {

@@ -304,7 +304,7 @@ def _xnnpack_int4(q):
 
 def test_given_int4_weights_and_scales_are_what_the_program_stores(tiny_checkpoint, tmp_path):
     from genai_pipeline.compile import compile_artifacts
-    from genai_pipeline.inspect import read_program
+    from genai_pipeline.upstream.executorch_pte_reader import read_program
 
     options = PrepareOptions(mode="kv", max_seq_len=64, checkpoint=tiny_checkpoint)
     prepared = prepare(get_spec("smollm2-135m"), options)
