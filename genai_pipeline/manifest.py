@@ -2,9 +2,9 @@
 through `Manifest.read`, the one place that checks its shape (it comes from a folder anyone may
 have edited) and the one that says to re-export when it cannot read it.
 
-Schema versions: 1, the manifests without a `schema` key (genai_pipeline 0.2 and before);
-2 adds the key and changes nothing else. A reader takes every version up to its own; a manifest of
-a newer one is refused in one line. The sections another stage owns the shape of (the vision
+Schema versions: 1, every manifest without a `schema` key (written before the key existed); 2, the
+key added and nothing else changed. A reader takes every version up to its own; a manifest of a
+newer one is refused in one line. The sections another stage owns the shape of (the vision
 components, the cache-I/O contract, the verification, the backend's compile spec, the special
 tokens' sources, the quantization options) stay mappings, as that stage writes them."""
 
@@ -52,6 +52,8 @@ class ArtifactEntry:
 
 @dataclass(frozen=True)
 class Manifest:
+    """What an export folder holds and how it was made: everything a command reads of it."""
+
     model: str
     entry: str  # the registry entry whose loader read the checkpoint
     weights: str  # the --checkpoint as typed, or "random"

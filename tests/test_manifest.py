@@ -16,14 +16,14 @@ from genai_pipeline.names import ArtifactKey, Mode
 from genai_pipeline.options import quant_options_from
 from genai_pipeline.runtime.multimodal import is_multimodal
 
-# Written by genai_pipeline 0.2 (main a6fad8f): `reference` and `reference-vlm` as `export()`
+# Written before the schema key (main a6fad8f, genai_pipeline 0.2.0): `reference` and `reference-vlm` as `export()`
 # writes them by default, `reference` quantized (8da4w, verified) and in the cache-I/O form.
-WRITTEN_BY_0_2 = REPO / "tests" / "manifest-v1"
+SCHEMA_1 = REPO / "tests" / "manifest-v1"
 KINDS = ("reference", "reference-vlm", "reference-8da4w", "reference-cache-io")
 
 
 def written(kind: str) -> dict:
-    return json.loads((WRITTEN_BY_0_2 / f"{kind}.json").read_text())
+    return json.loads((SCHEMA_1 / f"{kind}.json").read_text())
 
 
 @pytest.fixture
