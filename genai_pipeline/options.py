@@ -55,7 +55,7 @@ class PrepareOptions:
     # text_decoder.pte: the layout NPU backends use) instead of one program with three methods.
     split: bool = False
     # The decoder's cache-I/O form (QNN's; --cache-io, always on for --target qnn): the KV cache,
-    # positions and attention mask are graph inputs/outputs (runtime/cache_io.py) instead of a
+    # positions and attention mask are graph inputs/outputs (models/cache_io.py) instead of a
     # cache inside the program updated by ExecuTorch's custom ops at a data-dependent position.
     cache_io: bool = False
 

@@ -27,17 +27,8 @@ from genai_pipeline.image_processing import Frames, ImageProcessing, expand_rend
 from genai_pipeline.runtime.generate import generate
 from genai_pipeline.runtime.lookahead import LookaheadOptions
 from genai_pipeline.runtime.multimodal import MultimodalSession
+from genai_pipeline.runtime.session import Session
 from genai_pipeline.tokenizer import END_OF_TURN_TOKENS
-
-
-class ChatSession(Protocol):
-    """A DecoderSession or EagerSession: a KV cache with a cursor `pos` that may move back."""
-
-    pos: int
-    max_seq_len: int
-
-    def prefill(self, tokens: list[int]) -> torch.Tensor: ...
-    def step(self, token: int) -> torch.Tensor: ...
 
 
 class ChatTokenizer(Protocol):
@@ -111,7 +102,7 @@ def conversation_ids(
     return tokenizer.encode(text, add_special_tokens=False)
 
 
-def keep_cached(session: ChatSession, cached: list[int], ids: list[int], images: tuple[Frames, ...] = ()) -> int:
+def keep_cached(session: Session, cached: list[int], ids: list[int], images: tuple[Frames, ...] = ()) -> int:
     """Keeps the longest prefix of `ids` that the session's cache holds (`cached`: the ids it holds
     from position 0), at least one token short of `ids` (the last one's logits start the reply):
     the cursor moves to its end, and a multimodal session gets the frames whose image tokens come
@@ -119,7 +110,7 @@ def keep_cached(session: ChatSession, cached: list[int], ids: list[int], images:
     reused = min(common_prefix_len(cached, ids), len(ids) - 1)
     if isinstance(session, MultimodalSession):
         reused = _stage_frames(session, ids, reused, images)
-    session.pos = reused
+    session.rewind(reused)
     return reused
 
 
@@ -146,7 +137,7 @@ class Chat:
 
     def __init__(
         self,
-        session: ChatSession,
+        session: Session,
         tokenizer: ChatTokenizer,
         template: ChatTemplate,
         sampler: Callable[[torch.Tensor], int],
@@ -174,7 +165,7 @@ class Chat:
         self.images: tuple[Frames, ...] = ()  # the conversation's images, in order
         self.attached: tuple[tuple[Path, Frames], ...] = ()  # images for the next user message
         self.cached: list[int] = []  # the ids whose keys and values the cache holds, from position 0
-        self.session.pos = 0
+        self.session.reset()
 
     def attach_image(self, path: Path, max_tiles: int = 0) -> None:
         """An image for the next user message, read and preprocessed now (a bad file is told at once)."""

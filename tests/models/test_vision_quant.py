@@ -123,8 +123,7 @@ def test_quantized_program_is_its_eager_twin_and_near_float(quantized_vlm, tmp_p
     model alone shows the same), so 35 % bounds it. A missing image splice or a tower run on the
     wrong weights moves them by far more (the next assert: another image)."""
     from genai_pipeline.evaluate import float_model, quantized_model
-    from genai_pipeline.evaluate_images import EagerMultimodalSession
-    from genai_pipeline.runtime.multimodal import MultimodalSession
+    from genai_pipeline.runtime.multimodal import EagerMultimodalSession, MultimodalSession
     from genai_pipeline.tokenizer import Tokenizer
 
     manifest = _manifest(quantized_vlm)
@@ -403,9 +402,8 @@ def test_static_program_runs_its_qdq_model_and_tracks_float(static_vlm, tmp_path
     3.7-5.6 % from float; bounded at 10 %. A missing splice moves them by far more (the next
     asserts: another image, and no image: ~105 %)."""
     from genai_pipeline.evaluate import float_model, quantized_model
-    from genai_pipeline.evaluate_images import EagerMultimodalSession
     from genai_pipeline.names import GraphName
-    from genai_pipeline.runtime.multimodal import MultimodalSession
+    from genai_pipeline.runtime.multimodal import EagerMultimodalSession, MultimodalSession
     from genai_pipeline.tokenizer import Tokenizer
 
     manifest = _manifest(static_vlm)
