@@ -12,6 +12,7 @@ QUEUED_REQUESTS they are turned away (429).
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import io
 import logging
 import threading
@@ -46,6 +47,22 @@ class Job:
     images: tuple[Frames, ...]
     decoding: Decoding
     stop_ids: tuple[int, ...]  # tokens that end the reply (not part of it)
+    keys: tuple  # the ids as the cache tells prompts apart (cache_keys)
+
+
+def cache_keys(ids: list[int], images: tuple[Frames, ...], image_token_id: int, tokens_per_image: int) -> tuple:
+    """A prompt's ids with each image token standing as (its frame's digest, its place): every image
+    is the same run of ids, so two prompts share a cached prefix only as far as their images are
+    the same pixels too."""
+    digests = [hashlib.blake2b(frame.tobytes(), digest_size=16).digest() for f in images for frame in f.pixels]
+    keys, k = [], 0
+    for t in ids:
+        if t == image_token_id and k < tokens_per_image * len(digests):
+            keys.append((digests[k // tokens_per_image], k))
+            k += 1
+        else:
+            keys.append(t)
+    return tuple(keys)
 
 
 @dataclass(frozen=True)
@@ -102,13 +119,16 @@ class Slot:
     def __init__(self, session: Session):
         self.session = session
         self.cached: list[int] = []
+        self.keys: list = []  # the same, as cache_keys
 
     def run(self, job: Job, tokenizer, lookahead: LookaheadOptions, emit: Callable, cancel: threading.Event) -> bool:
         """Generates `job`'s reply in this thread: its text to `emit` as it comes, then Finished.
         Returns whether it was cut short by `cancel`."""
         ids, session = list(job.ids), self.session
-        reused = keep_cached(session, self.cached, ids, job.images)
-        self.cached = ids[:reused]  # until generation returns, only this much is known to be in the cache
+        same = common_prefix_len(self.keys, list(job.keys))  # past it the ids may match, the images not
+        reused = keep_cached(session, self.cached[:same], ids, job.images)
+        # Until generation returns, only this much is known to be in the cache.
+        self.cached, self.keys = ids[:reused], list(job.keys[:reused])
         room = session.max_seq_len - len(ids) + 1  # the last generated token is never fed back
         max_new = min(job.decoding.max_tokens or room, room)
         text = StopText(tokenizer, job.decoding.stop)
@@ -130,6 +150,7 @@ class Slot:
         )
         # Everything fed is cached: the prompt, and each reply token but the last.
         self.cached = (ids + result.tokens)[: session.pos]
+        self.keys = [*job.keys, *result.tokens][: session.pos]
         if piece := text.flush():
             emit(piece)
         reason = "length" if result.stop_reason == "length" and not text.stopped else "stop"
@@ -180,7 +201,19 @@ class Engine:
             for k, data in enumerate(request.images)
         )
         ids = conversation_ids(self.tokenizer, self.template, request.messages, frames, self.processing)
-        return self._job(ids, frames, request.decoding, self.chat_stop_ids, "messages")
+        keys = tuple(ids)
+        if self.multimodal:
+            image_token_id, n = self.slots[0].session.image_token_id, self.processing.tokens_per_image
+            found, frame_count = ids.count(image_token_id), sum(len(f.pixels) for f in frames)
+            if found != n * frame_count:
+                raise RequestError(
+                    400,
+                    f"the conversation holds {found} image tokens for {len(frames)} image(s) of {n} each: "
+                    "images go in image_url parts, not in the text",
+                    "messages",
+                )
+            keys = cache_keys(ids, frames, image_token_id, n)
+        return self._job(ids, frames, request.decoding, self.chat_stop_ids, keys, "messages")
 
     def completion_job(self, request: CompletionRequest) -> Job:
         if isinstance(request.prompt, str):
@@ -193,9 +226,9 @@ class Engine:
             raise RequestError(
                 400, "the prompt holds image tokens: images go in /v1/chat/completions as image_url parts", "prompt"
             )
-        return self._job(ids, (), request.decoding, self.eos_ids, "prompt")
+        return self._job(ids, (), request.decoding, self.eos_ids, tuple(ids), "prompt")
 
-    def _job(self, ids: list[int], frames, decoding: Decoding, stop_ids, param: str) -> Job:
+    def _job(self, ids: list[int], frames, decoding: Decoding, stop_ids, keys: tuple, param: str) -> Job:
         context = self.model.context
         if not ids:
             raise RequestError(400, "the prompt is empty", param)
@@ -206,7 +239,7 @@ class Engine:
                 param,
                 "context_length_exceeded",
             )
-        return Job(tuple(ids), frames, decoding, stop_ids)
+        return Job(tuple(ids), frames, decoding, stop_ids, keys)
 
     # ---- the queue and the sessions
 
@@ -232,7 +265,7 @@ class Engine:
         finally:
             self.waiting -= 1
         # The free session whose cache holds the longest prefix of the prompt.
-        slot = max(self.free, key=lambda s: common_prefix_len(s.cached, list(job.ids)))
+        slot = max(self.free, key=lambda s: common_prefix_len(s.keys, list(job.keys)))
         self.free.remove(slot)
         loop, events, cancel = asyncio.get_running_loop(), asyncio.Queue(), threading.Event()
 
@@ -243,7 +276,7 @@ class Engine:
             try:
                 return slot.run(job, self.tokenizer, self.lookahead, emit, cancel)
             except BaseException as e:  # noqa: BLE001  the event loop tells the client
-                slot.cached = []  # what the cache holds is not known
+                slot.cached, slot.keys = [], []  # what the cache holds is not known
                 emit(Failed(e))
 
         def release(future) -> None:
