@@ -35,7 +35,7 @@ TINY_PREFILL = 8
 SHARED_BY_GROUP = ("smollm2_fp32",)
 # and so do those of each module whose tests share exports of its own (module fixtures, or a session
 # builder defined there): 20-35 s each, lowered twice when its tests are split.
-SHARED_BY_MODULE = ("test_lookahead_program", "test_vision_quant", "test_qnn")
+SHARED_BY_MODULE = ("test_lookahead_program", "test_vision_quant", "test_qnn", "test_app_images")
 # The real model exported with a recipe's defaults, or in fp32: minutes each. xdist hands out its groups
 # first (the largest first), then single tests in this order: these come first among them, so that the
 # workers share out the short tests around them instead of one of them finishing alone.
@@ -203,6 +203,14 @@ def export_reference_vlm(tmp_path_factory) -> Path:
     """The shipped vision-language reference model's default export (one program, fp32, xnnpack)."""
     out = tmp_path_factory.mktemp("reference_vlm")
     genai_pipeline.export("reference-vlm", out=out, prepare=PrepareOptions(max_seq_len=128))
+    return out
+
+
+@pytest.fixture(scope="session")
+def reference_vlm(tmp_path_factory) -> Path:
+    """The shipped reference-vlm exported with its defaults (fp32, one program of three methods), once per session."""
+    out = tmp_path_factory.mktemp("reference_vlm") / "export"
+    genai_pipeline.export("reference-vlm", out=out)
     return out
 
 
