@@ -17,6 +17,7 @@ import logging
 import os
 import sys
 import threading
+from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TextIO
 
@@ -76,13 +77,20 @@ def native_logs_hidden():
         _show()
 
 
-def native_logs_hidden_for_good() -> TextIO:
+@contextmanager
+def native_logs_hidden_throughout() -> Iterator[TextIO]:
     """For a process that runs the runtime for long, from several threads (`genai serve`): fd 2
-    points at /dev/null from now on, and the stream returned writes where fd 2 wrote, for the
-    process's own messages (its logging handlers are pointed at it). The runtime writes its logs
-    through Python's `sys.stderr`, which stays on fd 2. Under GENAI_DEBUG nothing is hidden."""
+    points at /dev/null throughout, and the stream yielded writes where fd 2 wrote, for the
+    process's own messages (its logging handlers are pointed at it). The runtime's calls send their
+    logs through Python's `sys.stderr` too, so that stays on fd 2. Under GENAI_DEBUG nothing is
+    hidden. The stream stays open after: handlers may go on writing to it."""
     sys.stderr.flush()
     stream = open(os.dup(2), "w", buffering=1, encoding=sys.stderr.encoding, errors="backslashreplace")
-    if _wanted():
-        _hide()  # and never shown again
-    return stream
+    hide = _wanted()
+    if hide:
+        _hide()
+    try:
+        yield stream
+    finally:
+        if hide:
+            _show()

@@ -224,4 +224,3 @@ def test_bad_requests_are_refused_and_the_server_goes_on(server, client):
         client.embeddings.create(model=MODEL, input="Paris")
     reply = client.chat.completions.create(model=MODEL, messages=CAPITAL, temperature=0, max_tokens=24)
     assert "Paris" in reply.choices[0].message.content
-
