@@ -39,12 +39,12 @@ def create_app(engine: Engine) -> Starlette:
     async def chat_completions(request: Request) -> Response:
         data = parse_json(await read_body(request))
         job = await prepared(engine.chat_job, parse_chat(data, engine.model))
-        return await respond(engine, job, ChatFormat(engine.model.id))
+        return await respond(request, engine, job, ChatFormat(engine.model.id))
 
     async def completions(request: Request) -> Response:
         data = parse_json(await read_body(request))
         job = await prepared(engine.completion_job, parse_completion(data, engine.model))
-        return await respond(engine, job, CompletionFormat(engine.model.id))
+        return await respond(request, engine, job, CompletionFormat(engine.model.id))
 
     async def models(request: Request) -> Response:
         card = {"id": engine.model.id, "object": "model", "created": 0, "owned_by": "genai"}
@@ -182,13 +182,15 @@ def usage(done: Finished) -> dict:
     }
 
 
-async def respond(engine: Engine, job: Job, form: ChatFormat) -> Response:
+async def respond(request: Request, engine: Engine, job: Job, form: ChatFormat) -> Response:
     engine.admit()
     if job.decoding.stream:
         headers = {"Cache-Control": "no-cache"}
         return StreamingResponse(stream(engine, job, form), media_type="text/event-stream", headers=headers)
     async with contextlib.aclosing(engine.run(job)) as events:
         async for event in events:
+            if await request.is_disconnected():  # the client gave up: closing the events stops the generation
+                return Response(status_code=499)
             done = event
     return JSONResponse(form.whole(done))
 

@@ -120,6 +120,7 @@ class Slot:
         self.session = session
         self.cached: list[int] = []
         self.keys: list = []  # the same, as cache_keys
+        self.last_used = 0  # the Engine's count of requests when it last took this session
 
     def run(self, job: Job, tokenizer, lookahead: LookaheadOptions, emit: Callable, cancel: threading.Event) -> bool:
         """Generates `job`'s reply in this thread: its text to `emit` as it comes, then Finished.
@@ -182,6 +183,7 @@ class Engine:
         self.free = list(self.slots)
         self.turns = asyncio.Semaphore(parallel)
         self.waiting = 0
+        self.requests = 0  # taken a session
         self.served = 0  # generations finished
         self.abandoned = 0  # of which, stopped early because their client went away
         self.running: set[threading.Event] = set()  # the cancel flags of the generations under way
@@ -264,35 +266,41 @@ class Engine:
             await self.turns.acquire()
         finally:
             self.waiting -= 1
-        # The free session whose cache holds the longest prefix of the prompt.
-        slot = max(self.free, key=lambda s: common_prefix_len(s.keys, list(job.keys)))
+        # The free session whose cache holds the longest prefix of the prompt; of equals, the one
+        # used least recently (a conversation's session is taken last).
+        slot = max(self.free, key=lambda s: (common_prefix_len(s.keys, list(job.keys)), -s.last_used))
         self.free.remove(slot)
+        self.requests += 1
+        slot.last_used = self.requests
         loop, events, cancel = asyncio.get_running_loop(), asyncio.Queue(), threading.Event()
 
         def emit(event) -> None:
             loop.call_soon_threadsafe(events.put_nowait, event)
 
-        def work() -> None:
+        def work() -> bool | None:
             try:
                 return slot.run(job, self.tokenizer, self.lookahead, emit, cancel)
             except BaseException as e:  # noqa: BLE001  the event loop tells the client
                 slot.cached, slot.keys = [], []  # what the cache holds is not known
                 emit(Failed(e))
 
-        def release(future) -> None:
-            self.served += 1
-            self.abandoned += not future.cancelled() and future.exception() is None and future.result() is True
+        def give_back() -> None:
             self.running.discard(cancel)
             self.free.append(slot)
             self.turns.release()
 
+        def done(future) -> None:
+            self.served += 1
+            self.abandoned += not future.cancelled() and future.exception() is None and future.result() is True
+            give_back()
+
         try:
             future = loop.run_in_executor(self.threads, work)
         except BaseException:
-            release(None)
+            give_back()
             raise
         self.running.add(cancel)
-        future.add_done_callback(release)
+        future.add_done_callback(done)
         try:
             while True:
                 event = await events.get()

@@ -160,23 +160,38 @@ def test_concurrent_requests_get_the_replies_each_gets_alone(client):
     assert "Paris" in alone[0] and "Berlin" in alone[1]
 
 
-def test_a_client_that_leaves_mid_stream_stops_its_generation(server, client):
+STORY = [{"role": "user", "content": "Write a long story about a dragon who learns to cook."}]
+
+
+def stops_early(server, leave) -> None:
+    """`leave()` starts a long reply and goes away: the server stops generating it early."""
     before = health(server)
-    stream = client.chat.completions.create(
-        model=MODEL,
-        messages=[{"role": "user", "content": "Write a long story about a dragon who learns to cook."}],
-        max_tokens=300,
-        seed=1,
-        stream=True,
-    )
-    for i, _ in enumerate(stream):
-        if i == 3:
-            break
-    stream.close()
+    leave()
     deadline = time.monotonic() + 60
     while (now := health(server))["served"] == before["served"] and time.monotonic() < deadline:
         time.sleep(0.05)
     assert now["abandoned"] == before["abandoned"] + 1 and now["busy"] == 0
+
+
+def test_a_client_that_leaves_mid_stream_stops_its_generation(server, client):
+    def leave():
+        stream = client.chat.completions.create(model=MODEL, messages=STORY, max_tokens=300, seed=1, stream=True)
+        for i, _ in enumerate(stream):
+            if i == 3:
+                break
+        stream.close()
+
+    stops_early(server, leave)
+
+
+def test_a_client_that_gives_up_waiting_stops_its_generation(server, client):
+    def leave():
+        with pytest.raises(openai.APITimeoutError):
+            client.with_options(timeout=1.0).chat.completions.create(
+                model=MODEL, messages=STORY, max_tokens=300, seed=1
+            )
+
+    stops_early(server, leave)
 
 
 @pytest.mark.parametrize(
@@ -224,3 +239,4 @@ def test_bad_requests_are_refused_and_the_server_goes_on(server, client):
         client.embeddings.create(model=MODEL, input="Paris")
     reply = client.chat.completions.create(model=MODEL, messages=CAPITAL, temperature=0, max_tokens=24)
     assert "Paris" in reply.choices[0].message.content
+
