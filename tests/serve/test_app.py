@@ -1,7 +1,8 @@
 """`genai serve` on the real SmolLM2-135M-Instruct, through the official `openai` client against a
 live server on loopback: chat (streamed and not), completions, sampling and stop strings, a
 multi-turn conversation that prefills each turn once, concurrent requests on two sessions, a
-client that leaves mid-stream, and every bad request answered with a 4xx while the server goes on."""
+client that leaves mid-stream or gives up waiting, and every bad request answered with a 4xx while
+the server goes on."""
 
 from __future__ import annotations
 
@@ -239,4 +240,3 @@ def test_bad_requests_are_refused_and_the_server_goes_on(server, client):
         client.embeddings.create(model=MODEL, input="Paris")
     reply = client.chat.completions.create(model=MODEL, messages=CAPITAL, temperature=0, max_tokens=24)
     assert "Paris" in reply.choices[0].message.content
-
