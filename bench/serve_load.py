@@ -4,7 +4,7 @@ requests each (throughput, time to first token p50 / p95, errors, lost requests)
 the time to first token of a conversation's turn 5 with its cache reused and without (medians).
 Every loop is bounded: C x R requests, each with a timeout; the script stops by itself.
 
-    .venv/bin/python bench/serve_load.py out/smollm2-135m-instruct --parallel 1 4 --clients 8 --requests 16
+    .venv/bin/python -m bench.serve_load out/smollm2-135m-instruct --parallel 1 4 --clients 8 --requests 16
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ import argparse
 import asyncio
 import json
 import os
-import platform
 import re
 import statistics
 import subprocess
@@ -24,7 +23,8 @@ from pathlib import Path
 
 import openai
 
-ROOT = Path(__file__).resolve().parents[1]
+from bench.harness import ROOT, machine
+
 QUESTIONS = (
     "What is the capital of France?",
     "Tell me about the history of Rome.",
@@ -177,15 +177,8 @@ async def fifth_turn(url: str, model: str, repeats: int, reply_tokens: int) -> d
     return {"repeats": repeats, "with_reuse": summary(reused), "without_reuse": summary(cold)}
 
 
-def cpu_model() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor()
-
-
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m bench.serve_load", description=__doc__.splitlines()[0])
     parser.add_argument("folder", type=Path, help="an export folder of a chat model")
     parser.add_argument("--parallel", type=int, nargs="+", default=[1, 4], help="server sessions, one server each")
     parser.add_argument("--clients", type=int, default=8, help="concurrent streaming clients")
@@ -197,7 +190,8 @@ def main() -> int:
     parser.add_argument("--json", type=Path, default=ROOT / "bench" / "results" / "serve_load.json")
     args = parser.parse_args()
 
-    report = {"cpu": cpu_model(), "cores": os.cpu_count(), "folder": str(args.folder), "servers": []}
+    host = machine()
+    report = {"machine": {k: v for k, v in host.items() if k != "cpu_flags"}, "folder": str(args.folder), "servers": []}
     for n in args.parallel:
         server = Server(args.folder, n, args.lookahead)
         try:
@@ -213,7 +207,9 @@ def main() -> int:
         print(json.dumps(row, indent=2), flush=True)
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(report, indent=2) + "\n")
-    print(f"{report['cpu']}, {report['cores']} cores; written to {args.json}")
+    print(
+        f"{host['cpu_model']}, {host['cpus']} cores, load average {host['loadavg_start'][0]:.1f}; written to {args.json}"
+    )
     for row in report["servers"]:
         lo = row["load"]
         print(

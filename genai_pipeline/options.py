@@ -9,9 +9,9 @@ Imports nothing but the standard library, `errors` and `names`, so that `genai -
     CalibrationOptions   its calibration data (`--calib NAME:ARG` -> DatasetSpec; data/)
     QnnOptions           genai export --target qnn (targets/qnn.py)
     SamplingOptions      genai run (runtime/generate.py)
-    EvalOptions          genai eval --text (evaluate.py)
-    ImageEvalOptions     genai eval --images (evaluate_images.py)
-    BenchOptions         genai bench (bench.py)
+    EvalOptions          genai eval --text (evaluate/text.py)
+    ImageEvalOptions     genai eval --images (evaluate/images.py)
+    BenchOptions         genai bench (bench/text.py)
 """
 
 from __future__ import annotations

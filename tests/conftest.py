@@ -206,14 +206,6 @@ def export_reference_vlm(tmp_path_factory) -> Path:
     return out
 
 
-@pytest.fixture(scope="session")
-def reference_vlm(tmp_path_factory) -> Path:
-    """The shipped reference-vlm exported with its defaults (fp32, one program of three methods), once per session."""
-    out = tmp_path_factory.mktemp("reference_vlm") / "export"
-    genai_pipeline.export("reference-vlm", out=out)
-    return out
-
-
 def copy_export(folder: Path, dest: Path) -> Path:
     shutil.copytree(folder, dest)
     return dest

@@ -70,7 +70,7 @@ def cmd_export(args) -> int:
     from genai_pipeline.export import export
     from genai_pipeline.targets import get_target
 
-    target = _qnn_configured(get_target(args.target), args)  # QNN options checked before any work
+    target = qnn_configured(get_target(args.target), args)  # QNN options checked before any work
     quant = QuantOptions(
         recipe=args.recipe,
         group_size=args.group_size,
@@ -107,7 +107,7 @@ def _terminated(signum, frame):
     raise KeyboardInterrupt
 
 
-def _qnn_configured(target, args):
+def qnn_configured(target, args):
     """The target with the QNN options applied; a QNN option given for another target is refused."""
     from genai_pipeline.names import Mode
     from genai_pipeline.targets import qnn
@@ -261,7 +261,7 @@ def cmd_eval(args) -> int:
 
 
 def _eval_images(args) -> int:
-    from genai_pipeline.evaluate_images import evaluate_images
+    from genai_pipeline.evaluate import evaluate_images
 
     r = evaluate_images(Path(args.folder), ImageEvalOptions(images=Path(args.images), limit=args.limit))
     if args.json:
@@ -317,7 +317,7 @@ def cmd_bench(args) -> int:
 
 
 def _bench_multimodal(args, options) -> int:
-    from genai_pipeline.bench_multimodal import bench_multimodal
+    from genai_pipeline.bench import bench_multimodal
 
     r = bench_multimodal(Path(args.folder), options)
     if args.json:
@@ -353,7 +353,7 @@ def cmd_inspect(args) -> int:
     return 0
 
 
-def _one_openmp_thread_per_caller(argv: list[str]) -> None:
+def one_openmp_thread_per_caller(argv: list[str]) -> None:
     """For the commands that time programs: ExecuTorch's custom SDPA kernel calls MKL from inside
     ExecuTorch's own thread pool, and by default each such call starts an OpenMP team whose
     spinning threads take the cores from XNNPACK's GEMMs (docs/decisions/0002). OpenMP reads this
@@ -365,7 +365,7 @@ def _one_openmp_thread_per_caller(argv: list[str]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    _one_openmp_thread_per_caller(argv)
+    one_openmp_thread_per_caller(argv)
     _quiet_libraries()
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("genai: %(message)s"))

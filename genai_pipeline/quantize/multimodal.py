@@ -266,12 +266,12 @@ def calibration_chats(prepared: PreparedModel, options: QuantOptions) -> list[Ca
     than the context is cut there; a frame whose run of image tokens the cut splits is left out
     (its tokens keep their token embeddings)."""
     from genai_pipeline.chat_template import ChatTemplate, read_chat_template, render_chat
+    from genai_pipeline.image_files import read_image
     from genai_pipeline.image_processing import (
         ImageProcessing,
         expand_prompt,
         expand_rendered_chat,
         image_frames,
-        read_image,
     )
     from genai_pipeline.tokenizer import Tokenizer
 

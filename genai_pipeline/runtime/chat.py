@@ -21,9 +21,9 @@ from typing import Literal, Protocol
 import torch
 
 from genai_pipeline.chat_template import ChatTemplate, render_chat
-from genai_pipeline.data.samples import ContentPart, Message
 from genai_pipeline.errors import ChatTemplateError, ContextFullError, InputError
 from genai_pipeline.image_processing import Frames, ImageProcessing, expand_rendered_chat
+from genai_pipeline.messages import ContentPart, Message
 from genai_pipeline.runtime.generate import generate
 from genai_pipeline.runtime.lookahead import LookaheadOptions
 from genai_pipeline.runtime.multimodal import MultimodalSession

@@ -19,7 +19,8 @@ import torch
 
 from genai_pipeline.bundle import read_manifest
 from genai_pipeline.errors import InputError, ProgramError
-from genai_pipeline.image_processing import Frames, ImageProcessing, expand_prompt, image_frames, read_image
+from genai_pipeline.image_files import read_image
+from genai_pipeline.image_processing import Frames, ImageProcessing, expand_prompt, image_frames
 from genai_pipeline.names import ArtifactKey, GraphName, Mode
 from genai_pipeline.runtime.program import load_program
 from genai_pipeline.runtime.session import CacheCursor, check_runnable

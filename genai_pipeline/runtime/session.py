@@ -19,7 +19,7 @@ import torch
 from genai_pipeline.bundle import read_manifest
 from genai_pipeline.errors import InputError, ProgramError
 from genai_pipeline.names import ArtifactKey, GraphName, Mode
-from genai_pipeline.runtime.program import load_program
+from genai_pipeline.runtime.program import load_program, qnn_runtime_missing
 from genai_pipeline.upstream.executorch_logs import native_logs_hidden
 
 
@@ -30,9 +30,7 @@ def check_runnable(folder: Path, manifest: dict) -> None:
             "where it was exported; `genai eval` evaluates it"
         )
     if manifest.get("target") == "qnn":  # else the runtime fails deep in QnnExecuTorchBackend::init
-        from genai_pipeline.targets.qnn import runtime_missing
-
-        if (why := runtime_missing()) is not None:
+        if (why := qnn_runtime_missing()) is not None:
             raise ProgramError(f"'{folder}': {why}")
 
 

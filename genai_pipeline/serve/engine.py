@@ -25,7 +25,8 @@ from typing import Literal
 from genai_pipeline.bundle import folder_tokenizer, read_manifest
 from genai_pipeline.chat_template import read_chat_template
 from genai_pipeline.errors import InputError
-from genai_pipeline.image_processing import Frames, decode_image, image_frames
+from genai_pipeline.image_files import decode_image
+from genai_pipeline.image_processing import Frames, image_frames
 from genai_pipeline.limits import QUEUED_REQUESTS, REQUEST_BYTES, REQUEST_IMAGES, REQUEST_MESSAGES, REQUEST_PARTS
 from genai_pipeline.runtime.chat import common_prefix_len, conversation_ids, end_of_turn_ids, keep_cached
 from genai_pipeline.runtime.generate import Sampler, generate

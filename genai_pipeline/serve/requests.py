@@ -18,8 +18,8 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
-from genai_pipeline.data.samples import ContentPart, Message
 from genai_pipeline.limits import REQUEST_IMAGES, REQUEST_MESSAGES, REQUEST_PARTS, Limit
+from genai_pipeline.messages import ContentPart, Message
 from genai_pipeline.options import SamplingOptions
 
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}

@@ -304,7 +304,7 @@ def _xnnpack_int4(q):
 
 def test_given_int4_weights_and_scales_are_what_the_program_stores(tiny_checkpoint, tmp_path):
     from genai_pipeline.compile import compile_artifacts
-    from genai_pipeline.inspect import _read_program
+    from genai_pipeline.upstream.executorch_pte_reader import read_program
 
     options = PrepareOptions(mode="kv", max_seq_len=64, checkpoint=tiny_checkpoint)
     prepared = prepare(get_spec("smollm2-135m"), options)
@@ -330,7 +330,7 @@ def test_given_int4_weights_and_scales_are_what_the_program_stores(tiny_checkpoi
         assert torch.equal(constants[key], q), n
         assert torch.equal(constants[key.replace(".qdata", ".scale")], d), n
     compile_artifacts(q_quant, get_target("xnnpack"), tmp_path)
-    program, segment = _read_program(tmp_path / "text_decoder.pte")
+    program, segment = read_program(tmp_path / "text_decoder.pte")
     stored = {entry.key: segment(entry.segment_index) for entry in program.named_data}
     blobs = set(stored.values())
     holds = lambda part: any(part in blob for blob in blobs)  # noqa: E731  wq and wv are rows of a fused weight

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from genai_pipeline.errors import InputError
-from genai_pipeline.evaluate import block_outputs
+from genai_pipeline.evaluate.text import block_outputs
 from genai_pipeline.models.decoder import Decoder, DecoderConfig
 from genai_pipeline.options import QuantOptions
 from genai_pipeline.quantize.recipes import quantize_module

@@ -9,7 +9,7 @@ from conftest import Q4, REFERENCE
 
 from genai_pipeline.cli import main
 from genai_pipeline.errors import InputError
-from genai_pipeline.evaluate import float_model, quantized_model
+from genai_pipeline.evaluate.text import float_model, quantized_model
 from genai_pipeline.options import CalibrationOptions, PrepareOptions, QuantOptions
 from genai_pipeline.prepare import prepare
 from genai_pipeline.quantize import quantize

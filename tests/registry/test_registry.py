@@ -385,7 +385,7 @@ def test_fallback_templates_render_every_turn_as_transformers_does(spec):
     from transformers.utils.chat_template_utils import render_jinja_template
 
     from genai_pipeline.chat_template import render_chat
-    from genai_pipeline.data.samples import Message
+    from genai_pipeline.messages import Message
 
     messages = (
         Message("system", "Be brief."),

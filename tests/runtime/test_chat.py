@@ -11,8 +11,8 @@ from conftest import REFERENCE, TINY_MAX_SEQ, TINY_PREFILL, TINY_VOCAB
 from genai_pipeline.chat_template import ChatTemplate, read_chat_template, render_chat
 from genai_pipeline.checkpoints.hf import load_decoder
 from genai_pipeline.compile import compile_artifacts
-from genai_pipeline.data.samples import Message
 from genai_pipeline.errors import ChatTemplateError, ContextFullError, ExportError
+from genai_pipeline.messages import Message
 from genai_pipeline.options import PrepareOptions, SamplingOptions
 from genai_pipeline.prepare import prepare
 from genai_pipeline.registry import get_spec

@@ -62,7 +62,7 @@ def assert_lookahead_is_lossless(
     results = []
     for text in prompts:
         if chat:
-            from genai_pipeline.bench import bench_prompt
+            from genai_pipeline.bench.text import bench_prompt
             from genai_pipeline.options import BenchOptions
 
             file = Path(folder) / ".lookahead_prompt.txt"  # bench_prompt reads a file, as genai bench does

@@ -12,7 +12,7 @@ import torch
 from conftest import REFERENCE, TINY_PREFILL
 
 from genai_pipeline.errors import InputError
-from genai_pipeline.evaluate import float_model
+from genai_pipeline.evaluate.text import float_model
 from genai_pipeline.models.cache_io import CacheIOContract, eager_runner
 from genai_pipeline.names import GraphName
 from genai_pipeline.prepare.cache_io import CacheIOGraph

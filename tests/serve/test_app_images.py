@@ -29,9 +29,9 @@ IMAGE_LIMIT = 2
 
 
 @pytest.fixture(scope="module")
-def server(reference_vlm):
+def server(export_reference_vlm):
     env = {"GENAI_MAX_IMAGE_PIXELS": str(PIXEL_LIMIT), "GENAI_MAX_REQUEST_IMAGES": str(IMAGE_LIMIT)}
-    live = LiveServer(reference_vlm, env=env)
+    live = LiveServer(export_reference_vlm, env=env)
     yield live
     assert live.stop() == 0, live.log
 
@@ -61,11 +61,11 @@ def ask(client, messages, max_tokens: int = 8):
     return client.chat.completions.create(model=MODEL, messages=messages, temperature=0, max_tokens=max_tokens)
 
 
-def test_image_questions_answer_as_genai_run_does(client, reference_vlm):
+def test_image_questions_answer_as_genai_run_does(client, export_reference_vlm):
     """One image after another on one session: each answer is the runtime's for the raw prompt
     that `genai run --image IMG --prompt QUESTION` feeds, and the first is the held-out answer."""
-    session = open_session(reference_vlm)
-    tokenizer = tokenizer_of(reference_vlm)
+    session = open_session(export_reference_vlm)
+    tokenizer = tokenizer_of(export_reference_vlm)
     for q in QUESTIONS:
         image = HELD_OUT / q["image"]
         reply = ask(client, question(data_url(image.read_bytes()), q["prompt"]))
@@ -82,7 +82,7 @@ def tokenizer_of(folder):
     return folder_tokenizer(folder, read_manifest(folder))
 
 
-def test_a_second_question_on_the_same_image_reuses_its_cache(client, reference_vlm):
+def test_a_second_question_on_the_same_image_reuses_its_cache(client, export_reference_vlm):
     q = QUESTIONS[0]
     messages = question(data_url((HELD_OUT / q["image"]).read_bytes()), q["prompt"])
     first = ask(client, messages)
@@ -94,7 +94,7 @@ def test_a_second_question_on_the_same_image_reuses_its_cache(client, reference_
     # The image, the question and the answer are kept: only the new question is prefilled. (What
     # the model answers is its own: it was trained on questions that each follow the image.)
     assert second.usage.prompt_tokens_details.cached_tokens == first.usage.prompt_tokens + first.usage.completion_tokens
-    new_question = tokenizer_of(reference_vlm).encode("What shape is orange?", add_special_tokens=False)
+    new_question = tokenizer_of(export_reference_vlm).encode("What shape is orange?", add_special_tokens=False)
     assert second.usage.prompt_tokens - second.usage.prompt_tokens_details.cached_tokens == 1 + len(new_question)  # EOS
 
 
@@ -126,8 +126,8 @@ def test_bad_images_are_refused_and_the_server_goes_on(client):
     assert ask(client, question(url, text)).choices[0].message.content.strip() == "orange"
 
 
-def test_a_text_prompt_completes_on_the_vision_language_model(client, reference_vlm):
+def test_a_text_prompt_completes_on_the_vision_language_model(client, export_reference_vlm):
     prompt = "What colour is the diamond?"
     reply = client.completions.create(model=MODEL, prompt=prompt, temperature=0, max_tokens=4)
-    assert reply.usage.prompt_tokens == len(tokenizer_of(reference_vlm).encode(prompt))
+    assert reply.usage.prompt_tokens == len(tokenizer_of(export_reference_vlm).encode(prompt))
     assert reply.choices[0].finish_reason in ("stop", "length")

@@ -7,7 +7,7 @@ import base64
 
 import pytest
 
-from genai_pipeline.data.samples import ContentPart, Message
+from genai_pipeline.messages import ContentPart, Message
 from genai_pipeline.serve.requests import (
     RequestError,
     ServedModel,

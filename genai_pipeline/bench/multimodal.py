@@ -17,7 +17,8 @@ from pathlib import Path
 
 import torch
 
-from genai_pipeline.bench import current_rss_mb, peak_rss_mb, timed_decode
+from genai_pipeline.bench.host import current_rss_mb, peak_rss_mb
+from genai_pipeline.bench.text import timed_decode
 from genai_pipeline.bundle import folder_tokenizer
 from genai_pipeline.errors import InputError
 from genai_pipeline.image_processing import Frames, expand_prompt
@@ -37,7 +38,7 @@ def _prompt(folder: Path, session: MultimodalSession, frame, text_len: int) -> l
 
 
 def bench_multimodal(folder: Path, options: BenchOptions) -> dict:
-    from genai_pipeline.evaluate import report_image
+    from genai_pipeline.evaluate.text import report_image
 
     if options.lookahead or options.prompt_file is not None:
         raise InputError(

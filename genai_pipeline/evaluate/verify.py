@@ -14,10 +14,10 @@ import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from genai_pipeline.evaluate import evaluate
+from genai_pipeline.evaluate.text import evaluate
 from genai_pipeline.options import EvalOptions
 
-BUILT_IN_TEXT = Path(__file__).resolve().parents[1] / "assets" / "reference" / "heldout.txt"
+BUILT_IN_TEXT = Path(__file__).resolve().parents[2] / "assets" / "reference" / "heldout.txt"
 TOKENS = 256  # enough for the figures to mean something, few enough to cost seconds
 WINDOW = 128
 TAIL_CHARS = 8000  # the part of a calibration file taken as held out

@@ -28,7 +28,7 @@ SPECIALS = [
     "<global-img>",
 ]
 SPECIALS += [f"<row_{r}_col_{c}>" for r in range(1, 7) for c in range(1, 7)]
-SPECIALS += ["<img>", "</img>", "<IMG_CONTEXT>"]  # InternVL's (tests/models/test_internvl.py)
+SPECIALS += ["<img>", "</img>", "<IMG_CONTEXT>"]  # InternVL's (tests/e2e/test_internvl.py)
 VOCAB = 384
 IMAGE = 32  # px: the encoder's input; patch 8 -> 4 x 4 patches, shuffled by 2 -> 4 tokens per image
 MAX_SEQ = 96
@@ -36,7 +36,7 @@ PROMPT = "Describe the picture:"
 NEW_TOKENS = 12
 
 
-def _tokenizer(path: Path) -> None:
+def tokenizer(path: Path) -> None:
     """Byte-level BPE with the family's special tokens as contiguous ids 0..41 (as ExecuTorch's runner needs)."""
     import pydoc_data.topics
 
@@ -56,7 +56,7 @@ def _tokenizer(path: Path) -> None:
 def save_tiny_smolvlm(folder: Path) -> Path:
     import transformers
 
-    _tokenizer(folder / "tokenizer.json")
+    tokenizer(folder / "tokenizer.json")
     config = transformers.Idefics3Config(
         vision_config=dict(
             hidden_size=32,
@@ -180,7 +180,7 @@ def printable(text: str) -> str:
     return "".join(c for c in text if c == "\n" or (c.isprintable() and c != "\ufffd"))
 
 
-def _pixel_values(frames: list[np.ndarray]) -> torch.Tensor:
+def pixel_values(frames: list[np.ndarray]) -> torch.Tensor:
     """What the processor feeds the model for frames needing no resize: rescaled, normalised."""
     x = torch.from_numpy(np.stack(frames)).float() / 255
     return ((x - 0.5) / 0.5).unsqueeze(0)
@@ -209,7 +209,7 @@ def test_vision_features_match_transformers(ours, reference):
     model, _ = ours
     frame = photo(IMAGE, IMAGE).transpose(2, 0, 1).copy()
     with torch.no_grad():
-        expected = reference.model.get_image_features(_pixel_values([frame])).pooler_output[0]
+        expected = reference.model.get_image_features(pixel_values([frame])).pooler_output[0]
         got = model.vision(torch.from_numpy(frame).unsqueeze(0))[0]
     assert got.shape == expected.shape == (4, 64)
     assert (got - expected).abs().max() <= 1e-4
@@ -232,13 +232,13 @@ def test_eager_logits_and_greedy_tokens_match_transformers(ours, reference, chec
     image_token_id = SPECIALS.index("<image>")
     assert ids.count(image_token_id) == 4
     with torch.no_grad():
-        expected = reference(input_ids=torch.tensor([ids]), pixel_values=_pixel_values(frames)).logits[0, -1]
+        expected = reference(input_ids=torch.tensor([ids]), pixel_values=pixel_values(frames)).logits[0, -1]
     got = _eager_logits(model, ids, frames, image_token_id)
     assert expected.abs().max() > 0.5
     assert (got - expected).abs().max() <= 1e-4
 
 
-def _hf_greedy(reference, ids: list[int], pixel_values: torch.Tensor, n: int, eos: int) -> list[int]:
+def hf_greedy(reference, ids: list[int], pixel_values: torch.Tensor, n: int, eos: int) -> list[int]:
     """transformers' model, greedy, the whole sequence each step (tiny model: cheap and plain)."""
     ids, out = list(ids), []
     with torch.no_grad():
@@ -295,7 +295,7 @@ def test_program_logits_match_transformers(program, reference, checkpoint, image
     assert ids == _prompt_ids(checkpoint, session.processing, [photo(IMAGE, IMAGE)])
     got = session.prefill(ids)
     with torch.no_grad():
-        expected = reference(input_ids=torch.tensor([ids]), pixel_values=_pixel_values(frames)).logits[0, -1]
+        expected = reference(input_ids=torch.tensor([ids]), pixel_values=pixel_values(frames)).logits[0, -1]
     assert (got - expected).abs().max() <= 1e-3
 
 
@@ -327,7 +327,7 @@ def test_program_stores_each_weight_once(program, ours):
     assert expected <= stored <= 1.02 * expected, (stored, expected)
 
 
-def _run(*argv: str) -> dict:
+def run(*argv: str) -> dict:
     done = subprocess.run(
         [sys.executable, "-m", "genai_pipeline.cli", "run", *argv, "--json"], capture_output=True, text=True, check=True
     )
@@ -335,12 +335,12 @@ def _run(*argv: str) -> dict:
 
 
 def test_genai_run_matches_transformers_and_executorch_multimodal_runner(program, reference, checkpoint, image_file):
-    ours = _run(str(program), "--image", str(image_file), "--prompt", PROMPT, "--max-new-tokens", str(NEW_TOKENS))
+    ours = run(str(program), "--image", str(image_file), "--prompt", PROMPT, "--max-new-tokens", str(NEW_TOKENS))
     ids = ours["prompt_tokens"]
     image_token_id = SPECIALS.index("<image>")
     assert ours["image_tokens"] == ids.count(image_token_id) == 4 and ours["vision_encoder_ms"] > 0
     frame = photo(IMAGE, IMAGE).transpose(2, 0, 1).copy()
-    expected = _hf_greedy(reference, ids, _pixel_values([frame]), NEW_TOKENS, eos=2)
+    expected = hf_greedy(reference, ids, pixel_values([frame]), NEW_TOKENS, eos=2)
     assert ours["tokens"] == expected
 
     import executorch.extension.llm.custom_ops.custom_ops  # noqa: F401  kernels the program calls
@@ -410,7 +410,7 @@ def test_image_tokens_that_do_not_fit_the_context(program, image_file, capsys):
 
 def test_grayscale_netpbm_is_converted(program, tmp_path):
     """A PGM (one channel) reads as RGB with equal channels; Pillow converts the other modes."""
-    from genai_pipeline.image_processing import read_image
+    from genai_pipeline.image_files import read_image
 
     gray = photo(IMAGE, IMAGE)[..., 0]
     path = tmp_path / "gray.pgm"
@@ -456,7 +456,7 @@ def test_frames_equal_transformers_processor_pixel_for_pixel(h, w, mode):
     Image = pytest.importorskip("PIL.Image", reason="Pillow is not installed: transformers' processor needs it")
     from transformers.models.idefics3.image_processing_pil_idefics3 import Idefics3ImageProcessorPil
 
-    from genai_pipeline.image_processing import to_rgb
+    from genai_pipeline.image_files import to_rgb
 
     rgb = Image.fromarray(photo(h, w, seed=h))
     image = {

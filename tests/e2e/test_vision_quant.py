@@ -1,8 +1,8 @@
 """A quantized vision-language export, per component (genai_pipeline/quantize/multimodal.py), and
-what reads one: `genai eval --images` (evaluate_images.py) and `genai bench` (bench_multimodal.py).
+what reads one: `genai eval --images` (evaluate/images.py) and `genai bench` (bench/multimodal.py).
 The static recipe (8a8w, calibrated on chats with images) is at the end of the file.
 
-One export of the tiny SmolVLM checkpoint (tests/models/test_vision.py builds it) through the CLI:
+One export of the tiny SmolVLM checkpoint (tests/e2e/test_vision.py builds it) through the CLI:
 decoder 8da4w (GPTQ on the default text), token table 4w, image tower 8da4w with group size 64,
 which does not divide the tower's width (32): q, k, v, out and fc1 fall back to 8da8w, fc2 (64
 inputs) and the connector (128) take 4-bit groups. The oracles: the float model, its eager
@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from test_vision import IMAGE, PROMPT, _hf_greedy, _pixel_values, photo, save_tiny_smolvlm, write_ppm
+from test_vision import IMAGE, PROMPT, hf_greedy, photo, pixel_values, save_tiny_smolvlm, write_ppm
 
 from genai_pipeline.cli import main
 
@@ -104,7 +104,7 @@ def test_manifest_and_report_name_every_component(quantized_vlm):
 
 
 def test_tower_linears_quantized_embeddings_float(quantized_vlm):
-    from genai_pipeline.evaluate import float_model, quantized_model
+    from genai_pipeline.evaluate.text import float_model, quantized_model
 
     manifest = _manifest(quantized_vlm)
     vision = quantized_model(quantized_vlm, manifest, float_model(manifest)).vision
@@ -122,7 +122,7 @@ def test_quantized_program_is_its_eager_twin_and_near_float(quantized_vlm, tmp_p
     checkpoint move the first token's logits by ~20 % (measured over 4 images; the eager quantized
     model alone shows the same), so 35 % bounds it. A missing image splice or a tower run on the
     wrong weights moves them by far more (the next assert: another image)."""
-    from genai_pipeline.evaluate import float_model, quantized_model
+    from genai_pipeline.evaluate.text import float_model, quantized_model
     from genai_pipeline.runtime.multimodal import EagerMultimodalSession, MultimodalSession
     from genai_pipeline.tokenizer import Tokenizer
 
@@ -231,7 +231,7 @@ def test_eval_images_against_transformers(quantized_vlm, quant_checkpoint, quest
     rows = [json.loads(line) for line in questions.read_text().splitlines()]
     for row in rows:
         prompt = session.encode_prompt(tokenizer, row["prompt"], [questions.parent / row["image"]])
-        pixels = _pixel_values(list(session.frames))
+        pixels = pixel_values(list(session.frames))
         answer = tokenizer.encode(" " + row["answer"], add_special_tokens=False) + [eos]
         with torch.no_grad():
             logits = hf(input_ids=torch.tensor([prompt + answer[:-1]]), pixel_values=pixels).logits[
@@ -239,7 +239,7 @@ def test_eval_images_against_transformers(quantized_vlm, quant_checkpoint, quest
             ]
         nll -= torch.log_softmax(logits, -1).gather(1, torch.tensor(answer)[:, None]).sum().item()
         count += len(answer)
-        text = tokenizer.decode(_hf_greedy(hf, prompt, pixels, len(answer) + 4, eos)).strip()
+        text = tokenizer.decode(hf_greedy(hf, prompt, pixels, len(answer) + 4, eos)).strip()
         hits += text == row["answer"]
     assert result["questions"] == 3 and result["answer_tokens"] == count
     ppl = result["answer_perplexity"]
@@ -401,7 +401,7 @@ def test_static_program_runs_its_qdq_model_and_tracks_float(static_vlm, tmp_path
     moves 0.5 % on the same features): first-token logits 4.3-5.7 % from the eager QDQ model and
     3.7-5.6 % from float; bounded at 10 %. A missing splice moves them by far more (the next
     asserts: another image, and no image: ~105 %)."""
-    from genai_pipeline.evaluate import float_model, quantized_model
+    from genai_pipeline.evaluate.text import float_model, quantized_model
     from genai_pipeline.names import GraphName
     from genai_pipeline.runtime.multimodal import EagerMultimodalSession, MultimodalSession
     from genai_pipeline.tokenizer import Tokenizer
@@ -448,7 +448,7 @@ def test_static_run_and_eval(static_vlm, questions, tmp_path, capsys):
     """`genai run --image` generates greedily what the eager QDQ model does; `genai eval --images`
     and `--text` score the program (measured: answer perplexity +0.4 % vs float; text perplexity of
     program and QDQ model 0.08 % apart)."""
-    from genai_pipeline.evaluate import float_model, quantized_model
+    from genai_pipeline.evaluate.text import float_model, quantized_model
     from genai_pipeline.runtime.generate import generate, greedy_token
     from genai_pipeline.runtime.multimodal import MultimodalSession
     from genai_pipeline.tokenizer import Tokenizer

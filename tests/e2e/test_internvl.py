@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from test_vision import SPECIALS, VOCAB, _hf_greedy, _run, _tokenizer, export_program, photo, printable, write_ppm
+from test_vision import SPECIALS, VOCAB, export_program, hf_greedy, photo, printable, run, tokenizer, write_ppm
 
 from genai_pipeline.checkpoints.multimodal import load_multimodal
 from genai_pipeline.image_processing import Frames, expand_prompt, image_frames, image_prompt
@@ -31,7 +31,7 @@ def internvl_checkpoint(tmp_path_factory) -> Path:
     import transformers
 
     folder = tmp_path_factory.mktemp("internvl")
-    _tokenizer(folder / "tokenizer.json")
+    tokenizer(folder / "tokenizer.json")
     config = transformers.InternVLConfig(
         vision_config=dict(
             hidden_size=32,
@@ -101,7 +101,7 @@ def internvl_ours(internvl_checkpoint):
     return load_multimodal(spec, internvl_checkpoint, MAX_SEQ, vision), processing
 
 
-def _pixel_values(frames) -> torch.Tensor:
+def pixel_values(frames) -> torch.Tensor:
     x = torch.from_numpy(np.stack(frames)).float() / 255
     return (x - torch.tensor(IMAGENET_MEAN).view(1, 3, 1, 1)) / torch.tensor(IMAGENET_STD).view(1, 3, 1, 1)
 
@@ -119,7 +119,7 @@ def test_internvl_loads_as_its_family_and_matches_transformers(internvl_ours, in
     frame = image_frames(photo(IMAGE, IMAGE), processing).pixels[0]
     with torch.no_grad():
         expected = internvl_reference.model.get_image_features(
-            _pixel_values([frame]), vision_feature_layer=-1, vision_feature_select_strategy="default"
+            pixel_values([frame]), vision_feature_layer=-1, vision_feature_select_strategy="default"
         ).pooler_output[0]
         got = model.vision(torch.from_numpy(frame).unsqueeze(0))[0]
     assert got.shape == expected.shape == (TOKENS, 64)
@@ -129,7 +129,7 @@ def test_internvl_loads_as_its_family_and_matches_transformers(internvl_ours, in
     assert f"<img>{'<IMG_CONTEXT>' * TOKENS}</img>" in expanded
     ids = Tokenizer.from_file(str(internvl_checkpoint / "tokenizer.json")).encode(expanded).ids
     with torch.no_grad():
-        expected = internvl_reference(input_ids=torch.tensor([ids]), pixel_values=_pixel_values([frame])).logits[0, -1]
+        expected = internvl_reference(input_ids=torch.tensor([ids]), pixel_values=pixel_values([frame])).logits[0, -1]
         h = model.decoder.embed(torch.tensor([ids]))
         h[0, [i for i, t in enumerate(ids) if t == IMAGE_ID]] = got
         logits = model.decoder.forward_embeddings(h, torch.tensor([0]))[0, -1]
@@ -146,10 +146,10 @@ def test_internvl_program_matches_transformers_and_executorch_multimodal_runner(
 ):
     frame = photo(IMAGE, IMAGE).transpose(2, 0, 1).copy()
     image = write_ppm(tmp_path / "photo.ppm", photo(IMAGE, IMAGE))
-    ours = _run(str(internvl_program), "--image", str(image), "--prompt", PROMPT, "--max-new-tokens", "10")
+    ours = run(str(internvl_program), "--image", str(image), "--prompt", PROMPT, "--max-new-tokens", "10")
     ids = ours["prompt_tokens"]
     assert ours["image_tokens"] == TOKENS
-    assert ours["tokens"] == _hf_greedy(internvl_reference, ids, _pixel_values([frame]), 10, eos=2)
+    assert ours["tokens"] == hf_greedy(internvl_reference, ids, pixel_values([frame]), 10, eos=2)
 
     import executorch.extension.llm.custom_ops.custom_ops  # noqa: F401
     from executorch.extension.llm.runner import GenerationConfig, MultimodalRunner, make_image_input, make_token_input
@@ -183,7 +183,7 @@ def test_internvl_frames_equal_transformers_processor_pixel_for_pixel(internvl_o
     Image = pytest.importorskip("PIL.Image", reason="Pillow is not installed: transformers' processor needs it")
     from transformers.models.got_ocr2.image_processing_pil_got_ocr2 import GotOcr2ImageProcessorPil
 
-    from genai_pipeline.image_processing import to_rgb
+    from genai_pipeline.image_files import to_rgb
 
     _, processing = internvl_ours
     image = Image.fromarray(photo(h, w, seed=w)).convert(mode)

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 pytest.importorskip("PIL")
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")

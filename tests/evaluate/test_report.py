@@ -3,8 +3,8 @@ import re
 from conftest import Q4, copy_export
 
 from genai_pipeline.bundle import read_manifest
-from genai_pipeline.evaluate import block_outputs, float_model, layer_sqnr, quantized_model
-from genai_pipeline.report import write_quant_report
+from genai_pipeline.evaluate.report import write_quant_report
+from genai_pipeline.evaluate.text import block_outputs, float_model, layer_sqnr, quantized_model
 
 
 def test_report_quantizing_in_place_matches_a_separate_copy(tmp_path, export_reference):

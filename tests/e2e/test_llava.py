@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from test_vision import SPECIALS, VOCAB, _hf_greedy, _run, _tokenizer, export_program, photo, printable, write_ppm
+from test_vision import SPECIALS, VOCAB, export_program, hf_greedy, photo, printable, run, tokenizer, write_ppm
 
 from genai_pipeline.checkpoints.multimodal import load_multimodal
 from genai_pipeline.image_processing import expand_prompt, image_frames
@@ -30,7 +30,7 @@ def llava_checkpoint(tmp_path_factory) -> Path:
     import transformers
 
     folder = tmp_path_factory.mktemp("llava")
-    _tokenizer(folder / "tokenizer.json")
+    tokenizer(folder / "tokenizer.json")
     config = transformers.LlavaConfig(
         vision_config=dict(
             model_type="clip_vision_model",
@@ -97,7 +97,7 @@ def llava_ours(llava_checkpoint):
     return load_multimodal(spec, llava_checkpoint, MAX_SEQ, vision), processing
 
 
-def _pixel_values(frame: np.ndarray) -> torch.Tensor:
+def pixel_values(frame: np.ndarray) -> torch.Tensor:
     x = torch.from_numpy(frame).float().unsqueeze(0) / 255
     return (x - torch.tensor(CLIP_MEAN).view(1, 3, 1, 1)) / torch.tensor(CLIP_STD).view(1, 3, 1, 1)
 
@@ -110,7 +110,7 @@ def test_llava_loads_as_its_family_and_matches_transformers(llava_ours, llava_re
     assert model.vision.config.n_layers == 2  # the third layer's output is never read
     frame = image_frames(photo(IMAGE, IMAGE), processing).pixels[0]
     with torch.no_grad():
-        expected = llava_reference.model.get_image_features(_pixel_values(frame)).pooler_output[0]
+        expected = llava_reference.model.get_image_features(pixel_values(frame)).pooler_output[0]
         got = model.vision(torch.from_numpy(frame).unsqueeze(0))[0]
     assert got.shape == expected.shape == (TOKENS, 64)
     assert (got - expected).abs().max() <= 1e-4
@@ -119,7 +119,7 @@ def test_llava_loads_as_its_family_and_matches_transformers(llava_ours, llava_re
     ids = Tokenizer.from_file(str(llava_checkpoint / "tokenizer.json")).encode(expanded).ids
     assert ids.count(IMAGE_ID) == TOKENS
     with torch.no_grad():
-        expected = llava_reference(input_ids=torch.tensor([ids]), pixel_values=_pixel_values(frame)).logits[0, -1]
+        expected = llava_reference(input_ids=torch.tensor([ids]), pixel_values=pixel_values(frame)).logits[0, -1]
         h = model.decoder.embed(torch.tensor([ids]))
         h[0, [i for i, t in enumerate(ids) if t == IMAGE_ID]] = got
         logits = model.decoder.forward_embeddings(h, torch.tensor([0]))[0, -1]
@@ -136,10 +136,10 @@ def test_llava_program_matches_transformers_and_executorch_multimodal_runner(
 ):
     frame = photo(IMAGE, IMAGE).transpose(2, 0, 1).copy()
     image = write_ppm(tmp_path / "photo.ppm", photo(IMAGE, IMAGE))
-    ours = _run(str(llava_program), "--image", str(image), "--prompt", PROMPT, "--max-new-tokens", "10")
+    ours = run(str(llava_program), "--image", str(image), "--prompt", PROMPT, "--max-new-tokens", "10")
     ids = ours["prompt_tokens"]
     assert ours["image_tokens"] == TOKENS
-    assert ours["tokens"] == _hf_greedy(llava_reference, ids, _pixel_values(frame), 10, eos=2)
+    assert ours["tokens"] == hf_greedy(llava_reference, ids, pixel_values(frame), 10, eos=2)
 
     import executorch.extension.llm.custom_ops.custom_ops  # noqa: F401
     from executorch.extension.llm.runner import GenerationConfig, MultimodalRunner, make_image_input, make_token_input
@@ -165,7 +165,7 @@ def test_clip_frames_equal_transformers_processor_pixel_for_pixel(llava_ours, h,
     Image = pytest.importorskip("PIL.Image", reason="Pillow is not installed: transformers' processor needs it")
     from transformers import CLIPImageProcessorPil
 
-    from genai_pipeline.image_processing import to_rgb
+    from genai_pipeline.image_files import to_rgb
 
     _, processing = llava_ours
     image = Image.fromarray(photo(h, w, seed=w)).convert(mode)

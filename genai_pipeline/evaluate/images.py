@@ -90,7 +90,7 @@ def _greedy_answer(
 
 
 def evaluate_images(folder: Path, options: ImageEvalOptions, progress: bool = True) -> dict:
-    from genai_pipeline.evaluate import float_model
+    from genai_pipeline.evaluate.text import float_model
 
     folder = Path(folder)
     manifest = read_manifest(folder)

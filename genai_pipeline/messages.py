@@ -1,4 +1,5 @@
-"""One calibration sample: plain text, or a chat (messages whose content may hold images).
+"""Messages and samples, shared by calibration data, the chat template and the runtime's chat: a
+sample is plain text or a chat (messages whose content may hold images).
 
 `messages_from_json` reads the Hugging Face chat form, shared by the `messages` and `hf-chat`
 datasets:

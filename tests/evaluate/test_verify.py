@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from genai_pipeline.cli import main
+from genai_pipeline.evaluate.verify import Verification, held_out_text, warning
 from genai_pipeline.quantize import text as quantize_text
-from genai_pipeline.verify import Verification, held_out_text, warning
 
 
 def export(out, *options) -> str:

@@ -12,7 +12,7 @@ import pytest
 from conftest import TINY_MAX_SEQ, copy_export, save_hf_checkpoint
 
 from genai_pipeline import cli
-from genai_pipeline.cli import _one_openmp_thread_per_caller, main
+from genai_pipeline.cli import main, one_openmp_thread_per_caller
 from genai_pipeline.errors import ExportError
 
 
@@ -319,13 +319,13 @@ def test_run_chat_bad_input(capsys, monkeypatch, tmp_path, export_tiny):
 def test_program_timing_commands_run_one_openmp_thread_per_caller(monkeypatch, argv, expected):
     monkeypatch.setenv("OMP_NUM_THREADS", "")  # so that monkeypatch restores the variable afterwards
     monkeypatch.delenv("OMP_NUM_THREADS")
-    _one_openmp_thread_per_caller(argv)
+    one_openmp_thread_per_caller(argv)
     assert os.environ.get("OMP_NUM_THREADS") == expected
 
 
 def test_a_users_openmp_setting_wins(monkeypatch):
     monkeypatch.setenv("OMP_NUM_THREADS", "2")
-    _one_openmp_thread_per_caller(["bench", "x"])
+    one_openmp_thread_per_caller(["bench", "x"])
     assert os.environ["OMP_NUM_THREADS"] == "2"
 
 
@@ -340,14 +340,18 @@ def test_main_in_process_leaves_the_packages_log_records_to_the_caller(caplog, c
     assert "after main" in caplog.text
 
 
-def test_serve_refuses_what_it_cannot_serve_in_one_line(capsys, monkeypatch, reference_vlm, tmp_path):
-    fails_with_one_line(capsys, ["serve", reference_vlm, "--parallel", "0"], "--parallel must be at least 1")
-    fails_with_one_line(capsys, ["serve", reference_vlm, "--lookahead", "4"], "--lookahead needs", "--verify-len")
+def test_serve_refuses_what_it_cannot_serve_in_one_line(capsys, monkeypatch, export_reference_vlm, tmp_path):
+    fails_with_one_line(capsys, ["serve", export_reference_vlm, "--parallel", "0"], "--parallel must be at least 1")
+    fails_with_one_line(
+        capsys, ["serve", export_reference_vlm, "--lookahead", "4"], "--lookahead needs", "--verify-len"
+    )
     fails_with_one_line(capsys, ["serve", tmp_path / "absent"], "absent")
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        fails_with_one_line(capsys, ["serve", reference_vlm, "--port", port], f"cannot listen on 127.0.0.1:{port}")
+        fails_with_one_line(
+            capsys, ["serve", export_reference_vlm, "--port", port], f"cannot listen on 127.0.0.1:{port}"
+        )
     monkeypatch.setenv("GENAI_MAX_QUEUED_REQUESTS", "many")
-    fails_with_one_line(capsys, ["serve", reference_vlm], "GENAI_MAX_QUEUED_REQUESTS must be a whole number")
+    fails_with_one_line(capsys, ["serve", export_reference_vlm], "GENAI_MAX_QUEUED_REQUESTS must be a whole number")

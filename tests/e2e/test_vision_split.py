@@ -1,6 +1,6 @@
 """`genai export --split`: one program per component (vision_encoder.pte, token_embedding.pte,
 text_decoder.pte), against the one-program layout of the same tiny SmolVLM checkpoint
-(tests/models/test_vision.py): files, manifest, what each program stores, `genai inspect DIR`, and
+(tests/e2e/test_vision.py): files, manifest, what each program stores, `genai inspect DIR`, and
 `genai run --image` giving the one-program layout's greedy tokens."""
 
 from __future__ import annotations

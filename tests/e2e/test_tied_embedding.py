@@ -105,9 +105,9 @@ def test_8da4w_head_reads_the_int4_values_of_the_lookup(tmp_path):
 def test_an_untied_int4_lookup_is_left_alone(tiny_checkpoint):
     from genai_pipeline.checkpoints.hf import load_decoder
     from genai_pipeline.quantize.recipes import quantize_module
-    from genai_pipeline.targets.xnnpack import _adapt_for_lowering
+    from genai_pipeline.targets.xnnpack import adapt_for_lowering
 
     decoder = load_decoder(get_spec("smollm2-135m"), tiny_checkpoint, 32)
     quantize_module(decoder, QuantOptions(recipe="8da4w", embedding="4w"))
-    _adapt_for_lowering(decoder, True)
+    adapt_for_lowering(decoder, True)
     assert isinstance(decoder.tok_embeddings, torch.nn.Embedding)

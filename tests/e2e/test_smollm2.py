@@ -19,7 +19,7 @@ from conftest import SMOLLM2_GGUF as GGUF
 
 from genai_pipeline.cli import main
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 IM_END = 2  # <|im_end|>: how this model ends a turn
 
 pytestmark = pytest.mark.skipif(not GGUF.is_file(), reason=f"{GGUF} is fetched by `make test`")

@@ -1,4 +1,4 @@
-"""`genai run --chat` with images, on the tiny SmolVLM (tests/models/test_vision.py) in both layouts,
+"""`genai run --chat` with images, on the tiny SmolVLM (tests/e2e/test_vision.py) in both layouts,
 with SmolVLM's own chat template where SmolVLM keeps it (processor_config.json): an image is
 encoded once and its tokens stay in the KV cache; a later turn's reply equals a single-shot run of
 the same whole prompt; the prompt equals transformers' processor's; bad input gets one line."""

@@ -18,16 +18,13 @@ random ids draft next to nothing.
 
 from __future__ import annotations
 
-import os
-import resource
 import statistics
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import numpy as np
 import torch
 
+from genai_pipeline.bench.host import current_rss_mb, memory_bandwidth_gbs, peak_rss_mb
 from genai_pipeline.errors import InputError
 from genai_pipeline.inspect import inspect_program
 from genai_pipeline.limits import read_input_text
@@ -37,47 +34,6 @@ from genai_pipeline.runtime.lookahead import LookaheadOptions, lookahead_options
 from genai_pipeline.runtime.open import open_session
 from genai_pipeline.runtime.program import set_threads
 from genai_pipeline.runtime.session import DecoderSession
-
-
-def memory_bandwidth_gbs(megabytes: int = 256, repeats: int = 5) -> float:
-    """Best-of-N copy bandwidth (read + write) of a buffer far larger than the caches, all cores
-    copying a slice each at once (numpy lets go of the GIL): one core alone reaches about half of
-    what the machine can move (14 vs 26 GB/s on the 2-core machine this was written on)."""
-    src = np.ones(megabytes * 2**20 // 8)
-    dst = np.empty_like(src)
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    bounds = np.linspace(0, len(src), cores + 1).astype(int)
-    slices = [slice(a, b) for a, b in zip(bounds[:-1], bounds[1:])]
-    with ThreadPoolExecutor(cores) as pool:
-        best = min(_timed(lambda: list(pool.map(lambda s: np.copyto(dst[s], src[s]), slices))) for _ in range(repeats))
-    return 2 * src.nbytes / best / 1e9
-
-
-def current_rss_mb() -> float:
-    """This process's resident memory now (Linux; 0 elsewhere)."""
-    return _status_mb("VmRSS")
-
-
-def _status_mb(field: str) -> float:
-    """A memory figure of /proc/self/status, 0 where there is none. Peak RSS is read there
-    (VmHWM), not from getrusage: a process started by vfork + exec (Python's subprocess) inherits
-    its parent's peak in ru_maxrss, so a bench started from a 500 MB test process reported 500 MB."""
-    try:
-        with open("/proc/self/status") as status:
-            return next(int(line.split()[1]) for line in status if line.startswith(f"{field}:")) / 1024
-    except (OSError, StopIteration):
-        return 0.0
-
-
-def peak_rss_mb() -> float:
-    """This process's peak resident memory so far."""
-    return _status_mb("VmHWM") or resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
-
-def _timed(fn) -> float:
-    start = time.perf_counter()
-    fn()
-    return time.perf_counter() - start
 
 
 def embedding_table_bytes(manifest: dict) -> int:
@@ -175,7 +131,7 @@ def bench_prompt(folder: Path, session: DecoderSession, options: BenchOptions) -
     if not options.chat:
         return tokenizer.encode(text), ()
     from genai_pipeline.chat_template import read_chat_template
-    from genai_pipeline.data.samples import Message
+    from genai_pipeline.messages import Message
     from genai_pipeline.runtime.chat import Chat, end_of_turn_ids
 
     template = read_chat_template(folder)

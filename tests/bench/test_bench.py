@@ -7,11 +7,13 @@ import pytest
 import torch
 from conftest import Q4, TINY_MAX_SEQ
 
-from genai_pipeline.bench import bench, memory_bandwidth_gbs, weight_bytes_per_token
+from genai_pipeline.bench.host import memory_bandwidth_gbs
+from genai_pipeline.bench.text import bench, weight_bytes_per_token
 from genai_pipeline.bundle import read_manifest
 from genai_pipeline.cli import main
-from genai_pipeline.inspect import _constant_sizes, _read_program, inspect_program
+from genai_pipeline.inspect import constant_sizes, inspect_program
 from genai_pipeline.options import BenchOptions
+from genai_pipeline.upstream.executorch_pte_reader import read_program
 
 
 def test_bench_reports_rates_memory_and_bandwidth_share(export_tiny, capsys):
@@ -35,8 +37,8 @@ def test_bench_reports_rates_memory_and_bandwidth_share(export_tiny, capsys):
 def embedding_lookup_bytes(pte) -> int:
     """Oracle: the bytes of the constant tensors the program's embedding lookup reads (its table
     and, when quantized, its scales), found among the operator calls of the program itself."""
-    program, _ = _read_program(pte)
-    sizes = _constant_sizes(program)
+    program, _ = read_program(pte)
+    sizes = constant_sizes(program)
     found = set()
     for plan in program.execution_plan:
         for chain in plan.chains:
@@ -80,7 +82,7 @@ def test_bandwidth_probe_copies_every_slice(monkeypatch):
 
 
 def test_lookahead_rates_are_measured_on_plain_decodings_tokens():
-    from genai_pipeline.bench import replay_sampler
+    from genai_pipeline.bench.text import replay_sampler
     from genai_pipeline.runtime.generate import Generation
 
     plain = Generation(prompt_tokens=[1], tokens=[5, 6, 7], stop_reason="eos")
