@@ -1,8 +1,8 @@
 """quantize: post-training quantization of an artifact's weights, before its graphs are exported.
 
-A text model is quantized by text.py, a vision-language model by multimodal.py (per component);
-both build on the leaves (recipes, weights, calibration, gptq, smoothing, rotation, size_budget,
-static) and never import each other.
+A text model is quantized by text.py, a vision-language model by multimodal.py (per component; a
+static recipe by multimodal_static.py, built on it); both build on the leaves (recipes, weights,
+calibration, gptq, smoothing, rotation, size_budget, static) and never import each other.
 
 Every graph of an artifact wraps the same eager module (see prepare/text.py's DecoderGraph), so quantizing
 that module once gives `prefill` and `decode` bit-identical quantized weights, which the
@@ -49,6 +49,7 @@ import torch
 from genai_pipeline.artifacts import PreparedModel
 from genai_pipeline.options import QuantOptions
 from genai_pipeline.quantize.multimodal import quantize_vision_language
+from genai_pipeline.quantize.multimodal_static import quantize_static
 from genai_pipeline.quantize.text import quantize_text
 
 
@@ -62,6 +63,8 @@ def quantize(
     """`target` (a targets.Target) supplies the quantizer of static recipes. With `cache` (the
     output folder of an earlier export), a QDQ model calibrated there on the same inputs is reused.
     `given`: int4 weights taken as they are (see recipes.quantize_module)."""
-    if prepared.spec.vision is not None:
-        return quantize_vision_language(prepared, options, target)
-    return quantize_text(prepared, options, target, cache, given)
+    if prepared.spec.vision is None:
+        return quantize_text(prepared, options, target, cache, given)
+    if options.is_static:
+        return quantize_static(prepared, options, target)
+    return quantize_vision_language(prepared, options, target)

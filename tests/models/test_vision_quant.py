@@ -384,7 +384,7 @@ class _QDQSession:
         return logits
 
     def prefill(self, tokens: list[int]) -> torch.Tensor:
-        from genai_pipeline.quantize.multimodal import spliced_embeddings
+        from genai_pipeline.quantize.multimodal_static import spliced_embeddings
 
         embeddings = spliced_embeddings(self.qdq.embed, self.qdq.vision, tokens, self.frames, self.image_token_id)
         self.frames = []
