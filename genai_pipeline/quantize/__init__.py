@@ -11,19 +11,18 @@ backend then stores once. Recipes are torchao configs applied in eager mode:
 - `8da4w`: dynamic per-token int8 activations, int4 group-wise weights (`group_size`). Weights by
   `weight_rule`: `gptq` (default; calibrated on --calib's text, else DEFAULT_GPTQ_TEXT), `mse` (a
   least-squares scale search per group, no data), `q4_0` (llama.cpp's rule with positive scales),
-  `torchao` (absmax / 7.5, the rule before). The attention's value projection (AUTO_8BIT) and the
-  MLP's down projection in llama.cpp's `use_more_bits` layers (more_bits_layer) stay at 8 bits, and
-  the LM head too unless GPTQ quantizes it (AUTO_HEAD). Scales are chosen as XNNPACK stores them:
-  positive, bf16. With a size budget (`--size-budget MB`) size_budget.py chooses the 8-bit layers
-  by measurement instead of those rules.
+  `torchao` (absmax / 7.5, the rule before). Which linears keep 8 bits is the recipe's rule list
+  (recipes.recipe_rules: the attention's value projection, the MLP's down projection in llama.cpp's
+  `use_more_bits` layers, w1 / w3 of the edge layers, the LM head unless GPTQ quantizes it).
+  Scales are chosen as XNNPACK stores them: positive, bf16. With a size budget (`--size-budget
+  MB`) size_budget.py chooses the 8-bit block layers by measurement instead of those rules.
   `given` int4 weights (a GGUF's) are taken as they are (`intx_weight`).
 - `8da8w`: dynamic per-token int8 activations, int8 per-channel weights
 - Both dynamic recipes first rotate the residual stream of the float model (rotation.py: an
   orthogonal change of basis folded into the weights; a tied head gains a float d x d linear before
   it), then smooth it (`smooth`, SmoothQuant at SMOOTH_ALPHA on the
   same calibration text as gptq): per-channel factors move activation outliers into the weights
-  where a float op before the linear can absorb them; the graph is unchanged. Under 8da4w, w1 / w3
-  of the first and last EDGE_LAYERS of the blocks stay at 8 bits too.
+  where a float op before the linear can absorb them; the graph is unchanged.
 - embedding `8w` / `4w`: weight-only int8 per-row / int4 group-wise token embedding. By default
   (`auto`) it follows the linear recipe: `8da4w` -> `4w`, `8da8w` -> `8w`. A tied LM head is
   quantized as a linear layer either way, so an fp32 embedding would be the largest tensor left
@@ -35,8 +34,10 @@ activation ranges on data, with the target's PT2E quantizer, on the artifact's *
 graph (prefill, decode, forward), so every graph carries the very same scales and zero points
 for every weight and activation: the encodings propagate by construction.
 
-Per-layer overrides map a regex over linear-layer names to a recipe (first match wins), e.g.
-`output=8da8w` keeps the LM head at 8 bits.
+A dynamic recipe is an ordered rule list (layer_rules.Rule: a regex over linear names, a recipe,
+optionally some blocks; first match wins). Per-layer overrides (`--quant-override 'output=8da8w'`)
+and a size budget's promotions are rules put before the recipe's (recipes.rules_for); the manifest
+records the rules applied, and `genai eval` applies exactly those.
 """
 
 from __future__ import annotations

@@ -15,13 +15,15 @@ functions (the text path's, not copies).
   image's embeddings).
 - static `8a8w` (xnnpack): multimodal_static.py. QNN's static recipes need the decoder's cache-I/O
   form, which the vision-language path does not have yet: refused.
+
+Each component's rules (layer_rules.Rule, first match wins) are recorded in the manifest: the
+decoder's as a text model's (`rules`), the tower's as `vision_rules`; `genai eval` applies them again.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
-import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -30,10 +32,11 @@ from torch import nn
 
 from genai_pipeline.artifacts import PreparedModel
 from genai_pipeline.errors import InputError
+from genai_pipeline.layer_rules import Rule, rules_naming
 from genai_pipeline.names import ArtifactKey
 from genai_pipeline.options import QuantOptions
-from genai_pipeline.quantize.gptq import gptq_int4
-from genai_pipeline.quantize.recipes import quantize_module, recipe_counts
+from genai_pipeline.quantize.gptq import gptq_int4, gptq_names
+from genai_pipeline.quantize.recipes import describe, quantize_module, recipe_counts, rules_for
 
 log = logging.getLogger(__name__)
 
@@ -85,27 +88,33 @@ def check_vision_language_quant(options: QuantOptions, split: bool = False, targ
 
 
 def decoder_options(options: QuantOptions) -> QuantOptions:
-    return dataclasses.replace(options, vision_recipe=None)
+    return dataclasses.replace(options, vision_recipe=None, vision_rules=None)
+
+
+def narrow_layers(tower: nn.Module, options: QuantOptions) -> list[str]:
+    """The tower's linears whose input width `--group-size` does not divide: under a 4-bit vision
+    recipe, 8da8w (int8, one scale per output channel) instead of refused."""
+    if options.vision_recipe != "8da4w":
+        return []
+    return sorted(
+        n for n, m in tower.named_modules() if isinstance(m, nn.Linear) and m.in_features % options.group_size
+    )
 
 
 def tower_options(tower: nn.Module, options: QuantOptions) -> QuantOptions:
-    """The text path's options for the tower's linears: no embedding (the position table stays
-    float), no LM head, no automatic 8-bit layers; 4-bit layers too narrow for a group fall back to
-    8da8w (per-channel int8)."""
+    """The text path's options for the tower's linears: `vision_rules`, or by default every linear
+    at the vision recipe but the narrow ones (narrow_layers); no embedding (the position table
+    stays float), no LM head."""
     recipe = options.vision_recipe
-    narrow = []
-    if recipe == "8da4w":
-        narrow = sorted(
-            n for n, m in tower.named_modules() if isinstance(m, nn.Linear) and m.in_features % options.group_size
-        )
+    rules = options.vision_rules
+    if rules is None:
+        rules = (*rules_naming(narrow_layers(tower, options), "8da8w"), Rule(".*", recipe))
     return QuantOptions(
         recipe=recipe,
         group_size=options.group_size,
         embedding=None,
-        head=None,
-        keep_8bit=(),
         weight_rule="mse" if options.weight_rule == "gptq" else options.weight_rule,
-        overrides=tuple((f"^{re.escape(n)}$", "8da8w") for n in narrow),
+        rules=rules,
     )
 
 
@@ -156,7 +165,7 @@ def component_recipes(options: QuantOptions, plans: dict[str, dict[str, str]]) -
         "vision_encoder": {"recipe": tower_recipe(options), "layers": recipe_counts(plans["vision_encoder"])},
         "token_embedding": {"recipe": options.embedding or "fp32", "layers": recipe_counts(embedding)},
         "text_decoder": {
-            "recipe": decoder_options(options).describe(),
+            "recipe": describe(decoder_options(options)),
             "layers": recipe_counts({n: r for n, r in decoder_plan.items() if n not in embedding}),
         },
     }
@@ -181,11 +190,18 @@ def quantize_vision_language(prepared: PreparedModel, options: QuantOptions, tar
         return prepared
     artifact = prepared.artifacts[ArtifactKey.MULTIMODAL]
     model = artifact.module
-    computed = None
-    if options.recipe == "8da4w" and options.weight_rule == "gptq":
-        computed = gptq_int4(prepared, model.decoder, decoder_options(options))
+    computed, decoder = None, decoder_options(options)
+    if options.weight_rule == "gptq" and gptq_names(model.decoder, decoder):
+        computed = gptq_int4(prepared, model.decoder, decoder)
+    # the rules applied, which the manifest records and `genai eval` applies again
+    taken = [k.removesuffix(".weight") for k in computed or {}]
+    options = dataclasses.replace(
+        options,
+        rules=rules_for(decoder, len(model.decoder.layers), taken),
+        vision_rules=tower_options(model.vision, options).rules,
+    )
     plans = quantize_model(model, options, computed)
-    narrow = tower_options(model.vision, options).overrides
+    narrow = narrow_layers(model.vision, options)
     if narrow:
         log.info(
             "%d image-tower layers have an input width that --group-size %d does not divide: 8da8w (per channel) for them",
@@ -206,7 +222,7 @@ def quantize_vision_language(prepared: PreparedModel, options: QuantOptions, tar
         prepared,
         # compile writes the GPTQ weights beside the program: eval and the report rebuild the quantized model from them
         artifacts={artifact.key: dataclasses.replace(artifact, int4=computed)},
-        recipe=options.describe(),
+        recipe=describe(options),
         quantization=dataclasses.asdict(options),
         manifest_extra={**prepared.manifest_extra, "vision": vision},
     )

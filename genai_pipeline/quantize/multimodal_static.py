@@ -4,7 +4,8 @@ of the `--calib` chats' images (preprocessed as the runtime does), then the text
 chat's whole prompt embedded with those frames' features spliced in, the features of the calibrated
 QDQ tower (what the program's decoder will see); the decoder's adds and multiplies stay float
 (FLOAT_DECODER_OPS). The token embedding stays float, as the text path's static recipe leaves it.
-Built on multimodal.py (the checks, the calibration samples); the dynamic recipes never import this.
+Which layer takes which bits is the quantizer's choice (targets/), not a rule list's. Built on
+multimodal.py (the checks, the calibration samples); the dynamic recipes never import this.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from genai_pipeline.errors import InputError
 from genai_pipeline.names import ArtifactKey, GraphName
 from genai_pipeline.options import QuantOptions
 from genai_pipeline.quantize.multimodal import calibration_samples, check_vision_language_quant
-from genai_pipeline.quantize.recipes import HEAD, recipe_counts
+from genai_pipeline.quantize.recipes import HEAD, describe, recipe_counts
 from genai_pipeline.quantize.static import calibrated_graph, next_token_only
 
 log = logging.getLogger(__name__)
@@ -190,7 +191,7 @@ def quantize_static(prepared: PreparedModel, options: QuantOptions, target) -> P
         "vision_encoder": {"recipe": options.recipe, "layers": recipe_counts(plans["vision_encoder"])},
         "token_embedding": {"recipe": "fp32", "layers": {}},
         "text_decoder": {
-            "recipe": options.describe(),
+            "recipe": describe(options),
             "layers": recipe_counts(plans["text_decoder"]),
             "float_ops": sorted(FLOAT_DECODER_OPS),
         },
@@ -210,7 +211,7 @@ def quantize_static(prepared: PreparedModel, options: QuantOptions, target) -> P
     return dataclasses.replace(
         prepared,
         artifacts={artifact.key: dataclasses.replace(artifact, graphs=graphs, qdq=qdq)},
-        recipe=options.describe(),
+        recipe=describe(options),
         quantization=dataclasses.asdict(options),
         manifest_extra={**prepared.manifest_extra, "vision": vision},
     )
