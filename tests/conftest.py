@@ -17,6 +17,7 @@ import torch
 import genai_pipeline
 from genai_pipeline.checkpoints.hf import load_decoder
 from genai_pipeline.options import PrepareOptions, QuantOptions
+from genai_pipeline.quantize.recipes import describe
 from genai_pipeline.registry import get_spec
 
 REPO = Path(__file__).resolve().parents[1]
@@ -187,7 +188,7 @@ def export_reference(tmp_path_factory):
 
     def build(mode: str, quant: QuantOptions = QuantOptions()) -> Path:
         if (mode, quant) not in built:
-            out = tmp_path_factory.mktemp(f"reference_{mode}_{quant.describe()}")
+            out = tmp_path_factory.mktemp(f"reference_{mode}_{describe(quant)}")
             options = PrepareOptions(mode=mode, max_seq_len=256, prefill_len=32)
             genai_pipeline.export(
                 "reference", out=out, prepare=options, quant=quant, verify=False
