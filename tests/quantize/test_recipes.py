@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from genai_pipeline.errors import InputError
-from genai_pipeline.evaluate import quantized_model
+from genai_pipeline.evaluate.text import quantized_model
 from genai_pipeline.layer_rules import Rule, recipe_of, rules_naming
 from genai_pipeline.options import PrepareOptions, QuantOptions, quant_options_from
 from genai_pipeline.prepare import prepare
