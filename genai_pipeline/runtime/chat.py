@@ -22,7 +22,7 @@ import torch
 
 from genai_pipeline.chat_template import ChatTemplate, render_chat
 from genai_pipeline.errors import ChatTemplateError, ContextFullError, InputError
-from genai_pipeline.image_processing import Frames, expand_rendered_chat
+from genai_pipeline.image_processing import Frames, ImageProcessing, expand_rendered_chat
 from genai_pipeline.messages import ContentPart, Message
 from genai_pipeline.runtime.generate import generate
 from genai_pipeline.runtime.lookahead import LookaheadOptions
@@ -77,6 +77,61 @@ def end_of_turn_ids(
     return tuple(sorted(ids))
 
 
+def conversation_ids(
+    tokenizer: ChatTokenizer,
+    template: ChatTemplate,
+    messages: tuple[Message, ...],
+    images: tuple[Frames, ...] = (),
+    processing: ImageProcessing | None = None,
+) -> list[int]:
+    """The conversation's ids up to the opening of the assistant's next turn; `images`: the
+    conversation's images, in order, expanded where the template marks them (`processing`: the
+    model's image processing)."""
+    try:
+        text = render_chat(
+            messages,
+            template.source,
+            bos_token=template.bos_token,
+            eos_token=template.eos_token,
+            add_generation_prompt=True,
+        )
+    except ChatTemplateError as e:
+        raise ChatTemplateError(f"'{template.origin}': {e}" if template.origin else str(e)) from None
+    if images:
+        text = expand_rendered_chat(text, list(images), processing)
+    return tokenizer.encode(text, add_special_tokens=False)
+
+
+def keep_cached(session: Session, cached: list[int], ids: list[int], images: tuple[Frames, ...] = ()) -> int:
+    """Keeps the longest prefix of `ids` that the session's cache holds (`cached`: the ids it holds
+    from position 0), at least one token short of `ids` (the last one's logits start the reply):
+    the cursor moves to its end, and a multimodal session gets the frames whose image tokens come
+    after it staged for its prefill. Returns that prefix's length."""
+    reused = min(common_prefix_len(cached, ids), len(ids) - 1)
+    if isinstance(session, MultimodalSession):
+        reused = _stage_frames(session, ids, reused, images)
+    session.rewind(reused)
+    return reused
+
+
+def _stage_frames(session: MultimodalSession, ids: list[int], reused: int, images: tuple[Frames, ...]) -> int:
+    """Stages for the session's prefill the frames whose image tokens are not in the cache; a
+    frame whose run of tokens the cache holds only in part is fed whole. Returns where feeding starts."""
+    n = session.processing.tokens_per_image
+    frames = [frame for f in images for frame in f.pixels]
+    slots = [i for i, t in enumerate(ids) if t == session.image_token_id]
+    if len(slots) != n * len(frames):
+        raise InputError(
+            f"the conversation holds {len(slots)} image token(s) for {len(frames)} image frame(s) of {n} each"
+        )
+    runs = [slots[k * n : (k + 1) * n] for k in range(len(frames))]
+    for run in runs:
+        if run[0] < reused <= run[-1]:
+            reused = run[0]
+    session.frames = [frame for frame, run in zip(frames, runs) if run[0] >= reused]
+    return reused
+
+
 class Chat:
     """A conversation: `send` a user message, get the assistant's reply (streamed to `on_token`)."""
 
@@ -124,35 +179,8 @@ class Chat:
         return Message(role, (*(ContentPart("image", image=p) for p in images), ContentPart("text", text=text)))
 
     def render(self, messages: tuple[Message, ...], images: tuple[Frames, ...] = ()) -> list[int]:
-        """The conversation's ids up to the opening of the assistant's next turn; `images`: the
-        conversation's images, in order, expanded where the template marks them."""
-        t = self.template
-        try:
-            text = render_chat(
-                messages, t.source, bos_token=t.bos_token, eos_token=t.eos_token, add_generation_prompt=True
-            )
-        except ChatTemplateError as e:
-            raise ChatTemplateError(f"'{t.origin}': {e}" if t.origin else str(e)) from None
-        if images:
-            text = expand_rendered_chat(text, list(images), self.session.processing)
-        return self.tokenizer.encode(text, add_special_tokens=False)
-
-    def _stage_frames(self, ids: list[int], reused: int, images: tuple[Frames, ...]) -> int:
-        """Stages for the session's prefill the frames whose image tokens are not in the cache; a
-        frame whose run of tokens the cache holds only in part is fed whole. Returns where feeding starts."""
-        n = self.session.processing.tokens_per_image
-        frames = [frame for f in images for frame in f.pixels]
-        slots = [i for i, t in enumerate(ids) if t == self.session.image_token_id]
-        if len(slots) != n * len(frames):
-            raise InputError(
-                f"the conversation holds {len(slots)} image token(s) for {len(frames)} image frame(s) of {n} each"
-            )
-        runs = [slots[k * n : (k + 1) * n] for k in range(len(frames))]
-        for run in runs:
-            if run[0] < reused <= run[-1]:
-                reused = run[0]
-        self.session.frames = [frame for frame, run in zip(frames, runs) if run[0] >= reused]
-        return reused
+        processing = self.session.processing if self.takes_images else None
+        return conversation_ids(self.tokenizer, self.template, messages, images, processing)
 
     def send(self, text: str, on_token: Callable[[int], None] | None = None) -> Reply:
         """Add a user message (with the attached images) and generate the reply. ContextFullError
@@ -163,11 +191,7 @@ class Chat:
         context = self.session.max_seq_len
         if len(ids) >= context:
             raise ContextFullError(f"the conversation would be {len(ids)} tokens; the program's context is {context}")
-        # At least one token is fed: its logits start the reply.
-        reused = min(common_prefix_len(self.cached, ids), len(ids) - 1)
-        if self.takes_images:
-            reused = self._stage_frames(ids, reused, images)
-        self.session.rewind(reused)
+        reused = keep_cached(self.session, self.cached, ids, images)
         self.cached = ids[:reused]  # until generation returns, only this much is known to be in the cache
         room = context - len(ids) + 1  # the last generated token is never fed back
         max_new = min(self.max_new_tokens, room)
