@@ -8,10 +8,12 @@ import json
 
 import pytest
 import torch
+from conftest import REPO
 
 from genai_pipeline.errors import InputError
 from genai_pipeline.evaluate.text import quantized_model
 from genai_pipeline.layer_rules import Rule, recipe_of, rules_naming
+from genai_pipeline.manifest import Manifest
 from genai_pipeline.options import PrepareOptions, QuantOptions, quant_options_from
 from genai_pipeline.prepare import prepare
 from genai_pipeline.quantize import quantize
@@ -147,6 +149,12 @@ def recorded():
     return reference, json.loads(json.dumps(quantized.quantization))
 
 
+def _manifest(quantization: dict) -> Manifest:
+    """The reference model's manifest (as main wrote it before the schema key) recording `quantization`."""
+    written = json.loads((REPO / "tests" / "manifest-v1" / "reference.json").read_text())
+    return Manifest.from_json({**written, "quantization": quantization})
+
+
 def _formats(model) -> dict[str, str]:
     return {
         n: str(getattr(m.weight, "target_dtype", "float"))
@@ -160,14 +168,14 @@ def test_the_manifest_records_the_rules_and_eval_applies_exactly_those(recorded,
     rules = rules_for(QuantOptions(recipe="8da4w", weight_rule="mse"), len(reference.layers))
     assert quantization["rules"] == [dataclasses.asdict(r) | {"layers": r.layers and list(r.layers)} for r in rules]
     assert quant_options_from(quantization).rules == rules
-    rebuilt = _formats(quantized_model(tmp_path, {"quantization": quantization}, reference))
+    rebuilt = _formats(quantized_model(tmp_path, _manifest(quantization), reference))
     assert rebuilt["layers.0.attention.wv"] == rebuilt["output"] == "torch.int8"
     assert rebuilt["layers.0.attention.wq"] == "torch.int4"
 
     edited = json.loads(json.dumps(quantization))  # by hand: wv at 4 bits, one layer left float
     next(r for r in edited["rules"] if "wv" in r["pattern"])["recipe"] = "8da4w"
     edited["rules"].insert(0, {"pattern": r"^layers\.1\.attention\.wq$", "recipe": "fp32", "layers": None})
-    changed = _formats(quantized_model(tmp_path, {"quantization": edited}, reference))
+    changed = _formats(quantized_model(tmp_path, _manifest(edited), reference))
     want = {n: "torch.int4" if n.endswith("attention.wv") else f for n, f in rebuilt.items()}
     assert changed == want | {"layers.1.attention.wq": "float"}
 
@@ -177,5 +185,5 @@ def test_a_manifest_without_rules_evaluates_as_before(recorded, tmp_path):
     reference, quantization = recorded
     old = {k: v for k, v in quantization.items() if k not in ("rules", "vision_rules")}
     old |= {"head": "8da8w", "keep_8bit": [r"\.attention\.wv$"]}
-    rebuilt = _formats(quantized_model(tmp_path, {"quantization": quantization}, reference))
-    assert _formats(quantized_model(tmp_path, {"quantization": old}, reference)) == rebuilt
+    rebuilt = _formats(quantized_model(tmp_path, _manifest(quantization), reference))
+    assert _formats(quantized_model(tmp_path, _manifest(old), reference)) == rebuilt
