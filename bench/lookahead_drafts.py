@@ -87,7 +87,8 @@ class CostedReplay:
         self.clock.now += 1.0
         return torch.zeros(1)
 
-    can_verify = DecoderSession.can_verify  # the session's rule, over this stand-in's cursor
+    can_verify = DecoderSession.can_verify  # the session's rules, over this stand-in's cursor
+    rewind = DecoderSession.rewind
 
     def verify(self, tokens: list[int]) -> torch.Tensor:
         self.pos += len(tokens)

@@ -150,7 +150,7 @@ def _export(
 
 def _verify(staging: Path, recipe: str, quant: QuantOptions) -> Verification:
     """The finished program scored against its float model: one line, recorded in the manifest,
-    a warning past the thresholds (genai_pipeline/verify.py)."""
+    a warning past the thresholds (genai_pipeline/evaluate/verify.py)."""
     log.info("verifying the program against its float model")
     texts = [d.path for d in quant.calibration.datasets if d.kind == "text"]
     verification = verify_export(staging, recipe, texts)

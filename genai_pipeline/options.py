@@ -9,9 +9,9 @@ Imports nothing but the standard library, `errors` and `names`, so that `genai -
     CalibrationOptions   its calibration data (`--calib NAME:ARG` -> DatasetSpec; data/)
     QnnOptions           genai export --target qnn (targets/qnn.py)
     SamplingOptions      genai run (runtime/generate.py)
-    EvalOptions          genai eval --text (evaluate.py)
-    ImageEvalOptions     genai eval --images (evaluate_images.py)
-    BenchOptions         genai bench (bench.py)
+    EvalOptions          genai eval --text (evaluate/text.py)
+    ImageEvalOptions     genai eval --images (evaluate/images.py)
+    BenchOptions         genai bench (bench/text.py)
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ class PrepareOptions:
     # text_decoder.pte: the layout NPU backends use) instead of one program with three methods.
     split: bool = False
     # The decoder's cache-I/O form (QNN's; --cache-io, always on for --target qnn): the KV cache,
-    # positions and attention mask are graph inputs/outputs (runtime/cache_io.py) instead of a
+    # positions and attention mask are graph inputs/outputs (models/cache_io.py) instead of a
     # cache inside the program updated by ExecuTorch's custom ops at a data-dependent position.
     cache_io: bool = False
 

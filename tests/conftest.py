@@ -198,6 +198,14 @@ def export_reference(tmp_path_factory):
     return build
 
 
+@pytest.fixture(scope="session")
+def export_reference_vlm(tmp_path_factory) -> Path:
+    """The shipped vision-language reference model's default export (one program, fp32, xnnpack)."""
+    out = tmp_path_factory.mktemp("reference_vlm")
+    genai_pipeline.export("reference-vlm", out=out, prepare=PrepareOptions(max_seq_len=128))
+    return out
+
+
 def copy_export(folder: Path, dest: Path) -> Path:
     shutil.copytree(folder, dest)
     return dest

@@ -135,10 +135,10 @@ def qnn_configured(target, args):
 
 
 def cmd_run(args) -> int:
-    from genai_pipeline.bundle import folder_tokenizer, read_manifest
+    from genai_pipeline.bundle import folder_tokenizer
     from genai_pipeline.runtime.generate import Sampler, generate
     from genai_pipeline.runtime.lookahead import lookahead_options
-    from genai_pipeline.runtime.multimodal import MultimodalSession, is_multimodal
+    from genai_pipeline.runtime.multimodal import MultimodalSession
     from genai_pipeline.runtime.open import open_session
     from genai_pipeline.tokenizer import TextStream
 
@@ -150,12 +150,9 @@ def cmd_run(args) -> int:
         raise InputError("--system needs --chat")
     sampling = SamplingOptions(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
     images = [Path(p) for p in args.image]
-    if is_multimodal(read_manifest(Path(args.folder))):
-        session = MultimodalSession(Path(args.folder), verify=not args.no_verify)
-    elif images:
+    session = open_session(Path(args.folder), verify=not args.no_verify)
+    if images and not isinstance(session, MultimodalSession):
         raise InputError(f"'{args.folder}' holds a text-only model: it cannot take --image")
-    else:
-        session = open_session(Path(args.folder), verify=not args.no_verify)
     tokenizer = folder_tokenizer(Path(args.folder), session.manifest)
     lookahead = lookahead_options(args.lookahead, session)
     if args.chat:

@@ -30,8 +30,7 @@ from genai_pipeline.errors import InputError
 from genai_pipeline.limits import read_input_text
 from genai_pipeline.options import ImageEvalOptions
 from genai_pipeline.runtime.generate import generate, greedy_token
-from genai_pipeline.runtime.multimodal import MultimodalSession, is_multimodal
-from genai_pipeline.upstream.executorch_logs import native_logs_hidden
+from genai_pipeline.runtime.multimodal import EagerMultimodalSession, MultimodalSession, is_multimodal
 
 MARGIN = 4  # new tokens allowed past the expected answer's length
 
@@ -67,40 +66,6 @@ def read_questions(path: Path, limit: int = 0) -> list[Question]:
     if not questions:
         raise InputError(f"'{path}' holds no questions")
     return questions
-
-
-class EagerMultimodalSession:
-    """The float VisionLanguageModel behind MultimodalSession's prefill/step, fed the same frames:
-    embeddings of the ids, the image's embeddings where its `<image>` run is, the decoder."""
-
-    def __init__(self, model, image_token_id: int, tokens_per_image: int):
-        self.model, self.image_token_id, self.tokens_per_image = model, image_token_id, tokens_per_image
-        self.frames: list[np.ndarray] = []
-        self.pos = 0
-
-    def reset(self) -> None:
-        self.pos = 0
-
-    @torch.no_grad()
-    def _decode(self, embeddings: torch.Tensor) -> torch.Tensor:
-        with native_logs_hidden():  # ExecuTorch's custom ops log from C++ in eager mode too
-            logits = self.model.decoder.forward_embeddings(embeddings, torch.tensor([self.pos]), last_only=True)
-        self.pos += embeddings.shape[1]
-        return logits.reshape(-1)
-
-    @torch.no_grad()
-    def prefill(self, tokens: list[int]) -> torch.Tensor:
-        embeddings = self.model.decoder.embed(torch.tensor([tokens]))
-        slots = [i for i, t in enumerate(tokens) if t == self.image_token_id]
-        n = self.tokens_per_image
-        for k, frame in enumerate(self.frames):
-            embeddings[0, slots[k * n : (k + 1) * n]] = self.model.vision(torch.from_numpy(frame).unsqueeze(0))[0]
-        self.frames = []
-        return self._decode(embeddings)
-
-    @torch.no_grad()
-    def step(self, token: int) -> torch.Tensor:
-        return self._decode(self.model.decoder.embed(torch.tensor([[token]])))
 
 
 def _answer_nll(session, prompt: list[int], frames: list[np.ndarray], answer: list[int]) -> float:

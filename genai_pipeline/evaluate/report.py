@@ -8,7 +8,7 @@ from pathlib import Path
 
 from genai_pipeline.bundle import add_to_manifest, atomic_write, check_weights, read_manifest
 from genai_pipeline.evaluate.text import block_outputs, float_model, layer_sqnr, quantized_model
-from genai_pipeline.runtime.cache_io import CacheIOContract
+from genai_pipeline.models.cache_io import CacheIOContract
 
 REPORT = "quant_report.html"
 # Below this a layer's output noise is large enough to show in perplexity (see genai eval).

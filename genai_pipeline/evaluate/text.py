@@ -29,6 +29,7 @@ from genai_pipeline.checkpoints import load_decoder
 from genai_pipeline.checkpoints.hf import random_decoder
 from genai_pipeline.errors import InputError, ProgramError
 from genai_pipeline.limits import read_input_text
+from genai_pipeline.models.cache_io import CacheIOContract, eager_runner
 from genai_pipeline.models.decoder import Decoder, DecoderConfig
 from genai_pipeline.models.vision import VisionLanguageModel
 from genai_pipeline.names import ArtifactKey, GraphName, Mode
@@ -38,8 +39,7 @@ from genai_pipeline.quantize.rotation import rotate, unrotated
 from genai_pipeline.quantize.smoothing import smooth, smoothing_file
 from genai_pipeline.quantize.weights import int4_file, load_int4
 from genai_pipeline.registry import get_spec
-from genai_pipeline.runtime.cache_io import CacheIOContract, CacheIOSession, eager_runner
-from genai_pipeline.runtime.multimodal import MultimodalSession, is_multimodal
+from genai_pipeline.runtime.cache_io import CacheIOSession
 from genai_pipeline.runtime.open import open_session
 from genai_pipeline.runtime.session import DecoderSession, EagerSession
 from genai_pipeline.upstream.executorch_logs import native_logs_hidden
@@ -277,9 +277,7 @@ def evaluate(folder: Path, options: EvalOptions, progress: bool = True) -> dict:
     elif qdq is not None:
         models["qdq"] = EagerSession(qdq, max_seq_len)
     if manifest.get("status", "complete") == "complete":
-        models["program"] = (
-            MultimodalSession(folder, verify=True) if is_multimodal(manifest) else open_session(folder, verify=True)
-        )
+        models["program"] = open_session(folder, verify=True)
     # Agreement and KL of the program against float; of the QDQ model where no program could be built.
     compared = "program" if "program" in models else "qdq"
 

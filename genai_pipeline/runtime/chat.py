@@ -34,17 +34,8 @@ from genai_pipeline.messages import ContentPart, Message
 from genai_pipeline.runtime.generate import generate
 from genai_pipeline.runtime.lookahead import LookaheadOptions
 from genai_pipeline.runtime.multimodal import MultimodalSession
+from genai_pipeline.runtime.session import Session
 from genai_pipeline.tokenizer import END_OF_TURN_TOKENS
-
-
-class ChatSession(Protocol):
-    """A DecoderSession or EagerSession: a KV cache with a cursor `pos` that may move back."""
-
-    pos: int
-    max_seq_len: int
-
-    def prefill(self, tokens: list[int]) -> torch.Tensor: ...
-    def step(self, token: int) -> torch.Tensor: ...
 
 
 class ChatTokenizer(Protocol):
@@ -116,7 +107,7 @@ class Chat:
 
     def __init__(
         self,
-        session: ChatSession,
+        session: Session,
         tokenizer: ChatTokenizer,
         template: ChatTemplate,
         sampler: Callable[[torch.Tensor], int],
@@ -144,7 +135,7 @@ class Chat:
         self.images: tuple[Frames, ...] = ()  # the conversation's images, in order
         self.attached: tuple[tuple[Path, Frames], ...] = ()  # images for the next user message
         self.cached: list[int] = []  # the ids whose keys and values the cache holds, from position 0
-        self.session.pos = 0
+        self.session.reset()
 
     def attach_image(self, path: Path, max_tiles: int = 0) -> None:
         """An image for the next user message, read and preprocessed now (a bad file is told at once)."""
@@ -240,7 +231,7 @@ class Chat:
         reused = min(common_prefix_len(self.cached, prompt), len(prompt) - 1)
         if self.takes_images:
             reused = self._stage_frames(prompt, reused, images)
-        self.session.pos = reused
+        self.session.rewind(reused)
         self.cached = prompt[:reused]  # until generation returns, only this much is known to be in the cache
         room = self.session.max_seq_len - len(prompt) + 1  # the last generated token is never fed back
         # Lookahead drafts from the whole conversation: a reply often quotes earlier turns.

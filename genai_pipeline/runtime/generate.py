@@ -1,10 +1,9 @@
 """The generation loop: prefill the prompt, then sample and feed one token at a time, or, with
 lookahead, several at once (see lookahead.py).
 
-It drives anything with `prefill(tokens) -> logits` and `step(token) -> logits`: a program
-session, or the eager model (for parity checks); lookahead also needs `verify(tokens) -> logits
-[T, vocab]`, `can_verify(n)`, `verify_rows(n)` (the rows a verify call of n tokens computes) and
-the cursor `pos`.
+It drives any Session (runtime/session.py): a program's, or an eager model's (for parity checks);
+plain decoding needs only its `prefill` and `step`, lookahead also its `verify`, `can_verify`,
+`verify_rows` and `rewind`.
 """
 
 from __future__ import annotations
@@ -12,7 +11,6 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol
 
 import numpy as np
 import torch
@@ -20,12 +18,7 @@ import torch
 from genai_pipeline.errors import InputError
 from genai_pipeline.options import SamplingOptions
 from genai_pipeline.runtime.lookahead import DraftSizer, LookaheadOptions, NgramDrafter
-
-
-class Steppable(Protocol):
-    def prefill(self, tokens: list[int]) -> torch.Tensor: ...
-    def step(self, token: int) -> torch.Tensor: ...
-
+from genai_pipeline.runtime.session import Session
 
 # Per-token sampling runs beside a decode step of a few ms (SmolLM2-135M: ~3.6), so it avoids
 # torch's slow paths at a 49k vocabulary: argmax ~60 us (NumPy's: ~3 us), multinomial ~0.9 ms
@@ -106,7 +99,7 @@ class Generation:
 
 
 def generate(
-    model: Steppable,
+    model: Session,
     prompt_tokens: list[int],
     max_new_tokens: int,
     sampler: Callable[[torch.Tensor], int],
@@ -158,13 +151,12 @@ class _Lookahead:
         self.rows: list[tuple[int, torch.Tensor]] = []  # (draft token, logits after it), in order
         self.kept: int | None = None  # drafted tokens kept since the last verify call (None: none yet)
 
-    def drop(self, model) -> None:
-        """Forget the cache rows of drafted tokens that were not kept: the cursor moves back before
-        them (positions past it are never read, and are overwritten)."""
-        model.pos -= len(self.rows)
+    def drop(self, model: Session) -> None:
+        """Forget the cache rows of drafted tokens that were not kept: the cursor moves back before them."""
+        model.rewind(model.pos - len(self.rows))
         self.rows.clear()
 
-    def next_logits(self, model, token: int, remaining: int, result: Generation) -> torch.Tensor:
+    def next_logits(self, model: Session, token: int, remaining: int, result: Generation) -> torch.Tensor:
         """The logits after the sampled `token`; `remaining`: tokens still to generate after it."""
         self.drafter.extend([token])
         self.sizer.came(self.drafter.tokens)

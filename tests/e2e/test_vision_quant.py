@@ -1,5 +1,5 @@
 """A quantized vision-language export, per component (genai_pipeline/quantize/multimodal.py), and
-what reads one: `genai eval --images` (evaluate_images.py) and `genai bench` (bench_multimodal.py).
+what reads one: `genai eval --images` (evaluate/images.py) and `genai bench` (bench/multimodal.py).
 The static recipe (8a8w, calibrated on chats with images) is at the end of the file.
 
 One export of the tiny SmolVLM checkpoint (tests/e2e/test_vision.py builds it) through the CLI:
@@ -122,9 +122,8 @@ def test_quantized_program_is_its_eager_twin_and_near_float(quantized_vlm, tmp_p
     checkpoint move the first token's logits by ~20 % (measured over 4 images; the eager quantized
     model alone shows the same), so 35 % bounds it. A missing image splice or a tower run on the
     wrong weights moves them by far more (the next assert: another image)."""
-    from genai_pipeline.evaluate.images import EagerMultimodalSession
     from genai_pipeline.evaluate.text import float_model, quantized_model
-    from genai_pipeline.runtime.multimodal import MultimodalSession
+    from genai_pipeline.runtime.multimodal import EagerMultimodalSession, MultimodalSession
     from genai_pipeline.tokenizer import Tokenizer
 
     manifest = _manifest(quantized_vlm)
@@ -402,10 +401,9 @@ def test_static_program_runs_its_qdq_model_and_tracks_float(static_vlm, tmp_path
     moves 0.5 % on the same features): first-token logits 4.3-5.7 % from the eager QDQ model and
     3.7-5.6 % from float; bounded at 10 %. A missing splice moves them by far more (the next
     asserts: another image, and no image: ~105 %)."""
-    from genai_pipeline.evaluate.images import EagerMultimodalSession
     from genai_pipeline.evaluate.text import float_model, quantized_model
     from genai_pipeline.names import GraphName
-    from genai_pipeline.runtime.multimodal import MultimodalSession
+    from genai_pipeline.runtime.multimodal import EagerMultimodalSession, MultimodalSession
     from genai_pipeline.tokenizer import Tokenizer
 
     manifest = _manifest(static_vlm)

@@ -65,9 +65,11 @@ class Recording:
     def pos(self):
         return self.session.pos
 
-    @pos.setter
-    def pos(self, value):
-        self.session.pos = value
+    def reset(self):
+        self.session.reset()
+
+    def rewind(self, pos):
+        self.session.rewind(pos)
 
     def _write(self, tokens):
         self.cache[self.pos :] = tokens
@@ -136,7 +138,7 @@ def test_turns_prefill_only_what_the_cache_lacks_and_reply_as_a_fresh_prefill(mo
     messages = []
     for text, reply in zip(TURNS, replies):
         messages.append(Message("user", text))
-        session.pos = 0
+        session.reset()
         fresh = generate(session, rendered_ids(tokenizer, messages), max_new, Sampler(GREEDY), (0,))
         assert tuple(fresh.tokens) == reply.tokens
         messages.append(Message("assistant", tokenizer.decode(fresh.tokens)))
@@ -149,6 +151,12 @@ class Scripted:
     def __init__(self, script, vocab_size=TINY_VOCAB, max_seq_len=TINY_MAX_SEQ):
         self.script, self.vocab_size, self.max_seq_len = script, vocab_size, max_seq_len
         self.pos, self.next = 0, 0
+
+    def reset(self):
+        self.pos = 0
+
+    def rewind(self, pos):
+        self.pos = pos
 
     def _logits(self):
         logits = torch.zeros(self.vocab_size)
