@@ -10,8 +10,8 @@ differently (trims a reply, drops its reasoning) only makes the ids diverge earl
 prefilled.
 
 A conversation longer than the context goes on: before a turn, the oldest whole turns (a user
-message and the replies to it) are dropped until the conversation and room for the reply fit, the
-system message kept; a reply that still fills the context drops more and goes on from the tokens
+message and the replies to it) are dropped until the conversation fills at most half the context,
+the system message kept; a reply that still fills the context drops more and goes on from the tokens
 it has. What is dropped is gone for later turns too, and what is kept is prefilled again (its
 positions moved): the program is not changed, so any runner can do the same
 (docs/decisions/0034).
@@ -219,9 +219,16 @@ class Chat:
         return Reply(reply_text, tuple(tokens), reason, reused, prefilled, dropped)
 
     def _fit(self, messages: tuple[Message, ...], images: tuple[Frames, ...], room: int):
+        """The conversation, its images and the turns dropped, so that `room` more tokens fit. Where
+        turns must go, they go until the rest fills at most half the context (llama.cpp's context
+        shift keeps half too): the turns after it reuse the cache until it fills again, instead of
+        each dropping one turn and prefilling all the others again."""
         context = self.session.max_seq_len
+        if len(self.render(messages, images)) + room <= context:
+            return messages, images, 0
+        target = min(context // 2, context - room)
         return drop_oldest_turns(
-            messages, images, len(self.first_messages), lambda m, i: len(self.render(m, i)) + room <= context
+            messages, images, len(self.first_messages), lambda m, i: len(self.render(m, i)) <= target
         )
 
     def _generate(self, prompt: list[int], budget: int, images: tuple[Frames, ...], on_token):
