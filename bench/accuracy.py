@@ -123,13 +123,14 @@ def _exported(folder: Path, quant: dict) -> bool:
     """Whether folder holds the export of `quant` as today's code describes it (a default that changed
     since, under the same name, is exported again)."""
     from genai_pipeline.options import QuantOptions
+    from genai_pipeline.quantize.recipes import describe
 
     manifest = folder / "manifest.json"
     return (
         manifest.is_file()
         and (folder / ".quant.json").is_file()
         and json.loads((folder / ".quant.json").read_text()) == quant
-        and json.loads(manifest.read_text())["recipe"] == QuantOptions(**quant).describe()
+        and json.loads(manifest.read_text())["recipe"] == describe(QuantOptions(**quant))
     )
 
 
@@ -432,12 +433,10 @@ LEVERS = {  # name -> fake_quantize keyword arguments; weights as the program wo
 
 def recipe_default(model, calib: list[int], window: int, recipe: str, smooth: float | None, rotated: bool = False):
     """What `--recipe R` does to the eager model (QuantOptions' defaults but the smoothing strength)."""
-    from torch import nn
-
     from genai_pipeline.options import QuantOptions
     from genai_pipeline.quantize.calibration import input_absmax
     from genai_pipeline.quantize.gptq import gptq_weights
-    from genai_pipeline.quantize.recipes import quantize_module, recipe_for
+    from genai_pipeline.quantize.recipes import linear_recipes, quantize_module
     from genai_pipeline.quantize.rotation import rotate
     from genai_pipeline.quantize.smoothing import smooth as smooth_model
     from genai_pipeline.quantize.smoothing import smoothing_scales
@@ -449,11 +448,7 @@ def recipe_default(model, calib: list[int], window: int, recipe: str, smooth: fl
         smooth_model(model, smoothing_scales(model, input_absmax(model, [calib], window), smooth))
     computed = None
     if recipe == "8da4w":
-        names = {
-            n
-            for n, m in model.named_modules()
-            if isinstance(m, nn.Linear) and recipe_for(n, options, len(model.layers)) == "8da4w"
-        }
+        names = {n for n, r in linear_recipes(model, options).items() if r == "8da4w"}
         computed = gptq_weights(model, names, [calib], window, options.group_size)
     quantize_module(model, options, computed)
     return model

@@ -4,6 +4,7 @@ declares checked before anything is decoded (limits.py); without Pillow, binary 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 
@@ -31,20 +32,27 @@ def read_image(path: Path) -> np.ndarray:
         raise InputError(
             f"cannot read '{path}': reading images needs Pillow (pip install pillow); without it only binary PPM/PGM"
         )
+    return decode_image(path, str(path))
+
+
+def decode_image(source: Path | BinaryIO, name: str) -> np.ndarray:
+    """An image file (a path, or its bytes as a file object: a request's data: URL) as RGB uint8
+    [H, W, 3], through Pillow; `name` says which image in messages."""
+    Image = pillow()
     # Ours replaces Pillow's guard (a warning, then an error at twice its own limit): open() reads
     # only the header, and the size it declares is checked before anything is decoded.
     Image.MAX_IMAGE_PIXELS = None
     try:
-        with Image.open(path) as image:
-            check_image_pixels(path, *image.size)
+        with Image.open(source) as image:
+            check_image_pixels(name, *image.size)
             image.load()
             return to_rgb(image)
     except Image.UnidentifiedImageError:
         raise InputError(
-            f"'{path}' is not an image file Pillow can read (supported: PNG, JPEG, GIF, BMP, TIFF, WebP, PPM, ...)"
+            f"'{name}' is not an image file Pillow can read (supported: PNG, JPEG, GIF, BMP, TIFF, WebP, PPM, ...)"
         ) from None
     except (OSError, ValueError, SyntaxError) as e:  # truncated or damaged data
-        raise InputError(f"cannot decode image '{path}': {e}; the file is truncated or corrupt") from None
+        raise InputError(f"cannot decode image '{name}': {e}; the file is truncated or corrupt") from None
 
 
 def to_rgb(image) -> np.ndarray:

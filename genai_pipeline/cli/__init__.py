@@ -1,4 +1,4 @@
-"""`genai models | export | run | eval | bench | inspect`. Options and their defaults come from the
+"""`genai models | export | run | eval | bench | inspect | serve`. Options and their defaults come from the
 dataclasses of options.py, which import no torch: `genai --help` answers at once."""
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from pathlib import Path
 
 from genai_pipeline.cli.chat import chat
 from genai_pipeline.cli.parser import build_parser, default
+from genai_pipeline.cli.serve import cmd_serve
 from genai_pipeline.errors import GenAIError, InputError
 from genai_pipeline.options import (
     DEFAULT_MODEL,
@@ -358,7 +359,7 @@ def one_openmp_thread_per_caller(argv: list[str]) -> None:
     spinning threads take the cores from XNNPACK's GEMMs (docs/decisions/0002). OpenMP reads this
     once, when torch loads it, so it is set before the parser imports torch; `export` and `eval`
     keep torch's intra-op threads for their eager work."""
-    if argv[:1] in (["run"], ["bench"]):
+    if argv[:1] in (["run"], ["bench"], ["serve"]):
         os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
@@ -380,6 +381,7 @@ def main(argv: list[str] | None = None) -> int:
             "eval": cmd_eval,
             "bench": cmd_bench,
             "inspect": cmd_inspect,
+            "serve": cmd_serve,
         }
         return commands[args.command](args)
     except GenAIError as e:

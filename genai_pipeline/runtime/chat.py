@@ -29,7 +29,7 @@ import torch
 
 from genai_pipeline.chat_template import ChatTemplate, render_chat
 from genai_pipeline.errors import ChatTemplateError, ContextFullError, InputError
-from genai_pipeline.image_processing import Frames, expand_rendered_chat
+from genai_pipeline.image_processing import Frames, ImageProcessing, expand_rendered_chat
 from genai_pipeline.messages import ContentPart, Message
 from genai_pipeline.runtime.generate import generate
 from genai_pipeline.runtime.lookahead import LookaheadOptions
@@ -80,6 +80,25 @@ def drop_oldest_turns(
     return messages, images, dropped
 
 
+def fit_conversation(
+    messages: tuple[Message, ...],
+    images: tuple,
+    keep: int,
+    context: int,
+    room: int,
+    render: Callable[[tuple[Message, ...], tuple], list[int]],
+) -> tuple[tuple[Message, ...], tuple, int]:
+    """(messages, images, turns dropped): the conversation, so that it and `room` more tokens fit
+    `context`, the first `keep` messages (the system message) kept. Where turns must go, they go
+    until the rest fills at most half the context (llama.cpp's context shift frees half too): the
+    turns after reuse the cache until it fills again, instead of each dropping one turn and
+    prefilling all the others again (docs/decisions/0034)."""
+    if len(render(messages, images)) + room <= context:
+        return messages, images, 0
+    target = min(context // 2, context - room)
+    return drop_oldest_turns(messages, images, keep, lambda m, i: len(render(m, i)) <= target)
+
+
 def end_of_turn_ids(
     folder: Path, tokenizer: ChatTokenizer, eos_ids: Iterable[int], template: ChatTemplate
 ) -> tuple[int, ...]:
@@ -100,6 +119,61 @@ def end_of_turn_ids(
         if len(encoded) == 1:
             ids.add(encoded[0])
     return tuple(sorted(ids))
+
+
+def conversation_ids(
+    tokenizer: ChatTokenizer,
+    template: ChatTemplate,
+    messages: tuple[Message, ...],
+    images: tuple[Frames, ...] = (),
+    processing: ImageProcessing | None = None,
+) -> list[int]:
+    """The conversation's ids up to the opening of the assistant's next turn; `images`: the
+    conversation's images, in order, expanded where the template marks them (`processing`: the
+    model's image processing)."""
+    try:
+        text = render_chat(
+            messages,
+            template.source,
+            bos_token=template.bos_token,
+            eos_token=template.eos_token,
+            add_generation_prompt=True,
+        )
+    except ChatTemplateError as e:
+        raise ChatTemplateError(f"'{template.origin}': {e}" if template.origin else str(e)) from None
+    if images:
+        text = expand_rendered_chat(text, list(images), processing)
+    return tokenizer.encode(text, add_special_tokens=False)
+
+
+def keep_cached(session: Session, cached: list[int], ids: list[int], images: tuple[Frames, ...] = ()) -> int:
+    """Keeps the longest prefix of `ids` that the session's cache holds (`cached`: the ids it holds
+    from position 0), at least one token short of `ids` (the last one's logits start the reply):
+    the cursor moves to its end, and a multimodal session gets the frames whose image tokens come
+    after it staged for its prefill. Returns that prefix's length."""
+    reused = min(common_prefix_len(cached, ids), len(ids) - 1)
+    if isinstance(session, MultimodalSession):
+        reused = _stage_frames(session, ids, reused, images)
+    session.rewind(reused)
+    return reused
+
+
+def _stage_frames(session: MultimodalSession, ids: list[int], reused: int, images: tuple[Frames, ...]) -> int:
+    """Stages for the session's prefill the frames whose image tokens are not in the cache; a
+    frame whose run of tokens the cache holds only in part is fed whole. Returns where feeding starts."""
+    n = session.processing.tokens_per_image
+    frames = [frame for f in images for frame in f.pixels]
+    slots = [i for i, t in enumerate(ids) if t == session.image_token_id]
+    if len(slots) != n * len(frames):
+        raise InputError(
+            f"the conversation holds {len(slots)} image token(s) for {len(frames)} image frame(s) of {n} each"
+        )
+    runs = [slots[k * n : (k + 1) * n] for k in range(len(frames))]
+    for run in runs:
+        if run[0] < reused <= run[-1]:
+            reused = run[0]
+    session.frames = [frame for frame, run in zip(frames, runs) if run[0] >= reused]
+    return reused
 
 
 class Chat:
@@ -149,35 +223,8 @@ class Chat:
         return Message(role, (*(ContentPart("image", image=p) for p in images), ContentPart("text", text=text)))
 
     def render(self, messages: tuple[Message, ...], images: tuple[Frames, ...] = ()) -> list[int]:
-        """The conversation's ids up to the opening of the assistant's next turn; `images`: the
-        conversation's images, in order, expanded where the template marks them."""
-        t = self.template
-        try:
-            text = render_chat(
-                messages, t.source, bos_token=t.bos_token, eos_token=t.eos_token, add_generation_prompt=True
-            )
-        except ChatTemplateError as e:
-            raise ChatTemplateError(f"'{t.origin}': {e}" if t.origin else str(e)) from None
-        if images:
-            text = expand_rendered_chat(text, list(images), self.session.processing)
-        return self.tokenizer.encode(text, add_special_tokens=False)
-
-    def _stage_frames(self, ids: list[int], reused: int, images: tuple[Frames, ...]) -> int:
-        """Stages for the session's prefill the frames whose image tokens are not in the cache; a
-        frame whose run of tokens the cache holds only in part is fed whole. Returns where feeding starts."""
-        n = self.session.processing.tokens_per_image
-        frames = [frame for f in images for frame in f.pixels]
-        slots = [i for i, t in enumerate(ids) if t == self.session.image_token_id]
-        if len(slots) != n * len(frames):
-            raise InputError(
-                f"the conversation holds {len(slots)} image token(s) for {len(frames)} image frame(s) of {n} each"
-            )
-        runs = [slots[k * n : (k + 1) * n] for k in range(len(frames))]
-        for run in runs:
-            if run[0] < reused <= run[-1]:
-                reused = run[0]
-        self.session.frames = [frame for frame, run in zip(frames, runs) if run[0] >= reused]
-        return reused
+        processing = self.session.processing if self.takes_images else None
+        return conversation_ids(self.tokenizer, self.template, messages, images, processing)
 
     def send(self, text: str, on_token: Callable[[int], None] | None = None) -> Reply:
         """Add a user message (with the attached images) and generate the reply, dropping the oldest
@@ -219,26 +266,12 @@ class Chat:
         return Reply(reply_text, tuple(tokens), reason, reused, prefilled, dropped)
 
     def _fit(self, messages: tuple[Message, ...], images: tuple[Frames, ...], room: int):
-        """The conversation, its images and the turns dropped, so that `room` more tokens fit. Where
-        turns must go, they go until the rest fills at most half the context (llama.cpp's context
-        shift keeps half too): the turns after it reuse the cache until it fills again, instead of
-        each dropping one turn and prefilling all the others again."""
-        context = self.session.max_seq_len
-        if len(self.render(messages, images)) + room <= context:
-            return messages, images, 0
-        target = min(context // 2, context - room)
-        return drop_oldest_turns(
-            messages, images, len(self.first_messages), lambda m, i: len(self.render(m, i)) <= target
-        )
+        return fit_conversation(messages, images, len(self.first_messages), self.session.max_seq_len, room, self.render)
 
     def _generate(self, prompt: list[int], budget: int, images: tuple[Frames, ...], on_token):
         """Feeds what of `prompt` the cache does not hold and generates up to `budget` tokens or to
         the end of the context: (tokens fed, the generation, tokens kept from the cache)."""
-        # At least one token is fed: its logits start the reply.
-        reused = min(common_prefix_len(self.cached, prompt), len(prompt) - 1)
-        if self.takes_images:
-            reused = self._stage_frames(prompt, reused, images)
-        self.session.rewind(reused)
+        reused = keep_cached(self.session, self.cached, prompt, images)
         self.cached = prompt[:reused]  # until generation returns, only this much is known to be in the cache
         room = self.session.max_seq_len - len(prompt) + 1  # the last generated token is never fed back
         # Lookahead drafts from the whole conversation: a reply often quotes earlier turns.

@@ -67,7 +67,7 @@ class Generation:
     tokens: list[int] = field(default_factory=list)
     prefill_seconds: float = 0.0
     decode_seconds: float = 0.0  # time of the steps after the first generated token
-    stop_reason: str = "length"
+    stop_reason: str = "length"  # "eos", "length", or "stopped" (on_token asked to stop)
     decode_calls: int = 0  # program calls after the first generated token (step or verify)
     verify_calls: int = 0  # of which verify calls (lookahead)
     drafted: int = 0  # tokens drafted into verify calls
@@ -104,11 +104,12 @@ def generate(
     max_new_tokens: int,
     sampler: Callable[[torch.Tensor], int],
     eos_ids: tuple[int, ...] = (),
-    on_token: Callable[[int], None] | None = None,
+    on_token: Callable[[int], bool | None] | None = None,
     lookahead: LookaheadOptions = LookaheadOptions(),
     history: list[int] = (),
 ) -> Generation:
-    """`history`: the tokens the cache already holds before the prompt (a chat's earlier turns);
+    """`on_token` gets each token as it comes; when it returns True, generation stops there.
+    `history`: the tokens the cache already holds before the prompt (a chat's earlier turns);
     lookahead drafts from them too."""
     if max_new_tokens < 1:
         raise InputError(f"--max-new-tokens must be at least 1, got {max_new_tokens}")
@@ -124,8 +125,9 @@ def generate(
             result.stop_reason = "eos"
             break
         result.tokens.append(token)
-        if on_token is not None:
-            on_token(token)
+        if on_token is not None and on_token(token):  # the caller has what it wants (a stop string), or left
+            result.stop_reason = "stopped"
+            break
         if len(result.tokens) == max_new_tokens:
             break
         if len(result.tokens) == 1:

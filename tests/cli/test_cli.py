@@ -3,6 +3,7 @@
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -337,3 +338,20 @@ def test_main_in_process_leaves_the_packages_log_records_to_the_caller(caplog, c
     with caplog.at_level(logging.INFO, logger="genai_pipeline.data.collate"):
         logging.getLogger("genai_pipeline.data.collate").info("after main")
     assert "after main" in caplog.text
+
+
+def test_serve_refuses_what_it_cannot_serve_in_one_line(capsys, monkeypatch, export_reference_vlm, tmp_path):
+    fails_with_one_line(capsys, ["serve", export_reference_vlm, "--parallel", "0"], "--parallel must be at least 1")
+    fails_with_one_line(
+        capsys, ["serve", export_reference_vlm, "--lookahead", "4"], "--lookahead needs", "--verify-len"
+    )
+    fails_with_one_line(capsys, ["serve", tmp_path / "absent"], "absent")
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        fails_with_one_line(
+            capsys, ["serve", export_reference_vlm, "--port", port], f"cannot listen on 127.0.0.1:{port}"
+        )
+    monkeypatch.setenv("GENAI_MAX_QUEUED_REQUESTS", "many")
+    fails_with_one_line(capsys, ["serve", export_reference_vlm], "GENAI_MAX_QUEUED_REQUESTS must be a whole number")

@@ -20,7 +20,7 @@ from genai_pipeline.cli import main
 from genai_pipeline.errors import InputError
 from genai_pipeline.image_processing import Frames, ImageProcessing, expand_rendered_chat
 from genai_pipeline.options import SamplingOptions
-from genai_pipeline.runtime.chat import Chat, end_of_turn_ids
+from genai_pipeline.runtime.chat import Chat, end_of_turn_ids, keep_cached
 from genai_pipeline.runtime.generate import Sampler, generate
 from genai_pipeline.runtime.multimodal import MultimodalSession
 from genai_pipeline.tokenizer import Tokenizer
@@ -82,9 +82,13 @@ def test_an_image_run_the_cache_holds_only_in_part_is_fed_whole(chat_folder, ima
     images = tuple(f for _, f in chat.attached)
     ids = chat.render((chat._message("user", "Hi", (image_file,)),), images)
     slots = [i for i, t in enumerate(ids) if t == SPECIALS.index("<image>")]
-    assert chat._stage_frames(ids, slots[2], images) == slots[0] and len(chat.session.frames) == 1
-    assert chat._stage_frames(ids, slots[-1] + 1, images) == slots[-1] + 1 and chat.session.frames == []
-    assert chat._stage_frames(ids, slots[0], images) == slots[0] and len(chat.session.frames) == 1
+    session = chat.session
+    session.frames = [frame for image in images for frame in image.pixels]
+    session.prefill(ids)  # the cache holds all of ids
+    assert keep_cached(session, ids[: slots[-1] + 1], ids, images) == slots[-1] + 1 and session.frames == []
+    assert keep_cached(session, ids[: slots[2]], ids, images) == slots[0] and len(session.frames) == 1
+    assert session.pos == slots[0]
+    assert keep_cached(session, ids[: slots[0]], ids, images) == slots[0] and len(session.frames) == 1
 
 
 def test_chat_prompt_equals_transformers_processor(chat_folder, image_file):

@@ -94,9 +94,16 @@ def test_manifest_and_report_name_every_component(quantized_vlm):
     assert components["token_embedding"] == {**components["token_embedding"], "recipe": "4w", "layers": {"emb4w": 1}}
     assert components["text_decoder"]["recipe"].startswith(f"8da4w-g{GROUP}")
     # 2 layers x (q, k, o, w1, w3) + layer 0's w2 + the head at 4 bits (GPTQ); wv, layer 1's w2 at 8
-    # (quantize.more_bits_layer: the last of 2 layers)
+    # (quantize.recipes.more_bits_layers: the last of 2 layers)
     assert components["text_decoder"]["layers"] == {"8da4w": 2 * 5 + 1 + 1, "8da8w": 2 + 1}
     assert manifest["quantization"]["vision_recipe"] == "8da4w" and manifest["recipe"].endswith("+vision8da4w")
+    # the rules applied, which eval applies again: the tower's narrow layers (fc1 and each block's
+    # attention) at 8 bits, then the rest at the vision recipe
+    assert manifest["quantization"]["vision_rules"][-1] == {"pattern": ".*", "recipe": "8da4w", "layers": None}
+    assert {"pattern": r"^layers\.\d+\.fc1$", "recipe": "8da8w", "layers": [0, 1]} in manifest["quantization"][
+        "vision_rules"
+    ]
+    assert manifest["quantization"]["rules"][-1] == {"pattern": ".*", "recipe": "8da4w", "layers": None}
     assert manifest["verification"]["tokens"] > 200  # the decoder's text path, scored by the program itself
     report = (quantized_vlm / "quant_report.html").read_text()
     for layer in ("token_embedding", "vision_encoder.layers.1", "vision_encoder.connector", "text_decoder.layers.1"):
@@ -383,7 +390,7 @@ class _QDQSession:
         return logits
 
     def prefill(self, tokens: list[int]) -> torch.Tensor:
-        from genai_pipeline.quantize.multimodal import spliced_embeddings
+        from genai_pipeline.quantize.multimodal_static import spliced_embeddings
 
         embeddings = spliced_embeddings(self.qdq.embed, self.qdq.vision, tokens, self.frames, self.image_token_id)
         self.frames = []
