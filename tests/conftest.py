@@ -260,7 +260,7 @@ def smollm2_fp32(tmp_path_factory) -> Path:
                 "--checkpoint",
                 str(SMOLLM2_GGUF),
                 "--max-seq-len",
-                "384",
+                "512",
                 "--verify-len",
                 "8",
                 "--long-prefill-len",

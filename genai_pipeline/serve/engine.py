@@ -28,7 +28,14 @@ from genai_pipeline.image_files import decode_image
 from genai_pipeline.image_processing import Frames, image_frames
 from genai_pipeline.limits import QUEUED_REQUESTS, REQUEST_BYTES, REQUEST_IMAGES, REQUEST_MESSAGES, REQUEST_PARTS
 from genai_pipeline.manifest import Manifest
-from genai_pipeline.runtime.chat import common_prefix_len, conversation_ids, end_of_turn_ids, keep_cached
+from genai_pipeline.messages import Message
+from genai_pipeline.runtime.chat import (
+    common_prefix_len,
+    conversation_ids,
+    end_of_turn_ids,
+    fit_conversation,
+    keep_cached,
+)
 from genai_pipeline.runtime.generate import Sampler, generate
 from genai_pipeline.runtime.lookahead import LookaheadOptions, lookahead_options
 from genai_pipeline.runtime.multimodal import is_multimodal
@@ -203,7 +210,8 @@ class Engine:
             image_frames(decode_image(io.BytesIO(data), f"image {k + 1}"), self.processing)
             for k, data in enumerate(request.images)
         )
-        ids = conversation_ids(self.tokenizer, self.template, request.messages, frames, self.processing)
+        messages, frames = self._fit(request.messages, frames, request.decoding.max_tokens)
+        ids = conversation_ids(self.tokenizer, self.template, messages, frames, self.processing)
         keys = tuple(ids)
         if self.multimodal:
             image_token_id, n = self.slots[0].session.image_token_id, self.processing.tokens_per_image
@@ -217,6 +225,22 @@ class Engine:
                 )
             keys = cache_keys(ids, frames, image_token_id, n)
         return self._job(ids, frames, request.decoding, self.chat_stop_ids, keys, "messages")
+
+    def _fit(self, messages: tuple[Message, ...], frames: tuple, max_tokens: int | None):
+        """A conversation longer than the context keeps its system messages and its latest turns, as
+        `genai run --chat` does; only a last message that alone does not fit is refused (below)."""
+        context = self.model.context
+        room = min(max_tokens or context // 2, context // 2)
+        keep = next((i for i, m in enumerate(messages) if m.role != "system"), len(messages))
+        kept, kept_frames, _ = fit_conversation(
+            messages,
+            frames,
+            keep,
+            context,
+            room,
+            lambda m, f: conversation_ids(self.tokenizer, self.template, m, f, self.processing),
+        )
+        return kept, kept_frames
 
     def completion_job(self, request: CompletionRequest) -> Job:
         if isinstance(request.prompt, str):

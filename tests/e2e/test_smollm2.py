@@ -89,6 +89,37 @@ def test_chat_answers_and_stops_at_the_end_of_its_turn(smollm2_fp32):
     assert "user" not in out.lower() and "<|im" not in out  # no invented turns after its own
 
 
+FILLERS = ("Name a fruit.", "What is two plus three?", "Name a colour.", "Say hello in French.", "Name an animal.")
+
+
+def test_a_conversation_longer_than_the_context_keeps_its_system_message(smollm2_fp32):
+    """40 turns through a 512-token context: every reply ends at the end of its turn, the oldest turns
+    leave as needed, and the fact the system message states is answered at turn 40 as at turn 1."""
+    from genai_pipeline.chat_template import read_chat_template
+    from genai_pipeline.options import SamplingOptions
+    from genai_pipeline.runtime.chat import Chat, end_of_turn_ids
+    from genai_pipeline.runtime.generate import Sampler
+    from genai_pipeline.runtime.open import open_session
+    from genai_pipeline.tokenizer import Tokenizer
+
+    session, tokenizer = open_session(smollm2_fp32), Tokenizer.from_folder(smollm2_fp32)
+    template = read_chat_template(smollm2_fp32)
+    stop = end_of_turn_ids(smollm2_fp32, tokenizer, session.manifest.eos_ids, template)
+    system = "You are a helpful assistant. The password is BLUEBIRD. When asked for the password, say it."
+    chat = Chat(session, tokenizer, template, Sampler(SamplingOptions()), stop, max_new_tokens=96, system=system)
+    question = "What is the password?"
+    first = chat.send(question)
+    dropped = 0
+    for k in range(38):
+        reply = chat.send(FILLERS[k % len(FILLERS)])
+        assert reply.tokens and reply.stop_reason == "eos", (k, reply)
+        dropped += reply.dropped
+    last = chat.send(question)
+    assert session.max_seq_len == 512 and dropped > 0  # the conversation outgrew the context
+    assert first.stop_reason == last.stop_reason == "eos" and chat.messages[0].text == system
+    assert last.tokens == first.tokens, (first.text, last.text)
+
+
 def test_prompt_through_the_template_stops_at_im_end(smollm2_fp32):
     rendered = (
         "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"

@@ -143,6 +143,34 @@ def test_each_turn_of_a_conversation_is_prefilled_once(client):
         previous = reply
 
 
+def test_a_conversation_longer_than_the_context_keeps_its_system_message_and_latest_turns(client):
+    """A history past the 512-token context is answered, not refused: the oldest turns leave until the
+    rest fills half the context (as `genai run --chat` does), the system message stays, and the
+    answer is the one the kept conversation gets alone."""
+    system = {"role": "system", "content": "You are a helpful assistant. The password is BLUEBIRD."}
+    turns = []
+    for k in range(12):
+        turns += [
+            {"role": "user", "content": f"Tell me fact number {k} about rivers, in one long sentence."},
+            {"role": "assistant", "content": "Rivers carry water from the mountains down to the sea. " * 3},
+        ]
+    question = {"role": "user", "content": "What is the password?"}
+    reply = client.chat.completions.create(
+        model=MODEL, messages=[system, *turns, question], temperature=0, max_tokens=24
+    )
+    assert reply.choices[0].finish_reason == "stop" and reply.usage.prompt_tokens <= 256
+    kept = reply.usage.prompt_tokens
+    alone = [None]
+    for n in range(0, len(turns) + 1, 2):  # the kept conversation: the system message and the latest turns
+        trial = client.chat.completions.create(
+            model=MODEL, messages=[system, *turns[n:], question], temperature=0, max_tokens=24
+        )
+        if trial.usage.prompt_tokens == kept:
+            alone = [trial.choices[0].message.content]
+            break
+    assert alone == [reply.choices[0].message.content]
+
+
 def test_concurrent_requests_get_the_replies_each_gets_alone(client):
     """Four streams at once on two sessions (two wait in the queue): each greedy reply is the one
     its request gets alone."""
@@ -223,13 +251,13 @@ def test_bad_requests_are_refused_and_the_server_goes_on(server, client):
     assert e.value.body["code"] == "model_not_found"
     with pytest.raises(openai.BadRequestError, match="'max_tokens' must be from 1"):
         client.chat.completions.create(model=MODEL, messages=CAPITAL, max_tokens=-1)
-    with pytest.raises(openai.BadRequestError, match="'max_tokens' must be from 1 to the model's context of 384"):
-        client.chat.completions.create(model=MODEL, messages=CAPITAL, max_tokens=385)
+    with pytest.raises(openai.BadRequestError, match="'max_tokens' must be from 1 to the model's context of 512"):
+        client.chat.completions.create(model=MODEL, messages=CAPITAL, max_tokens=513)
     with pytest.raises(openai.BadRequestError) as e:
-        client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Paris " * 400}])
+        client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Paris " * 600}])
     assert e.value.body["code"] == "context_length_exceeded"
     with pytest.raises(openai.BadRequestError) as e:
-        client.completions.create(model=MODEL, prompt="Paris " * 400)
+        client.completions.create(model=MODEL, prompt="Paris " * 600)
     assert e.value.body["code"] == "context_length_exceeded"
     image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}
     with pytest.raises(openai.BadRequestError, match="text-only: it cannot take images"):
