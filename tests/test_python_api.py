@@ -38,4 +38,4 @@ def test_export_stays_a_function_beside_its_module():
         "print(g.export.__module__, callable(g.export), g.evaluate.__module__, callable(g.evaluate))"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert done.stdout.split() == ["genai_pipeline.export", "True", "genai_pipeline.evaluate", "True"]
+    assert done.stdout.split() == ["genai_pipeline.export", "True", "genai_pipeline.evaluate.text", "True"]

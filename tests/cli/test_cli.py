@@ -291,7 +291,7 @@ def test_run_chat_converses_on_stdin(capsys, monkeypatch, tmp_path, export_tiny)
     out, err = capsys.readouterr()
     assert out == f"{first}\n{second}\n{first}\n"  # after /reset, "Hi" is answered as at the start
     full = [line for line in err.splitlines() if "context" in line]
-    assert len(full) == 1 and f"the program's context is {TINY_MAX_SEQ}" in full[0] and "/reset" in full[0]
+    assert len(full) == 1 and f"the program's context is {TINY_MAX_SEQ}" in full[0] and "--max-seq-len" in full[0]
     assert "conversation cleared" in err
 
 
