@@ -87,7 +87,7 @@ def _cache_io_feed(observed, contract):
     from genai_pipeline.runtime.cache_io import CacheIOSession, eager_runner
 
     session = CacheIOSession(
-        contract, eager_runner({GraphName.PREFILL: observed, GraphName.DECODE: observed}, contract.n_layers)
+        contract, eager_runner({GraphName.PREFILL_CHUNK: observed, GraphName.DECODE_TOKEN: observed}, contract.n_layers)
     )
 
     def feed(step) -> None:  # a sample's chunks come in order, so the driver's cursor is the step's input_pos

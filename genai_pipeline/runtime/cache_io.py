@@ -28,7 +28,7 @@ import torch
 
 from genai_pipeline.errors import InputError
 from genai_pipeline.models.decoder import MASK_HIDDEN
-from genai_pipeline.names import GraphName
+from genai_pipeline.names import GraphName, method_names
 from genai_pipeline.runtime.session import check_room
 
 FORM = "cache-io"  # the manifest's `decoder_form` of a program in this form
@@ -42,7 +42,7 @@ class CacheIOContract:
     n_kv_heads: int
     head_dim: int
     max_seq_len: int
-    tokens_per_call: Mapping[str, int]  # method -> T: prefill -> --prefill-len, decode -> 1
+    tokens_per_call: Mapping[str, int]  # method -> T: prefill_chunk -> --prefill-len, decode_token -> 1
     sliding_window: int | None = None  # set when some layers attend through a window (a window_mask input)
 
     def as_manifest(self) -> dict:
@@ -86,7 +86,10 @@ class CacheIOContract:
         """The contract of an export in the cache-I/O form; None for the other form."""
         if manifest.get("decoder_form") != FORM:
             return None
-        recorded = manifest["cache_io"]
+        recorded = dict(manifest["cache_io"])
+        # Keyed by graph: an export from before the rename calls the static chunk otherwise (names.method_names).
+        graphs = {name: graph.value for graph, name in method_names(recorded["tokens_per_call"]).items()}
+        recorded["tokens_per_call"] = {graphs.get(m, m): n for m, n in recorded["tokens_per_call"].items()}
         return cls(**{f.name: recorded[f.name] for f in dataclasses.fields(cls)})
 
     @classmethod
@@ -159,20 +162,20 @@ class CacheIOSession:
         if not tokens:
             raise InputError("the prompt is empty")
         self._check_room(len(tokens))
-        chunk = self.contract.tokens_per_call.get(GraphName.PREFILL.value)
+        chunk = self.contract.tokens_per_call.get(GraphName.PREFILL_CHUNK.value)
         if chunk is None:
             return self.score(tokens)[-1]
         for i in range(0, len(tokens), chunk):
             part = tokens[i : i + chunk]
-            logits = self._call(GraphName.DECODE if len(part) == 1 else GraphName.PREFILL, part)
+            logits = self._call(GraphName.DECODE_TOKEN if len(part) == 1 else GraphName.PREFILL_CHUNK, part)
         return logits
 
     def step(self, token: int) -> torch.Tensor:
         self._check_room(1)
-        return self._call(GraphName.DECODE, [token])
+        return self._call(GraphName.DECODE_TOKEN, [token])
 
     def score(self, tokens: list[int]) -> torch.Tensor:
-        """The logits after every one of `tokens`, [T, vocab], one decode call each."""
+        """The logits after every one of `tokens`, [T, vocab], one decode_token call each."""
         self._check_room(len(tokens))
         return torch.stack([self.step(token) for token in tokens])
 
