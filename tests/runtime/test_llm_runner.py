@@ -13,7 +13,7 @@ from genai_pipeline.inspect import inspect_program
 from genai_pipeline.options import QuantOptions
 
 SHORT = "The list object"  # 4 tokens with BOS
-LONG = (REFERENCE / "heldout.txt").read_text()[:600]  # 176: more than a hybrid program's `prefill` takes (128)
+LONG = (REFERENCE / "heldout.txt").read_text()[:600]  # 175 tokens: more than a hybrid program's `prefill` takes (128)
 NEW_TOKENS = 40
 
 
