@@ -178,7 +178,7 @@ def inspect_program(path: Path) -> dict:
         # Each delegate payload once, with the methods that reference it (a QNN context binary
         # holding several graphs is referenced by each of them) and a QNN compile spec decoded.
         "delegate_payloads": list(payloads.values()),
-        "stock_runners": stock_runners(methods, metadata),
+        "stock_runners": stock_runners(methods, metadata, mutable),
     }
 
 
@@ -186,7 +186,8 @@ def inspect_program(path: Path) -> dict:
 # (extension/llm/runner: llm_runner_helper.cpp, text_prefiller.cpp, text_decoder_runner.cpp,
 # multimodal_prefiller.cpp): every runner reads `get_max_seq_len`; TextLLMRunner prefills through
 # `forward`, else `prefill`, a prompt longer than get_max_seq_len in chunks of it, in one call each
-# when enable_dynamic_shape, else token by token; it decodes through `decode`, else the same method.
+# when enable_dynamic_shape, else token by token; it decodes through `decode`, else the same method,
+# and gives each method arenas of its own (a KV cache shared by two methods is then two caches).
 # MultimodalRunner sends each text or image input through `token_embedding` / `vision_encoder`,
 # then `text_decoder`, whole.
 STOCK_RUNNERS = ("TextLLMRunner", "MultimodalRunner")
@@ -210,7 +211,7 @@ def _input_problem(method: dict, name: str, kinds: tuple, tokens: int) -> str | 
     return None
 
 
-def _text_llm_runner(methods: dict, metadata: dict) -> str | None:
+def _text_llm_runner(methods: dict, metadata: dict, buffers: dict) -> str | None:
     prefill = next((m for m in ("forward", "prefill") if m in methods), None)
     if prefill is None:
         return "no `forward` or `prefill` method"
@@ -219,6 +220,8 @@ def _text_llm_runner(methods: dict, metadata: dict) -> str | None:
     chunk = metadata["get_max_seq_len"] if metadata.get("enable_dynamic_shape", False) else 1
     tokens = (("long",), 2), (("long",), 1)  # token ids [1, T], the start position [1]
     decode = "decode" if "decode" in methods else prefill
+    if decode != prefill and any({prefill, decode} <= set(b["placement"]) for b in buffers.values()):
+        return f"`{prefill}` and `{decode}` share a KV cache, which the runner gives each method one of"
     return _input_problem(methods[prefill], prefill, tokens, chunk) or _input_problem(
         methods[decode], decode, tokens, 1
     )
@@ -242,12 +245,13 @@ def _multimodal_runner(methods: dict, metadata: dict) -> str | None:
     return problem
 
 
-def stock_runners(methods: dict, metadata: dict) -> dict[str, str | None]:
-    """Each of ExecuTorch's LLM runners -> None where it runs this program, else why not."""
+def stock_runners(methods: dict, metadata: dict, buffers: dict) -> dict[str, str | None]:
+    """Each of ExecuTorch's LLM runners -> None where it runs this program, else why not
+    (`buffers`: the mutable buffers, each with the methods it is placed in)."""
     if "get_max_seq_len" not in metadata:
         return dict.fromkeys(STOCK_RUNNERS, "no get_max_seq_len method")
     return {
-        "TextLLMRunner": _text_llm_runner(methods, metadata),
+        "TextLLMRunner": _text_llm_runner(methods, metadata, buffers),
         "MultimodalRunner": _multimodal_runner(methods, metadata),
     }
 

@@ -207,6 +207,35 @@ def manifest(folder: Path) -> dict:
     return json.loads((folder / "manifest.json").read_text())
 
 
+def rename_methods(folder: Path, dest: Path, names: dict[str, str]) -> Path:
+    """A copy of an export folder whose program's methods are renamed (in its flatbuffer and its
+    manifest): the layout of another version, made from this one's export."""
+    import hashlib
+
+    from executorch.exir._serialize._program import deserialize_pte_binary, serialize_pte_binary
+
+    shutil.copytree(folder, dest)
+    pte = dest / "text_decoder.pte"
+    program = deserialize_pte_binary(pte.read_bytes())
+    for plan in program.program.execution_plan:
+        plan.name = names.get(plan.name, plan.name)
+    data = bytes(
+        serialize_pte_binary(
+            program, extract_delegate_segments=True, segment_alignment=128, constant_tensor_alignment=16
+        )
+    )
+    pte.write_bytes(data)
+    m = manifest(dest)
+    entry = m["artifacts"]["text_decoder"]
+    entry["methods"] = [names.get(name, name) for name in entry["methods"]]
+    entry["dynamic_methods"] = [names.get(name, name) for name in entry["dynamic_methods"]]
+    if "cache_io" in m:
+        m["cache_io"]["tokens_per_call"] = {names.get(k, k): n for k, n in m["cache_io"]["tokens_per_call"].items()}
+    m["files"]["text_decoder.pte"] = {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    (dest / "manifest.json").write_text(json.dumps(m))
+    return dest
+
+
 def text_llm_runner(folder: Path, prompt: str, max_new_tokens: int, bos: bool) -> tuple[str, int, int]:
     """An export folder's program in ExecuTorch's own TextLLMRunner (its Python binding: the C++
     runner, prefiller and tokenizer), greedy: (the text, tokens generated, prompt tokens)."""

@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import Q4, REFERENCE, manifest, text_llm_runner
+from conftest import Q4, REFERENCE, manifest, rename_methods, text_llm_runner
 
 from genai_pipeline.inspect import inspect_program
 from genai_pipeline.options import QuantOptions
@@ -46,3 +46,16 @@ def test_a_program_genai_inspect_says_it_does_not_run_in_fails_there(export_refe
     assert why == "no `forward` or `prefill` method"
     with pytest.raises(RuntimeError):
         text_llm_runner(folder, SHORT, 4, bos=True)
+
+
+def test_a_decode_method_beside_prefill_reads_a_cache_of_its_own_in_the_runner(export_reference, tmp_path):
+    """Why the one-token method is not named `decode` (docs/decisions/0034): the pinned runner would
+    decode through it with arenas of its own, never seeing the KV cache `prefill` wrote. When this
+    fails, the runner shares them, and `decode` can be the name."""
+    folder = export_reference("hybrid", QuantOptions())
+    renamed = rename_methods(folder, tmp_path / "renamed", {"decode_token": "decode"})
+    why = inspect_program(renamed / "text_decoder.pte")["stock_runners"]["TextLLMRunner"]
+    assert why == "`prefill` and `decode` share a KV cache, which the runner gives each method one of"
+    right, _, _ = text_llm_runner(folder, LONG, NEW_TOKENS, bos=True)
+    wrong, _, _ = text_llm_runner(renamed, LONG, NEW_TOKENS, bos=True)
+    assert right[:1] == wrong[:1] and right != wrong  # the first token comes from `prefill`
