@@ -65,7 +65,7 @@ chat: $(STAMP) $(CHAT_MODEL)/manifest.json
 	$(BIN)/genai run $(CHAT_MODEL) --chat --max-new-tokens 512 --lookahead 7
 
 bench: $(STAMP)
-	$(BIN)/python bench/slice.py
+	$(BIN)/python -m bench.slice
 
 clean:
 	rm -rf out bench/results

@@ -2,7 +2,7 @@
 On a shared, loaded machine side-by-side runs of `genai bench` vary 2x; steps interleaved this
 finely see the same load.
 
-    .venv/bin/python bench/ab_decode.py A/text_decoder.pte B/text_decoder.pte [--steps 4000] [--threads 2]
+    .venv/bin/python -m bench.ab_decode A/text_decoder.pte B/text_decoder.pte [--steps 4000] [--threads 2]
 """
 
 import argparse
@@ -14,7 +14,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")  # as genai bench (docs/decisions/
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
+    parser = argparse.ArgumentParser(prog="python -m bench.ab_decode")
     parser.add_argument("programs", nargs=2)
     parser.add_argument("--steps", type=int, default=4000)
     parser.add_argument("--threads", type=int, default=1, help="ExecuTorch's threadpool (as genai bench --threads)")

@@ -2,7 +2,7 @@
 Each program names the method to time: a hybrid program's `prefill` or `prefill_chunk`, a dynamic one's
 `forward`, given the same T tokens from position 0. Interleaved calls see the same load on a shared host.
 
-    .venv/bin/python bench/ab_prefill.py A/text_decoder.pte:prefill B/text_decoder.pte:forward \
+    .venv/bin/python -m bench.ab_prefill A/text_decoder.pte:prefill B/text_decoder.pte:forward \
         [--tokens 128] [--calls 60] [--threads 2]
 """
 
@@ -15,7 +15,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")  # as genai bench (docs/decisions/
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
+    parser = argparse.ArgumentParser(prog="python -m bench.ab_prefill")
     parser.add_argument("programs", nargs="+", help="PATH:METHOD")
     parser.add_argument("--tokens", type=int, default=128, help="the call's length (a static method's own)")
     parser.add_argument("--calls", type=int, default=60)

@@ -7,14 +7,14 @@ can be measured), score the PROGRAM with `genai eval` on the same token ids
 decode / prefill speed with `genai bench` (round-robin over the variants, medians). Writes JSON
 and a perplexity-vs-size chart (PNG) under bench/results and prints a table.
 
-    .venv/bin/python bench/accuracy.py --checkpoint /tmp/smollm2-fp32 \\
+    .venv/bin/python -m bench.accuracy --checkpoint /tmp/smollm2-fp32 \\
         --text assets/reference/heldout.txt [--variants 8da4w 8da4w-today 8da8w] [--repeats 3]
-    .venv/bin/python bench/accuracy.py --checkpoint /tmp/smollm2-fp32 --levers [LEVER ...]   # eager study
+    .venv/bin/python -m bench.accuracy --checkpoint /tmp/smollm2-fp32 --levers [LEVER ...]   # eager study
 
 llama.cpp rows: with `--llamacpp`, measured here on the same token ids. llama-cpp-python, built
 from its sdist into bench/.envs/llamacpp by bench/compare.py (its `done.json` says it is there;
 this script does not build it), converts the same fp32 folder with the sdist's
-convert_hf_to_gguf.py and quantizes it with llama_model_quantize (compare.py's workers), then
+convert_hf_to_gguf.py and quantizes it with llama_model_quantize (bench/peers.py's workers), then
 scores every GGUF on the ids `genai eval` scores (all logits of each window, the F32 file's the
 reference for KL and top-1); the two fp32 perplexities must agree. Without `--llamacpp` the rows
 are the figures of the issue (SmolLM2-135M-Instruct, same 1022 tokens of heldout.txt, windows of
@@ -35,8 +35,8 @@ import time
 import zlib
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-REPO = HERE.parent
+from bench.harness import ENVS, HERE, ROOT, main_or_worker, run_child
+from bench.peers import export_llamacpp, install_llamacpp
 
 # name -> QuantOptions keyword arguments
 W2_4BIT = [["feed_forward\\.w2$", "8da4w"]]  # every w2 at 4 bits (the default keeps some at 8: more_bits_layer)
@@ -123,20 +123,21 @@ def _exported(folder: Path, quant: dict) -> bool:
     """Whether folder holds the export of `quant` as today's code describes it (a default that changed
     since, under the same name, is exported again)."""
     from genai_pipeline.options import QuantOptions
+    from genai_pipeline.quantize.recipes import describe
 
     manifest = folder / "manifest.json"
     return (
         manifest.is_file()
         and (folder / ".quant.json").is_file()
         and json.loads((folder / ".quant.json").read_text()) == quant
-        and json.loads(manifest.read_text())["recipe"] == QuantOptions(**quant).describe()
+        and json.loads(manifest.read_text())["recipe"] == describe(QuantOptions(**quant))
     )
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m bench.accuracy", description=__doc__.splitlines()[0])
     p.add_argument("--checkpoint", help="a Hugging Face folder (fp32 safetensors)")
-    p.add_argument("--text", default=str(REPO / "assets" / "reference" / "heldout.txt"))
+    p.add_argument("--text", default=str(ROOT / "assets" / "reference" / "heldout.txt"))
     p.add_argument("--max-tokens", type=int, default=1024)
     p.add_argument("--window", type=int, default=512)
     p.add_argument("--variants", nargs="*", default=list(VARIANTS), choices=list(VARIANTS), help="none: llama.cpp only")
@@ -157,12 +158,10 @@ def main() -> None:
         help="the eager fake-quant study instead (all levers if none named)",
     )
     p.add_argument(
-        "--calib-text", default=str(REPO / "assets" / "reference" / "sample.txt"), help="for the levers that calibrate"
+        "--calib-text", default=str(ROOT / "assets" / "reference" / "sample.txt"), help="for the levers that calibrate"
     )
     p.add_argument("--calib-tokens", type=int, default=4096)
     p.add_argument("--export-one", nargs=3, metavar=("CHECKPOINT", "OUT", "QUANT_JSON"), help=argparse.SUPPRESS)
-    if sys.argv[1:2] == ["_score-gguf"]:  # in llama.cpp's venv: nothing of ours is importable there
-        return worker_score_gguf(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5:])
     args = p.parse_args()
     if args.export_one:
         return export_one(args.export_one[0], args.export_one[1], json.loads(args.export_one[2]))
@@ -171,7 +170,7 @@ def main() -> None:
     if args.levers is not None:
         return levers(args)
 
-    env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     cli = [sys.executable, "-m", "genai_pipeline.cli"]
     work = Path(args.work) / Path(args.checkpoint).name
     rows = {}
@@ -179,7 +178,18 @@ def main() -> None:
         quant, folder = VARIANTS[name], work / name
         if not _exported(folder, quant):
             t = time.perf_counter()
-            _child([sys.executable, __file__, "--export-one", args.checkpoint, str(folder), json.dumps(quant)], env)
+            _child(
+                [
+                    sys.executable,
+                    "-m",
+                    "bench.accuracy",
+                    "--export-one",
+                    args.checkpoint,
+                    str(folder),
+                    json.dumps(quant),
+                ],
+                env,
+            )
             (folder / ".quant.json").write_text(json.dumps(quant))
             print(f"exported {name} in {time.perf_counter() - t:.0f} s", file=sys.stderr, flush=True)
         result = json.loads(
@@ -290,19 +300,17 @@ def eval_ids(checkpoint: str, text: str, max_tokens: int) -> list[int]:
 
 def llamacpp_rows(args, work: Path) -> list[dict]:
     """llama.cpp's F32 and LLAMACPP_FTYPES of the checkpoint, scored on the ids genai eval scores,
-    with decode / prefill speed from compare.py's runner (medians of --repeats)."""
-    import compare
-
-    if not (compare.ENVS / "llamacpp" / "done.json").is_file():
+    with decode / prefill speed from bench/peers.py's runner (medians of --repeats)."""
+    if not (ENVS / "llamacpp" / "done.json").is_file():
         raise SystemExit(
-            f"--llamacpp needs llama-cpp-python in {compare.ENVS / 'llamacpp'}, which bench/compare.py builds "
-            "(its done.json is not there)"
+            f"--llamacpp needs llama-cpp-python in {ENVS / 'llamacpp'}, which "
+            "`python -m bench.compare --systems llamacpp` builds (its done.json is not there)"
         )
     (work / "logs").mkdir(parents=True, exist_ok=True)
-    inst = compare.install_llamacpp(work)  # the finished build's record, read from done.json
+    inst = install_llamacpp(work)  # the finished build's record, read from done.json
     model, out = {"folder": str(Path(args.checkpoint).resolve())}, work / "llamacpp"
     files = {
-        name: compare.export_llamacpp(model, name, ftype, out, work, inst, args.threads)["file"]
+        name: export_llamacpp(model, name, ftype, out, work, inst, args.threads)["file"]
         for name, ftype in {"F32": None, **LLAMACPP_FTYPES}.items()
     }
     ids = eval_ids(args.checkpoint, args.text, args.max_tokens)
@@ -311,8 +319,8 @@ def llamacpp_rows(args, work: Path) -> list[dict]:
     ids_file, scored = work / f"ids-{key:08x}.json", out / f"scores-{key:08x}.json"
     if not scored.is_file():
         ids_file.write_text(json.dumps(ids))
-        _, _, stdout = compare.run_child(
-            [inst["python"], __file__, "_score-gguf", ids_file, args.window, 1, *files.values()],
+        _, _, stdout = run_child(
+            [inst["python"], "-m", "bench.accuracy", "_score-gguf", ids_file, args.window, 1, *files.values()],
             log=work / "logs" / "llamacpp-score.log",
         )
         scored.write_text(stdout)
@@ -322,8 +330,8 @@ def llamacpp_rows(args, work: Path) -> list[dict]:
     for name, file in files.items():
         speed = [
             json.loads(
-                compare.run_child(
-                    [inst["python"], compare.__file__, "_run-llamacpp", file, vocab, 128, 128, args.threads]
+                run_child(
+                    [inst["python"], "-m", "bench.peers", "_run-llamacpp", file, vocab, 128, 128, args.threads, 0]
                 )[2]
             )
             for _ in range(args.repeats)
@@ -425,12 +433,10 @@ LEVERS = {  # name -> fake_quantize keyword arguments; weights as the program wo
 
 def recipe_default(model, calib: list[int], window: int, recipe: str, smooth: float | None, rotated: bool = False):
     """What `--recipe R` does to the eager model (QuantOptions' defaults but the smoothing strength)."""
-    from torch import nn
-
     from genai_pipeline.options import QuantOptions
     from genai_pipeline.quantize.calibration import input_absmax
     from genai_pipeline.quantize.gptq import gptq_weights
-    from genai_pipeline.quantize.recipes import quantize_module, recipe_for
+    from genai_pipeline.quantize.recipes import linear_recipes, quantize_module
     from genai_pipeline.quantize.rotation import rotate
     from genai_pipeline.quantize.smoothing import smooth as smooth_model
     from genai_pipeline.quantize.smoothing import smoothing_scales
@@ -442,11 +448,7 @@ def recipe_default(model, calib: list[int], window: int, recipe: str, smooth: fl
         smooth_model(model, smoothing_scales(model, input_absmax(model, [calib], window), smooth))
     computed = None
     if recipe == "8da4w":
-        names = {
-            n
-            for n, m in model.named_modules()
-            if isinstance(m, nn.Linear) and recipe_for(n, options, len(model.layers)) == "8da4w"
-        }
+        names = {n for n, r in linear_recipes(model, options).items() if r == "8da4w"}
         computed = gptq_weights(model, names, [calib], window, options.group_size)
     quantize_module(model, options, computed)
     return model
@@ -705,5 +707,5 @@ def chart(rows, w=900, h=560) -> bytes:
     )
 
 
-if __name__ == "__main__":
-    main()
+if __name__ == "__main__":  # _score-gguf: in llama.cpp's venv, where genai_pipeline's dependencies are not
+    main_or_worker(main, {"_score-gguf": lambda a: worker_score_gguf(a[0], int(a[1]), int(a[2]), a[3:])})

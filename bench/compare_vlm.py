@@ -1,7 +1,7 @@
 """Vision-language models side by side: genai vs optimum-executorch vs llama.cpp's mtmd, one SmolVLM-256M-shaped
 random model, one 512 x 512 image.
 
-A benchmark, not a test; the text-model comparison is compare.py, whose child-process and cache helpers this
+A benchmark, not a test; the text-model comparison is compare.py, whose peers' venvs (bench/peers.py) this
 script uses. Stages, each cached in `--work` (a re-run resumes and only measures again):
 
   model      a transformers `SmolVLMForConditionalGeneration` folder with SmolVLM-256M's shapes (text 576 wide,
@@ -29,7 +29,7 @@ script uses. Stages, each cached in `--work` (a re-run resumes and only measures
              its output arrives (see run_mtmd). ExecuTorch programs also run once in ExecuTorch's own
              MultimodalRunner, as a check.
 
-    /work/main/.venv/bin/python bench/compare_vlm.py [--systems genai optimum llamacpp] [--recipes fp32 8da4w]
+    .venv/bin/python -m bench.compare_vlm [--systems genai optimum llamacpp] [--recipes fp32 8da4w]
         [--repeats 3] [--threads 2] [--llamacpp-threads N] [--gen-len 64] [--exports-only] [--no-runner-check]
 
 Writes bench/results/compare_vlm.json and prints a table.
@@ -40,7 +40,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import re
 import statistics
 import subprocess
@@ -48,28 +47,26 @@ import sys
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-from compare import (  # noqa: E402
+from bench.harness import (
     ENVS,
-    LLAMACPP_BUILD,
-    LLAMACPP_VERSION,
+    HERE,
+    MAIN_PY,
+    ONE_OMP_THREAD,
+    ROOT,
     ChildFailed,
     cached,
     genai_source,
     last_error_line,
+    machine,
+    main_or_worker,
     run_child,
     say,
 )
+from bench.peers import LLAMACPP_BUILD, LLAMACPP_VERSION
 
-MAIN_PY = Path(sys.executable)  # the main venv: genai, torch, transformers 5.25
-ROOT = HERE.parent
 GGUF_VOCAB = ROOT / ".cache" / "SmolLM2-135M-Instruct.Q4_1.gguf"  # SmolLM2's tokenizer, which SmolVLM's extends
 MTMD = ENVS / "llamacpp-mtmd"
 LLAMA_TREE = ENVS / "src" / f"llama_cpp_python-{LLAMACPP_VERSION}" / "vendor" / "llama.cpp"
-# ExecuTorch's custom SDPA calls MKL inside ExecuTorch's thread pool: OpenMP teams there spin on the cores
-# XNNPACK needs (docs/decisions/0002); set for every ExecuTorch run, ours and optimum's alike.
-ET_ENV = {"OMP_NUM_THREADS": "1"}
 
 IMAGE = 512
 TOKENS_PER_IMAGE = 64
@@ -257,9 +254,8 @@ def build_model(work: Path, seed: int) -> dict:
 
     def make():
         wall, rss, _ = run_child(
-            [MAIN_PY, __file__, "_build-model", folder, str(seed)],
+            [MAIN_PY, "-m", "bench.compare_vlm", "_build-model", folder, str(seed)],
             log=work / "logs" / "smolvlm-build-model.log",
-            env={"PYTHONPATH": str(ROOT)},
         )
         n = sum(f.stat().st_size for f in folder.glob("*.safetensors"))
         return {
@@ -399,7 +395,8 @@ def export_optimum(model: dict, name: str, args: list, out: Path, work: Path, in
         ]
         try:
             wall, rss, _ = run_child(
-                [inst["python"], __file__, "_export-optimum", *argv], log=work / "logs" / f"optimum-{name}-export.log"
+                [inst["python"], "-m", "bench.compare_vlm", "_export-optimum", *argv],
+                log=work / "logs" / f"optimum-{name}-export.log",
             )
         except (
             ChildFailed
@@ -454,7 +451,8 @@ def export_llamacpp(model: dict, name: str, recipe: tuple, out: Path, work: Path
             wall, rss, _ = run_child(
                 [
                     inst["python"],
-                    __file__,
+                    "-m",
+                    "bench.compare_vlm",
                     "_convert-gguf",
                     LLAMA_TREE,
                     model["folder"],
@@ -477,7 +475,7 @@ def export_llamacpp(model: dict, name: str, recipe: tuple, out: Path, work: Path
 
         def make():
             wall, rss, _ = run_child(
-                [inst["python"], HERE / "compare.py", "_quantize", text["file"], target, str(ftype), str(threads)],
+                [inst["python"], "-m", "bench.peers", "_quantize", text["file"], target, str(ftype), str(threads)],
                 log=work / "logs" / f"llamacpp-{target.stem}.log",
             )
             return {"file": str(target), "export_s": round(wall, 1), "export_peak_rss_mb": round(rss)}
@@ -505,7 +503,7 @@ def build_mtmd(work: Path) -> dict:
 
     def make():
         if not LLAMA_TREE.exists():
-            raise ChildFailed(f"{LLAMA_TREE} is missing: run compare.py's llama.cpp install first")
+            raise ChildFailed(f"{LLAMA_TREE} is missing: run `python -m bench.compare --systems llamacpp` first")
         log = work / "logs" / "llamacpp-mtmd-build.log"
         t = time.perf_counter()
         env = {k: v for k, v in MTMD_BUILD.items() if k != "CMAKE_ARGS"}
@@ -779,19 +777,24 @@ def measure(variant: dict, model: dict, mtmd: dict | None, args, work: Path) -> 
     load = round(os.getloadavg()[0], 2)  # the machine is shared: how busy it was
     prompt_file = work / "smolvlm-256m" / "prompt.pt"
     if not prompt_file.exists():
-        run_child([MAIN_PY, __file__, "_prompt", model["folder"], prompt_file], log=work / "logs" / "prompt.log")
+        run_child(
+            [MAIN_PY, "-m", "bench.compare_vlm", "_prompt", model["folder"], prompt_file],
+            log=work / "logs" / "prompt.log",
+        )
     if variant["system"] == "llamacpp":
         got = run_mtmd(variant, model, mtmd, args, log, args.llamacpp_threads or args.threads)
         rss = None
     else:
-        if variant["system"] == "genai":
+        if variant["system"] == "genai":  # genai_pipeline from the snapshot
             src = variant["genai_src"]
-            argv = [MAIN_PY, __file__, "_run-genai", Path(variant["file"]).parent, prompt_file, model["image"]]
-            env = {**src["env"], **ET_ENV}
+            argv = ["_run-genai", Path(variant["file"]).parent, prompt_file, model["image"]]
+            cwd, env = src["cwd"], {**src["env"], **ONE_OMP_THREAD}
         else:
-            argv = [MAIN_PY, __file__, "_run-et-multimodal", variant["file"], prompt_file]
-            env = ET_ENV
-        _, rss, out = run_child([*argv, args.gen_len, args.threads], log=log, env=env)
+            argv = ["_run-et-multimodal", variant["file"], prompt_file]
+            cwd, env = ROOT, ONE_OMP_THREAD
+        _, rss, out = run_child(
+            [MAIN_PY, "-m", "bench.compare_vlm", *argv, args.gen_len, args.threads], log=log, env=env, cwd=cwd
+        )
         got = json.loads(out.strip().splitlines()[-1])
     return {**got, **({"run_peak_rss_mb": round(rss)} if rss else {}), "loadavg_1m_before": load}
 
@@ -957,14 +960,14 @@ def read_install(system: str, problems: list) -> dict | None:
             {
                 "system": system,
                 "stage": "install",
-                "reason": f"{done} is missing: install it with compare.py --systems {system} first",
+                "reason": f"{done} is missing: install it with `python -m bench.compare --systems {system}` first",
             }
         )
     return None
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m bench.compare_vlm", description=__doc__.splitlines()[0])
     parser.add_argument(
         "--systems", nargs="+", default=["genai", "optimum", "llamacpp"], choices=["genai", "optimum", "llamacpp"]
     )
@@ -1029,7 +1032,8 @@ def main() -> None:
                 continue
             argv = [
                 MAIN_PY,
-                __file__,
+                "-m",
+                "bench.compare_vlm",
                 "_run-et-runner",
                 v["file"],
                 work / "smolvlm-256m" / "prompt.pt",
@@ -1040,7 +1044,7 @@ def main() -> None:
             ]
             load = round(os.getloadavg()[0], 2)
             try:
-                _, _, out = run_child(argv, log=work / "logs" / f"runner-{v['id']}.log", env=ET_ENV)
+                _, _, out = run_child(argv, log=work / "logs" / f"runner-{v['id']}.log", env=ONE_OMP_THREAD)
                 runner_check[v["id"]] = {**json.loads(out.strip().splitlines()[-1]), "loadavg_1m_before": load}
             except (ChildFailed, ValueError) as e:
                 runner_check[v["id"]] = {"error": last_error_line(e)}
@@ -1052,7 +1056,7 @@ def main() -> None:
             row["multimodal_runner"] = runner_check[f"{row['system']}-{row['variant']}"]
     print_table(rows, problems)
     result = {
-        "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
+        "machine": machine(),
         "settings": {
             k: getattr(args, k)
             for k in (
@@ -1092,7 +1096,4 @@ WORKERS = {
 }
 
 if __name__ == "__main__":
-    if len(sys.argv) > 1 and sys.argv[1] in WORKERS:
-        WORKERS[sys.argv[1]](sys.argv[2:])
-    else:
-        main()
+    main_or_worker(main, WORKERS)

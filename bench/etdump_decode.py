@@ -1,7 +1,7 @@
 """Where a decode step's time goes: ExecuTorch's own profiler (ETDump, which the 1.5.1 wheel fills with
 XNNPACK's per-operator times too) over decode steps of one program, summed by operator name.
 
-    .venv/bin/python bench/etdump_decode.py PROGRAM.pte [--caller genai|optimum] [--threads 2] [--steps 64] \
+    .venv/bin/python -m bench.etdump_decode PROGRAM.pte [--caller genai|optimum] [--threads 2] [--steps 64] \
         [--prompt 128] [--method verify --tokens 8] [--json out.json]
 
 A 128-token prompt goes in first (positions 0-127), then `--steps` single-token steps through `forward`
@@ -26,7 +26,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")  # as genai bench (docs/decisions/
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
+    parser = argparse.ArgumentParser(prog="python -m bench.etdump_decode")
     parser.add_argument("program")
     parser.add_argument(
         "--caller",

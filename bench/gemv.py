@@ -5,7 +5,7 @@ configs and lowered to XNNPACK, its weights far larger than the last-level cache
 it reads its weights, against `genai bench`'s copy bandwidth measured in the same run. This is
 the ceiling of a decode's bandwidth share with these kernels, whatever the program around them.
 
-    .venv/bin/python bench/gemv.py [--dim 4096] [--layers 16] [--rounds 3] [--json FILE]
+    .venv/bin/python -m bench.gemv [--dim 4096] [--layers 16] [--rounds 3] [--json FILE]
 """
 
 import argparse
@@ -56,7 +56,7 @@ def seconds_per_pass(path: Path, dim: int, threads: int, passes: int = 50) -> fl
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m bench.gemv", description=__doc__.split("\n\n")[0])
     parser.add_argument("--dim", type=int, default=4096)
     parser.add_argument("--layers", type=int, default=16, help="enough that the weights overflow the caches")
     parser.add_argument("--rounds", type=int, default=3, help="alternating rounds over the recipes; medians reported")
@@ -64,7 +64,7 @@ def main() -> None:
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    from genai_pipeline.bench import memory_bandwidth_gbs
+    from genai_pipeline.bench.host import memory_bandwidth_gbs
 
     with tempfile.TemporaryDirectory() as tmp:
         programs = {}

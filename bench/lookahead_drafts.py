@@ -15,7 +15,7 @@ So, per program:
 Variants: each --max-ngram value with the drafts sized (the shipped rule) and, with --whole, the whole
 draft checked every call. A choice made here is confirmed in real time with `genai bench --lookahead`.
 
-    .venv/bin/python bench/lookahead_drafts.py PROGRAM... [--prompts FILE...] [--gen-len 200]
+    .venv/bin/python -m bench.lookahead_drafts PROGRAM... [--prompts FILE...] [--gen-len 200]
         [--max-ngram 3 16] [--whole] [--threads 2] [--costs EARLIER.json] [--json OUT]
 """
 
@@ -36,7 +36,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")  # as genai run / genai bench (doc
 
 import torch  # noqa: E402
 
-from genai_pipeline.bench import bench_prompt, replay_sampler  # noqa: E402
+from genai_pipeline.bench.text import bench_prompt, replay_sampler  # noqa: E402
 from genai_pipeline.options import BenchOptions  # noqa: E402
 from genai_pipeline.runtime import generate as loop  # noqa: E402
 from genai_pipeline.runtime.lookahead import DraftSizer, LookaheadOptions  # noqa: E402
@@ -87,7 +87,8 @@ class CostedReplay:
         self.clock.now += 1.0
         return torch.zeros(1)
 
-    can_verify = DecoderSession.can_verify  # the session's rule, over this stand-in's cursor
+    can_verify = DecoderSession.can_verify  # the session's rules, over this stand-in's cursor
+    rewind = DecoderSession.rewind
 
     def verify(self, tokens: list[int]) -> torch.Tensor:
         self.pos += len(tokens)
@@ -119,7 +120,7 @@ def replayed(session, costs, prompt, stop_ids, plain, options: LookaheadOptions,
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m bench.lookahead_drafts", description=__doc__.split("\n")[0])
     p.add_argument("programs", nargs="+", type=Path)
     p.add_argument("--prompts", nargs="+", type=Path, default=PROMPTS)
     p.add_argument("--gen-len", type=int, default=200)

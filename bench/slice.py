@@ -5,7 +5,7 @@ For each model (the shipped reference; SmolLM2-135M's shape with random weights)
 wait4), then `genai bench` in a child process (a 128-token prefill and 128 decode steps,
 repeated; medians). Prints a table and writes JSON.
 
-    .venv/bin/python bench/slice.py [--models reference smollm2-135m] [--modes hybrid kv dynamic]
+    .venv/bin/python -m bench.slice [--models reference smollm2-135m] [--modes hybrid kv dynamic]
 """
 
 from __future__ import annotations
@@ -14,28 +14,15 @@ import argparse
 import json
 import os
 import platform
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-
-
-def run_child(argv: list[str]) -> tuple[float, float, str]:
-    """Wall seconds, peak RSS in MB and stdout of one child process."""
-    start = time.perf_counter()
-    child = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-    out = child.stdout.read()
-    _, status, usage = os.wait4(child.pid, 0)
-    if os.waitstatus_to_exitcode(status) != 0:
-        raise SystemExit(f"failed: {' '.join(argv)}")
-    return time.perf_counter() - start, usage.ru_maxrss / 1024, out
+from bench.harness import HERE, run_child
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m bench.slice", description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", default=["reference", "smollm2-135m"])
     parser.add_argument("--modes", nargs="+", default=["hybrid", "kv", "dynamic"])
     parser.add_argument("--prompt-len", type=int, default=128)

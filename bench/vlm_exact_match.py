@@ -5,7 +5,7 @@ uses (MultimodalSession, the same prompt expansion, greedy decoding, up to `--ma
 over a jsonl of `{"image", "prompt", "answer"}` (image paths relative to the jsonl; an optional
 `kind` is reported separately) and compares the stripped answer with the expected one.
 
-    .venv/bin/python bench/vlm_exact_match.py out/reference-vlm [--data assets/reference-vlm/heldout.jsonl] [--json]
+    .venv/bin/python -m bench.vlm_exact_match out/reference-vlm [--data assets/reference-vlm/heldout.jsonl] [--json]
 
 `--executorch-runner N` also answers the first N questions with ExecuTorch's own MultimodalRunner
 (C++ tokenizer and generation loop; the same prompt ids, the image as an image input) and reports
@@ -107,7 +107,7 @@ def executorch_runner(folder: Path, data: Path, limit: int, max_new_tokens: int 
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m bench.vlm_exact_match", description=__doc__.splitlines()[0])
     parser.add_argument("folder", type=Path, help="an exported vision-language model (genai export --out DIR)")
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA)
     parser.add_argument("--limit", type=int, default=0, help="first N questions only (0: all)")

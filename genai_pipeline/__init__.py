@@ -4,7 +4,7 @@ The Python API, the CLI's commands as functions (README.md, "Python API"):
 
     export(model, out=DIR, checkpoint=..., prepare=PrepareOptions(...), quant=QuantOptions(...),
            target="xnnpack") -> ArtifactSet                  genai export
-    open_session(folder) -> a text program's session         genai run (with generate, Sampler, Tokenizer)
+    open_session(folder) -> a Session, for any export         genai run (with generate, Sampler, Tokenizer)
     evaluate(folder, EvalOptions(text=FILE)) -> dict           genai eval --text
 
 and the option classes of options.py. `import genai_pipeline` loads no torch: the options are
@@ -33,6 +33,7 @@ __version__ = "0.2.0"
 _LAZY = {
     "export": "genai_pipeline.export",
     "open_session": "genai_pipeline.runtime.open",
+    "Session": "genai_pipeline.runtime.session",
     "generate": "genai_pipeline.runtime.generate",
     "Sampler": "genai_pipeline.runtime.generate",
     "Tokenizer": "genai_pipeline.tokenizer",

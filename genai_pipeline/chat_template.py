@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Protocol
 from genai_pipeline.errors import ChatTemplateError, DataError
 
 if TYPE_CHECKING:  # the chat types are data's; rendering only reads role and content
-    from genai_pipeline.data.samples import Message
+    from genai_pipeline.messages import Message
 
 
 class TextEncoder(Protocol):

@@ -63,7 +63,7 @@ def lower(artifact: Artifact, target: Target, progress: tqdm):
     return edge
 
 
-def _to_executorch(artifact: Artifact, target: Target, progress: tqdm, quantized: bool):
+def to_executorch(artifact: Artifact, target: Target, progress: tqdm, quantized: bool):
     """The artifact's graphs lowered and emitted as one program (an ExecutorchProgramManager)."""
     from executorch.exir import ExecutorchBackendConfig
     from executorch.exir.passes import MemoryPlanningPass
@@ -110,7 +110,7 @@ def _lower_all(prepared: PreparedModel, target: Target, out: Path) -> dict:
     with tqdm(total=steps, unit="step", leave=False, dynamic_ncols=True) as progress:
         for key, artifact in prepared.artifacts.items():
             try:
-                program = _to_executorch(artifact, target, progress, quantized=prepared.recipe != "fp32")
+                program = to_executorch(artifact, target, progress, quantized=prepared.recipe != "fp32")
             except Exception as e:  # torch.export / lowering failures: say which artifact, keep the cause
                 first_line = str(e).splitlines()[0] if str(e) else ""
                 raise ExportError(

@@ -29,6 +29,8 @@ from genai_pipeline.checkpoints import infer_checkpoint_spec
 from genai_pipeline.compile import compile_artifacts
 from genai_pipeline.data import calibration_tokens
 from genai_pipeline.errors import ExportError, InputError
+from genai_pipeline.evaluate.report import write_quant_report
+from genai_pipeline.evaluate.verify import Verification, verify_export
 from genai_pipeline.names import ArtifactKey
 from genai_pipeline.options import DEFAULT_MODEL, PrepareOptions, QuantOptions
 from genai_pipeline.prepare import prepare
@@ -36,10 +38,8 @@ from genai_pipeline.quantize import quantize
 from genai_pipeline.quantize.calibration import with_default_data
 from genai_pipeline.quantize.multimodal import check_vision_language_quant
 from genai_pipeline.registry import ModelSpec, get_spec
-from genai_pipeline.report import write_quant_report
 from genai_pipeline.targets import Target, check_recipe, get_target
 from genai_pipeline.tokenizer import Tokenizer
-from genai_pipeline.verify import Verification, verify_export
 
 log = logging.getLogger(__name__)
 
@@ -150,7 +150,7 @@ def _export(
 
 def _verify(staging: Path, recipe: str, quant: QuantOptions) -> Verification:
     """The finished program scored against its float model: one line, recorded in the manifest,
-    a warning past the thresholds (genai_pipeline/verify.py)."""
+    a warning past the thresholds (genai_pipeline/evaluate/verify.py)."""
     log.info("verifying the program against its float model")
     texts = [d.path for d in quant.calibration.datasets if d.kind == "text"]
     verification = verify_export(staging, recipe, texts)

@@ -23,8 +23,7 @@ The prompt gets, per image, `<fake_token_around_image><row_r_col_c><image>×N` p
 after each row), then `\\n<fake_token_around_image><global-img><image>×N<fake_token_around_image>`;
 an unsplit image gets the last part without the leading newline.
 
-Pillow decodes and resizes, as transformers does, so the pixels are identical. Without Pillow only
-binary PPM/PGM files whose size needs no resizing can be read (a note says so).
+Pillow resizes, as transformers does, so the pixels are identical (image_files.py decodes).
 """
 
 from __future__ import annotations
@@ -36,7 +35,7 @@ from pathlib import Path
 import numpy as np
 
 from genai_pipeline.errors import InputError
-from genai_pipeline.limits import check_image_pixels
+from genai_pipeline.image_files import pillow
 
 MAX_IMAGE_SIZE = 4096  # transformers' Idefics3 cap on either edge after the first resize
 LANCZOS = 1  # PIL.Image.Resampling.LANCZOS, the value processor configs store as `resample`
@@ -140,88 +139,6 @@ def _read_json(path: Path) -> dict:
     return data if isinstance(data, dict) else {}
 
 
-# ---------------------------------------------------------------- reading
-
-
-def _pillow():
-    try:
-        import PIL.Image
-    except ImportError:
-        return None
-    return PIL.Image
-
-
-def read_image(path: Path) -> np.ndarray:
-    """An image file as RGB uint8 [H, W, 3], converted as transformers converts it (step 1)."""
-    path = Path(path)
-    if not path.is_file():
-        raise InputError(f"image '{path}' does not exist")
-    Image = _pillow()
-    if Image is None:
-        if path.suffix.lower() in (".ppm", ".pgm", ".pnm"):
-            return _read_netpbm(path)
-        raise InputError(
-            f"cannot read '{path}': reading images needs Pillow (pip install pillow); without it only binary PPM/PGM"
-        )
-    # Ours replaces Pillow's guard (a warning, then an error at twice its own limit): open() reads
-    # only the header, and the size it declares is checked before anything is decoded.
-    Image.MAX_IMAGE_PIXELS = None
-    try:
-        with Image.open(path) as image:
-            check_image_pixels(path, *image.size)
-            image.load()
-            return to_rgb(image)
-    except Image.UnidentifiedImageError:
-        raise InputError(
-            f"'{path}' is not an image file Pillow can read (supported: PNG, JPEG, GIF, BMP, TIFF, WebP, PPM, ...)"
-        ) from None
-    except (OSError, ValueError, SyntaxError) as e:  # truncated or damaged data
-        raise InputError(f"cannot decode image '{path}': {e}; the file is truncated or corrupt") from None
-
-
-def to_rgb(image) -> np.ndarray:
-    """A PIL image as RGB uint8 [H, W, 3]: transformers' `convert_to_rgb` (alpha onto white)."""
-    Image = _pillow()
-    if "A" in image.getbands() or image.info.get("transparency") is not None:
-        rgba = image.convert("RGBA")
-        background = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
-        return np.array(Image.alpha_composite(background, rgba).convert("RGB"))
-    return np.array(image.convert("RGB"))
-
-
-def _read_netpbm(path: Path) -> np.ndarray:
-    """Binary PPM (P6) or PGM (P5), 8-bit: the one format read without Pillow."""
-    data = path.read_bytes()
-    fields, pos = [], 0
-    while len(fields) < 4:  # magic, width, height, maxval; '#' starts a comment
-        while pos < len(data) and data[pos : pos + 1].isspace():
-            pos += 1
-        if data[pos : pos + 1] == b"#":
-            pos = data.find(b"\n", pos) + 1 or len(data)
-            continue
-        end = pos
-        while end < len(data) and not data[end : end + 1].isspace():
-            end += 1
-        if end == pos:
-            raise InputError(f"'{path}' is a truncated PPM/PGM file")
-        fields.append(data[pos:end])
-        pos = end
-    magic, size = fields[0], fields[1:]
-    if magic not in (b"P5", b"P6") or not all(f.isdigit() for f in size) or int(size[2]) != 255:
-        raise InputError(
-            f"'{path}' is not an 8-bit binary PPM/PGM file; other formats need Pillow (pip install pillow)"
-        )
-    w, h, channels = int(size[0]), int(size[1]), 3 if magic == b"P6" else 1
-    pixels = (
-        np.frombuffer(data, np.uint8, count=w * h * channels, offset=pos + 1)
-        if len(data) >= pos + 1 + w * h * channels
-        else None
-    )
-    if pixels is None:
-        raise InputError(f"'{path}' is a truncated PPM/PGM file")
-    return np.repeat(pixels.reshape(h, w, channels), 3 // channels, axis=2)
-
-
 # ---------------------------------------------------------------- frames
 
 
@@ -229,7 +146,7 @@ def resize(image: np.ndarray, height: int, width: int, resample: int) -> np.ndar
     """[H, W, 3] uint8 resized by Pillow, as transformers' PIL backend does; same size: unchanged."""
     if image.shape[:2] == (height, width):
         return image  # Pillow returns a copy then: identical pixels
-    Image = _pillow()
+    Image = pillow()
     if Image is None:
         raise InputError(
             f"this image must be resized ({image.shape[1]}x{image.shape[0]} -> {width}x{height}), which needs Pillow (pip install pillow)"

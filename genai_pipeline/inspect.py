@@ -7,6 +7,7 @@ from pathlib import Path
 
 from genai_pipeline.errors import ProgramError
 from genai_pipeline.runtime.program import check_pte_file
+from genai_pipeline.upstream.executorch_pte_reader import read_program
 
 
 def _tensor_desc(value) -> dict | None:
@@ -27,30 +28,7 @@ def _scalar(value):
     return None
 
 
-def _read_program(path: Path):
-    """The program's flatbuffer and a reader of its segments. Only the flatbuffer (kilobytes) is
-    parsed: the segments after it hold the weights, which would otherwise be read and copied
-    whole (three times the file size in memory for a 1B model)."""
-    from executorch.exir._serialize._program import _flatbuffer_to_program, _get_extended_header
-
-    with open(path, "rb") as f:
-        header = _get_extended_header(f.read(64))
-        f.seek(0)
-        program = _flatbuffer_to_program(f.read(header.program_size if header else -1))
-    base = header.segment_base_offset if header else 0
-    end = max((base + s.offset + s.size for s in program.segments or []), default=0)
-    if end > path.stat().st_size:
-        raise ValueError(f"segments end at byte {end}, past the end of the file")
-
-    def segment(index: int, offset: int = 0, size: int | None = None) -> bytes:  # the whole segment, or a range of it
-        with open(path, "rb") as f:
-            f.seek(base + program.segments[index].offset + offset)
-            return f.read(program.segments[index].size if size is None else size)
-
-    return program, segment
-
-
-def _constant_sizes(program) -> dict[int, int]:
+def constant_sizes(program) -> dict[int, int]:
     """Bytes of each constant tensor (padding included), by its buffer index."""
     if not program.constant_segment.offsets:  # inline constants (no segments)
         return {i: len(b.storage) for i, b in enumerate(program.constant_buffer)}
@@ -88,7 +66,9 @@ def inspect_program(path: Path) -> dict:
     from executorch.exir.schema import DataLocation
 
     try:
-        program, segment = _read_program(path)
+        program, segment = read_program(path)
+    except ProgramError:  # another ExecuTorch (upstream/executorch_pte_reader.py)
+        raise
     except Exception as e:  # any parse failure of a damaged flatbuffer
         raise ProgramError(
             f"'{path}' cannot be parsed as an ExecuTorch program ({type(e).__name__}); it is corrupt or truncated, re-export it"
@@ -150,7 +130,7 @@ def inspect_program(path: Path) -> dict:
     def shared(users: set) -> bool:
         return len(compute) > 1 and users == compute
 
-    const_sizes = _constant_sizes(program)
+    const_sizes = constant_sizes(program)
     mutable = {
         name: {
             "placement": {m: list(p) for m, p in where.items()},
@@ -257,10 +237,10 @@ def stock_runners(methods: dict, metadata: dict, buffers: dict) -> dict[str, str
 
 
 def _qnn_spec(spec: bytes) -> dict:
-    from genai_pipeline.targets import qnn
+    from genai_pipeline.targets import qnn_specs
 
     try:
-        return qnn.describe(spec)
+        return qnn_specs.describe(spec)
     except Exception as e:  # a spec of another ExecuTorch version's schema
         return {"error": f"cannot decode ({type(e).__name__})"}
 

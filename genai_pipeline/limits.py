@@ -34,6 +34,15 @@ class Limit:
 IMAGE_PIXELS = Limit("GENAI_MAX_IMAGE_PIXELS", 89_478_485, "pixels")
 # Bytes of a text or JSON input read whole (calibration data, --text, --prompt-file, --images).
 INPUT_BYTES = Limit("GENAI_MAX_INPUT_BYTES", 1 << 30, "bytes")
+# What one HTTP request to `genai serve` may hold: its body is read whole, with its images as
+# base64 `data:` URLs (a 12 MP PNG is a few tens of MB), and comes from whoever reaches the port,
+# so the body's bound is far below INPUT_BYTES, the bound of a file the user chose.
+REQUEST_BYTES = Limit("GENAI_MAX_REQUEST_BYTES", 64 << 20, "bytes")
+REQUEST_MESSAGES = Limit("GENAI_MAX_REQUEST_MESSAGES", 1024, "messages")
+REQUEST_PARTS = Limit("GENAI_MAX_REQUEST_PARTS", 1024, "content parts")  # of all its messages
+REQUEST_IMAGES = Limit("GENAI_MAX_REQUEST_IMAGES", 16, "images")  # each is decoded, up to IMAGE_PIXELS
+# Requests waiting for a session of `genai serve`: more are turned away (HTTP 429) at once.
+QUEUED_REQUESTS = Limit("GENAI_MAX_QUEUED_REQUESTS", 64, "requests")
 
 
 def check_image_pixels(source, width: int, height: int) -> None:

@@ -18,7 +18,7 @@ class GraphName(str, Enum):
     """A method inside one program."""
 
     # A text program's methods. `forward` alone, or `prefill`, is what ExecuTorch's TextLLMRunner
-    # calls (docs/decisions/0034: why the one-token method is not its `decode`);
+    # calls (docs/decisions/0035: why the one-token method is not its `decode`);
     # `prefill_chunk`, `decode_token` and `verify` are our runtime's.
     FORWARD = "forward"  # dynamic sequence length
     PREFILL = "prefill"  # hybrid: a chunk of 1 to N tokens (`--long-prefill-len N`, 0: none)
@@ -49,7 +49,7 @@ class Mode(str, Enum):
 
 def method_names(methods: Collection[str]) -> dict[GraphName, str]:
     """The method each graph is in a program with these `methods`. Exports from before ExecuTorch's
-    runner conventions were followed (docs/decisions/0034) named the static chunk `prefill`, the
+    runner conventions were followed (docs/decisions/0035) named the static chunk `prefill`, the
     chunk of any length `prefill_long` and the one-token method `decode`, a name no program of
     ours has since."""
     names = {graph: graph.value for graph in GraphName}

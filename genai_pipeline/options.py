@@ -1,17 +1,17 @@
 """Every user-facing option, as typed frozen dataclasses that validate themselves: what the CLI
 maps its flags into (and reads its defaults from) and what the Python API takes.
 
-Imports nothing but the standard library, `errors` and `names`, so that `genai --help` and
-`import genai_pipeline` need no torch.
+Imports nothing but the standard library, `errors`, `names` and `layer_rules` (a recipe's rules),
+so that `genai --help` and `import genai_pipeline` need no torch.
 
     PrepareOptions       genai export: graphs, modes, lengths, the checkpoint (prepare/)
-    QuantOptions         genai export: the recipe and its knobs (quantize/), with
+    QuantOptions         genai export: the recipe, its knobs and its rules (quantize/), with
     CalibrationOptions   its calibration data (`--calib NAME:ARG` -> DatasetSpec; data/)
     QnnOptions           genai export --target qnn (targets/qnn.py)
     SamplingOptions      genai run (runtime/generate.py)
-    EvalOptions          genai eval --text (evaluate.py)
-    ImageEvalOptions     genai eval --images (evaluate_images.py)
-    BenchOptions         genai bench (bench.py)
+    EvalOptions          genai eval --text (evaluate/text.py)
+    ImageEvalOptions     genai eval --images (evaluate/images.py)
+    BenchOptions         genai bench (bench/text.py)
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from genai_pipeline.errors import DataError, InputError
+from genai_pipeline.layer_rules import Rule, read_rules
 from genai_pipeline.names import Mode
 
 DEFAULT_MODEL = "reference"  # the registry entry `genai export` exports when given neither a model nor a checkpoint
@@ -55,7 +56,7 @@ class PrepareOptions:
     # text_decoder.pte: the layout NPU backends use) instead of one program with three methods.
     split: bool = False
     # The decoder's cache-I/O form (QNN's; --cache-io, always on for --target qnn): the KV cache,
-    # positions and attention mask are graph inputs/outputs (runtime/cache_io.py) instead of a
+    # positions and attention mask are graph inputs/outputs (models/cache_io.py) instead of a
     # cache inside the program updated by ExecuTorch's custom ops at a data-dependent position.
     cache_io: bool = False
 
@@ -170,18 +171,6 @@ LINEAR_RECIPES = ("fp32", "8da4w", "8da8w")  # torchao, in eager mode
 STATIC_RECIPES = ("8a8w", "16a8w", "16a4w", "16a4w_block")  # PT2E, calibrated
 EMBEDDING_RECIPES = ("4w", "8w")
 AUTO_EMBEDDING = {"8da4w": "4w", "8da8w": "8w"}  # --embedding auto, by --recipe
-# The LM head ("output") by --recipe when 4-bit weights are not calibrated (weight_rule other than
-# gptq), unless an override names it: at 4 bits by mse it costs much, by GPTQ less than what its bytes buy
-# elsewhere (docs/decisions/0011)
-AUTO_HEAD = {"8da4w": "8da8w"}
-# Layers kept at 8 bits (8da8w) under a 4-bit recipe, unless an override names them: the attention's
-# value projection (as llama.cpp's Q4_K_M keeps attn_v higher; docs/decisions/0011)
-AUTO_8BIT = {"8da4w": (r"\.attention\.wv$",)}
-# ... and by layer (auto_8bit_mlp): the MLP's down projection w2 where Q4_K_M gives ffn_down more bits
-# (more_bits_layer; every w2 at 8 bits cost 1-thread decode speed beyond the bound: docs/decisions/0020),
-# and w1 / w3 of the first and last 1/15 of the layers (SmolLM2-135M: 0, 1, 28, 29; none below 15
-# layers), the blocks whose outputs lose the most to 4 bits (genai eval's layer SQNR; docs/decisions/0016)
-EDGE_LAYERS = {"8da4w": 1 / 15}
 WEIGHT_RULES = ("gptq", "mse", "q4_0", "torchao")  # how 4-bit weights are chosen (measured: docs/decisions/0011)
 # SmoothQuant's migration strength for the dynamic recipes' per-token int8 activations (docs/decisions/0016, 0017)
 SMOOTH_ALPHA = 0.5
@@ -192,13 +181,13 @@ class QuantOptions:
     recipe: str = "fp32"
     group_size: int = 32  # int4 weights: values per scale
     embedding: str | None = "auto"  # 8w, 4w; auto: by recipe; fp32 or None: keep it float
-    overrides: tuple[tuple[str, str], ...] = ()  # (regex over linear names, recipe), first match wins
+    overrides: tuple[tuple[str, str], ...] = ()  # (regex over linear names, recipe): rules before the recipe's
     block_size: int = 64  # 16a4w_block: values per scale
     weight_rule: str = (
         "gptq"  # 4-bit weights: gptq (calibrated), mse (least-squares scales), q4_0 (llama.cpp's, positive), torchao
     )
-    head: str | None = "auto"  # the LM head's recipe; auto: AUTO_HEAD by recipe, else the recipe's
-    keep_8bit: tuple[str, ...] | None = None  # regexes of layers at 8da8w under 8da4w; None: AUTO_8BIT
+    head: str | None = "auto"  # the LM head's recipe; auto: the recipe's rule (quantize/recipes.py); None: the recipe
+    keep_8bit: tuple[str, ...] | None = None  # regexes of layers at 8da8w under 8da4w; None: the recipe's rule
     smooth: float | None = SMOOTH_ALPHA  # dynamic recipes: SmoothQuant's alpha on the calibration text; None: off
     rotate: bool = True  # dynamic recipes: rotate the residual stream first (rotation.py)
     calibration: CalibrationOptions = CalibrationOptions()  # static recipes only
@@ -206,9 +195,14 @@ class QuantOptions:
     # (the export then records the one AUTO_VISION chose). A text model refuses it.
     vision_recipe: str | None = None
     # 8da4w: the program's size in MB (10^6 bytes); the block linears kept at 8 bits are then measured
-    # and chosen (size_budget.py) instead of by the fixed rules (keep_8bit, auto_8bit_mlp)
+    # and chosen (size_budget.py) instead of by the recipe's fixed rules
     size_budget: float | None = None
     promoted: tuple[str, ...] | None = None  # with size_budget: the linears it chose (None: not yet chosen)
+    # The whole rule list of the decoder's linears, first match wins; None: built from the options
+    # above (quantize/recipes.py: overrides, promotions, the recipe's). An export records the rules
+    # it applied, and `genai eval` applies exactly those. vision_rules: the image tower's.
+    rules: tuple[Rule, ...] | None = None
+    vision_rules: tuple[Rule, ...] | None = None
 
     def __post_init__(self):
         if self.recipe not in LINEAR_RECIPES + STATIC_RECIPES:
@@ -222,11 +216,7 @@ class QuantOptions:
             object.__setattr__(self, "embedding", AUTO_EMBEDDING.get(self.recipe))
         if self.embedding == "fp32":
             object.__setattr__(self, "embedding", None)
-        if self.head == "auto":
-            object.__setattr__(
-                self, "head", None if self.is_static or self.weight_rule == "gptq" else AUTO_HEAD.get(self.recipe)
-            )
-        if self.head is not None and (self.head not in LINEAR_RECIPES or self.is_static):
+        if self.head not in (None, "auto") and (self.head not in LINEAR_RECIPES or self.is_static):
             raise InputError(
                 f"the LM head takes {', '.join(LINEAR_RECIPES)} with a dynamic --recipe, got '{self.head}'"
             )
@@ -234,14 +224,17 @@ class QuantOptions:
             raise InputError(
                 f"--size-budget takes a size in MB above 0 with --recipe 8da4w, got {self.size_budget:g} with {self.recipe}"
             )
-        if self.keep_8bit is None:
-            object.__setattr__(
-                self, "keep_8bit", () if self.is_static or self.size_budget else AUTO_8BIT.get(self.recipe, ())
-            )
-        if self.promoted is not None:
-            object.__setattr__(self, "promoted", tuple(self.promoted))
-        object.__setattr__(self, "keep_8bit", tuple(self.keep_8bit))
-        object.__setattr__(self, "overrides", tuple(tuple(o) for o in self.overrides))  # e.g. lists from JSON
+        for name in ("promoted", "keep_8bit"):  # e.g. lists from JSON
+            if getattr(self, name) is not None:
+                object.__setattr__(self, name, tuple(getattr(self, name)))
+        object.__setattr__(self, "overrides", tuple(tuple(o) for o in self.overrides))
+        object.__setattr__(self, "rules", read_rules(self.rules))
+        object.__setattr__(self, "vision_rules", read_rules(self.vision_rules))
+        for rule in (self.rules or ()) + (self.vision_rules or ()):
+            if rule.recipe not in LINEAR_RECIPES or self.is_static:
+                raise InputError(f"rules take {', '.join(LINEAR_RECIPES)} with a dynamic --recipe, got '{rule.recipe}'")
+        if self.vision_rules is not None and self.vision_recipe is None:
+            raise InputError("vision_rules quantize an image tower: they go with a vision recipe")
         if self.is_static or self.recipe == "fp32":
             object.__setattr__(self, "smooth", None)
             object.__setattr__(self, "rotate", False)
@@ -280,32 +273,9 @@ class QuantOptions:
             self.recipe == "fp32"
             and self.embedding is None
             and all(r == "fp32" for _, r in self.overrides)
+            and all(r.recipe == "fp32" for r in (self.rules or ()) + (self.vision_rules or ()))
             and self.vision_recipe in (None, "fp32")
         )
-
-    def describe(self) -> str:
-        parts = [self.recipe + (f"-g{self.group_size}" if self.recipe == "8da4w" else "")]
-        if self.recipe == "8da4w" and self.weight_rule != "gptq":
-            parts[0] += f"-{self.weight_rule}"
-        if self.recipe == "16a4w_block":
-            parts[0] += f"-b{self.block_size}"
-        if self.rotate:
-            parts[0] += "-rot"
-        if self.smooth is not None:
-            parts[0] += f"-sq{self.smooth:g}"
-        if self.embedding:
-            parts.append(f"emb{self.embedding}")
-        if self.head:
-            parts.append(f"head{self.head}")
-        parts += [f"{p.replace(chr(92), '').strip('.$')}=8da8w" for p in self.keep_8bit]
-        if self.size_budget is not None:
-            parts.append(f"budget{self.size_budget:g}MB")
-        elif self.recipe in EDGE_LAYERS:
-            parts += ["more_bits.w2=8da8w", "edges.w1w3=8da8w"]
-        parts += [f"{p}={r}" for p, r in self.overrides]
-        if self.vision_recipe:
-            parts.append(f"vision{self.vision_recipe}")
-        return "+".join(parts)
 
 
 def quant_options_from(data: dict) -> QuantOptions:

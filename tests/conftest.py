@@ -17,6 +17,7 @@ import torch
 import genai_pipeline
 from genai_pipeline.checkpoints.hf import load_decoder
 from genai_pipeline.options import PrepareOptions, QuantOptions
+from genai_pipeline.quantize.recipes import describe
 from genai_pipeline.registry import get_spec
 
 REPO = Path(__file__).resolve().parents[1]
@@ -35,7 +36,7 @@ TINY_PREFILL = 8
 SHARED_BY_GROUP = ("smollm2_fp32",)
 # and so do those of each module whose tests share exports of its own (module fixtures, or a session
 # builder defined there): 20-35 s each, lowered twice when its tests are split.
-SHARED_BY_MODULE = ("test_lookahead_program", "test_vision_quant", "test_qnn")
+SHARED_BY_MODULE = ("test_lookahead_program", "test_vision_quant", "test_qnn", "test_app_images")
 # The real model exported with a recipe's defaults, or in fp32: minutes each. xdist hands out its groups
 # first (the largest first), then single tests in this order: these come first among them, so that the
 # workers share out the short tests around them instead of one of them finishing alone.
@@ -187,7 +188,7 @@ def export_reference(tmp_path_factory):
 
     def build(mode: str, quant: QuantOptions = QuantOptions()) -> Path:
         if (mode, quant) not in built:
-            out = tmp_path_factory.mktemp(f"reference_{mode}_{quant.describe()}")
+            out = tmp_path_factory.mktemp(f"reference_{mode}_{describe(quant)}")
             options = PrepareOptions(mode=mode, max_seq_len=256, prefill_len=32)
             genai_pipeline.export(
                 "reference", out=out, prepare=options, quant=quant, verify=False
@@ -196,6 +197,14 @@ def export_reference(tmp_path_factory):
         return built[mode, quant]
 
     return build
+
+
+@pytest.fixture(scope="session")
+def export_reference_vlm(tmp_path_factory) -> Path:
+    """The shipped vision-language reference model's default export (one program, fp32, xnnpack)."""
+    out = tmp_path_factory.mktemp("reference_vlm")
+    genai_pipeline.export("reference-vlm", out=out, prepare=PrepareOptions(max_seq_len=128))
+    return out
 
 
 def copy_export(folder: Path, dest: Path) -> Path:
@@ -302,7 +311,7 @@ def smollm2_fp32(tmp_path_factory) -> Path:
                 "--checkpoint",
                 str(SMOLLM2_GGUF),
                 "--max-seq-len",
-                "384",
+                "512",
                 "--verify-len",
                 "8",
                 "--long-prefill-len",

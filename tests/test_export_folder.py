@@ -268,7 +268,7 @@ def test_a_failed_export_leaves_the_previous_one_intact(capsys, tmp_path, export
 
 
 def test_eval_and_report_refuse_weights_changed_since_the_export(capsys, tmp_path, tiny_checkpoint, export_tiny):
-    from genai_pipeline.report import write_quant_report
+    from genai_pipeline.evaluate.report import write_quant_report
 
     checkpoint = shutil.copytree(tiny_checkpoint, tmp_path / "ckpt")
     folder = copy_export(export_tiny("kv"), tmp_path / "export")

@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 from conftest import PHOTOS
 
-from genai_pipeline.image_processing import image_frames, read_image
+from genai_pipeline.image_files import read_image
+from genai_pipeline.image_processing import image_frames
 from genai_pipeline.registry import get_spec
 
 PHOTO_NAMES = ("astronaut", "chelsea", "coffee", "camera")

@@ -34,7 +34,7 @@ def test_the_readme_example_exports_runs_and_evaluates_the_reference_model(tmp_p
 
 def test_export_stays_a_function_beside_its_module():
     code = (
-        "from genai_pipeline.export import _export; import genai_pipeline.evaluate; import genai_pipeline as g; "
+        "from genai_pipeline.export import _export; import genai_pipeline.evaluate.text; import genai_pipeline as g; "
         "print(g.export.__module__, callable(g.export), g.evaluate.__module__, callable(g.evaluate))"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

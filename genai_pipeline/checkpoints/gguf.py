@@ -325,7 +325,7 @@ def _unpermute(name: str, rows: torch.Tensor, config: DecoderConfig) -> torch.Te
     return interleaved_to_halves(flat, heads).reshape(rows.shape)
 
 
-def _our_tensors(
+def our_tensors(
     arch: Arch, tensor_name: str, values: torch.Tensor, config: DecoderConfig, expected: dict, file: Path
 ) -> dict[str, torch.Tensor]:
     """A GGUF tensor (dequantized) as ours: split if fused, norms unshifted, q/k rows unpermuted."""
@@ -353,7 +353,7 @@ def _our_tensors(
     return out
 
 
-def _decoder_config(spec: ModelSpec, reader, file: Path) -> DecoderConfig:
+def decoder_config(spec: ModelSpec, reader, file: Path) -> DecoderConfig:
     config = config_dict(reader, file)
     try:
         return spec.config_from_checkpoint(config)
@@ -368,7 +368,7 @@ def load_decoder(spec: ModelSpec, path: Path, max_seq_len: int) -> Decoder:
     file = require_gguf(path)
     reader = open_reader(file)
     _, arch = architecture(reader, file)
-    config = _decoder_config(spec, reader, file)
+    config = decoder_config(spec, reader, file)
     check_blocks(arch.model_type, config.n_layers, [t.name for t in reader.tensors], file)
     model, expected = empty_decoder(config, max_seq_len)
     state: dict[str, torch.Tensor] = {}
@@ -376,46 +376,5 @@ def load_decoder(spec: ModelSpec, path: Path, max_seq_len: int) -> Decoder:
         if DERIVED_TENSORS.fullmatch(tensor.name):
             continue
         values = torch.from_numpy(_dequantize(tensor, file))
-        state.update(_our_tensors(arch, tensor.name, values, config, expected, file))
+        state.update(our_tensors(arch, tensor.name, values, config, expected, file))
     return assign_weights(model, state, expected, file)
-
-
-def read_q4_0(path: Path) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
-    """Every Q4_0 tensor of a GGUF, unpacked without loss: our tensor name -> (int8 values in
-    [-8, 7], shape [out, in], in our row order; float32 scales, shape [out, in // 32]), so that
-    values * scales (repeated over each block of 32) equals the dequantized weight.
-
-    A Q4_0 block of 32 weights is an fp16 scale d and 16 bytes of nibbles: weight = d * (nibble - 8),
-    low nibbles are elements 0..15 of the block, high nibbles 16..31. Fused tensors are split and
-    llama's q/k rows unpermuted like the weights, which moves the scales' rows along with them."""
-    import gguf
-
-    file = require_gguf(path)
-    reader = open_reader(file)
-    _, arch = architecture(reader, file)
-    config = _decoder_config_from(reader, file)
-    _, expected = empty_decoder(config, 1)
-    expected["output.weight"] = (config.vocab_size, config.dim)
-    out: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
-    for tensor in reader.tensors:
-        if tensor.tensor_type != gguf.GGMLQuantizationType.Q4_0:
-            continue
-        blocks = np.asarray(tensor.data, dtype=np.uint8)
-        rows = blocks.shape[0]
-        blocks = blocks.reshape(rows, -1, 18)
-        scales = blocks[..., :2].copy().view(np.float16).astype(np.float32).reshape(rows, -1)
-        nibbles = blocks[..., 2:]
-        values = np.concatenate([nibbles & 0x0F, nibbles >> 4], axis=-1).astype(np.int8) - 8
-        ours = _our_tensors(arch, tensor.name, torch.from_numpy(values.reshape(rows, -1)), config, expected, file)
-        # the scales' rows are split and permuted as the values' rows are
-        per_block = {name: (expected[name][0], scales.shape[1]) for name in ours}
-        ours_scales = _our_tensors(arch, tensor.name, torch.from_numpy(scales), config, per_block, file)
-        out.update({name: (ours[name], ours_scales[name]) for name in ours})
-    return out
-
-
-def _decoder_config_from(reader, file: Path) -> DecoderConfig:
-    """A DecoderConfig from the metadata alone (no registry entry): the entry infer_spec picks."""
-    from genai_pipeline.registry import infer_spec
-
-    return _decoder_config(infer_spec(config_dict(reader, file)), reader, file)

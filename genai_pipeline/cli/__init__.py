@@ -1,4 +1,4 @@
-"""`genai models | export | run | eval | bench | inspect`. Options and their defaults come from the
+"""`genai models | export | run | eval | bench | inspect | serve`. Options and their defaults come from the
 dataclasses of options.py, which import no torch: `genai --help` answers at once."""
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from pathlib import Path
 
 from genai_pipeline.cli.chat import chat
 from genai_pipeline.cli.parser import build_parser, default
+from genai_pipeline.cli.serve import cmd_serve
 from genai_pipeline.errors import GenAIError, InputError
 from genai_pipeline.options import (
     DEFAULT_MODEL,
@@ -69,7 +70,7 @@ def cmd_export(args) -> int:
     from genai_pipeline.export import export
     from genai_pipeline.targets import get_target
 
-    target = _qnn_configured(get_target(args.target), args)  # QNN options checked before any work
+    target = qnn_configured(get_target(args.target), args)  # QNN options checked before any work
     quant = QuantOptions(
         recipe=args.recipe,
         group_size=args.group_size,
@@ -106,7 +107,7 @@ def _terminated(signum, frame):
     raise KeyboardInterrupt
 
 
-def _qnn_configured(target, args):
+def qnn_configured(target, args):
     """The target with the QNN options applied; a QNN option given for another target is refused."""
     from genai_pipeline.names import Mode
     from genai_pipeline.targets import qnn
@@ -135,10 +136,10 @@ def _qnn_configured(target, args):
 
 
 def cmd_run(args) -> int:
-    from genai_pipeline.bundle import folder_tokenizer, read_manifest
+    from genai_pipeline.bundle import folder_tokenizer
     from genai_pipeline.runtime.generate import Sampler, generate
     from genai_pipeline.runtime.lookahead import lookahead_options
-    from genai_pipeline.runtime.multimodal import MultimodalSession, is_multimodal
+    from genai_pipeline.runtime.multimodal import MultimodalSession
     from genai_pipeline.runtime.open import open_session
     from genai_pipeline.tokenizer import TextStream
 
@@ -150,12 +151,9 @@ def cmd_run(args) -> int:
         raise InputError("--system needs --chat")
     sampling = SamplingOptions(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
     images = [Path(p) for p in args.image]
-    if is_multimodal(read_manifest(Path(args.folder))):
-        session = MultimodalSession(Path(args.folder), verify=not args.no_verify)
-    elif images:
+    session = open_session(Path(args.folder), verify=not args.no_verify)
+    if images and not isinstance(session, MultimodalSession):
         raise InputError(f"'{args.folder}' holds a text-only model: it cannot take --image")
-    else:
-        session = open_session(Path(args.folder), verify=not args.no_verify)
     tokenizer = folder_tokenizer(Path(args.folder), session.manifest)
     lookahead = lookahead_options(args.lookahead, session)
     if args.chat:
@@ -263,7 +261,7 @@ def cmd_eval(args) -> int:
 
 
 def _eval_images(args) -> int:
-    from genai_pipeline.evaluate_images import evaluate_images
+    from genai_pipeline.evaluate import evaluate_images
 
     r = evaluate_images(Path(args.folder), ImageEvalOptions(images=Path(args.images), limit=args.limit))
     if args.json:
@@ -319,7 +317,7 @@ def cmd_bench(args) -> int:
 
 
 def _bench_multimodal(args, options) -> int:
-    from genai_pipeline.bench_multimodal import bench_multimodal
+    from genai_pipeline.bench import bench_multimodal
 
     r = bench_multimodal(Path(args.folder), options)
     if args.json:
@@ -355,19 +353,19 @@ def cmd_inspect(args) -> int:
     return 0
 
 
-def _one_openmp_thread_per_caller(argv: list[str]) -> None:
+def one_openmp_thread_per_caller(argv: list[str]) -> None:
     """For the commands that time programs: ExecuTorch's custom SDPA kernel calls MKL from inside
     ExecuTorch's own thread pool, and by default each such call starts an OpenMP team whose
     spinning threads take the cores from XNNPACK's GEMMs (docs/decisions/0002). OpenMP reads this
     once, when torch loads it, so it is set before the parser imports torch; `export` and `eval`
     keep torch's intra-op threads for their eager work."""
-    if argv[:1] in (["run"], ["bench"]):
+    if argv[:1] in (["run"], ["bench"], ["serve"]):
         os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    _one_openmp_thread_per_caller(argv)
+    one_openmp_thread_per_caller(argv)
     _quiet_libraries()
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("genai: %(message)s"))
@@ -383,6 +381,7 @@ def main(argv: list[str] | None = None) -> int:
             "eval": cmd_eval,
             "bench": cmd_bench,
             "inspect": cmd_inspect,
+            "serve": cmd_serve,
         }
         return commands[args.command](args)
     except GenAIError as e:

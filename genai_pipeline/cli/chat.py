@@ -61,16 +61,19 @@ def chat(args, session, tokenizer, sampler, lookahead) -> int:
         stream = TextStream(tokenizer)
         try:
             reply = chat.send(text, on_token=lambda token: print(stream.push(token), end="", flush=True))
-        except ContextFullError as e:
-            log.warning("%s; /reset clears the conversation", e)
+        except ContextFullError as e:  # this message alone: earlier turns are dropped as needed
+            log.warning("%s; send a shorter message, or re-export with a larger --max-seq-len", e)
             continue
         except InputError as e:  # e.g. a template that does not mark images
             log.warning("%s", e)
             continue
         print(stream.flush(), flush=True)
+        if reply.dropped:
+            log.info("(the %d oldest turn(s) left the conversation to fit the context)", reply.dropped)
         if reply.stop_reason == "context":
             log.warning(
-                "the reply filled the program's context of %d tokens; /reset clears the conversation",
+                "the reply filled the program's context of %d tokens with this message alone; "
+                "re-export with a larger --max-seq-len for longer replies",
                 session.max_seq_len,
             )
         log.debug(

@@ -271,6 +271,35 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--chat", action="store_true", help="--prompt-file is a user message, through the chat template")
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
+    p = subcommand(
+        "serve",
+        "an OpenAI-compatible HTTP server over an export folder: /v1/chat/completions, /v1/completions, "
+        "/v1/models, /health",
+    )
+    p.add_argument("folder", help="a folder written by `genai export`")
+    p.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="the address to listen on; the default is this machine only (0.0.0.0: every interface, no authentication)",
+    )
+    p.add_argument("--port", type=int, default=8000, help="the port to listen on (0: any free one, printed at start)")
+    p.add_argument(
+        "--parallel",
+        type=int,
+        default=1,
+        metavar="N",
+        help="sessions that generate at once, each with its own KV cache (the weights are packed once); "
+        "more requests wait in a queue",
+    )
+    p.add_argument(
+        "--lookahead",
+        type=int,
+        default=0,
+        metavar="N",
+        help="lookahead decoding with drafts of up to N tokens (needs a program exported with --verify-len; 0: off)",
+    )
+    p.add_argument("--no-verify", action="store_true", help="skip the sha256 check of the program against its manifest")
+
     p = subcommand("inspect", "methods, delegates, shared data and metadata of a .pte")
     p.add_argument("file", help="a .pte program, or an export folder: each of its programs")
     p.add_argument("--json", action="store_true", help="print one JSON object")

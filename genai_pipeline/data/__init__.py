@@ -1,6 +1,5 @@
 """Calibration data for post-training quantization, read from local files only.
 
-    samples.py        Sample, Message, ContentPart; Hugging Face chat JSON -> Messages
     records.py        JSON / JSON-lines records with their position, for errors
     loaders.py        `text` and `messages` datasets
     hf_chat.py        `hf-chat`: a `datasets` folder (parquet, arrow, jsonl)
@@ -9,7 +8,8 @@
     calibration.py    calibration_tokens / calibration_steps: options -> all of the above; render_sample:
                       Sample -> token ids (through the model's chat template, genai_pipeline/chat_template.py)
 
-What to read is CalibrationOptions (genai_pipeline/options.py: `--calib NAME:ARG` -> DatasetSpec).
+A sample's messages are genai_pipeline/messages.py's (shared with the chat template and the runtime's
+chat). What to read is CalibrationOptions (genai_pipeline/options.py: `--calib NAME:ARG` -> DatasetSpec).
 
 Typical use by the quantize stage, once per graph:
 
@@ -28,7 +28,7 @@ from genai_pipeline.data.collate import (
     iterate_with_progress,
     random_token_lists,
 )
-from genai_pipeline.data.samples import ContentPart, Message, Sample
+from genai_pipeline.messages import ContentPart, Message, Sample
 
 __all__ = [
     "LOADERS",

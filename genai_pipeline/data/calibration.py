@@ -21,8 +21,8 @@ from genai_pipeline.data.collate import (
 from genai_pipeline.data.hf_chat import load_hf_chat
 from genai_pipeline.data.lm_eval import load_lm_eval
 from genai_pipeline.data.loaders import load_messages, load_text
-from genai_pipeline.data.samples import Sample
 from genai_pipeline.errors import DataError
+from genai_pipeline.messages import Sample
 from genai_pipeline.options import CalibrationOptions, DatasetSpec
 
 LOADERS: dict[str, Callable[[Path, int | None], list[Sample]]] = {

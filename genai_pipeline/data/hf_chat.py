@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from genai_pipeline.data.records import json_records
-from genai_pipeline.data.samples import Sample, messages_from_json, nonempty
 from genai_pipeline.errors import DataError
+from genai_pipeline.messages import Sample, messages_from_json, nonempty
 
 SUFFIXES = (".parquet", ".arrow", ".jsonl")
 COLUMNS = ("messages", "text")

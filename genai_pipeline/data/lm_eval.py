@@ -31,8 +31,8 @@ from pathlib import Path
 from typing import Any
 
 from genai_pipeline.data.records import json_records
-from genai_pipeline.data.samples import Sample, nonempty
 from genai_pipeline.errors import DataError
+from genai_pipeline.messages import Sample, nonempty
 
 TEXT_FIELDS = ("text", "page")
 CONTEXT_FIELDS = ("context", "passage", "ctx", "premise")

@@ -6,8 +6,8 @@ import re
 from pathlib import Path
 
 from genai_pipeline.data.records import json_records, read_text
-from genai_pipeline.data.samples import Sample, messages_from_json, nonempty
 from genai_pipeline.errors import DataError
+from genai_pipeline.messages import Sample, messages_from_json, nonempty
 
 BLANK_LINES = re.compile(r"\n\s*\n")
 

@@ -22,7 +22,7 @@ the runtime's cursor are garbage), this call's rows go out as `[1, n_kv_heads, T
 the runtime writes them into its buffers; RoPE rows are gathered by a `positions` tensor; which
 cache rows and which of this call's rows each token sees is an additive `mask` input
 `[1, 1, T, max_seq_len + T]` (0 seen, MASK_HIDDEN hidden). Attention is plain matmul + softmax:
-no `.item()`, no custom op, nothing shaped by data (runtime/cache_io.py drives it).
+no `.item()`, no custom op, nothing shaped by data (models/cache_io.py has the contract and its driver).
 
 Family switches (all off by default: a Llama config is unchanged by them):
 - Qwen 2: `qkv_bias`. Qwen 3: `qk_norm`. SmolLM3: `nope_layers` (no RoPE in some layers).

@@ -1,5 +1,5 @@
 """prepare, the cache-I/O form of a text decoder (QNN's): the KV cache, positions and mask are
-graph I/O (runtime/cache_io.py has the contract)."""
+graph I/O (models/cache_io.py has the contract)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from torch import nn
 from torch.export import Dim
 
 from genai_pipeline.artifacts import GraphBundle
+from genai_pipeline.models.cache_io import FORM, CacheIOContract
 from genai_pipeline.models.decoder import Decoder
 from genai_pipeline.names import GraphName
 from genai_pipeline.options import PrepareOptions
@@ -15,7 +16,7 @@ from genai_pipeline.options import PrepareOptions
 
 class CacheIOGraph(nn.Module):
     """The decoder's cache-I/O form (QNN's) as one exported method: the KV cache, positions and
-    mask are graph I/O (runtime/cache_io.py has the contract). Same wrapped decoder, same weights."""
+    mask are graph I/O (models/cache_io.py has the contract). Same wrapped decoder, same weights."""
 
     def __init__(self, decoder: Decoder, last_only: bool = True):
         super().__init__()
@@ -43,8 +44,6 @@ def cache_io_example_inputs(decoder: Decoder, rows: int) -> tuple:
 def cache_io_graphs(decoder: Decoder, options: PrepareOptions) -> tuple[dict, GraphBundle, dict]:
     """The cache-I/O form: its deploy graphs (static T), its quantize graph (dynamic T, every
     row's logits) and the manifest's description of the I/O contract."""
-    from genai_pipeline.runtime.cache_io import FORM, CacheIOContract
-
     decoder.use_cache_io()
     rows = {GraphName.PREFILL_CHUNK: options.prefill_len, GraphName.DECODE_TOKEN: 1}
     rows = {name: rows[name] for name in options.mode.graphs}

@@ -1,29 +1,28 @@
 """quantize: post-training quantization of an artifact's weights, before its graphs are exported.
 
-A text model is quantized by text.py, a vision-language model by multimodal.py (per component);
-both build on the leaves (recipes, weights, calibration, gptq, smoothing, rotation, size_budget,
-static) and never import each other.
+A text model is quantized by text.py, a vision-language model by multimodal.py (per component; a
+static recipe by multimodal_static.py, built on it); both build on the leaves (recipes, weights,
+calibration, gptq, smoothing, rotation, size_budget, static) and never import each other.
 
 Every graph of an artifact wraps the same eager module (see prepare/text.py's DecoderGraph), so quantizing
-that module once gives `prefill` and `decode` bit-identical quantized weights, which the
+that module once gives every method (`prefill`, `decode_token`, ...) bit-identical quantized weights, which the
 backend then stores once. Recipes are torchao configs applied in eager mode:
 
 - `8da4w`: dynamic per-token int8 activations, int4 group-wise weights (`group_size`). Weights by
   `weight_rule`: `gptq` (default; calibrated on --calib's text, else DEFAULT_GPTQ_TEXT), `mse` (a
   least-squares scale search per group, no data), `q4_0` (llama.cpp's rule with positive scales),
-  `torchao` (absmax / 7.5, the rule before). The attention's value projection (AUTO_8BIT) and the
-  MLP's down projection in llama.cpp's `use_more_bits` layers (more_bits_layer) stay at 8 bits, and
-  the LM head too unless GPTQ quantizes it (AUTO_HEAD). Scales are chosen as XNNPACK stores them:
-  positive, bf16. With a size budget (`--size-budget MB`) size_budget.py chooses the 8-bit layers
-  by measurement instead of those rules.
+  `torchao` (absmax / 7.5, the rule before). Which linears keep 8 bits is the recipe's rule list
+  (recipes.recipe_rules: the attention's value projection, the MLP's down projection in llama.cpp's
+  `use_more_bits` layers, w1 / w3 of the edge layers, the LM head unless GPTQ quantizes it).
+  Scales are chosen as XNNPACK stores them: positive, bf16. With a size budget (`--size-budget
+  MB`) size_budget.py chooses the 8-bit block layers by measurement instead of those rules.
   `given` int4 weights (a GGUF's) are taken as they are (`intx_weight`).
 - `8da8w`: dynamic per-token int8 activations, int8 per-channel weights
 - Both dynamic recipes first rotate the residual stream of the float model (rotation.py: an
   orthogonal change of basis folded into the weights; a tied head gains a float d x d linear before
   it), then smooth it (`smooth`, SmoothQuant at SMOOTH_ALPHA on the
   same calibration text as gptq): per-channel factors move activation outliers into the weights
-  where a float op before the linear can absorb them; the graph is unchanged. Under 8da4w, w1 / w3
-  of the first and last EDGE_LAYERS of the blocks stay at 8 bits too.
+  where a float op before the linear can absorb them; the graph is unchanged.
 - embedding `8w` / `4w`: weight-only int8 per-row / int4 group-wise token embedding. By default
   (`auto`) it follows the linear recipe: `8da4w` -> `4w`, `8da8w` -> `8w`. A tied LM head is
   quantized as a linear layer either way, so an fp32 embedding would be the largest tensor left
@@ -35,8 +34,10 @@ activation ranges on data, with the target's PT2E quantizer, on the artifact's *
 graph (prefill, decode, forward), so every graph carries the very same scales and zero points
 for every weight and activation: the encodings propagate by construction.
 
-Per-layer overrides map a regex over linear-layer names to a recipe (first match wins), e.g.
-`output=8da8w` keeps the LM head at 8 bits.
+A dynamic recipe is an ordered rule list (layer_rules.Rule: a regex over linear names, a recipe,
+optionally some blocks; first match wins). Per-layer overrides (`--quant-override 'output=8da8w'`)
+and a size budget's promotions are rules put before the recipe's (recipes.rules_for); the manifest
+records the rules applied, and `genai eval` applies exactly those.
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ import torch
 from genai_pipeline.artifacts import PreparedModel
 from genai_pipeline.options import QuantOptions
 from genai_pipeline.quantize.multimodal import quantize_vision_language
+from genai_pipeline.quantize.multimodal_static import quantize_static
 from genai_pipeline.quantize.text import quantize_text
 
 
@@ -62,6 +64,8 @@ def quantize(
     """`target` (a targets.Target) supplies the quantizer of static recipes. With `cache` (the
     output folder of an earlier export), a QDQ model calibrated there on the same inputs is reused.
     `given`: int4 weights taken as they are (see recipes.quantize_module)."""
-    if prepared.spec.vision is not None:
-        return quantize_vision_language(prepared, options, target)
-    return quantize_text(prepared, options, target, cache, given)
+    if prepared.spec.vision is None:
+        return quantize_text(prepared, options, target, cache, given)
+    if options.is_static:
+        return quantize_static(prepared, options, target)
+    return quantize_vision_language(prepared, options, target)

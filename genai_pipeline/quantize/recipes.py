@@ -1,69 +1,134 @@
-"""quantize, which recipe each layer takes (recipe_for: the automatic 8-bit layers, overrides) and
-quantize_module, which applies them to a module in place."""
+"""quantize, the recipes as rule lists: which recipe each linear layer takes (layer_rules.Rule, first
+match wins; recipe_rules writes each recipe's, rules_for puts --quant-override's and a size budget's
+promotions before them), and quantize_module, which applies them to a module in place."""
 
 from __future__ import annotations
 
 import logging
-import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 import torch
 from torch import nn
 
 from genai_pipeline.errors import InputError
-from genai_pipeline.options import EDGE_LAYERS, QuantOptions
+from genai_pipeline.layer_rules import Rule, recipe_of, rules_naming
+from genai_pipeline.options import QuantOptions
 from genai_pipeline.quantize.weights import RULES, embedding_config, given_qparams, intx_weight, linear_config
 
 log = logging.getLogger(__name__)
 
 
 HEAD = "output"
+EDGE_SHARE = 1 / 15  # 8da4w's edge layers: the first and last 1/15 of the blocks
 
 
-HEAD_ROTATION = "head_rotation"
-
-
-def more_bits_layer(i: int, n_layers: int) -> bool:
+def more_bits_layers(n_layers: int) -> tuple[int, ...]:
     """llama.cpp's `use_more_bits` (the layers whose ffn_down and attn_v Q4_K_M stores at 6 bits):
     the first and last eighth of the blocks, and every third block between them."""
-    return i < n_layers // 8 or i >= 7 * n_layers // 8 or (i - n_layers // 8) % 3 == 2
+    eighth = n_layers // 8
+    return tuple(i for i in range(n_layers) if i < eighth or i >= 7 * n_layers // 8 or (i - eighth) % 3 == 2)
 
 
-def auto_8bit_mlp(name: str, recipe: str, n_layers: int) -> bool:
-    """Whether `name`, an MLP projection of block i of n_layers, stays at 8 bits under `recipe`: w2
-    where more_bits_layer(i), w1 and w3 in the first and last EDGE_LAYERS[recipe] of the blocks."""
-    match = re.fullmatch(r"layers\.(\d+)\.feed_forward\.(w[123])", name)
-    if recipe not in EDGE_LAYERS or not match:
-        return False
-    i, k = int(match[1]), int(n_layers * EDGE_LAYERS[recipe])
-    return more_bits_layer(i, n_layers) if match[2] == "w2" else i < k or i >= n_layers - k
+def edge_layers(n_layers: int) -> tuple[int, ...]:
+    """The first and last EDGE_SHARE of n_layers blocks (SmolLM2-135M: 0, 1, 28, 29; none below 15)."""
+    k = int(n_layers * EDGE_SHARE)
+    return tuple(i for i in range(n_layers) if i < k or i >= n_layers - k)
 
 
-def recipe_for(name: str, options: QuantOptions, n_layers: int) -> str:
-    """The recipe of linear layer `name` in a model of n_layers blocks (first matching override wins)."""
-    default = options.head if name == HEAD and options.head else options.recipe
-    if name == HEAD_ROTATION:  # rotation's float linear before a tied head (rotation.py)
-        default = "fp32"
-    if options.recipe == "8da4w" and (
-        any(re.search(p, name) for p in options.keep_8bit)
-        or name in (options.promoted or ())
-        or options.size_budget is None
-        and auto_8bit_mlp(name, options.recipe, n_layers)
-    ):
-        default = "8da8w"
-    return next((r for pattern, r in options.overrides if re.search(pattern, name)), default)
+def head_recipe(options: QuantOptions) -> str | None:
+    """The LM head's recipe when it is not the recipe's: `head`, or by default 8da8w under 8da4w
+    when its 4-bit weights are not calibrated: at 4 bits by mse it costs much, by GPTQ less than
+    what its bytes buy elsewhere (docs/decisions/0011)."""
+    if options.head != "auto":
+        return options.head
+    return "8da8w" if options.recipe == "8da4w" and options.weight_rule != "gptq" else None
 
 
-def linear_recipes(module: nn.Module, options: QuantOptions) -> dict[str, str]:
-    """name -> recipe_for(name) of every linear in `module`."""
-    n_layers = len(getattr(module, "layers", ()))
-    return {n: recipe_for(n, options, n_layers) for n, m in module.named_modules() if isinstance(m, nn.Linear)}
+def eight_bit_patterns(options: QuantOptions) -> tuple[str, ...]:
+    """The layers 8da4w keeps at 8 bits in every block: `keep_8bit`, or by default the attention's
+    value projection, as llama.cpp's Q4_K_M keeps attn_v higher (docs/decisions/0011); none under a
+    size budget, which measures instead (size_budget.py)."""
+    if options.keep_8bit is not None:
+        return options.keep_8bit
+    return () if options.size_budget is not None else (r"\.attention\.wv$",)
+
+
+def recipe_rules(options: QuantOptions, n_layers: int, given: Iterable[str] = ()) -> tuple[Rule, ...]:
+    """What `options.recipe` gives each linear of a decoder of n_layers blocks, first match wins.
+    Under 8da4w the linears whose int4 weights are `given` (a GGUF's) keep them, before the 8-bit
+    rules. A static recipe has none: the target's quantizer annotates every layer (targets/)."""
+    if options.is_static:
+        return ()
+    rules = [Rule(r"^head_rotation$", "fp32")]  # rotation's float d x d before a tied head (rotation.py)
+    if options.recipe == "8da4w":
+        rules += [Rule(p, "8da8w") for p in eight_bit_patterns(options)]
+        if options.size_budget is None:  # a size budget measures instead (size_budget.py)
+            rules += [
+                # the MLP's down projection where Q4_K_M gives ffn_down more bits; every w2 at 8 bits
+                # cost 1-thread decode speed beyond the bound (docs/decisions/0020)
+                Rule(r"^layers\.\d+\.feed_forward\.w2$", "8da8w", more_bits_layers(n_layers)),
+                # w1 / w3 of the blocks whose outputs lose the most to 4 bits (layer SQNR; docs/decisions/0016)
+                Rule(r"^layers\.\d+\.feed_forward\.w[13]$", "8da8w", edge_layers(n_layers)),
+            ]
+    head = head_recipe(options)
+    if head:
+        rules.append(Rule(f"^{HEAD}$", head))
+    rules = [r for r in rules if r.layers != ()]  # a band of no blocks (a shallow model's edges)
+    if options.recipe == "8da4w":  # given int4 weights outrank the 8-bit rules: those layers keep them
+        rules[:0] = rules_naming([n for n in given if recipe_of(n, rules, "8da4w") != "8da4w"], "8da4w")
+    return (*rules, Rule(".*", options.recipe))
+
+
+def rules_for(options: QuantOptions, n_layers: int, given: Iterable[str] = ()) -> tuple[Rule, ...]:
+    """Every rule of an export's decoder, first match wins: --quant-override's, then a size budget's
+    promotions (8da8w), then the recipe's (recipe_rules; with the layers of `given` int4 weights
+    that no override names); `options.rules` instead when set (an export's, read back from its
+    manifest, or written by hand)."""
+    if options.rules is not None:
+        return options.rules
+    overrides = tuple(Rule(pattern, recipe) for pattern, recipe in options.overrides)
+    first = overrides + rules_naming(options.promoted or (), "8da8w")
+    given = [n for n in given if recipe_of(n, first, None) is None]  # --quant-override outranks given weights
+    return first + recipe_rules(options, n_layers, given)
+
+
+def describe(options: QuantOptions) -> str:
+    """The recipe as the manifest and the logs name it: `8da4w-g32-rot-sq0.5+emb4w+attention.wv=8da8w+...`."""
+    parts = [options.recipe + (f"-g{options.group_size}" if options.recipe == "8da4w" else "")]
+    if options.recipe == "8da4w" and options.weight_rule != "gptq":
+        parts[0] += f"-{options.weight_rule}"
+    if options.recipe == "16a4w_block":
+        parts[0] += f"-b{options.block_size}"
+    if options.rotate:
+        parts[0] += "-rot"
+    if options.smooth is not None:
+        parts[0] += f"-sq{options.smooth:g}"
+    if options.embedding:
+        parts.append(f"emb{options.embedding}")
+    if not options.is_static and head_recipe(options):
+        parts.append(f"head{head_recipe(options)}")
+    if options.recipe == "8da4w":
+        parts += [f"{p.replace(chr(92), '').strip('.$')}=8da8w" for p in eight_bit_patterns(options)]
+    if options.size_budget is not None:
+        parts.append(f"budget{options.size_budget:g}MB")
+    elif options.recipe == "8da4w":
+        parts += ["more_bits.w2=8da8w", "edges.w1w3=8da8w"]
+    parts += [f"{p}={r}" for p, r in options.overrides]
+    if options.vision_recipe:
+        parts.append(f"vision{options.vision_recipe}")
+    return "+".join(parts)
+
+
+def linear_recipes(module: nn.Module, options: QuantOptions, given: Iterable[str] = ()) -> dict[str, str]:
+    """name -> recipe of every linear in `module`, by rules_for."""
+    rules = rules_for(options, len(getattr(module, "layers", ())), given)
+    return {n: recipe_of(n, rules) for n, m in module.named_modules() if isinstance(m, nn.Linear)}
 
 
 def quantize_module(
     module: nn.Module, options: QuantOptions, given: Mapping[str, tuple[torch.Tensor, torch.Tensor]] | None = None
 ) -> dict[str, str]:
-    """Quantize `module` in place; returns the recipe given to each layer.
+    """Quantize `module` in place by its rules (rules_for); returns the recipe given to each layer.
 
     `given` maps a linear's weight name (`layers.0.attention.wq.weight`) to int4 values [out, in]
     in [-8, 7] and fp32 scales [out, in // 32] (a GGUF's Q4_0 blocks): with recipe 8da4w and group
@@ -72,6 +137,10 @@ def quantize_module(
     from torchao.quantization import quantize_
 
     given = dict(given or {})
+    linears = linear_recipes(module, options, [k.removesuffix(".weight") for k in given])
+    unknown = sorted(set(given) - {f"{n}.weight" for n in linears})
+    if unknown:
+        raise InputError(f"given weights for layers the model does not have: {', '.join(unknown[:3])}")
     plan = {}
     if options.embedding:
         dim = next(m.embedding_dim for m in module.modules() if isinstance(m, nn.Embedding))
@@ -79,21 +148,15 @@ def quantize_module(
             raise InputError(
                 f"the embedding width {dim} is not a multiple of --group-size {options.group_size}; use --embedding 8w"
             )
-        tied_head = (
-            given.get("output.weight") if getattr(getattr(module, "config", None), "tie_embeddings", False) else None
-        )
+        tied = getattr(getattr(module, "config", None), "tie_embeddings", False)
+        # One table for lookup and head, as the checkpoint has: the head's given int4 values (chosen
+        # by gptq, or a GGUF's) where its rule takes them, which the program then stores once (compile).
+        tied_head = given.get(f"{HEAD}.weight") if tied and linears.get(HEAD) == "8da4w" else None
         if options.embedding == "4w" and options.weight_rule != "torchao":
             for m in module.modules():
                 if isinstance(m, nn.Embedding):
-                    # the head takes given weights unless an override names it (see below)
-                    if (
-                        tied_head is not None
-                        and options.recipe == "8da4w"
-                        and not any(re.search(p, HEAD) for p, _ in options.overrides)
-                    ):
-                        # One table for lookup and head, as the checkpoint has: the head's int4 values
-                        # (chosen by gptq, or a GGUF's), which the program then stores once (compile).
-                        q, d = given_qparams("output.weight", *tied_head, m.weight.shape, options.group_size)
+                    if tied_head is not None:
+                        q, d = given_qparams(f"{HEAD}.weight", *tied_head, m.weight.shape, options.group_size)
                     else:
                         q, d = RULES[options.weight_rule](m.weight, options.group_size)
                     m.weight = nn.Parameter(intx_weight(q, d, 4, m.weight.dtype, dynamic=False), requires_grad=False)
@@ -104,19 +167,6 @@ def quantize_module(
                 filter_fn=lambda m, _: isinstance(m, nn.Embedding),
             )
         plan.update({n: f"emb{options.embedding}" for n, m in module.named_modules() if isinstance(m, nn.Embedding)})
-    linears = linear_recipes(module, options)
-    for (
-        name
-    ) in linears:  # given int4 weights outrank the automatic 8-bit layers (AUTO_HEAD, AUTO_8BIT), not --quant-override
-        if (
-            f"{name}.weight" in given
-            and options.recipe == "8da4w"
-            and not any(re.search(p, name) for p, _ in options.overrides)
-        ):
-            linears[name] = "8da4w"
-    unknown = sorted(set(given) - {f"{n}.weight" for n in linears})
-    if unknown:
-        raise InputError(f"given weights for layers the model does not have: {', '.join(unknown[:3])}")
     check_group_size(module, linears, options.group_size)
     for recipe in sorted(set(linears.values()) - {"fp32"}):
         chosen = {n for n, r in linears.items() if r == recipe}

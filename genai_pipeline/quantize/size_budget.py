@@ -7,10 +7,11 @@ candidate at its 4-bit values (those the export stores: gptq's, or the weight ru
 gain is how much the KL divergence of the model's next-token distribution from the float model's
 falls when that group alone takes 8-bit values, on calibration text that GPTQ did not fit (on the
 text it fitted, w2's 4-bit loss measured far below its loss elsewhere; docs/decisions/0021). Groups are
-then promoted greedily by gain per byte until the program's estimated size reaches the budget. The
-fixed rules of the default (AUTO_8BIT, EDGE_LAYERS in options.py, more_bits_layer in recipes.py) are not
-applied: the measurement replaces them. The weights' bytes are estimated as the program stores
-them (program_bytes); what the graphs and delegate payloads add is bounded by graph_bytes.
+then promoted greedily by gain per byte until the program's estimated size reaches the budget, as
+rules before the recipe's (recipes.rules_for); the recipe's own 8-bit rules of the blocks (wv, w2, the
+edge layers' w1 / w3) are then left out: the measurement replaces them. The weights' bytes are
+estimated as the program stores them (program_bytes); what the graphs and delegate payloads add is
+bounded by graph_bytes.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from genai_pipeline.data import iterate_with_progress
 from genai_pipeline.errors import InputError
 from genai_pipeline.options import QuantOptions
 from genai_pipeline.quantize.calibration import held_out_tokens
-from genai_pipeline.quantize.recipes import recipe_for
+from genai_pipeline.quantize.recipes import linear_recipes
 from genai_pipeline.quantize.weights import RULES, torchao_qparams
 
 log = logging.getLogger(__name__)
@@ -194,10 +195,10 @@ def budget_room(decoder: nn.Module, options: QuantOptions, n_methods: int) -> fl
     """The bytes a size budget leaves for 8-bit layers beyond a program of n_methods methods with
     every candidate at 4 bits (program_bytes, graph_bytes); a budget below it is refused."""
     n_layers = len(decoder.layers)
-    smallest = dataclasses.replace(options, promoted=())
-    floor = program_bytes(
-        decoder, lambda n: recipe_for(n, smallest, n_layers), options.embedding, options.group_size
-    ) + graph_bytes(n_layers, n_methods)
+    smallest = linear_recipes(decoder, dataclasses.replace(options, promoted=()))
+    floor = program_bytes(decoder, smallest.get, options.embedding, options.group_size) + graph_bytes(
+        n_layers, n_methods
+    )
     if floor > options.size_budget * 1e6:
         raise InputError(
             f"--size-budget {options.size_budget:g} MB is too small: with every layer at 4 bits this program takes "
@@ -216,11 +217,10 @@ def with_promoted(
     def dequantized(q: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
         return q.float() * d.float().repeat_interleave(q.shape[1] // d.shape[1], dim=1)
 
-    n_layers = len(decoder.layers)
-    smallest = dataclasses.replace(options, promoted=())
+    smallest = linear_recipes(decoder, dataclasses.replace(options, promoted=()))
     four_bit, eight_bit, rule = {}, {}, RULES[options.weight_rule]
     for name, m in decoder.named_modules():
-        if isinstance(m, nn.Linear) and name.startswith("layers.") and recipe_for(name, smallest, n_layers) == "8da4w":
+        if isinstance(m, nn.Linear) and name.startswith("layers.") and smallest[name] == "8da4w":
             four_bit[name] = dequantized(*(int4.get(f"{name}.weight") or rule(m.weight, options.group_size)))
             eight_bit[name] = dequantized(
                 *torchao_qparams(m.weight, m.in_features, bits=8, bf16=False)

@@ -18,6 +18,8 @@ from genai_pipeline.artifacts import Artifact, GraphBundle, PreparedModel
 from genai_pipeline.bundle import tool_versions
 from genai_pipeline.chat_template import read_chat_template
 from genai_pipeline.data import calibration_steps, iterate_with_progress
+from genai_pipeline.models.cache_io import CacheIODriver, eager_runner
+from genai_pipeline.names import GraphName
 from genai_pipeline.options import QuantOptions
 from genai_pipeline.quantize.calibration import with_default_data
 
@@ -79,21 +81,16 @@ def calibrated_graph(graph: GraphBundle, quantizer, run: Callable[[nn.Module], N
 
 
 def _cache_io_feed(observed, contract):
-    """Calibration of a cache-I/O quantize graph: each step's chunk goes through the runtime's own
-    driver (runtime/cache_io.py), which owns the KV cache and builds positions and masks as a
-    device does (a chunk shorter than the prefill length left-padded), so the observers see the
-    inputs the deploy graphs will see."""
-    from genai_pipeline.names import GraphName
-    from genai_pipeline.runtime.cache_io import CacheIOSession, eager_runner
-
-    session = CacheIOSession(
+    """Calibration of a cache-I/O quantize graph: each step's chunk goes through the form's driver
+    (models/cache_io.py), as the runtime's does, which owns the KV cache and builds positions and
+    masks as a device does (a chunk shorter than the prefill length left-padded), so the observers
+    see the inputs the deploy graphs will see."""
+    driver = CacheIODriver(
         contract, eager_runner({GraphName.PREFILL_CHUNK: observed, GraphName.DECODE_TOKEN: observed}, contract.n_layers)
     )
 
-    def feed(step) -> None:  # a sample's chunks come in order, so the driver's cursor is the step's input_pos
-        if step.reset_cache:
-            session.reset()
-        session.prefill(step.tokens[0, : step.n_real].tolist())
+    def feed(step) -> None:  # a new sample starts at position 0: the rows past it are never seen
+        driver.feed(step.tokens[0, : step.n_real].tolist(), int(step.input_pos[0]))
 
     return feed
 

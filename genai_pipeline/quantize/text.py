@@ -16,7 +16,14 @@ from genai_pipeline.errors import InputError
 from genai_pipeline.options import QuantOptions
 from genai_pipeline.quantize.calibration import gptq_samples, input_statistics, with_default_data
 from genai_pipeline.quantize.gptq import gptq_int4, gptq_names
-from genai_pipeline.quantize.recipes import check_group_size, linear_recipes, quantize_module, recipe_counts
+from genai_pipeline.quantize.recipes import (
+    check_group_size,
+    describe,
+    linear_recipes,
+    quantize_module,
+    recipe_counts,
+    rules_for,
+)
 from genai_pipeline.quantize.rotation import can_rotate, rotate
 from genai_pipeline.quantize.size_budget import budget_room, with_promoted
 from genai_pipeline.quantize.smoothing import smooth, smoothed_hessians, smoothed_inputs, smoothing_scales
@@ -66,7 +73,7 @@ def quantize_text(
             artifact = dataclasses.replace(artifact, graphs=graphs, qdq=qdq, qdq_key=stamp)
         else:
             computed, scales, hessians = None, None, None
-            gptq = options.recipe == "8da4w" and options.weight_rule == "gptq" and not given
+            gptq = options.weight_rule == "gptq" and not given and bool(gptq_names(artifact.module, options))
             if options.rotate:
                 rotate(artifact.module)
                 log.info(
@@ -113,13 +120,17 @@ def quantize_text(
                 chosen = {f"{n}.weight" for n in options.promoted}  # these are stored at 8 bits instead
                 computed = computed and {k: v for k, v in computed.items() if k not in chosen}
                 given = given and {k: v for k, v in given.items() if k not in chosen}
-            plan = quantize_module(artifact.module, options, computed or given)
+            int4 = computed or given or {}
+            taken = [k.removesuffix(".weight") for k in int4]
+            # the rules applied, which the manifest records and `genai eval` applies again
+            options = dataclasses.replace(options, rules=rules_for(options, len(artifact.module.layers), taken))
+            plan = quantize_module(artifact.module, options, int4)
             # compile writes them beside the program: `genai eval` rebuilds the quantized model from them
-            artifact = dataclasses.replace(artifact, int4=computed or given or None, smoothing=scales)
+            artifact = dataclasses.replace(artifact, int4=int4 or None, smoothing=scales)
             log.info(
                 "quantized %s: %s", key.value, ", ".join(f"{n} layers {r}" for r, n in recipe_counts(plan).items())
             )
         artifacts[key] = artifact
     return dataclasses.replace(
-        prepared, artifacts=artifacts, recipe=options.describe(), quantization=dataclasses.asdict(options)
+        prepared, artifacts=artifacts, recipe=describe(options), quantization=dataclasses.asdict(options)
     )

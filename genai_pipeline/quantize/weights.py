@@ -224,14 +224,14 @@ def checkpoint_int4(prepared: PreparedModel, options: QuantOptions) -> dict | No
     """A GGUF checkpoint's Q4_0 tensors where the recipe's grid is the file's (8da4w, group 32:
     symmetric int4, one scale per 32 weights): the program then holds the integers and scales
     llama.cpp runs, not a re-quantization of their dequantized values."""
-    from genai_pipeline.checkpoints import gguf
+    from genai_pipeline.checkpoints import gguf, gguf_q4_0
 
     if options.recipe != "8da4w" or options.group_size != 32 or prepared.weights == "random":
         return None
     file = gguf.gguf_file(Path(prepared.weights))
     if file is None:
         return None
-    q4_0 = gguf.read_q4_0(file)
+    q4_0 = gguf_q4_0.read_q4_0(file)
     if prepared.config.tie_embeddings and "tok_embeddings.weight" in q4_0:
         q4_0["output.weight"] = q4_0["tok_embeddings.weight"]  # llama.cpp stores a tied head once, as token_embd
     linears = {

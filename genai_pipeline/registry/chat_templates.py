@@ -36,3 +36,18 @@ PHI = (
     "{%- endfor %}"
     "{%- if add_generation_prompt %}{{- '<|assistant|>' }}{%- endif %}"
 )
+
+# The shipped reference-vlm's own format (tools/train_reference_vlm.py): BOS, the image, the question;
+# the answer follows with a space, then EOS, and a later question goes on after it. It has no system
+# role and no turn markers: a system message is left out.
+QUESTION_ANSWER = (
+    "{{- bos_token }}"
+    "{%- for message in messages %}"
+    "{%- set parts = [{'type': 'text', 'text': message['content']}] if message['content'] is string else message['content'] %}"
+    "{%- if message['role'] == 'user' %}"
+    "{%- for part in parts %}{{- '<image>' if part['type'] == 'image' else part['text'] }}{%- endfor %}"
+    "{%- elif message['role'] == 'assistant' %}"
+    "{%- for part in parts if part['type'] == 'text' %}{{- part['text'] }}{%- endfor %}{{- eos_token }}"
+    "{%- endif %}"
+    "{%- endfor %}"
+)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import genai_pipeline.registry.chat_templates as chat_templates
 from genai_pipeline.image_processing import ImageProcessing
 from genai_pipeline.models.decoder import DecoderConfig
 from genai_pipeline.models.vision import VisionConfig
@@ -186,6 +187,7 @@ def _reference_vlm() -> ModelSpec:
         spec,
         bos_id=0,
         eos_ids=(0,),
+        chat_template=chat_templates.QUESTION_ANSWER,
         checkpoint=ASSETS / "reference-vlm",
         vision=dataclasses.replace(spec.vision, preprocessing=processing, image_token_id=4097),
     )

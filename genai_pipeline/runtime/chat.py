@@ -8,6 +8,13 @@ back to the end of that prefix: attention is causal, so positions past it are ne
 they are overwritten. Nothing here knows a template: one that re-renders an earlier turn
 differently (trims a reply, drops its reasoning) only makes the ids diverge earlier, and more is
 prefilled.
+
+A conversation longer than the context goes on: before a turn, the oldest whole turns (a user
+message and the replies to it) are dropped until the conversation fills at most half the context,
+the system message kept; a reply that still fills the context drops more and goes on from the tokens
+it has. What is dropped is gone for later turns too, and what is kept is prefilled again (its
+positions moved): the program is not changed, so any runner can do the same
+(docs/decisions/0034).
 """
 
 from __future__ import annotations
@@ -21,23 +28,14 @@ from typing import Literal, Protocol
 import torch
 
 from genai_pipeline.chat_template import ChatTemplate, render_chat
-from genai_pipeline.data.samples import ContentPart, Message
 from genai_pipeline.errors import ChatTemplateError, ContextFullError, InputError
-from genai_pipeline.image_processing import Frames, expand_rendered_chat
+from genai_pipeline.image_processing import Frames, ImageProcessing, expand_rendered_chat
+from genai_pipeline.messages import ContentPart, Message
 from genai_pipeline.runtime.generate import generate
 from genai_pipeline.runtime.lookahead import LookaheadOptions
 from genai_pipeline.runtime.multimodal import MultimodalSession
+from genai_pipeline.runtime.session import Session
 from genai_pipeline.tokenizer import END_OF_TURN_TOKENS
-
-
-class ChatSession(Protocol):
-    """A DecoderSession or EagerSession: a KV cache with a cursor `pos` that may move back."""
-
-    pos: int
-    max_seq_len: int
-
-    def prefill(self, tokens: list[int]) -> torch.Tensor: ...
-    def step(self, token: int) -> torch.Tensor: ...
 
 
 class ChatTokenizer(Protocol):
@@ -52,7 +50,8 @@ class Reply:
     # "eos": an end-of-turn token; "length": max_new_tokens; "context": the program's context is full
     stop_reason: Literal["eos", "length", "context"]
     reused: int  # conversation tokens whose cache entries were kept from earlier turns
-    prefilled: int  # conversation tokens fed before the reply
+    prefilled: int  # conversation tokens fed before the reply (and again, after a drop mid-reply)
+    dropped: int = 0  # the oldest turns dropped so that the conversation fits the context
 
 
 def common_prefix_len(a: list[int], b: list[int]) -> int:
@@ -62,6 +61,42 @@ def common_prefix_len(a: list[int], b: list[int]) -> int:
             break
         n += 1
     return n
+
+
+def drop_oldest_turns(
+    messages: tuple[Message, ...], images: tuple, keep: int, fits: Callable[[tuple[Message, ...], tuple], bool]
+) -> tuple[tuple[Message, ...], tuple, int]:
+    """(messages, images, turns dropped): the oldest whole turns after the first `keep` messages (the
+    system message) dropped until `fits(messages, images)` or only the last message is left. A
+    turn is a user message and the messages up to the next one; its images (in order, one entry
+    per image part) go with it."""
+    dropped = 0
+    while not fits(messages, images) and len(messages) - keep > 1:
+        end = keep + 1
+        while end < len(messages) - 1 and messages[end].role != "user":
+            end += 1
+        images = images[sum(len(m.images) for m in messages[keep:end]) :]
+        messages, dropped = messages[:keep] + messages[end:], dropped + 1
+    return messages, images, dropped
+
+
+def fit_conversation(
+    messages: tuple[Message, ...],
+    images: tuple,
+    keep: int,
+    context: int,
+    room: int,
+    render: Callable[[tuple[Message, ...], tuple], list[int]],
+) -> tuple[tuple[Message, ...], tuple, int]:
+    """(messages, images, turns dropped): the conversation, so that it and `room` more tokens fit
+    `context`, the first `keep` messages (the system message) kept. Where turns must go, they go
+    until the rest fills at most half the context (llama.cpp's context shift frees half too): the
+    turns after reuse the cache until it fills again, instead of each dropping one turn and
+    prefilling all the others again (docs/decisions/0034)."""
+    if len(render(messages, images)) + room <= context:
+        return messages, images, 0
+    target = min(context // 2, context - room)
+    return drop_oldest_turns(messages, images, keep, lambda m, i: len(render(m, i)) <= target)
 
 
 def end_of_turn_ids(
@@ -86,12 +121,67 @@ def end_of_turn_ids(
     return tuple(sorted(ids))
 
 
+def conversation_ids(
+    tokenizer: ChatTokenizer,
+    template: ChatTemplate,
+    messages: tuple[Message, ...],
+    images: tuple[Frames, ...] = (),
+    processing: ImageProcessing | None = None,
+) -> list[int]:
+    """The conversation's ids up to the opening of the assistant's next turn; `images`: the
+    conversation's images, in order, expanded where the template marks them (`processing`: the
+    model's image processing)."""
+    try:
+        text = render_chat(
+            messages,
+            template.source,
+            bos_token=template.bos_token,
+            eos_token=template.eos_token,
+            add_generation_prompt=True,
+        )
+    except ChatTemplateError as e:
+        raise ChatTemplateError(f"'{template.origin}': {e}" if template.origin else str(e)) from None
+    if images:
+        text = expand_rendered_chat(text, list(images), processing)
+    return tokenizer.encode(text, add_special_tokens=False)
+
+
+def keep_cached(session: Session, cached: list[int], ids: list[int], images: tuple[Frames, ...] = ()) -> int:
+    """Keeps the longest prefix of `ids` that the session's cache holds (`cached`: the ids it holds
+    from position 0), at least one token short of `ids` (the last one's logits start the reply):
+    the cursor moves to its end, and a multimodal session gets the frames whose image tokens come
+    after it staged for its prefill. Returns that prefix's length."""
+    reused = min(common_prefix_len(cached, ids), len(ids) - 1)
+    if isinstance(session, MultimodalSession):
+        reused = _stage_frames(session, ids, reused, images)
+    session.rewind(reused)
+    return reused
+
+
+def _stage_frames(session: MultimodalSession, ids: list[int], reused: int, images: tuple[Frames, ...]) -> int:
+    """Stages for the session's prefill the frames whose image tokens are not in the cache; a
+    frame whose run of tokens the cache holds only in part is fed whole. Returns where feeding starts."""
+    n = session.processing.tokens_per_image
+    frames = [frame for f in images for frame in f.pixels]
+    slots = [i for i, t in enumerate(ids) if t == session.image_token_id]
+    if len(slots) != n * len(frames):
+        raise InputError(
+            f"the conversation holds {len(slots)} image token(s) for {len(frames)} image frame(s) of {n} each"
+        )
+    runs = [slots[k * n : (k + 1) * n] for k in range(len(frames))]
+    for run in runs:
+        if run[0] < reused <= run[-1]:
+            reused = run[0]
+    session.frames = [frame for frame, run in zip(frames, runs) if run[0] >= reused]
+    return reused
+
+
 class Chat:
     """A conversation: `send` a user message, get the assistant's reply (streamed to `on_token`)."""
 
     def __init__(
         self,
-        session: ChatSession,
+        session: Session,
         tokenizer: ChatTokenizer,
         template: ChatTemplate,
         sampler: Callable[[torch.Tensor], int],
@@ -119,7 +209,7 @@ class Chat:
         self.images: tuple[Frames, ...] = ()  # the conversation's images, in order
         self.attached: tuple[tuple[Path, Frames], ...] = ()  # images for the next user message
         self.cached: list[int] = []  # the ids whose keys and values the cache holds, from position 0
-        self.session.pos = 0
+        self.session.reset()
 
     def attach_image(self, path: Path, max_tiles: int = 0) -> None:
         """An image for the next user message, read and preprocessed now (a bad file is told at once)."""
@@ -133,68 +223,68 @@ class Chat:
         return Message(role, (*(ContentPart("image", image=p) for p in images), ContentPart("text", text=text)))
 
     def render(self, messages: tuple[Message, ...], images: tuple[Frames, ...] = ()) -> list[int]:
-        """The conversation's ids up to the opening of the assistant's next turn; `images`: the
-        conversation's images, in order, expanded where the template marks them."""
-        t = self.template
-        try:
-            text = render_chat(
-                messages, t.source, bos_token=t.bos_token, eos_token=t.eos_token, add_generation_prompt=True
-            )
-        except ChatTemplateError as e:
-            raise ChatTemplateError(f"'{t.origin}': {e}" if t.origin else str(e)) from None
-        if images:
-            text = expand_rendered_chat(text, list(images), self.session.processing)
-        return self.tokenizer.encode(text, add_special_tokens=False)
-
-    def _stage_frames(self, ids: list[int], reused: int, images: tuple[Frames, ...]) -> int:
-        """Stages for the session's prefill the frames whose image tokens are not in the cache; a
-        frame whose run of tokens the cache holds only in part is fed whole. Returns where feeding starts."""
-        n = self.session.processing.tokens_per_image
-        frames = [frame for f in images for frame in f.pixels]
-        slots = [i for i, t in enumerate(ids) if t == self.session.image_token_id]
-        if len(slots) != n * len(frames):
-            raise InputError(
-                f"the conversation holds {len(slots)} image token(s) for {len(frames)} image frame(s) of {n} each"
-            )
-        runs = [slots[k * n : (k + 1) * n] for k in range(len(frames))]
-        for run in runs:
-            if run[0] < reused <= run[-1]:
-                reused = run[0]
-        self.session.frames = [frame for frame, run in zip(frames, runs) if run[0] >= reused]
-        return reused
+        processing = self.session.processing if self.takes_images else None
+        return conversation_ids(self.tokenizer, self.template, messages, images, processing)
 
     def send(self, text: str, on_token: Callable[[int], None] | None = None) -> Reply:
-        """Add a user message (with the attached images) and generate the reply. ContextFullError
-        and InputError leave the conversation as it was, the attached images still attached."""
+        """Add a user message (with the attached images) and generate the reply, dropping the oldest
+        turns where the context needs it. ContextFullError (this message alone does not fit) and
+        InputError leave the conversation as it was, the attached images still attached."""
         messages = (*self.messages, self._message("user", text, tuple(p for p, _ in self.attached)))
         images = (*self.images, *(f for _, f in self.attached))
-        ids = self.render(messages, images)
         context = self.session.max_seq_len
+        # Room for the whole reply where the context allows; half of it at most, so that a long
+        # reply does not push out every earlier turn.
+        room = min(self.max_new_tokens, context // 2)
+        messages, images, dropped = self._fit(messages, images, room)
+        ids = self.render(messages, images)
         if len(ids) >= context:
-            raise ContextFullError(f"the conversation would be {len(ids)} tokens; the program's context is {context}")
-        # At least one token is fed: its logits start the reply.
-        reused = min(common_prefix_len(self.cached, ids), len(ids) - 1)
-        if self.takes_images:
-            reused = self._stage_frames(ids, reused, images)
-        self.session.pos = reused
-        self.cached = ids[:reused]  # until generation returns, only this much is known to be in the cache
-        room = context - len(ids) + 1  # the last generated token is never fed back
-        max_new = min(self.max_new_tokens, room)
+            raise ContextFullError(
+                f"the message would make the conversation {len(ids)} tokens; the program's context is {context}"
+            )
+        tokens: list[int] = []
+        reused = None  # the cache kept from earlier turns: the first feed's
+        prefilled = 0
+        while True:
+            fed, stop, kept = self._generate(ids + tokens, self.max_new_tokens - len(tokens), images, on_token)
+            reused = kept if reused is None else reused
+            prefilled += fed
+            tokens += stop.tokens
+            if stop.stop_reason == "eos" or len(tokens) >= self.max_new_tokens:
+                reason = stop.stop_reason
+                break
+            # The context filled mid-reply: drop older turns and go on from the reply so far.
+            kept, images_kept, more = self._fit(messages, images, room + len(tokens))
+            if not more:
+                reason = "context"
+                break
+            messages, images, dropped = kept, images_kept, dropped + more
+            ids = self.render(messages, images)
+        reply_text = self.tokenizer.decode(tokens)
+        self.messages = (*messages, self._message("assistant", reply_text))
+        self.images, self.attached = images, ()
+        return Reply(reply_text, tuple(tokens), reason, reused, prefilled, dropped)
+
+    def _fit(self, messages: tuple[Message, ...], images: tuple[Frames, ...], room: int):
+        return fit_conversation(messages, images, len(self.first_messages), self.session.max_seq_len, room, self.render)
+
+    def _generate(self, prompt: list[int], budget: int, images: tuple[Frames, ...], on_token):
+        """Feeds what of `prompt` the cache does not hold and generates up to `budget` tokens or to
+        the end of the context: (tokens fed, the generation, tokens kept from the cache)."""
+        reused = keep_cached(self.session, self.cached, prompt, images)
+        self.cached = prompt[:reused]  # until generation returns, only this much is known to be in the cache
+        room = self.session.max_seq_len - len(prompt) + 1  # the last generated token is never fed back
         # Lookahead drafts from the whole conversation: a reply often quotes earlier turns.
         result = generate(
             self.session,
-            ids[reused:],
-            max_new,
+            prompt[reused:],
+            min(budget, room),
             self.sampler,
             self.stop_ids,
             on_token,
             lookahead=self.lookahead,
-            history=ids[:reused],
+            history=prompt[:reused],
         )
         # Everything fed is cached: the prompt, and each reply token but one that ended the reply.
-        self.cached = (ids + result.tokens)[: self.session.pos]
-        reply_text = self.tokenizer.decode(result.tokens)
-        self.messages = (*messages, self._message("assistant", reply_text))
-        self.images, self.attached = images, ()
-        stop = "context" if result.stop_reason == "length" and max_new < self.max_new_tokens else result.stop_reason
-        return Reply(reply_text, tuple(result.tokens), stop, reused, len(ids) - reused)
+        self.cached = (prompt + result.tokens)[: self.session.pos]
+        return len(prompt) - reused, result, reused

@@ -1,10 +1,9 @@
 """The generation loop: prefill the prompt, then sample and feed one token at a time, or, with
 lookahead, several at once (see lookahead.py).
 
-It drives anything with `prefill(tokens) -> logits` and `step(token) -> logits`: a program
-session, or the eager model (for parity checks); lookahead also needs `verify(tokens) -> logits
-[T, vocab]`, `can_verify(n)`, `verify_rows(n)` (the rows a verify call of n tokens computes) and
-the cursor `pos`.
+It drives any Session (runtime/session.py): a program's, or an eager model's (for parity checks);
+plain decoding needs only its `prefill` and `step`, lookahead also its `verify`, `can_verify`,
+`verify_rows` and `rewind`.
 """
 
 from __future__ import annotations
@@ -12,7 +11,6 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol
 
 import numpy as np
 import torch
@@ -20,12 +18,7 @@ import torch
 from genai_pipeline.errors import InputError
 from genai_pipeline.options import SamplingOptions
 from genai_pipeline.runtime.lookahead import DraftSizer, LookaheadOptions, NgramDrafter
-
-
-class Steppable(Protocol):
-    def prefill(self, tokens: list[int]) -> torch.Tensor: ...
-    def step(self, token: int) -> torch.Tensor: ...
-
+from genai_pipeline.runtime.session import Session
 
 # Per-token sampling runs beside a decode step of a few ms (SmolLM2-135M: ~3.6), so it avoids
 # torch's slow paths at a 49k vocabulary: argmax ~60 us (NumPy's: ~3 us), multinomial ~0.9 ms
@@ -74,7 +67,7 @@ class Generation:
     tokens: list[int] = field(default_factory=list)
     prefill_seconds: float = 0.0
     decode_seconds: float = 0.0  # time of the steps after the first generated token
-    stop_reason: str = "length"
+    stop_reason: str = "length"  # "eos", "length", or "stopped" (on_token asked to stop)
     decode_calls: int = 0  # program calls after the first generated token (step or verify)
     verify_calls: int = 0  # of which verify calls (lookahead)
     drafted: int = 0  # tokens drafted into verify calls
@@ -106,16 +99,17 @@ class Generation:
 
 
 def generate(
-    model: Steppable,
+    model: Session,
     prompt_tokens: list[int],
     max_new_tokens: int,
     sampler: Callable[[torch.Tensor], int],
     eos_ids: tuple[int, ...] = (),
-    on_token: Callable[[int], None] | None = None,
+    on_token: Callable[[int], bool | None] | None = None,
     lookahead: LookaheadOptions = LookaheadOptions(),
     history: list[int] = (),
 ) -> Generation:
-    """`history`: the tokens the cache already holds before the prompt (a chat's earlier turns);
+    """`on_token` gets each token as it comes; when it returns True, generation stops there.
+    `history`: the tokens the cache already holds before the prompt (a chat's earlier turns);
     lookahead drafts from them too."""
     if max_new_tokens < 1:
         raise InputError(f"--max-new-tokens must be at least 1, got {max_new_tokens}")
@@ -131,8 +125,9 @@ def generate(
             result.stop_reason = "eos"
             break
         result.tokens.append(token)
-        if on_token is not None:
-            on_token(token)
+        if on_token is not None and on_token(token):  # the caller has what it wants (a stop string), or left
+            result.stop_reason = "stopped"
+            break
         if len(result.tokens) == max_new_tokens:
             break
         if len(result.tokens) == 1:
@@ -158,13 +153,12 @@ class _Lookahead:
         self.rows: list[tuple[int, torch.Tensor]] = []  # (draft token, logits after it), in order
         self.kept: int | None = None  # drafted tokens kept since the last verify call (None: none yet)
 
-    def drop(self, model) -> None:
-        """Forget the cache rows of drafted tokens that were not kept: the cursor moves back before
-        them (positions past it are never read, and are overwritten)."""
-        model.pos -= len(self.rows)
+    def drop(self, model: Session) -> None:
+        """Forget the cache rows of drafted tokens that were not kept: the cursor moves back before them."""
+        model.rewind(model.pos - len(self.rows))
         self.rows.clear()
 
-    def next_logits(self, model, token: int, remaining: int, result: Generation) -> torch.Tensor:
+    def next_logits(self, model: Session, token: int, remaining: int, result: Generation) -> torch.Tensor:
         """The logits after the sampled `token`; `remaining`: tokens still to generate after it."""
         self.drafter.extend([token])
         self.sizer.came(self.drafter.tokens)

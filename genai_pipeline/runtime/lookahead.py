@@ -167,7 +167,7 @@ def lookahead_options(draft_len: int, session) -> LookaheadOptions:
     """`--lookahead N` for a loaded session: refused when its program has no `verify` method,
     capped at what one verify call takes (the last token + N drafts)."""
     options = LookaheadOptions(draft_len=draft_len)
-    verify_len = getattr(session, "verify_len", 0)  # a vision-language program has no `verify`
+    verify_len = session.verify_len  # 0: no `verify` (a vision-language or cache-I/O program)
     if draft_len and not verify_len:
         raise InputError("--lookahead needs a program with a `verify` method: re-export with --verify-len N (e.g. 8)")
     if draft_len >= verify_len > 0:

@@ -1,7 +1,7 @@
-"""A multimodal export behind the text path's `prefill` / `step` interface, so the same generation
+"""A multimodal export behind the Session protocol (runtime/session.py), so the same generation
 loop drives it. Two layouts: one program with methods `token_embedding`, `text_decoder` and
 `vision_encoder` (ExecuTorch's MultimodalRunner's), or `--split`: `vision_encoder.pte` and
-`token_embedding.pte` (method `forward`) and `text_decoder.pte` (`forward`, or `prefill_chunk` + `decode`).
+`token_embedding.pte` (method `forward`) and `text_decoder.pte` (`forward`, or `prefill_chunk` + `decode_token`).
 
 The prompt is token ids in which each image stands as a run of `tokens_per_image` `<image>` ids
 (the Hugging Face processor's expansion). `prefill` embeds the ids, puts the next staged frame's
@@ -19,10 +19,11 @@ import torch
 
 from genai_pipeline.bundle import read_manifest
 from genai_pipeline.errors import InputError, ProgramError
-from genai_pipeline.image_processing import Frames, ImageProcessing, expand_prompt, image_frames, read_image
+from genai_pipeline.image_files import read_image
+from genai_pipeline.image_processing import Frames, ImageProcessing, expand_prompt, image_frames
 from genai_pipeline.names import ArtifactKey, GraphName, Mode, method_names
 from genai_pipeline.runtime.program import load_program
-from genai_pipeline.runtime.session import check_room
+from genai_pipeline.runtime.session import CacheCursor, check_runnable
 from genai_pipeline.upstream.executorch_logs import native_logs_hidden
 
 
@@ -30,10 +31,15 @@ def is_multimodal(manifest: dict) -> bool:
     return "vision" in manifest
 
 
-class MultimodalSession:
+class MultimodalSession(CacheCursor):
+    """No `verify` method: a vision-language program's decoder returns the last row's logits only.
+    After a rewind into an image's run of tokens, the whole run is fed again, its frame staged again
+    (as Chat does)."""
+
     def __init__(self, folder: Path, verify: bool = False):
         folder = Path(folder)
         self.manifest = read_manifest(folder)
+        check_runnable(folder, self.manifest)
         try:
             vision = self.manifest["vision"]
             self.max_seq_len = int(self.manifest["max_seq_len"])
@@ -77,9 +83,6 @@ class MultimodalSession:
         self.vision_calls = 0  # frames encoded since the session was made
         self.pos = 0
 
-    def reset(self) -> None:
-        self.pos = 0
-
     def read_frames(self, path: Path, max_tiles: int = 0) -> Frames:
         """An image file as the encoder's frames, preprocessed as the family's processor does."""
         processing = dataclasses.replace(self.processing, max_tiles=max_tiles) if max_tiles else self.processing
@@ -104,13 +107,10 @@ class MultimodalSession:
         with native_logs_hidden():
             return self._methods[graph].execute(inputs)[0].clone()
 
-    def _check_room(self, n: int) -> None:
-        check_room(self.pos + n, self.max_seq_len)
-
     def _decode(self, embeddings: torch.Tensor) -> torch.Tensor:
         """Embeddings [1, T, D] fed at the cursor; the next-token logits, [vocab]. A hybrid text
         decoder takes them in `prefill_chunk` chunks, a partial last chunk padded as the text path does
-        (runtime/session.py): its last real row goes once more through `decode`."""
+        (runtime/session.py): its last real row goes once more through `decode_token`."""
         if self.mode is Mode.DYNAMIC:
             graph = GraphName.FORWARD if self.split else GraphName.TEXT_DECODER
             logits = self._execute(graph, [embeddings, torch.tensor([self.pos], dtype=torch.long)])
@@ -166,3 +166,43 @@ class MultimodalSession:
         one step each, as `text_decoder` returns the last position's logits only."""
         self._check_room(len(tokens))
         return torch.stack([self.step(token) for token in tokens])
+
+
+class EagerMultimodalSession(CacheCursor):
+    """An eager VisionLanguageModel (the float one, or a dynamic recipe's) behind the Session
+    protocol, fed as MultimodalSession feeds its program: embeddings of the ids, each staged frame's
+    embeddings where its `<image>` run is, the decoder."""
+
+    def __init__(self, model, image_token_id: int, tokens_per_image: int):
+        self.model, self.image_token_id, self.tokens_per_image = model, image_token_id, tokens_per_image
+        self.max_seq_len = model.decoder.max_seq_len
+        self.frames: list[np.ndarray] = []
+        self.pos = 0
+
+    @torch.no_grad()
+    def _decode(self, embeddings: torch.Tensor, last_only: bool = True) -> torch.Tensor:
+        """The logits after the last row of `embeddings`, or after every row, [rows, vocab]."""
+        self._check_room(embeddings.shape[1])
+        with native_logs_hidden():  # ExecuTorch's custom ops log from C++ in eager mode too
+            logits = self.model.decoder.forward_embeddings(embeddings, torch.tensor([self.pos]), last_only=last_only)
+        self.pos += embeddings.shape[1]
+        return logits.reshape(-1, logits.shape[-1])
+
+    @torch.no_grad()
+    def prefill(self, tokens: list[int]) -> torch.Tensor:
+        embeddings = self.model.decoder.embed(torch.tensor([tokens]))
+        slots = [i for i, t in enumerate(tokens) if t == self.image_token_id]
+        n = self.tokens_per_image
+        for k, frame in enumerate(self.frames):
+            embeddings[0, slots[k * n : (k + 1) * n]] = self.model.vision(torch.from_numpy(frame).unsqueeze(0))[0]
+        self.frames = []
+        return self._decode(embeddings)[-1]
+
+    @torch.no_grad()
+    def step(self, token: int) -> torch.Tensor:
+        return self._decode(self.model.decoder.embed(torch.tensor([[token]])))[-1]
+
+    @torch.no_grad()
+    def score(self, tokens: list[int]) -> torch.Tensor:
+        """Feed `tokens` (text only) at the cursor; the logits after every one, [T, vocab]."""
+        return self._decode(self.model.decoder.embed(torch.tensor([tokens])), last_only=False)

@@ -1,5 +1,6 @@
-"""The session for any text export folder: a program's own KV cache (DecoderSession), or the
-cache-I/O form that a device runner drives (CacheIOSession)."""
+"""The session of any export folder, chosen from its manifest, so that no caller chooses: a
+vision-language export's (MultimodalSession), a program in the cache-I/O form's (CacheIOSession),
+or a text program's own KV cache (DecoderSession)."""
 
 from __future__ import annotations
 
@@ -7,19 +8,23 @@ from pathlib import Path
 
 from genai_pipeline.bundle import read_manifest
 from genai_pipeline.errors import ProgramError
+from genai_pipeline.models.cache_io import CacheIOContract
 from genai_pipeline.names import ArtifactKey, GraphName, method_names
-from genai_pipeline.runtime.cache_io import CacheIOContract, CacheIOSession, program_runner
+from genai_pipeline.runtime.cache_io import CacheIOSession, program_runner
+from genai_pipeline.runtime.multimodal import MultimodalSession, is_multimodal
 from genai_pipeline.runtime.program import load_program
-from genai_pipeline.runtime.session import DecoderSession, check_constants, check_runnable
+from genai_pipeline.runtime.session import DecoderSession, Session, check_constants, check_runnable
 from genai_pipeline.upstream.executorch_logs import native_logs_hidden
 
 
-def open_session(folder: Path, verify: bool = False):
-    """The session of a text-decoder export: a DecoderSession, or for a program in the cache-I/O
-    form (QNN's; the manifest's `decoder_form`) a CacheIOSession driving its methods, which owns
-    the KV cache and builds positions and masks as a device runner does."""
+def open_session(folder: Path, verify: bool = False) -> Session:
+    """The session of the export in `folder`; `verify`: check every program's sha256 first. For a
+    program in the cache-I/O form (QNN's; the manifest's `decoder_form`) a CacheIOSession drives
+    its methods: it owns the KV cache and builds positions and masks as a device runner does."""
     folder = Path(folder)
     manifest = read_manifest(folder)
+    if is_multimodal(manifest):
+        return MultimodalSession(folder, verify)
     contract = CacheIOContract.from_manifest(manifest)
     if contract is None:
         return DecoderSession(folder, verify)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import logging
 from pathlib import Path
 
@@ -9,6 +10,7 @@ from genai_pipeline.bundle import sha256
 from genai_pipeline.errors import ProgramError
 from genai_pipeline.upstream.executorch_logs import native_logs_hidden
 from genai_pipeline.upstream.executorch_runtime_import import import_executorch_runtime
+from genai_pipeline.upstream.executorch_threadpool import set_threadpool_size
 from genai_pipeline.upstream.xnnpack_weights_cache import share_packed_weights
 
 # ExecuTorch's flatbuffer file identifier sits at bytes 4..8 of every .pte.
@@ -58,7 +60,17 @@ def load_program(path: Path, expected_bytes: int | None = None, expected_sha256:
 
 def set_threads(n: int) -> None:
     """ExecuTorch's threadpool size (XNNPACK's and the custom kernels' threads) for this process."""
-    import_executorch_runtime()
-    from executorch.extension.pybindings import portable_lib
+    set_threadpool_size(n)
 
-    portable_lib._unsafe_reset_threadpool(n)
+
+def qnn_runtime_missing() -> str | None:
+    """Why a QNN program cannot run on this host (the QNN runtime libraries are absent), or None."""
+    try:
+        ctypes.CDLL("libQnnHtp.so")
+        return None
+    except OSError:
+        return (
+            "this program runs on Qualcomm's HTP (QNN delegate) and the QNN runtime libraries (libQnnHtp.so) "
+            "are not on this host's library path; run it on a Snapdragon device, or with the QNN SDK's "
+            "x86 libraries on LD_LIBRARY_PATH for an export made with --qnn-x86-emulator"
+        )

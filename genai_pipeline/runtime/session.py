@@ -1,19 +1,25 @@
-"""A text-decoder program and its KV-cache cursor: prefill a prompt, then step one token at a time.
+"""The Session protocol, which every session implements, and the sessions of a text decoder: its
+program (DecoderSession) and an eager model (EagerSession).
 
-The KV cache lives inside the runtime (a mutable buffer shared by the program's methods); Python
-only tracks `pos`, the number of cache positions holding real tokens.
+A session is a KV cache and its cursor `pos`, the number of cache positions holding real tokens:
+prefill a prompt, then step one token at a time. Every session's cache is read through causal masks
+built from explicit positions (models/decoder.py, models/cache_io.py), so cache rows at and past the
+cursor are never read, and the next call overwrites them: moving the cursor back truncates the
+cache, at no cost. A program's cache lives inside the runtime (a mutable buffer shared by its
+methods); Python only tracks `pos`.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Protocol, runtime_checkable
 
 import torch
 
 from genai_pipeline.bundle import read_manifest
 from genai_pipeline.errors import InputError, ProgramError
 from genai_pipeline.names import ArtifactKey, GraphName, Mode, method_names
-from genai_pipeline.runtime.program import load_program
+from genai_pipeline.runtime.program import load_program, qnn_runtime_missing
 from genai_pipeline.upstream.executorch_logs import native_logs_hidden
 
 
@@ -24,9 +30,7 @@ def check_runnable(folder: Path, manifest: dict) -> None:
             "where it was exported; `genai eval` evaluates it"
         )
     if manifest.get("target") == "qnn":  # else the runtime fails deep in QnnExecuTorchBackend::init
-        from genai_pipeline.targets.qnn import runtime_missing
-
-        if (why := runtime_missing()) is not None:
+        if (why := qnn_runtime_missing()) is not None:
             raise ProgramError(f"'{folder}': {why}")
 
 
@@ -59,7 +63,80 @@ def check_constants(program, path: Path, manifest: dict) -> None:
             )
 
 
-class DecoderSession:
+@runtime_checkable
+class Session(Protocol):
+    """What `generate`, lookahead decoding, `Chat`, `genai eval` and a server drive: every session
+    class (the program's, the cache-I/O program's, the multimodal one's, the eager ones) has it."""
+
+    pos: int  # cache positions holding real tokens: the next token fed goes here
+    max_seq_len: int  # the context: positions the cache holds
+    verify_len: int  # tokens one `verify` call takes at most; 0: the program has no `verify`
+
+    def prefill(self, tokens: list[int]) -> torch.Tensor:
+        """Feed `tokens` at the cursor; the next-token logits, [vocab]."""
+
+    def step(self, token: int) -> torch.Tensor:
+        """Feed one token at the cursor; the next-token logits, [vocab]."""
+
+    def score(self, tokens: list[int]) -> torch.Tensor:
+        """Feed `tokens` at the cursor; the logits after every one of them, [T, vocab]."""
+
+    def can_verify(self, n: int) -> bool:
+        """Whether one `verify` call takes `n` tokens at the cursor."""
+
+    def verify_rows(self, n: int) -> int:
+        """The rows a `verify` call of `n` tokens computes (its padding included)."""
+
+    def verify(self, tokens: list[int]) -> torch.Tensor:
+        """`score` in one call: the cursor moves past all of `tokens`."""
+
+    def reset(self) -> None:
+        """Forget every token: the same as `rewind(0)`."""
+
+    def rewind(self, pos: int) -> None:
+        """Keep the first `pos` positions of the cache (pos <= the cursor): the next token fed goes at `pos`."""
+
+
+class CacheCursor:
+    """What every session class shares: the cursor, its moves back, the room check, and the rule of
+    `verify` (none unless `verify_len`; a subclass with a `verify` method overrides `verify`)."""
+
+    pos: int
+    max_seq_len: int
+    verify_len = 0
+
+    def reset(self) -> None:
+        self.pos = 0
+
+    def rewind(self, pos: int) -> None:
+        if not 0 <= pos <= self.pos:
+            raise InputError(f"cannot rewind to position {pos}: the cache holds {self.pos} positions")
+        self.pos = pos
+
+    def _check_room(self, n: int) -> None:
+        check_room(self.pos + n, self.max_seq_len)
+
+    def verify_rows(self, n: int) -> int:
+        return n
+
+    def can_verify(self, n: int) -> bool:
+        # A verify call writes cache rows for its padding too, so all its rows must fit the cache.
+        return 1 <= n <= self.verify_len and self.pos + self.verify_rows(n) <= self.max_seq_len
+
+    def _check_verify(self, n: int) -> None:
+        if not self.can_verify(n):
+            raise InputError(
+                f"{n} tokens at position {self.pos} do not fit one verify call "
+                f"(verify length {self.verify_len}, context {self.max_seq_len})"
+            )
+
+    def verify(self, tokens: list[int]) -> torch.Tensor:
+        """`score`, where one call computes every row (an eager model's)."""
+        self._check_verify(len(tokens))
+        return self.score(tokens)
+
+
+class DecoderSession(CacheCursor):
     def __init__(self, folder: Path, verify: bool = False):
         folder = Path(folder)
         self.folder = folder
@@ -96,11 +173,6 @@ class DecoderSession:
         self._methods[graph] = self.program.load_method(name)
         return int(self.program.metadata(name).input_tensor_meta(0).sizes()[1])
 
-    def reset(self) -> None:
-        # Positions past `pos` are never read (attention is causal), so resetting the cursor
-        # is the same as clearing the cache.
-        self.pos = 0
-
     def _run(self, graph: GraphName, tokens: list[int]) -> torch.Tensor:
         inputs = [torch.tensor([tokens], dtype=torch.long), torch.tensor([self.pos], dtype=torch.long)]
         # Every graph returns the logits after its last token, [1, vocab] (programs exported
@@ -109,9 +181,6 @@ class DecoderSession:
         with native_logs_hidden():
             out = self._methods[graph].execute(inputs)[0]
         return out.reshape(-1, out.shape[-1])[-1].clone()
-
-    def _check_room(self, n: int) -> None:
-        check_room(self.pos + n, self.max_seq_len)
 
     def prefill(self, tokens: list[int]) -> torch.Tensor:
         """Feed `tokens` at the cursor; returns the next-token logits, [vocab]."""
@@ -178,20 +247,10 @@ class DecoderSession:
         """The rows a `verify` call of `n` tokens computes (its padding included)."""
         return self.verify_len if self.verify_padded else n
 
-    def can_verify(self, n: int) -> bool:
-        """Whether one `verify` call takes `n` tokens at the cursor. It writes cache rows for its
-        padding too, so all its rows must fit the cache."""
-        return 1 <= n <= self.verify_len and self.pos + self.verify_rows(n) <= self.max_seq_len
-
     def verify(self, tokens: list[int]) -> torch.Tensor:
         """Feed `tokens` at the cursor in one call; returns the logits after every one, [T, vocab].
-        The cursor moves past all of them: the caller moves it back to keep only the accepted ones
-        (positions past the cursor are never read, and are overwritten)."""
-        if not self.can_verify(len(tokens)):
-            raise InputError(
-                f"{len(tokens)} tokens at position {self.pos} do not fit one verify call "
-                f"(verify length {self.verify_len}, context {self.max_seq_len})"
-            )
+        The cursor moves past all of them: the caller rewinds to keep only the accepted ones."""
+        self._check_verify(len(tokens))
         n = len(tokens)
         padded = tokens + [0] * (self.verify_rows(n) - n)
         inputs = [torch.tensor([padded], dtype=torch.long), torch.tensor([self.pos], dtype=torch.long)]
@@ -201,10 +260,10 @@ class DecoderSession:
         return out.reshape(-1, out.shape[-1])[:n].clone()
 
 
-class EagerSession:
-    """An eager model behind the same prefill/step/score interface, for parity checks and eval:
-    anything called as `model(tokens [1, T], input_pos [1]) -> logits [1, T, vocab]` that keeps
-    its own KV cache (our Decoder, or a QDQ model loaded from `.qdq.pt2`)."""
+class EagerSession(CacheCursor):
+    """An eager model behind the Session protocol, for parity checks and eval: anything called as
+    `model(tokens [1, T], input_pos [1]) -> logits [1, T, vocab]` that keeps its own KV cache (our
+    Decoder, or a QDQ model loaded from `.qdq.pt2`)."""
 
     def __init__(self, model, max_seq_len: int | None = None, verify_len: int = 0):
         self.model = model
@@ -212,13 +271,9 @@ class EagerSession:
         self.verify_len = verify_len  # > 0: lookahead decoding may `verify` up to this many tokens
         self.pos = 0
 
-    def reset(self) -> None:
-        self.pos = 0
-
     @torch.no_grad()
     def score(self, tokens: list[int]) -> torch.Tensor:
-        if self.pos + len(tokens) > self.max_seq_len:
-            raise InputError(f"{self.pos + len(tokens)} tokens do not fit the context of {self.max_seq_len}")
+        self._check_room(len(tokens))
         with native_logs_hidden():  # a QDQ model runs ExecuTorch's custom ops, which log from C++
             logits = self.model(torch.tensor([tokens]), torch.tensor([self.pos]))[0]
         self.pos += len(tokens)
@@ -229,12 +284,3 @@ class EagerSession:
 
     def step(self, token: int) -> torch.Tensor:
         return self.score([token])[-1]
-
-    def can_verify(self, n: int) -> bool:
-        return 1 <= n <= self.verify_len and self.pos + n <= self.max_seq_len
-
-    def verify_rows(self, n: int) -> int:
-        return n
-
-    def verify(self, tokens: list[int]) -> torch.Tensor:
-        return self.score(tokens)

@@ -22,7 +22,8 @@ def get_target(name: str) -> Target:
 def check_recipe(target: Target, quant) -> None:
     """Refuse a quantization (an options.QuantOptions) the backend cannot run."""
     vision = (quant.vision_recipe,) if quant.vision_recipe else ()
-    for recipe in (quant.recipe, *(r for _, r in quant.overrides), *vision):
+    rules = (quant.rules or ()) + (quant.vision_rules or ())
+    for recipe in (quant.recipe, *(r for _, r in quant.overrides), *vision, *(r.recipe for r in rules)):
         if recipe not in target.recipes:
             owners = [t.name for t in _targets().values() if t.name != target.name and recipe in t.recipes]
             hint = f" ('{recipe}' is a recipe of --target {' or '.join(owners)})" if owners else ""

@@ -88,7 +88,7 @@ def _swap_tied_int4_lookup(decoder) -> None:
     decoder.tok_embeddings = _PairSwappedEmbedding(lookup)
 
 
-def _adapt_for_lowering(module, static_shapes: bool) -> None:
+def adapt_for_lowering(module, static_shapes: bool) -> None:
     from genai_pipeline.models.decoder import Decoder, RMSNorm
     from genai_pipeline.quantize.weights import concat_rows
 
@@ -113,5 +113,5 @@ TARGET = Target(
     partitioners=_partitioners,
     embedding_recipes=("8w", "4w"),
     static_quantizer=_static_quantizer,
-    adapt_for_lowering=_adapt_for_lowering,
+    adapt_for_lowering=adapt_for_lowering,
 )

@@ -6,14 +6,14 @@ times, and `_generate_edge_program` runs eight aten-to-edge passes, each a re-tr
 graph with fake tensors (~0.5 s a layer with a symbolic sequence length), whether or not it has
 anything to rewrite.
 What we change: `to_edge_transform_and_lower` decomposes once when no partitioner refuses a node of
-the ops it takes whole, and `_edge_program` (a fork of `_generate_edge_program`) skips the passes
+the ops it takes whole, and `edge_program` (a fork of `_generate_edge_program`) skips the passes
 with nothing to rewrite in the graph; `lower_grouped` lowers each group of methods of a
 `targets.GroupedLowering` (QNN context binaries) in one `to_backend` call.
 Why: exports 1.3-1.5x faster; the programs come out byte for byte as ExecuTorch's own lowering
 makes them (tests/upstream/test_exir_lowering.py, tests/targets/test_xnnpack.py).
 What breaks if upstream changes: the private names imported below from
 `executorch.exir.program._program`, `executorch.exir._program_utils`, `executorch.exir.tracer` and
-`torch._export.passes`, the order and names of `_generate_edge_program`'s passes (`_HAS_WORK`),
+`torch._export.passes`, the order and names of `_generate_edge_program`'s passes (`HAS_WORK`),
 and what each pass rewrites. On another torch or ExecuTorch than the pinned ones,
 `to_edge_transform_and_lower` is ExecuTorch's own (logged once) and `lower_grouped` stops with one
 line naming the pinned version; tests/upstream/test_exir_lowering.py fails when the pinned wheels
@@ -86,7 +86,7 @@ def to_edge_transform_and_lower(programs: dict, partitioners: list, constant_met
         )
     config = dataclasses.replace(config, preserve_ops=sorted(keep, key=str))
     edge = EdgeProgramManager(
-        {name: _edge_program(config, program) for name, program in programs.items()},
+        {name: edge_program(config, program) for name, program in programs.items()},
         constant_methods,
         config,
     )
@@ -99,7 +99,7 @@ def to_edge_transform_and_lower(programs: dict, partitioners: list, constant_met
     return edge
 
 
-def _edge_program(config, program):
+def edge_program(config, program):
     """ExecuTorch's `_generate_edge_program` (aten to edge dialect), minus the passes with nothing
     to rewrite in the graph. Eight of its passes re-trace the whole graph with fake tensors, ~0.5 s
     a layer each with a symbolic sequence length, and six of them find nothing to do in a decoder
@@ -113,8 +113,8 @@ def _edge_program(config, program):
 
     program = remove_unused_parameters_pass(program)
     graph_module = program.graph_module
-    for pass_ in _aten_to_edge_passes(config):
-        if _may_rewrite(pass_, graph_module):  # decided on the graph the passes before it left
+    for pass_ in aten_to_edge_passes(config):
+        if may_rewrite(pass_, graph_module):  # decided on the graph the passes before it left
             graph_module = pass_(graph_module).graph_module
     edge_program = ExportedProgram(
         root=graph_module,
@@ -134,7 +134,7 @@ def _edge_program(config, program):
     return _transform(edge_program, *_get_aten_to_edge_passes(config)[1])
 
 
-def _aten_to_edge_passes(config) -> list:
+def aten_to_edge_passes(config) -> list:
     """The graph passes of `_generate_edge_program`, in its order."""
     from executorch.exir.passes import MemoryFormatOpsPass, OpReplacePass
     from executorch.exir.passes.remove_graph_asserts_pass import RemoveNonCoreAtenOpGraphAssertsPass
@@ -150,14 +150,14 @@ def _aten_to_edge_passes(config) -> list:
     return passes if config._skip_dim_order else [*passes, MemoryFormatOpsPass()]
 
 
-def _pass_name(pass_) -> str:
+def pass_name(pass_) -> str:
     return type(getattr(pass_, "__wrapped__", pass_)).__name__  # ExecuTorch's pass managers wrap them
 
 
-def _may_rewrite(pass_, graph_module) -> bool:
+def may_rewrite(pass_, graph_module) -> bool:
     """False for an aten-to-edge pass that would find nothing to rewrite in the graph (what each
     rewrites is in its `call_operator`); True for any other pass."""
-    has_work = _HAS_WORK.get(_pass_name(pass_))
+    has_work = HAS_WORK.get(pass_name(pass_))
     if has_work is None:
         return True
     if any(isinstance(m, torch.fx.GraphModule) for m in graph_module.modules() if m is not graph_module):
@@ -231,7 +231,7 @@ def _calls_a_memory_format_op(graph) -> bool:  # MemoryFormatOpsPass; it runs on
     return any(isinstance(n.target, EdgeOpOverload) and n.target in DimOrderOpsMap for n in graph.nodes)
 
 
-_HAS_WORK = {
+HAS_WORK = {
     "NormalizeTransposePass": _calls_transpose,
     "ReplaceBrokenOpsWithFunctionalOpsPass": _calls_a_view,
     "ScalarToTensorPass": _passes_a_literal_as_tensor,

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from genai_pipeline.checkpoints import gguf as ours
-from genai_pipeline.checkpoints import gguf_vocab, infer_checkpoint_spec, load_decoder, metadata_folder
+from genai_pipeline.checkpoints import gguf_q4_0, gguf_vocab, infer_checkpoint_spec, load_decoder, metadata_folder
 from genai_pipeline.errors import CheckpointError
 from genai_pipeline.registry import infer_spec
 from tests.conftest import REPO, TINY_MAX_SEQ, TINY_VOCAB, save_hf_checkpoint, train_sentencepiece, train_tokenizer
@@ -336,7 +336,7 @@ def test_read_q4_0_is_lossless_and_unpermuted(tmp_path, tokenizer_json):
     spec, _ = infer_checkpoint_spec(file)
     decoder = load_decoder(spec, file, TINY_MAX_SEQ)
     weights = decoder.state_dict()
-    unpacked = ours.read_q4_0(file)
+    unpacked = gguf_q4_0.read_q4_0(file)
     assert "layers.0.attention.wq.weight" in unpacked and "tok_embeddings.weight" in unpacked
     for name, (q, scales) in unpacked.items():
         assert q.dtype == torch.int8 and scales.dtype == torch.float32
@@ -694,7 +694,7 @@ def test_a_q4_0_gguf_exported_as_8da4w_keeps_the_files_integers_and_scales(tmp_p
     positive bf16 scales only: a block with a negative scale is stored negated (its -8 becomes +7,
     the one value that moves) and fp16 scales round to bf16 (2^-9 at most)."""
     from genai_pipeline.cli import main
-    from genai_pipeline.inspect import _read_program
+    from genai_pipeline.upstream.executorch_pte_reader import read_program
 
     file, _ = tiny(tmp_path, tokenizer_json, "llama", "llama", [Q.Q4_0])
     out = tmp_path / "q4_0"
@@ -716,9 +716,9 @@ def test_a_q4_0_gguf_exported_as_8da4w_keeps_the_files_integers_and_scales(tmp_p
         )
         == 0
     )
-    program, segment = _read_program(out / "text_decoder.pte")
+    program, segment = read_program(out / "text_decoder.pte")
     blobs = {segment(entry.segment_index) for entry in program.named_data}
-    file_weights = ours.read_q4_0(file)
+    file_weights = gguf_q4_0.read_q4_0(file)
     linears = [n for n in file_weights if n != "tok_embeddings.weight"]
     assert len(linears) == 15  # 2 layers x 7 linears + the untied head, all Q4_0
     moved, integers, scales = 0, {}, {}

@@ -558,7 +558,7 @@ def check_gguf(path: Path) -> str | None:
 
 def check_template(path: Path) -> str | None:
     from genai_pipeline.chat_template import render_chat
-    from genai_pipeline.data.samples import Message
+    from genai_pipeline.messages import Message
 
     render_chat(
         (Message("system", "Be brief."), Message("user", "Hello?")), path.read_text(), add_generation_prompt=True
@@ -567,7 +567,7 @@ def check_template(path: Path) -> str | None:
 
 
 def check_image(path: Path) -> str | None:
-    from genai_pipeline.image_processing import read_image
+    from genai_pipeline.image_files import read_image
 
     pixels = read_image(path)
     return None if pixels.ndim == 3 and pixels.shape[2] == 3 else f"an image of shape {pixels.shape}"

@@ -209,7 +209,7 @@ def test_export_arguments_that_cannot_work_are_refused_before_any_work(capsys, t
 
 def test_an_image_declaring_too_many_pixels_is_refused_before_decoding(capsys, tmp_path, monkeypatch):
     from genai_pipeline.errors import InputError
-    from genai_pipeline.image_processing import read_image
+    from genai_pipeline.image_files import read_image
 
     bombs = dict(corpus.image_cases()["images: declared sizes"])
     (tmp_path / "bomb.png").write_bytes(bombs["png 50000 x 50000"])
@@ -262,7 +262,7 @@ def test_eval_refuses_to_score_non_finite_logits(tmp_path, export_tiny, monkeypa
     """A program whose logits are NaN: eval fails naming it, never 'perplexity nan'."""
     from genai_pipeline.errors import ProgramError
 
-    evaluate_module = importlib.import_module("genai_pipeline.evaluate")  # the module, not the API's function
+    evaluate_module = importlib.import_module("genai_pipeline.evaluate.text")
 
     folder = copy_export(export_tiny("kv"), tmp_path / "out")
     (tmp_path / "text.txt").write_text("The list object holds items in order. " * 8)

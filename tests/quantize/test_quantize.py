@@ -121,11 +121,11 @@ def test_embedding_follows_the_recipe_unless_told(recipe, embedding, want):
 def test_auto_embedding_is_quantized_with_the_linear_layers(tiny_eager):
     plan = quantize_module(tiny_eager(), QuantOptions(recipe="8da4w"))
     assert plan["tok_embeddings"] == "emb4w" and plan["output"] == "8da4w"  # GPTQ quantizes the head to 4 bits
-    assert plan["layers.0.attention.wv"] == plan["layers.1.feed_forward.w2"] == "8da8w"  # AUTO_8BIT, more_bits_layer
+    assert plan["layers.0.attention.wv"] == plan["layers.1.feed_forward.w2"] == "8da8w"  # wv, more_bits_layers
     assert plan["layers.0.feed_forward.w2"] == "8da4w"
     assert plan["layers.0.attention.wq"] == plan["layers.0.feed_forward.w1"] == "8da4w"
     plan = quantize_module(tiny_eager(), QuantOptions(recipe="8da4w", weight_rule="mse"))
-    assert plan["output"] == "8da8w"  # uncalibrated, the LM head stays at 8 bits (AUTO_HEAD)
+    assert plan["output"] == "8da8w"  # uncalibrated, the LM head stays at 8 bits (head_recipe)
     plan = quantize_module(tiny_eager(), QuantOptions(recipe="8da4w", head="8da4w", keep_8bit=()))
     assert plan["output"] == "8da4w" and plan["layers.0.attention.wv"] == "8da4w"
 
@@ -155,7 +155,7 @@ def test_quantized_hybrid_program_stores_the_weights_once_and_is_small(export_re
     # hybrid's two more methods (prefill_chunk, prefill) add their graphs, not a weight (the table: 1 MB)
     assert hybrid["file_bytes"] - kv["file_bytes"] <= graph_bytes(4, 2), (hybrid["file_bytes"], kv["file_bytes"])
     # fp32 stores its tied table once; here the int4 head and the int8 lookup are two tables, wv
-    # and some w2 are at 8 bits under 8da4w (AUTO_8BIT, more_bits_layer; docs/decisions/0020), and
+    # and some w2 are at 8 bits under 8da4w (the recipe's rules; docs/decisions/0020), and
     # rotation adds a float 256 x 256 linear before the tied head (1.5 % of the fp32 program): 0.25x of the fp32 program.
     assert hybrid["file_bytes"] <= 0.26 * fp32["file_bytes"], (hybrid["file_bytes"], fp32["file_bytes"])
     manifest = json.loads((export_reference("hybrid", Q4) / "manifest.json").read_text())
@@ -304,7 +304,7 @@ def _xnnpack_int4(q):
 
 def test_given_int4_weights_and_scales_are_what_the_program_stores(tiny_checkpoint, tmp_path):
     from genai_pipeline.compile import compile_artifacts
-    from genai_pipeline.inspect import _read_program
+    from genai_pipeline.upstream.executorch_pte_reader import read_program
 
     options = PrepareOptions(mode="kv", max_seq_len=64, checkpoint=tiny_checkpoint)
     prepared = prepare(get_spec("smollm2-135m"), options)
@@ -330,7 +330,7 @@ def test_given_int4_weights_and_scales_are_what_the_program_stores(tiny_checkpoi
         assert torch.equal(constants[key], q), n
         assert torch.equal(constants[key.replace(".qdata", ".scale")], d), n
     compile_artifacts(q_quant, get_target("xnnpack"), tmp_path)
-    program, segment = _read_program(tmp_path / "text_decoder.pte")
+    program, segment = read_program(tmp_path / "text_decoder.pte")
     stored = {entry.key: segment(entry.segment_index) for entry in program.named_data}
     blobs = set(stored.values())
     holds = lambda part: any(part in blob for blob in blobs)  # noqa: E731  wq and wv are rows of a fused weight
@@ -426,37 +426,6 @@ def test_one_calibration_pass_gives_gptq_the_hessians_of_the_smoothed_model(tiny
             predicted[name], measured[name], rtol=1e-4, atol=1e-4 * measured[name].abs().max().item()
         )
         assert not torch.allclose(before[name], measured[name], rtol=1e-2)  # smoothing did change it
-
-
-def test_8da4w_keeps_the_mlp_inputs_of_the_edge_layers_at_8_bits():
-    from genai_pipeline.quantize.recipes import recipe_for
-
-    options = QuantOptions(recipe="8da4w")
-    eight = {
-        i for i in range(30) for w in ("w1", "w3") if recipe_for(f"layers.{i}.feed_forward.{w}", options, 30) == "8da8w"
-    }
-    assert eight == {0, 1, 28, 29}  # SmolLM2-135M's depth: the first and last 1/15
-    assert recipe_for("layers.0.feed_forward.w1", options, 4) == "8da4w"  # none below 15 layers
-    assert recipe_for("layers.0.feed_forward.w1", QuantOptions(recipe="8da8w"), 30) == "8da8w"
-    assert (
-        recipe_for("layers.0.feed_forward.w1", QuantOptions(recipe="8da4w", overrides=(("w1", "8da4w"),)), 30)
-        == "8da4w"
-    )
-
-
-def test_8da4w_keeps_w2_at_8_bits_in_llama_cpps_more_bits_layers():
-    """llama.cpp's use_more_bits (Q4_K_M's ffn_down): the first and last eighth, every third between."""
-    from genai_pipeline.quantize.recipes import recipe_for
-
-    def eight(n_layers, options=QuantOptions(recipe="8da4w")):
-        return {i for i in range(n_layers) if recipe_for(f"layers.{i}.feed_forward.w2", options, n_layers) == "8da8w"}
-
-    assert eight(30) == {0, 1, 2, 5, 8, 11, 14, 17, 20, 23, 26, 27, 28, 29}  # SmolLM2-135M
-    assert eight(16) == {0, 1, 4, 7, 10, 13, 14, 15}  # Llama-3.2-1B
-    assert eight(2) == {1}
-    assert eight(30, QuantOptions(recipe="8da4w", overrides=((r"feed_forward\.w2$", "8da8w"),))) == set(range(30))
-    assert eight(30, QuantOptions(recipe="8da8w")) == set(range(30))
-    assert recipe_for("layers.2.attention.wv", QuantOptions(recipe="8da4w"), 30) == "8da8w"  # AUTO_8BIT: every layer
 
 
 def test_smoothing_keeps_the_float_function_and_balances_inputs_and_weights(tiny_eager):

@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from genai_pipeline.errors import InputError
-from genai_pipeline.evaluate import block_outputs
+from genai_pipeline.evaluate.text import block_outputs
 from genai_pipeline.models.decoder import Decoder, DecoderConfig
 from genai_pipeline.options import QuantOptions
-from genai_pipeline.quantize.recipes import quantize_module
+from genai_pipeline.quantize.recipes import describe, quantize_module
 from genai_pipeline.quantize.rotation import can_rotate, random_hadamard, rotate
 
 
@@ -111,7 +111,7 @@ def test_rotation_lowers_the_loss_of_per_token_int8_activations():
 
 
 def test_rotation_is_recorded_and_off_where_it_does_not_apply():
-    assert QuantOptions(recipe="8da4w").rotate and "-rot" in QuantOptions(recipe="8da4w").describe()
+    assert QuantOptions(recipe="8da4w").rotate and "-rot" in describe(QuantOptions(recipe="8da4w"))
     assert not QuantOptions(recipe="8a8w").rotate and not QuantOptions().rotate  # static and float: not rotated
     from genai_pipeline.options import quant_options_from
 

@@ -9,13 +9,13 @@ from conftest import Q4, REFERENCE
 
 from genai_pipeline.cli import main
 from genai_pipeline.errors import InputError
-from genai_pipeline.evaluate import float_model, quantized_model
+from genai_pipeline.evaluate.text import float_model, quantized_model
 from genai_pipeline.options import CalibrationOptions, PrepareOptions, QuantOptions
 from genai_pipeline.prepare import prepare
 from genai_pipeline.quantize import quantize
 from genai_pipeline.quantize.calibration import SENSITIVITY_TOKENS, gptq_samples, held_out_tokens
 from genai_pipeline.quantize.multimodal import check_vision_language_quant
-from genai_pipeline.quantize.recipes import recipe_for
+from genai_pipeline.quantize.recipes import linear_recipes
 from genai_pipeline.quantize.rotation import rotate
 from genai_pipeline.quantize.size_budget import (
     graph_bytes,
@@ -40,9 +40,7 @@ def _reference_decoder(rotated: bool):
 
 
 def _bytes(decoder, quant: QuantOptions) -> int:
-    return program_bytes(
-        decoder, lambda name: recipe_for(name, quant, len(decoder.layers)), quant.embedding, quant.group_size
-    )
+    return program_bytes(decoder, linear_recipes(decoder, quant).get, quant.embedding, quant.group_size)
 
 
 @pytest.mark.parametrize(

@@ -5,12 +5,14 @@ Hub's files spell them (transformers 4.x layout). Each must read (config_from_hf
 the embedded config, and `infer_spec` must pick the entry from it.
 """
 
+from pathlib import Path
+
 import pytest
 import torch
 
 from genai_pipeline.errors import CheckpointError
 from genai_pipeline.models.decoder import Decoder
-from genai_pipeline.registry import SPECS, get_spec, infer_spec
+from genai_pipeline.registry import SPECS, chat_templates, get_spec, infer_spec
 
 # Public parameter counts (model cards / papers). Qwen3-1.7B: 1.72 B with its tied embedding;
 # the Hub page's 2.03 B also counts the lm_head copy stored in its safetensors.
@@ -373,7 +375,9 @@ def test_smollm3_skips_rope_in_every_fourth_layer():
     assert get_spec("smollm3-3b").config_from_checkpoint(without_list) == config  # transformers' default pattern
 
 
-CHAT_ENTRIES = [s for s in SPECS.values() if s.chat_template]
+# Chat formats: every message in order, and a generation prompt that opens the assistant's turn.
+# reference-vlm's template is its training format instead (below).
+CHAT_ENTRIES = [s for s in SPECS.values() if s.chat_template and s.chat_template != chat_templates.QUESTION_ANSWER]
 
 
 def test_chat_models_carry_a_fallback_template():
@@ -385,7 +389,7 @@ def test_fallback_templates_render_every_turn_as_transformers_does(spec):
     from transformers.utils.chat_template_utils import render_jinja_template
 
     from genai_pipeline.chat_template import render_chat
-    from genai_pipeline.data.samples import Message
+    from genai_pipeline.messages import Message
 
     messages = (
         Message("system", "Be brief."),
@@ -411,6 +415,39 @@ def test_fallback_templates_render_every_turn_as_transformers_does(spec):
     assert positions == sorted(positions)  # every message, in order
     prompt = rendered[True]
     assert prompt.startswith(rendered[False]) and len(prompt) > len(rendered[False])  # opens the assistant's turn
+
+
+def test_reference_vlms_template_renders_its_training_prompt_as_transformers_does():
+    """BOS, the image, the question; an answer follows with its EOS, then the next question. No
+    system role (left out) and no generation prompt: the answer follows the question directly."""
+    from transformers.utils.chat_template_utils import render_jinja_template
+
+    from genai_pipeline.chat_template import render_chat
+    from genai_pipeline.messages import ContentPart, Message
+
+    template = get_spec("reference-vlm").chat_template
+    assert template == chat_templates.QUESTION_ANSWER
+    image = ContentPart("image", image=Path("shapes.png"))
+    messages = (
+        Message("system", "Be brief."),
+        Message("user", (image, ContentPart("text", text="What colour is the star?"))),
+        Message("assistant", " red"),
+        Message("user", "What shape is blue?"),
+    )
+    specials = {"bos_token": "<|endoftext|>", "eos_token": "<|endoftext|>"}
+    ours = render_chat(messages, template, add_generation_prompt=True, **specials)
+    assert ours == "<|endoftext|><image>What colour is the star? red<|endoftext|>What shape is blue?"
+    as_json = [
+        {
+            "role": m.role,
+            "content": m.content
+            if isinstance(m.content, str)
+            else [{"type": "image"} if p.type == "image" else {"type": "text", "text": p.text} for p in m.content],
+        }
+        for m in messages
+    ]
+    (theirs,), _ = render_jinja_template([as_json], chat_template=template, add_generation_prompt=True, **specials)
+    assert ours == theirs
 
 
 def test_an_unknown_model_type_names_the_closest_supported_ones():

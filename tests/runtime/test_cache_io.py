@@ -1,5 +1,5 @@
-"""The decoder's cache-I/O form (QNN's) driven by runtime/cache_io.py: the same logits as the
-ordinary decoder, in eager and as a program, with the KV cache held by the driver."""
+"""The decoder's cache-I/O form (QNN's) driven by runtime/cache_io.py's session: the same logits as
+the ordinary decoder, in eager and as a program, with the KV cache held by the driver."""
 
 from __future__ import annotations
 
@@ -10,10 +10,11 @@ import torch
 from conftest import TINY_MAX_SEQ, TINY_PREFILL
 
 from genai_pipeline.checkpoints.hf import random_decoder
-from genai_pipeline.models.decoder import MASK_HIDDEN, DecoderConfig
+from genai_pipeline.models.cache_io import CacheIOContract, eager_runner
+from genai_pipeline.models.decoder import DecoderConfig
 from genai_pipeline.names import GraphName
 from genai_pipeline.prepare.cache_io import CacheIOGraph
-from genai_pipeline.runtime.cache_io import CacheIOContract, CacheIOSession, eager_runner
+from genai_pipeline.runtime.cache_io import CacheIOSession
 from genai_pipeline.runtime.open import open_session
 from genai_pipeline.runtime.session import EagerSession
 
@@ -94,23 +95,6 @@ def test_eager_cache_io_form_with_sliding_window_layers():
     session = _eager_cache_io(random_decoder(GEMMA_LIKE, 40, seed=1), 8)
     assert session.contract.sliding_window == 5  # a window_mask input as well
     assert _max_diff_over_a_conversation(session, EagerSession(random_decoder(GEMMA_LIKE, 40, seed=1))) <= 1e-4
-
-
-def test_call_inputs_follow_the_contract():
-    contract = CacheIOContract(
-        n_layers=1, n_kv_heads=1, head_dim=2, max_seq_len=6, tokens_per_call={"prefill_chunk": 4, "decode_token": 1}
-    )
-    cache = [torch.zeros(1, 1, 6, 2)]
-    tokens, positions, mask, *_ = contract.call_inputs([7, 8], pos=3, rows=4, k_cache=cache, v_cache=cache)
-    assert tokens.tolist() == [[0, 0, 7, 8]] and positions.tolist() == [[3, 3, 3, 4]]  # left-padded
-    seen = (mask[0, 0] == 0).int().tolist()  # columns: cache rows 0..5, then this call's rows 0..3
-    assert seen == [
-        [0, 0, 0, 0, 0, 0, 1, 0, 0, 0],  # padding rows see only themselves
-        [0, 0, 0, 0, 0, 0, 0, 1, 0, 0],
-        [1, 1, 1, 0, 0, 0, 0, 0, 1, 0],  # real rows: cache rows before the cursor, real rows up to themselves
-        [1, 1, 1, 0, 0, 0, 0, 0, 1, 1],
-    ]
-    assert set(mask.unique().tolist()) == {0.0, MASK_HIDDEN}
 
 
 @pytest.mark.parametrize("target", ["portable"])

@@ -3,6 +3,7 @@
 import dataclasses
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -11,12 +12,12 @@ from conftest import REFERENCE, TINY_MAX_SEQ, TINY_PREFILL, TINY_VOCAB
 from genai_pipeline.chat_template import ChatTemplate, read_chat_template, render_chat
 from genai_pipeline.checkpoints.hf import load_decoder
 from genai_pipeline.compile import compile_artifacts
-from genai_pipeline.data.samples import Message
 from genai_pipeline.errors import ChatTemplateError, ContextFullError, ExportError
+from genai_pipeline.messages import ContentPart, Message
 from genai_pipeline.options import PrepareOptions, SamplingOptions
 from genai_pipeline.prepare import prepare
 from genai_pipeline.registry import get_spec
-from genai_pipeline.runtime.chat import Chat, Reply, end_of_turn_ids
+from genai_pipeline.runtime.chat import Chat, Reply, drop_oldest_turns, end_of_turn_ids
 from genai_pipeline.runtime.generate import Sampler, generate
 from genai_pipeline.runtime.session import DecoderSession, EagerSession
 from genai_pipeline.targets import Target
@@ -64,9 +65,11 @@ class Recording:
     def pos(self):
         return self.session.pos
 
-    @pos.setter
-    def pos(self, value):
-        self.session.pos = value
+    def reset(self):
+        self.session.reset()
+
+    def rewind(self, pos):
+        self.session.rewind(pos)
 
     def _write(self, tokens):
         self.cache[self.pos :] = tokens
@@ -135,7 +138,7 @@ def test_turns_prefill_only_what_the_cache_lacks_and_reply_as_a_fresh_prefill(mo
     messages = []
     for text, reply in zip(TURNS, replies):
         messages.append(Message("user", text))
-        session.pos = 0
+        session.reset()
         fresh = generate(session, rendered_ids(tokenizer, messages), max_new, Sampler(GREEDY), (0,))
         assert tuple(fresh.tokens) == reply.tokens
         messages.append(Message("assistant", tokenizer.decode(fresh.tokens)))
@@ -148,6 +151,12 @@ class Scripted:
     def __init__(self, script, vocab_size=TINY_VOCAB, max_seq_len=TINY_MAX_SEQ):
         self.script, self.vocab_size, self.max_seq_len = script, vocab_size, max_seq_len
         self.pos, self.next = 0, 0
+
+    def reset(self):
+        self.pos = 0
+
+    def rewind(self, pos):
+        self.pos = pos
 
     def _logits(self):
         logits = torch.zeros(self.vocab_size)
@@ -208,18 +217,80 @@ def test_reset_forgets_the_conversation_but_keeps_the_system_message(eager, toke
     assert again.reused == 0 and again.tokens == first.tokens
 
 
-def test_a_turn_that_does_not_fit_leaves_the_conversation_as_it_was(tiny_eager, tokenizer):
+def test_a_message_that_alone_does_not_fit_leaves_the_conversation_as_it_was(tiny_eager, tokenizer):
     session = EagerSession(tiny_eager(), 40)
     chat = new_chat(session, tokenizer, stop_ids=())
     chat.send("Hi")
     before = (chat.messages, list(chat.cached), session.pos)
     with pytest.raises(ContextFullError, match="context is 40"):
-        chat.send("word " * 30)
+        chat.send("word " * 60)
     assert (chat.messages, chat.cached, session.pos) == before
     assert chat.send("Ok").reused > 0  # the conversation goes on
     ids = rendered_ids(tokenizer, [Message("user", "Hi")])
     squeezed = new_chat(EagerSession(tiny_eager(), len(ids) + 2), tokenizer, stop_ids=(), max_new=10).send("Hi")
-    assert squeezed.stop_reason == "context" and len(squeezed.tokens) == 3
+    assert squeezed.stop_reason == "context" and len(squeezed.tokens) == 3  # nothing older to drop
+
+
+def test_the_oldest_whole_turns_go_first_with_their_images():
+    def user(text, *images):
+        return Message("user", (*(ContentPart("image", image=Path(i)) for i in images), ContentPart("text", text=text)))
+
+    messages = (
+        Message("system", "S"),
+        user("u0", "0.png"),
+        Message("assistant", "a0"),
+        user("u1"),
+        Message("assistant", "a1"),
+        Message("assistant", "a1, more"),  # a turn runs to the next user message
+        user("u2", "2a.png", "2b.png"),
+        Message("assistant", "a2"),
+        user("now"),
+    )
+    frames = ("frame-0", "frame-2a", "frame-2b")  # one per image part, in order
+    kept, images, dropped = drop_oldest_turns(messages, frames, 1, lambda m, i: len(m) <= 4)
+    assert [m.text for m in kept] == ["S", "u2", "a2", "now"] and images == ("frame-2a", "frame-2b") and dropped == 2
+    kept, images, dropped = drop_oldest_turns(messages, frames, 1, lambda m, i: False)
+    assert [m.text for m in kept] == ["S", "now"] and images == () and dropped == 3
+    assert drop_oldest_turns(messages, frames, 1, lambda m, i: True) == (messages, frames, 0)
+
+
+def test_a_conversation_longer_than_the_context_goes_on_from_its_latest_turns(tiny_eager, tokenizer):
+    """Every turn replies, the system message stays first, and a turn after a drop replies exactly as
+    a fresh session given the kept conversation would (the cache holds what the drop left)."""
+    context = 64
+    chat = new_chat(EagerSession(tiny_eager(), context), tokenizer, stop_ids=(), max_new=8, system="Be brief.")
+    drops = 0
+    for k in range(12):
+        before = chat.messages
+        reply = chat.send(f"question {k}?")
+        assert reply.tokens and reply.stop_reason == "length" and len(reply.tokens) == 8
+        drops += reply.dropped
+        assert chat.messages[0] == Message("system", "Be brief.")
+        kept = chat.messages[:-1]  # the conversation the reply was generated from
+        if reply.dropped:
+            assert len(kept) < len(before) + 1
+            fresh = new_chat(EagerSession(tiny_eager(), context), tokenizer, stop_ids=(), max_new=8)
+            fresh.messages = kept[:-1]
+            assert fresh.send(kept[-1].content).tokens == reply.tokens
+        assert len(rendered_ids(tokenizer, chat.messages)) <= context
+    assert drops >= 3
+
+
+def test_a_reply_that_fills_the_context_drops_older_turns_and_goes_on(tiny_eager, tokenizer):
+    session = Recording(EagerSession(tiny_eager(), TINY_MAX_SEQ))
+    chat = new_chat(session, tokenizer, stop_ids=(), max_new=2)  # short turns: one fits beside the room for a reply
+    for k in range(3):
+        chat.send(f"question {k}?")
+    chat.max_new_tokens = 70  # more than the room kept for a reply (half the context)
+    session.prefills.clear()
+    reply = chat.send("tell me more")
+    assert len(reply.tokens) == 70 and reply.stop_reason == "length" and reply.dropped >= 1
+    # after the drop, the kept conversation and the reply so far were fed again, and generation went on
+    assert len(session.prefills) == 2
+    kept, (held, fed) = rendered_ids(tokenizer, chat.messages[:-1]), session.prefills[1]
+    fed_again = held + fed  # what the cache held, then what was fed
+    assert fed_again[: len(kept)] == kept and 0 < len(fed_again) - len(kept) < 70
+    assert fed_again[len(kept) :] == list(reply.tokens[: len(fed_again) - len(kept)])
 
 
 def test_a_template_that_fails_to_render_names_its_file(eager, tokenizer, tmp_path):

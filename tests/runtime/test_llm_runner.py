@@ -49,7 +49,7 @@ def test_a_program_genai_inspect_says_it_does_not_run_in_fails_there(export_refe
 
 
 def test_a_decode_method_beside_prefill_reads_a_cache_of_its_own_in_the_runner(export_reference, tmp_path):
-    """Why the one-token method is not named `decode` (docs/decisions/0034): the pinned runner would
+    """Why the one-token method is not named `decode` (docs/decisions/0035): the pinned runner would
     decode through it with arenas of its own, never seeing the KV cache `prefill` wrote. When this
     fails, the runner shares them, and `decode` can be the name."""
     folder = export_reference("hybrid", QuantOptions())

@@ -50,6 +50,10 @@ class Contextual:
     def can_verify(self, n):
         return 1 <= n <= self.verify_len and self.pos + n <= self.max_seq_len
 
+    def rewind(self, pos):
+        assert pos <= self.pos
+        self.pos = pos
+
     def verify_rows(self, n):
         return n
 

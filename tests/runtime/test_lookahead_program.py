@@ -11,6 +11,7 @@ import genai_pipeline
 from genai_pipeline.cli import main
 from genai_pipeline.errors import InputError
 from genai_pipeline.options import PrepareOptions, QuantOptions
+from genai_pipeline.quantize.recipes import describe
 from genai_pipeline.runtime.generate import generate, greedy_token
 from genai_pipeline.runtime.lookahead import LookaheadOptions
 from genai_pipeline.runtime.session import DecoderSession
@@ -28,7 +29,7 @@ def export_reference_verify(tmp_path_factory):
 
     def build(mode: str, quant: QuantOptions = QuantOptions()) -> Path:
         if (mode, quant) not in built:
-            out = tmp_path_factory.mktemp(f"reference_verify_{mode}_{quant.describe()}")
+            out = tmp_path_factory.mktemp(f"reference_verify_{mode}_{describe(quant)}")
             options = PrepareOptions(
                 mode=mode, max_seq_len=REFERENCE_MAX_SEQ, prefill_len=32, verify_len=VERIFY_LEN, long_prefill_len=0
             )
@@ -62,7 +63,7 @@ def assert_lookahead_is_lossless(
     results = []
     for text in prompts:
         if chat:
-            from genai_pipeline.bench import bench_prompt
+            from genai_pipeline.bench.text import bench_prompt
             from genai_pipeline.options import BenchOptions
 
             file = Path(folder) / ".lookahead_prompt.txt"  # bench_prompt reads a file, as genai bench does

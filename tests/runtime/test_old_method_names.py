@@ -1,5 +1,5 @@
 """Export folders written before the methods took the names ExecuTorch's runners call
-(docs/decisions/0034): the static chunk was `prefill`, the chunk of any length `prefill_long`, the
+(docs/decisions/0035): the static chunk was `prefill`, the chunk of any length `prefill_long`, the
 one-token method `decode`. Made here from today's exports, their methods renamed back in the
 flatbuffer and in the manifest; `genai run` still runs them, logit for logit."""
 

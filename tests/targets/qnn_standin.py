@@ -20,7 +20,7 @@ from executorch.exir.backend.partitioner import DelegationSpec, Partitioner, Par
 from executorch.exir.backend.utils import tag_constant_data
 
 from genai_pipeline.options import QnnOptions
-from genai_pipeline.targets import qnn
+from genai_pipeline.targets import qnn, qnn_specs
 
 MAGIC = b"STANDINQNN"
 
@@ -68,7 +68,9 @@ class StandInQnnBackend(BackendDetails):
 
     @staticmethod
     def preprocess(edge_program, compile_specs):
-        return PreprocessResult(processed_bytes=serialise({"forward": edge_program}, qnn._spec_bytes(compile_specs)))
+        return PreprocessResult(
+            processed_bytes=serialise({"forward": edge_program}, qnn_specs.spec_bytes(compile_specs))
+        )
 
     @staticmethod
     def preprocess_multimethod(edge_programs, compile_specs):
@@ -79,7 +81,9 @@ class StandInQnnBackend(BackendDetails):
         first = next(iter(compile_specs.values()))  # QNN compiles every method with the first one's specs
         results = {method: [] for method in edge_programs}
         for i in range(counts.pop()):
-            payload = serialise({m: programs[i] for m, programs in edge_programs.items()}, qnn._spec_bytes(first[i]))
+            payload = serialise(
+                {m: programs[i] for m, programs in edge_programs.items()}, qnn_specs.spec_bytes(first[i])
+            )
             for method in edge_programs:
                 results[method].append(PreprocessResult(processed_bytes=payload))
         return results

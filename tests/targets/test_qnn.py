@@ -12,12 +12,12 @@ from qnn_standin import StandInQnnBackend, parse, standin_target
 from tqdm import tqdm
 
 from genai_pipeline.artifacts import Artifact, GraphBundle
-from genai_pipeline.compile import _to_executorch
+from genai_pipeline.compile import to_executorch
 from genai_pipeline.errors import ExportError, InputError
 from genai_pipeline.inspect import inspect_program
 from genai_pipeline.names import ArtifactKey, GraphName
 from genai_pipeline.options import QnnOptions
-from genai_pipeline.targets import qnn
+from genai_pipeline.targets import qnn, qnn_specs
 
 HYBRID = ("prefill_chunk", "decode_token")
 
@@ -28,11 +28,11 @@ HYBRID = ("prefill_chunk", "decode_token")
 def test_specs_name_the_soc_its_arch_and_share_weights_in_hybrid_mode():
     from executorch.backends.qualcomm.serialization.qc_schema import HtpArch, QcomChipset
 
-    p = qnn.plan(QnnOptions(soc="sm8650"), HYBRID)  # case-insensitive
-    specs = qnn.compile_specs(p)
+    p = qnn_specs.plan(QnnOptions(soc="sm8650"), HYBRID)  # case-insensitive
+    specs = qnn_specs.compile_specs(p)
     assert set(specs) == set(HYBRID) and p.groups == (HYBRID,)
     assert [s.key for s in specs["prefill_chunk"]] == ["qnn_compile_spec"]
-    o = qnn.decode(specs["prefill_chunk"][0].value)
+    o = qnn_specs.decode(specs["prefill_chunk"][0].value)
     assert o.soc_info.soc_model == QcomChipset.SM8650 and o.soc_info.htp_info.htp_arch == HtpArch.V75
     assert o.soc_info.htp_info.vtcm_size_in_mb == 8
     assert o.backend_options.htp_options.use_weight_sharing and o.shared_buffer
@@ -43,17 +43,17 @@ def test_specs_name_the_soc_its_arch_and_share_weights_in_hybrid_mode():
 
 
 def test_single_graph_emulator_and_no_weight_sharing_plans():
-    kv = qnn.plan(QnnOptions(soc="SM8450"), ("decode_token",))  # one graph: V69 is fine, nothing to share
+    kv = qnn_specs.plan(QnnOptions(soc="SM8450"), ("decode_token",))  # one graph: V69 is fine, nothing to share
     assert not kv.weight_sharing and not kv.shared_buffer and kv.groups == (("decode_token",),)
-    emu = qnn.plan(QnnOptions(soc="SM8650", x86_emulator=True), HYBRID)
+    emu = qnn_specs.plan(QnnOptions(soc="SM8650", x86_emulator=True), HYBRID)
     assert not emu.weight_sharing and not emu.shared_buffer and emu.groups == (("prefill_chunk",), ("decode_token",))
-    two = qnn.plan(QnnOptions(soc="SM8450", weight_sharing=False), HYBRID)  # the V69 alternative
+    two = qnn_specs.plan(QnnOptions(soc="SM8450", weight_sharing=False), HYBRID)  # the V69 alternative
     assert not two.weight_sharing and two.shared_buffer and two.groups == (("prefill_chunk",), ("decode_token",))
-    assert not qnn.describe(qnn.compile_specs(two)["decode_token"][0].value)["weight_sharing"]
+    assert not qnn_specs.describe(qnn_specs.compile_specs(two)["decode_token"][0].value)["weight_sharing"]
 
 
 def test_qnn_options_pass_through_to_the_htp_options():
-    p = qnn.plan(
+    p = qnn_specs.plan(
         QnnOptions(
             options=(
                 "precision=fp16",
@@ -64,12 +64,12 @@ def test_qnn_options_pass_through_to_the_htp_options():
         ),
         HYBRID,
     )
-    d = qnn.describe(qnn.compile_specs(p)["decode_token"][0].value)
+    d = qnn_specs.describe(qnn_specs.compile_specs(p)["decode_token"][0].value)
     assert d["precision"] == "fp16" and d["spill_fill_bytes"] == 1 << 20 and d["multi_contexts"]
     assert d["performance_mode"] == "high_performance" and d["htp_arch"] == "V75" and d["soc"] == "SM8650"
     # without weight sharing, methods have a context binary each and may differ
-    p = qnn.plan(QnnOptions(weight_sharing=False, options=("decode_token:precision=fp16",)), HYBRID)
-    summary = qnn.summary(p)
+    p = qnn_specs.plan(QnnOptions(weight_sharing=False, options=("decode_token:precision=fp16",)), HYBRID)
+    summary = qnn_specs.summary(p)
     assert summary["precision"] == "quantized" and summary["per_method"] == {"decode_token": {"precision": "fp16"}}
     assert summary["context_binaries"] == [["prefill_chunk"], ["decode_token"]]
 
@@ -101,7 +101,7 @@ def test_qnn_options_pass_through_to_the_htp_options():
 )
 def test_bad_qnn_input_is_one_clear_line(options, methods, message):
     with pytest.raises(InputError) as e:
-        qnn.plan(options, methods)
+        qnn_specs.plan(options, methods)
     assert message in str(e.value) and "\n" not in str(e.value)
 
 
@@ -109,15 +109,15 @@ def test_bad_qnn_input_is_one_clear_line(options, methods, message):
 
 
 def test_specs_are_compared_as_enums_with_what_was_asked():
-    p = qnn.plan(QnnOptions(soc="SM8650"), HYBRID)
-    specs = qnn.compile_specs(p)
-    qnn.check_specs(specs, p)  # the decoded SoC is an enum: comparing it with "SM8650" would always fail
-    other = qnn.compile_specs(qnn.plan(QnnOptions(soc="SM8750"), HYBRID))
+    p = qnn_specs.plan(QnnOptions(soc="SM8650"), HYBRID)
+    specs = qnn_specs.compile_specs(p)
+    qnn_specs.check_specs(specs, p)  # the decoded SoC is an enum: comparing it with "SM8650" would always fail
+    other = qnn_specs.compile_specs(qnn_specs.plan(QnnOptions(soc="SM8750"), HYBRID))
     with pytest.raises(ExportError, match="names SoC SM8750, but SM8650 was asked"):
-        qnn.check_specs({"prefill_chunk": other["prefill_chunk"], "decode_token": specs["decode_token"]}, p)
-    fp16 = qnn.compile_specs(qnn.plan(QnnOptions(options=("precision=fp16",)), HYBRID))
+        qnn_specs.check_specs({"prefill_chunk": other["prefill_chunk"], "decode_token": specs["decode_token"]}, p)
+    fp16 = qnn_specs.compile_specs(qnn_specs.plan(QnnOptions(options=("precision=fp16",)), HYBRID))
     with pytest.raises(ExportError, match="share one QNN context binary but carry different compile specs"):
-        qnn.check_specs({"prefill_chunk": specs["prefill_chunk"], "decode_token": fp16["decode_token"]}, p)
+        qnn_specs.check_specs({"prefill_chunk": specs["prefill_chunk"], "decode_token": fp16["decode_token"]}, p)
 
 
 # ---- 3. one multi-graph payload, through our own lowering ---------------------------------------
@@ -167,7 +167,7 @@ def standin_pte(tmp_path_factory):
     StandInQnnBackend.calls.clear()
     artifact = _artifact()
     with tqdm(disable=True) as progress:
-        program = _to_executorch(artifact, standin_target(), progress, quantized=False)
+        program = to_executorch(artifact, standin_target(), progress, quantized=False)
     path = tmp_path_factory.mktemp("standin") / "text_decoder.pte"
     path.write_bytes(program.buffer)
     return path, artifact, list(StandInQnnBackend.calls)
@@ -193,7 +193,7 @@ def test_prefill_and_decode_share_one_payload_in_the_program(standin_pte):
     assert path.read_bytes().count(weight) == 1  # ... and nowhere else in the file
     for name in HYBRID:  # the compile spec is readable on each delegate, and is the QNN spec asked for
         specs = {s.key: bytes(s.value) for s in plans[name].delegates[0].compile_specs}
-        d = qnn.describe(specs["qnn_compile_spec"])
+        d = qnn_specs.describe(specs["qnn_compile_spec"])
         assert (d["soc"], d["htp_arch"], d["weight_sharing"]) == ("SM8650", "V75", True)
     assert bytes.fromhex(header["compile_spec"]) == specs["qnn_compile_spec"]
 
@@ -222,7 +222,7 @@ def test_inspect_shows_the_shared_payload_and_the_decoded_spec(standin_pte):
 def test_without_weight_sharing_each_method_has_its_own_payload(tmp_path):
     StandInQnnBackend.calls.clear()
     with tqdm(disable=True) as progress:
-        program = _to_executorch(
+        program = to_executorch(
             _artifact(), standin_target(QnnOptions(soc="SM8450", weight_sharing=False)), progress, quantized=False
         )
     path = tmp_path / "two.pte"
@@ -237,7 +237,7 @@ def test_after_lowering_methods_meant_for_one_context_binary_but_split_are_caugh
     """A lowering that gave decode other specs, in a payload of its own, where one shared
     context binary was planned, is an error, not a surprise on the device."""
     target = standin_target()
-    fp16 = qnn.compile_specs(qnn.plan(QnnOptions(options=("precision=fp16",)), HYBRID))["decode_token"]
+    fp16 = qnn_specs.compile_specs(qnn_specs.plan(QnnOptions(options=("precision=fp16",)), HYBRID))["decode_token"]
     real = target.grouped
 
     def grouped(methods):
@@ -248,7 +248,7 @@ def test_after_lowering_methods_meant_for_one_context_binary_but_split_are_caugh
 
     with pytest.raises(ExportError, match="prefill_chunk and decode_token did not get one shared context binary"):
         with tqdm(disable=True) as progress:
-            _to_executorch(_artifact(), dataclasses.replace(target, grouped=grouped), progress, quantized=False)
+            to_executorch(_artifact(), dataclasses.replace(target, grouped=grouped), progress, quantized=False)
 
 
 def test_with_an_sdk_the_partitioner_is_qnns_on_the_same_path(tmp_path, monkeypatch):
@@ -305,12 +305,12 @@ def test_bad_qnn_command_lines_stop_before_any_work(tmp_path, capsys, args, mess
 
 
 def test_v69_hybrid_alternatives_pass_the_checks(capsys):
-    from genai_pipeline.cli import _qnn_configured, build_parser
+    from genai_pipeline.cli import build_parser, qnn_configured
     from genai_pipeline.targets import get_target
 
     for extra in (["--mode", "kv"], ["--no-weight-sharing"], ["--qnn-x86-emulator"]):
         args = build_parser().parse_args(["export", "--target", "qnn", "--soc", "SM8450", *extra, "--out", "x"])
-        target = _qnn_configured(get_target("qnn"), args)
+        target = qnn_configured(get_target("qnn"), args)
         methods = ("decode_token",) if "kv" in extra else HYBRID
         assert target.compile_spec(methods)["soc"] == "SM8450"
 
@@ -366,13 +366,16 @@ def test_with_an_sdk_multi_contexts_get_one_spill_fill_size_for_every_delegate(t
     monkeypatch.setattr(utils, "update_spill_fill_size", lambda modules: seen.append(modules) or 4096)
     target = standin_target(QnnOptions(options=("use_multi_contexts=true",)))
     with tqdm(disable=True) as progress:
-        _to_executorch(_artifact(), target, progress, quantized=False)
+        to_executorch(_artifact(), target, progress, quantized=False)
     assert len(seen) == 1 and len(seen[0]) == 2  # prefill's and decode's delegate, in one call
     assert all(m.backend_id == "StandInQnnBackend" for m in seen[0])
-    given = qnn.plan(QnnOptions(options=("use_multi_contexts=true", "max_sf_buf_size=65536")), HYBRID)
-    assert qnn.size_spill_fill(None, given) is None and len(seen) == 1  # a size the user gave is kept
+    given = qnn_specs.plan(QnnOptions(options=("use_multi_contexts=true", "max_sf_buf_size=65536")), HYBRID)
+    assert qnn_specs.size_spill_fill(None, given) is None and len(seen) == 1  # a size the user gave is kept
     monkeypatch.setenv("QNN_SDK_ROOT", "")
-    assert qnn.size_spill_fill(None, qnn.plan(QnnOptions(options=("use_multi_contexts=true",)), HYBRID)) is None
+    assert (
+        qnn_specs.size_spill_fill(None, qnn_specs.plan(QnnOptions(options=("use_multi_contexts=true",)), HYBRID))
+        is None
+    )
 
 
 def test_with_an_sdk_root_lowering_reaches_qnns_own_backend(tmp_path, monkeypatch):
@@ -386,7 +389,7 @@ def test_with_an_sdk_root_lowering_reaches_qnns_own_backend(tmp_path, monkeypatc
     assert target.lowering_blocked() is None
     with pytest.raises(RuntimeError, match="Failed to initialize QNN backend"):
         with tqdm(disable=True) as progress:
-            _to_executorch(_artifact(), target, progress, quantized=False)
+            to_executorch(_artifact(), target, progress, quantized=False)
 
 
 # ---- 5. the decoder's cache-I/O form through QNN's quantizer, passes and op builders --------------

@@ -95,7 +95,7 @@ def test_rope_swaps_halves_by_a_matmul_only_where_slices_would_end_the_delegate(
     else:
         assert xnnpack.delegate_dynamic_slices()  # the pinned wheel
     decoder = tiny_eager()
-    xnnpack._adapt_for_lowering(decoder, static_shapes=False)
+    xnnpack.adapt_for_lowering(decoder, static_shapes=False)
     assert (decoder.rope_swap is None) == slices_delegated
     assert (decoder.layers[0].attention.fused is not None) == slices_delegated
 
@@ -124,7 +124,7 @@ def lower_quantized_tiny(checkpoint) -> tuple[bytes, int]:
     decompositions, run = [], ExportedProgram.run_decompositions
     with pytest.MonkeyPatch.context() as patch, tqdm(disable=True) as progress:
         patch.setattr(ExportedProgram, "run_decompositions", lambda *a, **k: decompositions.append(1) or run(*a, **k))
-        program = compile._to_executorch(
+        program = compile.to_executorch(
             next(iter(prepared.artifacts.values())), get_target("xnnpack"), progress, quantized=True
         )
     forget_lowered_graphs()
@@ -142,12 +142,12 @@ def test_lowering_makes_the_program_executorchs_own_lowering_makes(tiny_checkpoi
 
     assert patches.install()
     ran, to_edge = [], []
-    may_change, may_rewrite = patches._may_change, exir_lowering._may_rewrite
+    may_change, may_rewrite = patches._may_change, exir_lowering.may_rewrite
     monkeypatch.setattr(patches, "_may_change", lambda p, *a: ran.append((p.__name__, may_change(p, *a))) or ran[-1][1])
     monkeypatch.setattr(
         exir_lowering,
-        "_may_rewrite",
-        lambda p, g: to_edge.append((exir_lowering._pass_name(p), may_rewrite(p, g))) or to_edge[-1][1],
+        "may_rewrite",
+        lambda p, g: to_edge.append((exir_lowering.pass_name(p), may_rewrite(p, g))) or to_edge[-1][1],
     )
     ours, decompositions = lower_quantized_tiny(tiny_checkpoint)
     assert decompositions == 1  # one graph: the forward method

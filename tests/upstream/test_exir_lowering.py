@@ -23,7 +23,7 @@ def test_the_private_names_it_uses_are_the_pinned_wheels():
     from executorch.exir.tracer import _default_decomposition_table
     from torch._export.passes import ReplaceViewOpsWithViewCopyOpsPass
 
-    from genai_pipeline.upstream.exir_lowering import _HAS_WORK, _aten_to_edge_passes, _pass_name
+    from genai_pipeline.upstream.exir_lowering import HAS_WORK, aten_to_edge_passes, pass_name
 
     assert parameters(_program._remove_invalid_ops_for_not_decompose) == ["preserve_ops"]
     assert parameters(_program._sanity_check_graph_for_non_decomp_ops)[:5] == [
@@ -51,8 +51,8 @@ def test_the_private_names_it_uses_are_the_pinned_wheels():
         "_skip_dim_order",
         "preserve_ops",
     }
-    # Every pass `_may_rewrite` may skip is one of `_generate_edge_program`'s, as `_aten_to_edge_passes` lists them.
-    assert set(_HAS_WORK) <= {_pass_name(p) for p in _aten_to_edge_passes(EdgeCompileConfig())}
+    # Every pass `may_rewrite` may skip is one of `_generate_edge_program`'s, as `aten_to_edge_passes` lists them.
+    assert set(HAS_WORK) <= {pass_name(p) for p in aten_to_edge_passes(EdgeCompileConfig())}
 
 
 def test_another_version_lowers_by_executorchs_own_steps_or_stops_with_one_line(monkeypatch):
@@ -105,7 +105,7 @@ def test_nodes_a_partitioner_refuses_are_decomposed_as_executorch_does(monkeypat
 
 
 def test_an_aten_to_edge_pass_is_skipped_only_where_it_has_nothing_to_rewrite():
-    """compile runs an aten-to-edge pass only where `_may_rewrite` says it has work. Over a graph
+    """compile runs an aten-to-edge pass only where `may_rewrite` says it has work. Over a graph
     that gives most of them work, every pass that changes the graph was said to, and the edge
     program equals ExecuTorch's."""
     from executorch import exir
@@ -115,7 +115,7 @@ def test_an_aten_to_edge_pass_is_skipped_only_where_it_has_nothing_to_rewrite():
     from executorch.exir.tracer import _default_decomposition_table
     from torch.fx.experimental.proxy_tensor import make_fx
 
-    from genai_pipeline.upstream.exir_lowering import _aten_to_edge_passes, _edge_program, _may_rewrite, _pass_name
+    from genai_pipeline.upstream.exir_lowering import aten_to_edge_passes, edge_program, may_rewrite, pass_name
 
     class MixedTypesScalarsAndCopies(torch.nn.Module):
         def forward(self, x, i):
@@ -139,16 +139,15 @@ def test_an_aten_to_edge_pass_is_skipped_only_where_it_has_nothing_to_rewrite():
 
     config = exir.EdgeCompileConfig(_check_ir_validity=False)
     graph_module, changed = program().graph_module, set()
-    for pass_ in _aten_to_edge_passes(config):
-        name, said, before = _pass_name(pass_), _may_rewrite(pass_, graph_module), graph_module.code
+    for pass_ in aten_to_edge_passes(config):
+        name, said, before = pass_name(pass_), may_rewrite(pass_, graph_module), graph_module.code
         graph_module = pass_(graph_module).graph_module
         if graph_module.code != before:
-            assert said, f"{name} rewrote the graph, _may_rewrite said it would not"
+            assert said, f"{name} rewrote the graph, may_rewrite said it would not"
             changed.add(name)
     assert {"ScalarToTensorPass", "SymToTensorPass", "RemoveMixedTypeOperators", "MemoryFormatOpsPass"} <= changed
     assert (
-        _edge_program(config, program()).graph_module.code
-        == _generate_edge_program(config, program()).graph_module.code
+        edge_program(config, program()).graph_module.code == _generate_edge_program(config, program()).graph_module.code
     )
     # The two that no exported graph gave work here (the view ops are copies by then), on graphs made to
     for pass_, work in (
@@ -157,5 +156,5 @@ def test_an_aten_to_edge_pass_is_skipped_only_where_it_has_nothing_to_rewrite():
     ):
         for fn, has_work in ((work, True), (lambda x: x + 1, False)):
             graph_module = make_fx(fn, tracing_mode="fake")(torch.randn(3, 4))
-            assert _may_rewrite(pass_, graph_module) == has_work
+            assert may_rewrite(pass_, graph_module) == has_work
             assert (pass_(graph_module).graph_module.code != graph_module.code) == has_work

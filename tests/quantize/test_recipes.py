@@ -1,0 +1,181 @@
+"""quantize/recipes.py: a recipe as an ordered rule list (first match wins), the rules put before it
+(--quant-override, a size budget's promotions, given int4 weights), and eval applying the rules an
+export recorded."""
+
+import copy
+import dataclasses
+import json
+
+import pytest
+import torch
+
+from genai_pipeline.errors import InputError
+from genai_pipeline.evaluate.text import quantized_model
+from genai_pipeline.layer_rules import Rule, recipe_of, rules_naming
+from genai_pipeline.options import PrepareOptions, QuantOptions, quant_options_from
+from genai_pipeline.prepare import prepare
+from genai_pipeline.quantize import quantize
+from genai_pipeline.quantize.recipes import recipe_rules, rules_for
+from genai_pipeline.registry import get_spec
+from genai_pipeline.targets import get_target
+
+KINDS = (
+    "attention.wq",
+    "attention.wk",
+    "attention.wv",
+    "attention.wo",
+    "feed_forward.w1",
+    "feed_forward.w2",
+    "feed_forward.w3",
+)
+
+
+def use_more_bits(i_layer: int, n_layers: int) -> bool:
+    """llama.cpp's rule (src/llama-quant.cpp), as it is written there: the layers whose attn_v and
+    ffn_down Q4_K_M stores at 6 bits."""
+    return i_layer < n_layers // 8 or i_layer >= 7 * n_layers // 8 or (i_layer - n_layers // 8) % 3 == 2
+
+
+def plan(rules, n_layers: int) -> dict[str, str]:
+    names = ["output", "head_rotation"] + [f"layers.{i}.{k}" for i in range(n_layers) for k in KINDS]
+    return {name: recipe_of(name, rules) for name in names}
+
+
+@pytest.mark.parametrize("n_layers", [2, 4, 15, 16, 22, 30, 32])
+def test_8da4w_rules_give_each_layer_what_the_decisions_say(n_layers):
+    edge = n_layers // 15  # w1 / w3 of the first and last 1/15 of the blocks (docs/decisions/0016)
+    want = {"output": "8da4w", "head_rotation": "fp32"}  # GPTQ quantizes the head; rotation's linear stays float
+    for i in range(n_layers):
+        for kind in KINDS:
+            eight = (
+                kind == "attention.wv"  # every block (docs/decisions/0011)
+                or kind == "feed_forward.w2"
+                and use_more_bits(i, n_layers)  # docs/decisions/0020
+                or kind in ("feed_forward.w1", "feed_forward.w3")
+                and (i < edge or i >= n_layers - edge)
+            )
+            want[f"layers.{i}.{kind}"] = "8da8w" if eight else "8da4w"
+    assert plan(rules_for(QuantOptions(recipe="8da4w"), n_layers), n_layers) == want
+    # uncalibrated 4-bit weights keep the head at 8 bits (docs/decisions/0011)
+    assert plan(rules_for(QuantOptions(recipe="8da4w", weight_rule="mse"), n_layers), n_layers)["output"] == "8da8w"
+
+
+def test_the_more_bits_layers_of_known_depths():
+    rules = rules_for(QuantOptions(recipe="8da4w"), 30)
+    w2 = {i for i in range(30) if recipe_of(f"layers.{i}.feed_forward.w2", rules) == "8da8w"}
+    assert w2 == {0, 1, 2, 5, 8, 11, 14, 17, 20, 23, 26, 27, 28, 29}  # SmolLM2-135M
+    w1 = {i for i in range(30) if recipe_of(f"layers.{i}.feed_forward.w1", rules) == "8da8w"}
+    assert w1 == {0, 1, 28, 29}
+    # a band of no blocks is no rule: below 15 layers there are no edge layers
+    assert not any("w[13]" in r.pattern for r in rules_for(QuantOptions(recipe="8da4w"), 4))
+
+
+@pytest.mark.parametrize("recipe", ["fp32", "8da8w"])
+def test_the_other_dynamic_recipes_are_one_recipe_but_the_head_rotation(recipe):
+    assert rules_for(QuantOptions(recipe=recipe), 30) == (Rule("^head_rotation$", "fp32"), Rule(".*", recipe))
+
+
+def test_a_static_recipe_has_no_rules():
+    assert rules_for(QuantOptions(recipe="8a8w"), 30) == ()  # the target's quantizer annotates every layer
+
+
+def test_overrides_and_a_budgets_promotions_come_first():
+    promoted = ("layers.0.attention.wq", "layers.3.attention.wq", "layers.1.feed_forward.w2")
+    options = QuantOptions(
+        recipe="8da4w", size_budget=50, promoted=promoted, overrides=((r"^layers\.0\.", "8da4w"), ("w3", "fp32"))
+    )
+    rules = rules_for(options, 4)
+    assert rules[:2] == (Rule(r"^layers\.0\.", "8da4w"), Rule("w3", "fp32"))
+    assert (
+        rules[2:4]
+        == rules_naming(promoted, "8da8w")
+        == (
+            Rule(r"^layers\.\d+\.attention\.wq$", "8da8w", (0, 3)),
+            Rule(r"^layers\.\d+\.feed_forward\.w2$", "8da8w", (1,)),
+        )
+    )
+    assert rules[4:] == recipe_rules(options, 4)
+    recipes = plan(rules, 4)
+    assert recipes["layers.0.attention.wq"] == "8da4w"  # the override outranks the promotion
+    assert recipes["layers.3.attention.wq"] == recipes["layers.1.feed_forward.w2"] == "8da8w"
+    assert recipes["layers.2.feed_forward.w3"] == "fp32"
+    # under a budget the measurement replaces the recipe's 8-bit block layers
+    assert recipes["layers.2.attention.wv"] == recipes["layers.3.feed_forward.w2"] == "8da4w"
+    # without one, an override still outranks them
+    assert (
+        plan(rules_for(QuantOptions(recipe="8da4w", overrides=(("w1", "8da4w"),)), 30), 30)["layers.0.feed_forward.w1"]
+        == "8da4w"
+    )
+
+
+def test_given_int4_weights_outrank_the_recipes_8_bit_layers_not_an_override():
+    given = ["layers.0.attention.wv", "layers.0.attention.wq", "layers.1.attention.wv", "output"]
+    options = QuantOptions(recipe="8da4w", weight_rule="mse", overrides=((r"layers\.1\.attention\.wv", "8da8w"),))
+    rules = rules_for(options, 4, given)
+    # only the layers the recipe would not give 8da4w need a rule of their own
+    assert rules[1:3] == (Rule("^output$", "8da4w"), Rule(r"^layers\.\d+\.attention\.wv$", "8da4w", (0,)))
+    recipes = plan(rules, 4)
+    assert recipes["layers.0.attention.wv"] == recipes["output"] == "8da4w"
+    assert recipes["layers.1.attention.wv"] == "8da8w" and recipes["layers.2.attention.wv"] == "8da8w"
+    assert rules_for(QuantOptions(recipe="8da8w"), 4, given)[-1] == Rule(".*", "8da8w")  # 8da8w takes none
+
+
+def test_rules_are_checked_and_read_back_from_their_manifest_form():
+    options = QuantOptions(recipe="8da4w", rules=[{"pattern": "wv", "recipe": "8da8w", "layers": [3, 1, 1]}])
+    assert options.rules == (Rule("wv", "8da8w", (1, 3)),)
+    assert rules_for(options, 30) == options.rules  # a whole rule list: taken as it is
+    for bad in (
+        dict(rules=[{"pattern": "(", "recipe": "8da8w"}]),
+        dict(rules=[Rule("x", "4w")]),
+        dict(recipe="8a8w", rules=[Rule(".*", "8da8w")]),
+    ):
+        with pytest.raises(InputError):
+            QuantOptions(**{"recipe": "8da4w", **bad})
+    assert not Rule("wv", "8da8w", (1,)).matches("layers.2.attention.wv") and Rule("wv", "8da8w", (2,)).matches(
+        "layers.2.attention.wv"
+    )
+
+
+@pytest.fixture(scope="module")
+def recorded():
+    """The reference model quantized by 8da4w without calibration (fast), and its manifest's
+    `quantization` entry as a manifest holds it (through JSON)."""
+    prepared = prepare(get_spec("reference"), PrepareOptions(mode="kv", max_seq_len=64))
+    reference = copy.deepcopy(next(iter(prepared.artifacts.values())).module)  # quantize works in place
+    options = QuantOptions(recipe="8da4w", weight_rule="mse", smooth=None, rotate=False)
+    quantized = quantize(prepared, options, get_target("xnnpack"))
+    return reference, json.loads(json.dumps(quantized.quantization))
+
+
+def _formats(model) -> dict[str, str]:
+    return {
+        n: str(getattr(m.weight, "target_dtype", "float"))
+        for n, m in model.named_modules()
+        if isinstance(m, torch.nn.Linear)
+    }
+
+
+def test_the_manifest_records_the_rules_and_eval_applies_exactly_those(recorded, tmp_path):
+    reference, quantization = recorded
+    rules = rules_for(QuantOptions(recipe="8da4w", weight_rule="mse"), len(reference.layers))
+    assert quantization["rules"] == [dataclasses.asdict(r) | {"layers": r.layers and list(r.layers)} for r in rules]
+    assert quant_options_from(quantization).rules == rules
+    rebuilt = _formats(quantized_model(tmp_path, {"quantization": quantization}, reference))
+    assert rebuilt["layers.0.attention.wv"] == rebuilt["output"] == "torch.int8"
+    assert rebuilt["layers.0.attention.wq"] == "torch.int4"
+
+    edited = json.loads(json.dumps(quantization))  # by hand: wv at 4 bits, one layer left float
+    next(r for r in edited["rules"] if "wv" in r["pattern"])["recipe"] = "8da4w"
+    edited["rules"].insert(0, {"pattern": r"^layers\.1\.attention\.wq$", "recipe": "fp32", "layers": None})
+    changed = _formats(quantized_model(tmp_path, {"quantization": edited}, reference))
+    want = {n: "torch.int4" if n.endswith("attention.wv") else f for n, f in rebuilt.items()}
+    assert changed == want | {"layers.1.attention.wq": "float"}
+
+
+def test_a_manifest_without_rules_evaluates_as_before(recorded, tmp_path):
+    """What an export recorded before the rule list: the options resolved (head, keep_8bit), no rules."""
+    reference, quantization = recorded
+    old = {k: v for k, v in quantization.items() if k not in ("rules", "vision_rules")}
+    old |= {"head": "8da8w", "keep_8bit": [r"\.attention\.wv$"]}
+    rebuilt = _formats(quantized_model(tmp_path, {"quantization": quantization}, reference))
+    assert _formats(quantized_model(tmp_path, {"quantization": old}, reference)) == rebuilt
