@@ -29,7 +29,7 @@ def main() -> None:
     portable_lib._unsafe_reset_threadpool(args.threads)
 
     programs = [Runtime.get().load_program(p) for p in args.programs]
-    # a hybrid program's one-token method (named `decode` before docs/decisions/0034), a dynamic one's forward
+    # a hybrid program's one-token method (named `decode` before docs/decisions/0035), a dynamic one's forward
     methods = [
         p.load_method(next(m for m in ("decode_token", "decode", "forward") if m in p.method_names)) for p in programs
     ]
