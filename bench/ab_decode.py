@@ -1,4 +1,4 @@
-"""Decode steps (hybrid: `decode`, dynamic: `forward`) of two programs interleaved in one process (A, B, B, A, ...): median step times.
+"""Decode steps (hybrid: `decode_token`, `decode` in older exports; dynamic: `forward`) of two programs interleaved in one process (A, B, B, A, ...): median step times.
 On a shared, loaded machine side-by-side runs of `genai bench` vary 2x; steps interleaved this
 finely see the same load.
 
@@ -29,8 +29,10 @@ def main() -> None:
     portable_lib._unsafe_reset_threadpool(args.threads)
 
     programs = [Runtime.get().load_program(p) for p in args.programs]
-    # a hybrid program's decode method, a dynamic one's forward
-    methods = [p.load_method("decode" if "decode" in p.method_names else "forward") for p in programs]
+    # a hybrid program's one-token method (named `decode` before docs/decisions/0035), a dynamic one's forward
+    methods = [
+        p.load_method(next(m for m in ("decode_token", "decode", "forward") if m in p.method_names)) for p in programs
+    ]
     times = [[], []]
     token = torch.tensor([[7]])
     for step in range(args.steps):

@@ -1,8 +1,8 @@
 """One prefill call of several programs interleaved in one process (A, B, C, A, B, C, ...): median call times.
-Each program names the method to time: a hybrid program's `prefill_long` or `prefill`, a dynamic one's
+Each program names the method to time: a hybrid program's `prefill` or `prefill_chunk`, a dynamic one's
 `forward`, given the same T tokens from position 0. Interleaved calls see the same load on a shared host.
 
-    .venv/bin/python -m bench.ab_prefill A/text_decoder.pte:prefill_long B/text_decoder.pte:forward \
+    .venv/bin/python -m bench.ab_prefill A/text_decoder.pte:prefill B/text_decoder.pte:forward \
         [--tokens 128] [--calls 60] [--threads 2]
 """
 

@@ -47,11 +47,11 @@ def lower(artifact: Artifact, target: Target, progress: tqdm):
     """The artifact's graphs exported and lowered to the target (an EdgeProgramManager)."""
     programs = {}
     # One form for all methods: they share their weights only if they take them alike. A hybrid
-    # program's `prefill_long` and `verify` (any length) take the static methods' form
+    # program's `prefill` and `verify` (any length) take the static methods' form
     static_shapes = all(
         graph.dynamic_shapes is None
         for name, graph in artifact.graphs.items()
-        if name not in (GraphName.PREFILL_LONG, GraphName.VERIFY)
+        if name not in (GraphName.PREFILL, GraphName.VERIFY)
     )
     for name, graph in artifact.graphs.items():
         progress.set_description(f"export {artifact.key.value}.{name.value}")

@@ -158,6 +158,81 @@ def inspect_program(path: Path) -> dict:
         # Each delegate payload once, with the methods that reference it (a QNN context binary
         # holding several graphs is referenced by each of them) and a QNN compile spec decoded.
         "delegate_payloads": list(payloads.values()),
+        "stock_runners": stock_runners(methods, metadata, mutable),
+    }
+
+
+# What ExecuTorch's LLM runners call, as their C++ sources read at the pinned version
+# (extension/llm/runner: llm_runner_helper.cpp, text_prefiller.cpp, text_decoder_runner.cpp,
+# multimodal_prefiller.cpp): every runner reads `get_max_seq_len`; TextLLMRunner prefills through
+# `forward`, else `prefill`, a prompt longer than get_max_seq_len in chunks of it, in one call each
+# when enable_dynamic_shape, else token by token; it decodes through `decode`, else the same method,
+# and gives each method arenas of its own (a KV cache shared by two methods is then two caches).
+# MultimodalRunner sends each text or image input through `token_embedding` / `vision_encoder`,
+# then `text_decoder`, whole.
+STOCK_RUNNERS = ("TextLLMRunner", "MultimodalRunner")
+
+
+def _input_problem(method: dict, name: str, kinds: tuple, tokens: int) -> str | None:
+    """Why `method` cannot be called with the inputs a runner builds (`kinds`: each input's dtypes
+    and rank; the first takes 1 to `tokens` rows in dim 1), or None."""
+    inputs = method["inputs"]
+    if len(inputs) != len(kinds):
+        return f"`{name}` takes {len(inputs)} inputs, not {len(kinds)}"
+    for t, (dtypes, rank) in zip(inputs, kinds):
+        if t.get("dtype") not in dtypes or len(t.get("shape", ())) != rank:
+            return f"`{name}` takes {t.get('dtype', t.get('type'))}{t.get('shape', '')}, not {'/'.join(dtypes)} of rank {rank}"
+    bound, dynamic = inputs[0]["shape"][1], inputs[0].get("dynamic", False)
+    if not (bound == tokens == 1 or dynamic and bound >= tokens):
+        sent = "1 row" if tokens == 1 else f"1 to {tokens} rows"
+        return f"`{name}` takes {'1 to ' if dynamic else ''}{bound} rows a call; the runner sends {sent}"
+    if len(method["outputs"]) != 1:
+        return f"`{name}` returns {len(method['outputs'])} values, not the logits alone"
+    return None
+
+
+def _text_llm_runner(methods: dict, metadata: dict, buffers: dict) -> str | None:
+    prefill = next((m for m in ("forward", "prefill") if m in methods), None)
+    if prefill is None:
+        return "no `forward` or `prefill` method"
+    if not metadata.get("use_kv_cache", True):
+        return "use_kv_cache is false"
+    chunk = metadata["get_max_seq_len"] if metadata.get("enable_dynamic_shape", False) else 1
+    tokens = (("long",), 2), (("long",), 1)  # token ids [1, T], the start position [1]
+    decode = "decode" if "decode" in methods else prefill
+    if decode != prefill and any({prefill, decode} <= set(b["placement"]) for b in buffers.values()):
+        return f"`{prefill}` and `{decode}` share a KV cache, which the runner gives each method one of"
+    return _input_problem(methods[prefill], prefill, tokens, chunk) or _input_problem(
+        methods[decode], decode, tokens, 1
+    )
+
+
+def _multimodal_runner(methods: dict, metadata: dict) -> str | None:
+    for name in ("token_embedding", "text_decoder"):
+        if name not in methods:
+            return f"no `{name}` method"
+    longest = metadata.get("get_max_context_len", metadata["get_max_seq_len"])
+    problem = _input_problem(methods["token_embedding"], "token_embedding", ((("long",), 2),), longest)
+    embeddings = (("float", "bfloat16", "half"), 3), (("long",), 1)  # [1, T, D], the start position [1]
+    problem = problem or _input_problem(methods["text_decoder"], "text_decoder", embeddings, longest)
+    image = methods.get("vision_encoder")
+    if (
+        problem is None
+        and image is not None
+        and not (len(image["inputs"]) == 1 and image["inputs"][0].get("dtype") in ("byte", "float", "bfloat16"))
+    ):
+        return "`vision_encoder` does not take one uint8 or float image"
+    return problem
+
+
+def stock_runners(methods: dict, metadata: dict, buffers: dict) -> dict[str, str | None]:
+    """Each of ExecuTorch's LLM runners -> None where it runs this program, else why not
+    (`buffers`: the mutable buffers, each with the methods it is placed in)."""
+    if "get_max_seq_len" not in metadata:
+        return dict.fromkeys(STOCK_RUNNERS, "no get_max_seq_len method")
+    return {
+        "TextLLMRunner": _text_llm_runner(methods, metadata, buffers),
+        "MultimodalRunner": _multimodal_runner(methods, metadata),
     }
 
 
@@ -223,4 +298,8 @@ def format_report(r: dict) -> str:
         shared = sum(b["shared"] for b in r["mutable_buffers"].values())
         lines.append(f"mutable buffers: {len(r['mutable_buffers'])}, at one shared place in every method: {shared}")
     lines.append("metadata: " + ", ".join(f"{k}={v}" for k, v in r["metadata"].items()))
+    lines.append(
+        "ExecuTorch's LLM runners: "
+        + "; ".join(f"{name} {'yes' if why is None else f'no ({why})'}" for name, why in r["stock_runners"].items())
+    )
     return "\n".join(lines)

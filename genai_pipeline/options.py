@@ -31,15 +31,15 @@ DEFAULT_MODEL = "reference"  # the registry entry `genai export` exports when gi
 
 # ---- prepare ----
 
-LONG_PREFILL_CHUNKS = 4  # the default `prefill_long` length, in `prefill` lengths
+LONG_PREFILL_CHUNKS = 4  # the default `prefill` length, in `prefill_chunk` lengths
 
 
 @dataclass(frozen=True)
 class PrepareOptions:
     mode: Mode = Mode.HYBRID
     max_seq_len: int = 512  # KV cache length: prompt + generated tokens
-    prefill_len: int = 32  # tokens per `prefill` call in hybrid mode
-    # Hybrid: the most tokens per `prefill_long` call, a second prefill method of any length up to it,
+    prefill_len: int = 32  # tokens per `prefill_chunk` call in hybrid mode
+    # Hybrid: the most tokens per `prefill` call, a prefill method of any length up to it,
     # which prompts go through in chunks (no padding; fewer, larger calls: each reads every weight once;
     # longer chunks prefill slower per token at 135M: docs/decisions/0022);
     # None: LONG_PREFILL_CHUNKS x prefill_len where the cache holds it; 0: none
@@ -92,7 +92,7 @@ class PrepareOptions:
 
     @property
     def long_prefill(self) -> int:
-        """The `prefill_long` length in effect (long_prefill_len, or its default); 0: no such method."""
+        """The `prefill` length in effect (long_prefill_len, or its default); 0: no such method."""
         if self.long_prefill_len is not None:
             return self.long_prefill_len
         long = LONG_PREFILL_CHUNKS * self.prefill_len

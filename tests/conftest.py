@@ -6,6 +6,7 @@ width and vocabulary, and every (model, mode, target) program is built once and 
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from pathlib import Path
@@ -158,7 +159,7 @@ def tiny_eager(tiny_checkpoint):
 @pytest.fixture(scope="session")
 def export_tiny(tiny_checkpoint, tmp_path_factory):
     """export_tiny(mode, target, cache_io, long_prefill_len) -> folder; each combination is lowered
-    once per session (long_prefill_len None: its default, a `prefill_long` in hybrid programs)."""
+    once per session (long_prefill_len None: its default, a `prefill` in hybrid programs)."""
     built: dict[tuple, Path] = {}
 
     def build(mode: str, target: str = "xnnpack", cache_io: bool = False, long_prefill_len: int | None = None) -> Path:
@@ -209,6 +210,52 @@ def export_reference_vlm(tmp_path_factory) -> Path:
 def copy_export(folder: Path, dest: Path) -> Path:
     shutil.copytree(folder, dest)
     return dest
+
+
+def rename_methods(folder: Path, dest: Path, names: dict[str, str]) -> Path:
+    """A copy of an export folder whose program's methods are renamed (in its flatbuffer and its
+    manifest): the layout of another version, made from this one's export."""
+    import hashlib
+
+    from executorch.exir._serialize._program import deserialize_pte_binary, serialize_pte_binary
+
+    shutil.copytree(folder, dest)
+    pte = dest / "text_decoder.pte"
+    program = deserialize_pte_binary(pte.read_bytes())
+    for plan in program.program.execution_plan:
+        plan.name = names.get(plan.name, plan.name)
+    data = bytes(
+        serialize_pte_binary(
+            program, extract_delegate_segments=True, segment_alignment=128, constant_tensor_alignment=16
+        )
+    )
+    pte.write_bytes(data)
+    m = json.loads((dest / "manifest.json").read_text())
+    entry = m["artifacts"]["text_decoder"]
+    entry["methods"] = [names.get(name, name) for name in entry["methods"]]
+    entry["dynamic_methods"] = [names.get(name, name) for name in entry["dynamic_methods"]]
+    if "cache_io" in m:
+        m["cache_io"]["tokens_per_call"] = {names.get(k, k): n for k, n in m["cache_io"]["tokens_per_call"].items()}
+    m["files"]["text_decoder.pte"] = {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    (dest / "manifest.json").write_text(json.dumps(m))
+    return dest
+
+
+def text_llm_runner(folder: Path, prompt: str, max_new_tokens: int, bos: bool) -> tuple[str, int, int]:
+    """An export folder's program in ExecuTorch's own TextLLMRunner (its Python binding: the C++
+    runner, prefiller and tokenizer), greedy: (the text, tokens generated, prompt tokens)."""
+    import executorch.extension.llm.custom_ops.custom_ops  # noqa: F401  kernels the programs call
+    import executorch.kernels.quantized  # noqa: F401  and their quantized embeddings'
+    from executorch.extension.llm.runner import GenerationConfig, TextLLMRunner
+
+    tokenizer = next(folder / name for name in ("tokenizer.json", "tokenizer.model") if (folder / name).is_file())
+    runner = TextLLMRunner(str(folder / "text_decoder.pte"), str(tokenizer))
+    pieces, stats = [], []
+    # num_bos: ExecuTorch's C++ tokenizer takes its BOS from tokenizer.json's post-processor, but
+    # the runner adds it only when asked.
+    config = GenerationConfig(echo=False, max_new_tokens=max_new_tokens, temperature=0.0, num_bos=int(bos))
+    runner.generate(prompt, config, token_callback=pieces.append, stats_callback=stats.append)
+    return "".join(pieces), len(pieces), stats[0].num_prompt_tokens
 
 
 def train_sentencepiece(path: Path, vocab_size: int = 512) -> Path:
@@ -275,8 +322,9 @@ def smollm2_fp32(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def smollm2_default(tmp_path_factory):
-    """smollm2_default(recipe) -> folder: the real SmolLM2-135M-Instruct exported with a recipe's
-    defaults (no other flag but a `kv` program, whose one method lowers faster), once per session."""
+    """smollm2_default(recipe, mode="kv") -> folder: the real SmolLM2-135M-Instruct exported with a
+    recipe's defaults (no other flag but the mode: `kv` unless asked, its one method lowers faster),
+    once per session."""
     import io
     import sys
 
@@ -284,11 +332,11 @@ def smollm2_default(tmp_path_factory):
 
     if not SMOLLM2_GGUF.is_file():
         pytest.skip(f"{SMOLLM2_GGUF} is fetched by `make test`")
-    built: dict[str, Path] = {}
+    built: dict[tuple[str, str], Path] = {}
 
-    def build(recipe: str) -> Path:
-        if recipe not in built:
-            out = tmp_path_factory.mktemp("smollm2") / recipe
+    def build(recipe: str, mode: str = "kv") -> Path:
+        if (recipe, mode) not in built:
+            out = tmp_path_factory.mktemp("smollm2") / f"{recipe}-{mode}"
             err = io.StringIO()
             with pytest.MonkeyPatch.context() as mp:
                 mp.setattr(sys, "stderr", err)
@@ -300,7 +348,7 @@ def smollm2_default(tmp_path_factory):
                         "--recipe",
                         recipe,
                         "--mode",
-                        "kv",
+                        mode,
                         "--max-seq-len",
                         "512",
                         "--out",
@@ -308,7 +356,7 @@ def smollm2_default(tmp_path_factory):
                     ]
                 )
             assert code == 0, err.getvalue()
-            built[recipe] = out
-        return built[recipe]
+            built[recipe, mode] = out
+        return built[recipe, mode]
 
     return build

@@ -51,7 +51,7 @@ def test_score_gives_every_position(export_tiny, tiny_eager, mode):
 
 @pytest.mark.parametrize("length", [1, 7, 8, 9, 17])
 def test_logits_do_not_depend_on_chunking(export_tiny, tiny_eager, length):
-    """Padded last chunks are exact: hybrid without `prefill_long` (chunks of 8, the last padded)
+    """Padded last chunks are exact: hybrid without `prefill` (chunks of 8, the last padded)
     and kv (one token at a time) agree with the eager model."""
     prompt = PROMPT[:length]
     want = EagerSession(tiny_eager()).prefill(prompt)
@@ -63,8 +63,8 @@ def test_logits_do_not_depend_on_chunking(export_tiny, tiny_eager, length):
 
 
 @pytest.mark.parametrize("length", [1, 5, 32, 69])
-def test_prompts_go_through_prefill_long_in_chunks_of_any_length(export_tiny, tiny_eager, length):
-    """`prefill_long` takes 1 to N tokens (N = 4 x --prefill-len): no padding, no token fed twice."""
+def test_prompts_go_through_prefill_in_chunks_of_any_length(export_tiny, tiny_eager, length):
+    """`prefill` takes 1 to N tokens (N = 4 x --prefill-len): no padding, no token fed twice."""
     program = DecoderSession(export_tiny("hybrid"))
     assert program.long_prefill_len == 4 * TINY_PREFILL  # prepare.LONG_PREFILL_CHUNKS
     prompt = (PROMPT * 4)[:length]
@@ -73,7 +73,7 @@ def test_prompts_go_through_prefill_long_in_chunks_of_any_length(export_tiny, ti
     got, want = program.prefill(prompt), EagerSession(tiny_eager()).prefill(prompt)
     assert (got - want).abs().max().item() <= 1e-3
     n = program.long_prefill_len
-    assert calls == [("prefill_long", min(n, length - i)) for i in range(0, length, n)]
+    assert calls == [("prefill", min(n, length - i)) for i in range(0, length, n)]
     assert program.pos == length
 
 
@@ -91,11 +91,11 @@ def test_the_long_prefill_length_defaults_where_it_fits_and_is_checked(tmp_path)
 def test_decode_continues_from_the_cache_prefill_wrote(export_tiny, tiny_eager):
     folder = export_tiny("hybrid")
     session = DecoderSession(folder)
-    session.prefill(PROMPT[:16])  # prefill_long fills cache rows 0..15
-    after_prefill = session.step(PROMPT[16])  # decode at position 16
+    session.prefill(PROMPT[:16])  # prefill fills cache rows 0..15
+    after_prefill = session.step(PROMPT[16])  # decode_token at position 16
     want = EagerSession(tiny_eager()).prefill(PROMPT[:17])
     assert (after_prefill - want).abs().max().item() <= 1e-3
-    # The same decode call on a freshly loaded program (empty cache) gives something else.
+    # The same decode_token call on a freshly loaded program (empty cache) gives something else.
     fresh = DecoderSession(folder)
     fresh.pos = 16
     assert (fresh.step(PROMPT[16]) - want).abs().max().item() > 1e-2
@@ -104,7 +104,7 @@ def test_decode_continues_from_the_cache_prefill_wrote(export_tiny, tiny_eager):
 def test_manifest_describes_the_program(export_tiny, tiny_checkpoint):
     m = Manifest.read(export_tiny("hybrid"))
     assert m.mode == "hybrid" and m.target == "xnnpack" and m.recipe == "fp32"
-    assert m.artifacts["text_decoder"].methods == ("prefill", "decode", "prefill_long")
+    assert m.artifacts["text_decoder"].methods == ("prefill_chunk", "decode_token", "prefill")
     assert m.weights == str(tiny_checkpoint)
     # the checkpoint's files, and the entry's chat template standing in for the one it lacks
     assert set(m.files) == {"text_decoder.pte", "tokenizer.json", "generation_config.json", "chat_template.jinja"}

@@ -129,7 +129,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--mode",
         default=default(prepare, "mode").value,
         choices=[m.value for m in names.Mode],
-        help="hybrid: prefill + decode methods; kv: decode only; dynamic: one forward of any length",
+        help="hybrid: prefill (any length) + decode, and prefill_chunk (static); kv: decode only; dynamic: one forward of any length",
     )
     p.add_argument(
         "--max-seq-len",
@@ -138,13 +138,16 @@ def build_parser() -> argparse.ArgumentParser:
         help="KV cache length: prompt + generated tokens",
     )
     p.add_argument(
-        "--prefill-len", type=int, default=default(prepare, "prefill_len"), help="tokens per prefill call (hybrid mode)"
+        "--prefill-len",
+        type=int,
+        default=default(prepare, "prefill_len"),
+        help="tokens per prefill_chunk call (hybrid mode)",
     )
     p.add_argument(
         "--long-prefill-len",
         type=int,
         metavar="N",
-        help=f"hybrid: add a `prefill_long` method of 1 to N tokens, which prompts then go through in chunks of up to N (0: none; "
+        help=f"hybrid: the `prefill` method takes 1 to N tokens, and prompts go through it in chunks of up to N (0: no `prefill`; "
         f"default: {LONG_PREFILL_CHUNKS} x --prefill-len where the cache holds it)",
     )
     p.add_argument(

@@ -5,9 +5,9 @@ top-1 agreement and KL divergence of the program's next-token distributions agai
 (as llama.cpp's --kl-divergence reports them); per-layer SQNR of the quantized eager model's
 block outputs against float.
 
-Every position is scored with `decode` steps (a hybrid program's `prefill` returns the logits
-after a chunk's last token only). A hybrid program's `prefill` is scored too, separately: each
-window is fed again in whole chunks of the prefill length, and the logits prefill returns at each
+Every position is scored with `decode_token` steps (a hybrid program's prefill methods return the
+logits after a chunk's last token only). A hybrid program's `prefill_chunk` is scored too, separately:
+each window is fed again in whole chunks of the prefill length, and the logits it returns at each
 chunk's end are compared with float's at that position (top-1 agreement and KL, reported as
 `prefill`). These are the logits `genai run` samples a reply's first token from; a partial last
 chunk is left out (its logits would be its padding's).
@@ -269,7 +269,7 @@ def evaluate(folder: Path, options: EvalOptions, progress: bool = True) -> dict:
         # a static recipe's QDQ graph in the cache-I/O form, driven as its program is (a dynamic
         # recipe's QDQ model is the eager Decoder, quantized in place)
         models["qdq"] = CacheIOSession(
-            contract, eager_runner({GraphName.PREFILL: qdq, GraphName.DECODE: qdq}, contract.n_layers)
+            contract, eager_runner({GraphName.PREFILL_CHUNK: qdq, GraphName.DECODE_TOKEN: qdq}, contract.n_layers)
         )
     elif qdq is not None:
         models["qdq"] = EagerSession(qdq, max_seq_len)

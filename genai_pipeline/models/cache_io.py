@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import torch
 
 from genai_pipeline.models.decoder import MASK_HIDDEN
-from genai_pipeline.names import GraphName
+from genai_pipeline.names import GraphName, method_names
 
 FORM = "cache-io"  # the manifest's `decoder_form` of a program in this form
 
@@ -43,7 +43,7 @@ class CacheIOContract:
     n_kv_heads: int
     head_dim: int
     max_seq_len: int
-    tokens_per_call: Mapping[str, int]  # method -> T: prefill -> --prefill-len, decode -> 1
+    tokens_per_call: Mapping[str, int]  # method -> T: prefill_chunk -> --prefill-len, decode_token -> 1
     sliding_window: int | None = None  # set when some layers attend through a window (a window_mask input)
 
     def as_manifest(self) -> dict:
@@ -87,7 +87,10 @@ class CacheIOContract:
         """The contract of an export (its manifest.Manifest) in the cache-I/O form; None for the other form."""
         if manifest.decoder_form != FORM:
             return None
-        recorded = manifest.cache_io
+        recorded = dict(manifest.cache_io)
+        # Keyed by graph: an export from before the rename calls the methods otherwise (names.method_names).
+        graphs = {name: graph.value for graph, name in method_names(recorded["tokens_per_call"]).items()}
+        recorded["tokens_per_call"] = {graphs.get(m, m): n for m, n in recorded["tokens_per_call"].items()}
         return cls(**{f.name: recorded[f.name] for f in dataclasses.fields(cls)})
 
     @classmethod
@@ -147,12 +150,12 @@ class CacheIODriver:
 
     def feed(self, tokens: list[int], pos: int) -> torch.Tensor:
         """`tokens` at `pos` in chunks of the prefill length (the last one left-padded, or through
-        `decode` if it is one token), or one `decode` call each without a prefill method; the logits
-        after the last of them, [vocab]."""
-        chunk = self.contract.tokens_per_call.get(GraphName.PREFILL.value, 1)
+        `decode_token` if it is one token), or one `decode_token` call each without a prefill method;
+        the logits after the last of them, [vocab]."""
+        chunk = self.contract.tokens_per_call.get(GraphName.PREFILL_CHUNK.value, 1)
         for i in range(0, len(tokens), chunk):
             part = tokens[i : i + chunk]
-            logits = self.call(GraphName.DECODE if len(part) == 1 else GraphName.PREFILL, part, pos + i)
+            logits = self.call(GraphName.DECODE_TOKEN if len(part) == 1 else GraphName.PREFILL_CHUNK, part, pos + i)
         return logits
 
 

@@ -45,7 +45,7 @@ def cache_io_graphs(decoder: Decoder, options: PrepareOptions) -> tuple[dict, Gr
     """The cache-I/O form: its deploy graphs (static T), its quantize graph (dynamic T, every
     row's logits) and the manifest's sections describing the I/O contract (PreparedModel fields)."""
     decoder.use_cache_io()
-    rows = {GraphName.PREFILL: options.prefill_len, GraphName.DECODE: 1}
+    rows = {GraphName.PREFILL_CHUNK: options.prefill_len, GraphName.DECODE_TOKEN: 1}
     rows = {name: rows[name] for name in options.mode.graphs}
     contract = CacheIOContract.of(decoder, {name.value: n for name, n in rows.items()})
     next_token = CacheIOGraph(decoder, last_only=True)

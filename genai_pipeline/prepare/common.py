@@ -11,18 +11,22 @@ from genai_pipeline.errors import CheckpointError, InputError
 from genai_pipeline.registry import ModelSpec
 
 
-def decoder_constants(spec: ModelSpec, config, max_seq_len: int, dynamic: bool) -> dict:
-    """ExecuTorch's LLM metadata methods, which its runners read (the context, the special tokens)."""
+def decoder_constants(spec: ModelSpec, config, max_seq_len: int, max_prefill: int) -> dict:
+    """ExecuTorch's LLM metadata methods, which its runners read (the context, the special tokens).
+    `max_prefill`: the most tokens one call of the program's prefill method (`forward`, `prefill`,
+    `text_decoder`) takes, any number up to it; 0: no such method."""
     return {
-        "get_max_seq_len": max_seq_len,
-        "get_max_context_len": max_seq_len,
+        # TextLLMRunner sends a longer prompt in chunks of this many tokens; without a method of
+        # any length, it prefills token by token (enable_dynamic_shape)
+        "get_max_seq_len": max_prefill or max_seq_len,
+        "get_max_context_len": max_seq_len,  # the KV cache
         "get_vocab_size": config.vocab_size,
         "get_n_layers": config.n_layers,
         "get_bos_id": spec.bos_id if spec.bos_id is not None else -1,
         "get_eos_ids": list(spec.eos_ids),
         "use_kv_cache": True,
         "use_sdpa_with_kv_cache": True,
-        "enable_dynamic_shape": dynamic,
+        "enable_dynamic_shape": max_prefill > 0,
     }
 
 

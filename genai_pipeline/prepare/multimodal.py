@@ -126,8 +126,10 @@ def split_artifacts(model: VisionLanguageModel, options, constants: dict) -> dic
         GraphName.FORWARD: GraphBundle(
             GraphName.FORWARD, decoder, (torch.zeros((1, 2, dim)), pos), dynamic_shapes=({1: seq}, None)
         ),
-        GraphName.PREFILL: GraphBundle(GraphName.PREFILL, decoder, (torch.zeros((1, options.prefill_len, dim)), pos)),
-        GraphName.DECODE: GraphBundle(GraphName.DECODE, decoder, (torch.zeros((1, 1, dim)), pos)),
+        GraphName.PREFILL_CHUNK: GraphBundle(
+            GraphName.PREFILL_CHUNK, decoder, (torch.zeros((1, options.prefill_len, dim)), pos)
+        ),
+        GraphName.DECODE_TOKEN: GraphBundle(GraphName.DECODE_TOKEN, decoder, (torch.zeros((1, 1, dim)), pos)),
     }
     text_constants = dict(constants, enable_dynamic_shape=options.mode is Mode.DYNAMIC)
     if options.mode is Mode.HYBRID:
@@ -250,7 +252,7 @@ def prepare_multimodal(spec: ModelSpec, options) -> PreparedModel:
     check_sampleable(
         {**{f"eos[{i}]": e for i, e in enumerate(spec.eos_ids)}, "bos": spec.bos_id}, runner_vocab, config.vocab_size
     )
-    constants = decoder_constants(spec, config, options.max_seq_len, dynamic=True)
+    constants = decoder_constants(spec, config, options.max_seq_len, options.max_seq_len)
     params = {
         ArtifactKey.VISION_ENCODER: vision.num_params,
         ArtifactKey.TOKEN_EMBEDDING: config.vocab_size * config.dim,

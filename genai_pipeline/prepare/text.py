@@ -49,8 +49,8 @@ def _graphs(decoder: Decoder, options: PrepareOptions) -> dict[GraphName, GraphB
     # for a padded last chunk).
     next_token = DecoderGraph(decoder, last_only=True)
     graphs = {
-        GraphName.PREFILL: GraphBundle(GraphName.PREFILL, next_token, (tokens(options.prefill_len), pos)),
-        GraphName.DECODE: GraphBundle(GraphName.DECODE, next_token, (tokens(1), pos)),
+        GraphName.PREFILL_CHUNK: GraphBundle(GraphName.PREFILL_CHUNK, next_token, (tokens(options.prefill_len), pos)),
+        GraphName.DECODE_TOKEN: GraphBundle(GraphName.DECODE_TOKEN, next_token, (tokens(1), pos)),
         GraphName.FORWARD: GraphBundle(
             GraphName.FORWARD,
             next_token,
@@ -62,8 +62,8 @@ def _graphs(decoder: Decoder, options: PrepareOptions) -> dict[GraphName, GraphB
     if options.long_prefill:
         # Any length up to its own: a prompt's tail or a short chat turn in one call, no padding
         # (padded static chunks cost short prompts much of dynamic's prefill speed: docs/decisions/0022)
-        graphs[GraphName.PREFILL_LONG] = GraphBundle(
-            GraphName.PREFILL_LONG,
+        graphs[GraphName.PREFILL] = GraphBundle(
+            GraphName.PREFILL,
             next_token,
             (tokens(2), pos),
             dynamic_shapes=({1: Dim("chunk", min=1, max=options.long_prefill)}, None),
@@ -127,7 +127,8 @@ def prepare_text(spec: ModelSpec, options: PrepareOptions) -> PreparedModel:
     check_vocabulary(config.vocab_size, tokenizer, special)
     # The checkpoint's own bos/eos, the entry filling only what it lacks, for every reader downstream.
     spec = dataclasses.replace(spec, bos_id=special.bos_id, eos_ids=special.eos_ids)
-    constants = decoder_constants(spec, config, options.max_seq_len, dynamic=options.mode is Mode.DYNAMIC)
+    max_prefill = options.max_seq_len if options.mode is Mode.DYNAMIC else options.long_prefill
+    constants = decoder_constants(spec, config, options.max_seq_len, max_prefill)
     if options.mode is Mode.HYBRID:
         constants["get_prefill_len"] = options.prefill_len
     sections = {}  # the manifest's decoder_form and cache_io, for the cache-I/O form

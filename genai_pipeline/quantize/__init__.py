@@ -5,7 +5,7 @@ static recipe by multimodal_static.py, built on it); both build on the leaves (r
 calibration, gptq, smoothing, rotation, size_budget, static) and never import each other.
 
 Every graph of an artifact wraps the same eager module (see prepare/text.py's DecoderGraph), so quantizing
-that module once gives `prefill` and `decode` bit-identical quantized weights, which the
+that module once gives every method (`prefill`, `decode_token`, ...) bit-identical quantized weights, which the
 backend then stores once. Recipes are torchao configs applied in eager mode:
 
 - `8da4w`: dynamic per-token int8 activations, int4 group-wise weights (`group_size`). Weights by

@@ -86,7 +86,7 @@ def _cache_io_feed(observed, contract):
     masks as a device does (a chunk shorter than the prefill length left-padded), so the observers
     see the inputs the deploy graphs will see."""
     driver = CacheIODriver(
-        contract, eager_runner({GraphName.PREFILL: observed, GraphName.DECODE: observed}, contract.n_layers)
+        contract, eager_runner({GraphName.PREFILL_CHUNK: observed, GraphName.DECODE_TOKEN: observed}, contract.n_layers)
     )
 
     def feed(step) -> None:  # a new sample starts at position 0: the rows past it are never seen

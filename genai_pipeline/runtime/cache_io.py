@@ -37,12 +37,12 @@ class CacheIOSession(CacheCursor):
 
     def step(self, token: int) -> torch.Tensor:
         self._check_room(1)
-        logits = self.driver.call(GraphName.DECODE, [token], self.pos)
+        logits = self.driver.call(GraphName.DECODE_TOKEN, [token], self.pos)
         self.pos += 1
         return logits
 
     def score(self, tokens: list[int]) -> torch.Tensor:
-        """The logits after every one of `tokens`, [T, vocab], one decode call each."""
+        """The logits after every one of `tokens`, [T, vocab], one decode_token call each."""
         self._check_room(len(tokens))
         return torch.stack([self.step(token) for token in tokens])
 

@@ -1,7 +1,7 @@
 """A multimodal export behind the Session protocol (runtime/session.py), so the same generation
 loop drives it. Two layouts: one program with methods `token_embedding`, `text_decoder` and
 `vision_encoder` (ExecuTorch's MultimodalRunner's), or `--split`: `vision_encoder.pte` and
-`token_embedding.pte` (method `forward`) and `text_decoder.pte` (`forward`, or `prefill` + `decode`).
+`token_embedding.pte` (method `forward`) and `text_decoder.pte` (`forward`, or `prefill_chunk` + `decode_token`).
 
 The prompt is token ids in which each image stands as a run of `tokens_per_image` `<image>` ids
 (the Hugging Face processor's expansion). `prefill` embeds the ids, puts the next staged frame's
@@ -21,7 +21,7 @@ from genai_pipeline.errors import InputError
 from genai_pipeline.image_files import read_image
 from genai_pipeline.image_processing import Frames, ImageProcessing, expand_prompt, image_frames
 from genai_pipeline.manifest import SPLIT, Manifest
-from genai_pipeline.names import ArtifactKey, GraphName, Mode
+from genai_pipeline.names import ArtifactKey, GraphName, Mode, method_names
 from genai_pipeline.runtime.program import load_program
 from genai_pipeline.runtime.session import CacheCursor, check_runnable
 from genai_pipeline.upstream.executorch_logs import native_logs_hidden
@@ -63,12 +63,14 @@ class MultimodalSession(CacheCursor):
         with native_logs_hidden():
             if self.split:
                 # the encoder and the embedding have one method, `forward`
+                decoder = programs[ArtifactKey.TEXT_DECODER]
+                names = method_names(decoder.method_names)
                 self._methods = {
                     GraphName.TOKEN_EMBEDDING: programs[ArtifactKey.TOKEN_EMBEDDING].load_method(
                         GraphName.FORWARD.value
                     ),
                     GraphName.VISION_ENCODER: programs[ArtifactKey.VISION_ENCODER].load_method(GraphName.FORWARD.value),
-                    **{g: programs[ArtifactKey.TEXT_DECODER].load_method(g.value) for g in self.mode.graphs},
+                    **{g: decoder.load_method(names[g]) for g in self.mode.graphs},
                 }
             else:
                 self._methods = {
@@ -106,8 +108,8 @@ class MultimodalSession(CacheCursor):
 
     def _decode(self, embeddings: torch.Tensor) -> torch.Tensor:
         """Embeddings [1, T, D] fed at the cursor; the next-token logits, [vocab]. A hybrid text
-        decoder takes them in `prefill` chunks, a partial last chunk padded as the text path does
-        (runtime/session.py): its last real row goes once more through `decode`."""
+        decoder takes them in `prefill_chunk` chunks, a partial last chunk padded as the text path does
+        (runtime/session.py): its last real row goes once more through `decode_token`."""
         if self.mode is Mode.DYNAMIC:
             graph = GraphName.FORWARD if self.split else GraphName.TEXT_DECODER
             logits = self._execute(graph, [embeddings, torch.tensor([self.pos], dtype=torch.long)])
@@ -117,7 +119,7 @@ class MultimodalSession(CacheCursor):
         while total > 1 and i < total and self.pos + n <= self.max_seq_len:  # one embedding (a step): decode
             chunk = embeddings[:, i : i + n]
             padded = torch.cat([chunk, chunk.new_zeros((1, n - chunk.shape[1], chunk.shape[2]))], dim=1)
-            logits = self._execute(GraphName.PREFILL, [padded, torch.tensor([self.pos], dtype=torch.long)])
+            logits = self._execute(GraphName.PREFILL_CHUNK, [padded, torch.tensor([self.pos], dtype=torch.long)])
             self.pos += chunk.shape[1]
             i += chunk.shape[1]
             if chunk.shape[1] < n:
@@ -126,7 +128,7 @@ class MultimodalSession(CacheCursor):
                 break
         for row in range(i, total):  # a re-fed last row, or a tail too close to the end of the cache
             logits = self._execute(
-                GraphName.DECODE, [embeddings[:, row : row + 1], torch.tensor([self.pos], dtype=torch.long)]
+                GraphName.DECODE_TOKEN, [embeddings[:, row : row + 1], torch.tensor([self.pos], dtype=torch.long)]
             )
             self.pos += 1
         return logits.reshape(-1, logits.shape[-1])[-1]

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from genai_pipeline.manifest import Manifest
 from genai_pipeline.models.cache_io import CacheIOContract
-from genai_pipeline.names import ArtifactKey, GraphName
+from genai_pipeline.names import ArtifactKey, GraphName, method_names
 from genai_pipeline.runtime.cache_io import CacheIOSession, program_runner
 from genai_pipeline.runtime.multimodal import MultimodalSession, is_multimodal
 from genai_pipeline.runtime.program import load_program
@@ -28,8 +28,9 @@ def open_session(folder: Path, verify: bool = False) -> Session:
     if contract is None:
         return DecoderSession(folder, verify)
     program = load_decoder_program(folder, manifest, verify)
+    names = method_names(program.method_names)
     with native_logs_hidden():
-        methods = {GraphName(m): program.load_method(m) for m in contract.tokens_per_call}
+        methods = {GraphName(m): program.load_method(names[GraphName(m)]) for m in contract.tokens_per_call}
     return CacheIOSession(contract, program_runner(methods), manifest)
 
 

@@ -18,7 +18,7 @@ import torch
 
 from genai_pipeline.errors import InputError, ProgramError
 from genai_pipeline.manifest import QDQ_ONLY, Manifest
-from genai_pipeline.names import ArtifactKey, GraphName, Mode
+from genai_pipeline.names import ArtifactKey, GraphName, Mode, method_names
 from genai_pipeline.runtime.program import load_program, qnn_runtime_missing
 from genai_pipeline.upstream.executorch_logs import native_logs_hidden
 
@@ -49,7 +49,7 @@ def check_constants(program, path: Path, manifest: Manifest) -> None:
     for method, want in (
         ("get_vocab_size", manifest.config.vocab_size),
         ("get_n_layers", manifest.config.n_layers),
-        ("get_max_seq_len", manifest.max_seq_len),
+        ("get_max_context_len", manifest.max_seq_len),
     ):
         if method not in program.method_names:
             continue
@@ -153,23 +153,25 @@ class DecoderSession(CacheCursor):
         path = folder / entry.file
         self.program = load_program(path, expected.bytes, expected.sha256 if verify else None)
         check_constants(self.program, path, self.manifest)
+        self._names = method_names(self.program.method_names)
         with native_logs_hidden():
-            self._methods = {name: self.program.load_method(name.value) for name in self.mode.graphs}
+            self._methods = {name: self.program.load_method(self._names[name]) for name in self.mode.graphs}
             # `verify` (exported with --verify-len): every token's logits, for lookahead decoding; of
             # any length up to verify_len, or (older exports) of that length only: shorter
             # drafts are padded at the end, as a prefill chunk.
             self.verify_len = self._load_optional(GraphName.VERIFY)
             self.verify_padded = GraphName.VERIFY.value not in entry.dynamic_methods
-            # `prefill_long` (hybrid, --long-prefill-len N): chunks of 1 to N tokens
-            self.long_prefill_len = self._load_optional(GraphName.PREFILL_LONG)
+            # `prefill` (hybrid, --long-prefill-len N): chunks of 1 to N tokens
+            self.long_prefill_len = self._load_optional(GraphName.PREFILL)
         self.pos = 0
 
     def _load_optional(self, graph: GraphName) -> int:
         """Load `graph` if the program has it; its tokens per call (the bound of a dynamic length), or 0."""
-        if graph.value not in self.program.method_names:
+        name = self._names[graph]
+        if name not in self.program.method_names:
             return 0
-        self._methods[graph] = self.program.load_method(graph.value)
-        return int(self.program.metadata(graph.value).input_tensor_meta(0).sizes()[1])
+        self._methods[graph] = self.program.load_method(name)
+        return int(self.program.metadata(name).input_tensor_meta(0).sizes()[1])
 
     def _run(self, graph: GraphName, tokens: list[int]) -> torch.Tensor:
         inputs = [torch.tensor([tokens], dtype=torch.long), torch.tensor([self.pos], dtype=torch.long)]
@@ -192,14 +194,14 @@ class DecoderSession(CacheCursor):
         if self.long_prefill_len:  # hybrid: chunks of any length, no padding
             for i in range(0, len(tokens), self.long_prefill_len):
                 chunk = tokens[i : i + self.long_prefill_len]
-                logits = self._run(GraphName.PREFILL_LONG, chunk)
+                logits = self._run(GraphName.PREFILL, chunk)
                 self.pos += len(chunk)
             return logits
         i, n = 0, self.prefill_len
         if self.mode is Mode.HYBRID:
             while i < len(tokens) and self.pos + n <= self.max_seq_len:
                 chunk = tokens[i : i + n]
-                logits = self._run(GraphName.PREFILL, chunk + [0] * (n - len(chunk)))
+                logits = self._run(GraphName.PREFILL_CHUNK, chunk + [0] * (n - len(chunk)))
                 self.pos += len(chunk)
                 i += len(chunk)
                 if len(chunk) < n:
@@ -220,24 +222,24 @@ class DecoderSession(CacheCursor):
         return torch.stack([self.step(token) for token in tokens])
 
     def prefill_chunks(self, tokens: list[int]) -> torch.Tensor:
-        """Feed the whole chunks of `tokens` at the cursor through `prefill` (a hybrid program; a
-        partial last chunk is left out: its logits would be the padding's); returns what prefill
+        """Feed the whole chunks of `tokens` at the cursor through `prefill_chunk` (a hybrid program;
+        a partial last chunk is left out: its logits would be the padding's); returns what it
         returns, the logits after each chunk's last token, [chunks, vocab]. For `genai eval`."""
         if self.mode is not Mode.HYBRID:
-            raise InputError(f"a {self.mode.value} program has no prefill method")
+            raise InputError(f"a {self.mode.value} program has no prefill_chunk method")
         n = self.prefill_len
         chunks = [tokens[i : i + n] for i in range(0, len(tokens) - n + 1, n)]
         self._check_room(n * len(chunks))
         logits = []
         for chunk in chunks:
-            logits.append(self._run(GraphName.PREFILL, chunk))
+            logits.append(self._run(GraphName.PREFILL_CHUNK, chunk))
             self.pos += n
         return torch.stack(logits) if logits else torch.empty(0)
 
     def step(self, token: int) -> torch.Tensor:
         """Feed one token at the cursor; returns the next-token logits, [vocab]."""
         self._check_room(1)
-        logits = self._run(GraphName.FORWARD if self.mode is Mode.DYNAMIC else GraphName.DECODE, [token])
+        logits = self._run(GraphName.FORWARD if self.mode is Mode.DYNAMIC else GraphName.DECODE_TOKEN, [token])
         self.pos += 1
         return logits
 

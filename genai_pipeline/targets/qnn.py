@@ -3,7 +3,7 @@ and the compile specs are built, decoded and checked on any host too; only parti
 compiling context binaries need the QNN SDK's libraries (libQnnHtp.so), which only Qualcomm
 distributes.
 
-A hybrid program's `prefill` and `decode` are lowered together (one `preprocess_multimethod`
+A hybrid program's `prefill_chunk` and `decode_token` are lowered together (one `preprocess_multimethod`
 call): QNN compiles both graphs into ONE context binary with weight sharing, the program stores
 it once and both methods reference it; at run time the backend picks the graph by method name.
 Weight sharing across graphs needs HTP V73 or newer. QNN compiles a group of methods with the

@@ -41,7 +41,7 @@ def share_packed_weights() -> bool:
 
     XNNPACK packs each delegated weight into its kernels' layout when a method is loaded. Without
     the cache (the 1.5.1 wheel's default: built without ENABLE_XNNPACK_WEIGHTS_CACHE) every method
-    packs its own copy, so a hybrid program, whose `prefill` and `decode` read the same weights
+    packs its own copy, so a hybrid program, whose `prefill` and `decode_token` read the same weights
     (stored once in the file), holds them twice in memory. With it, packed weights are kept by the
     name the file stores them under (a hash of their bytes) and every delegate that names them
     shares one copy (docs/decisions/0009). The wheel's Python API has no backend options, so

@@ -224,11 +224,11 @@ def test_inspect_json_describes_a_hybrid_program(export_tiny):
     result = genai("inspect", export_tiny("hybrid") / "text_decoder.pte", "--json")
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
-    assert set(report["methods"]) == {"prefill", "prefill_long", "decode"}
-    prefill, decode = report["methods"]["prefill"], report["methods"]["decode"]
+    assert set(report["methods"]) == {"prefill", "prefill_chunk", "decode_token"}
+    prefill, decode = report["methods"]["prefill_chunk"], report["methods"]["decode_token"]
     assert [i["shape"] for i in prefill["inputs"]] == [[1, 8], [1]]
-    assert [i["shape"] for i in report["methods"]["prefill_long"]["inputs"]] == [[1, 32], [1]]
-    assert report["methods"]["prefill_long"]["inputs"][0]["dynamic"]  # 1 to 32 tokens
+    assert [i["shape"] for i in report["methods"]["prefill"]["inputs"]] == [[1, 32], [1]]
+    assert report["methods"]["prefill"]["inputs"][0]["dynamic"]  # 1 to 32 tokens
     assert not any("dynamic" in i for i in prefill["inputs"] + decode["inputs"])
     assert [i["shape"] for i in decode["inputs"]] == [[1, 1], [1]]
     assert prefill["outputs"][0]["shape"] == decode["outputs"][0]["shape"] == [1, 384]  # the next token's logits
@@ -236,8 +236,11 @@ def test_inspect_json_describes_a_hybrid_program(export_tiny):
     assert report["named_data"]["bytes"] > 0 and report["named_data"]["shared_bytes"] == report["named_data"]["bytes"]
     buffers = report["mutable_buffers"]
     assert len(buffers) == 4 and all(b["shared"] for b in buffers.values())  # k and v, two layers
-    assert report["metadata"]["get_max_seq_len"] == TINY_MAX_SEQ and report["metadata"]["get_prefill_len"] == 8
-    assert report["metadata"]["use_kv_cache"] is True and report["metadata"]["enable_dynamic_shape"] is False
+    # ExecuTorch's runners: the cache's length, and the most tokens one `prefill` call takes
+    assert report["metadata"]["get_max_context_len"] == TINY_MAX_SEQ and report["metadata"]["get_max_seq_len"] == 32
+    assert report["metadata"]["use_kv_cache"] is True and report["metadata"]["enable_dynamic_shape"] is True
+    assert report["metadata"]["get_prefill_len"] == 8
+    assert report["stock_runners"] == {"TextLLMRunner": None, "MultimodalRunner": "no `token_embedding` method"}
 
 
 def test_inspect_portable_program_has_no_delegates(capsys, export_tiny):

@@ -16,8 +16,10 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import SMOLLM2_GGUF as GGUF
+from conftest import text_llm_runner
 
 from genai_pipeline.cli import main
+from genai_pipeline.manifest import Manifest
 
 REPO = Path(__file__).resolve().parents[2]
 IM_END = 2  # <|im_end|>: how this model ends a turn
@@ -185,3 +187,22 @@ def test_default_recipe_meets_its_perplexity_bound(smollm2_default, recipe):
     assert change <= BOUNDS[recipe], (
         f"{recipe}: {100 * change:+.2f} % perplexity against fp32 (bound {100 * BOUNDS[recipe]:+.1f} %)"
     )
+
+
+def test_default_export_runs_in_executorch_text_llm_runner(smollm2_default):
+    """The default export (hybrid, 8da4w) in ExecuTorch's own TextLLMRunner gives `genai run`'s greedy
+    tokens, for a prompt of one call of its `prefill` and one the runner cuts into several."""
+    folder = smollm2_default("8da4w", mode="hybrid")
+    m = Manifest.read(folder)
+    chunk = m.artifacts["text_decoder"].constant_methods["get_max_seq_len"]  # `prefill`'s bound
+    long = (REPO / "assets" / "reference" / "heldout.txt").read_text()[:1000]
+    for prompt in ("Once upon a time, in a small village by the sea,", long):
+        code, out, err = cli("run", folder, "--prompt", prompt, "--max-new-tokens", 32, "--temperature", 0, "--json")
+        assert code == 0, err
+        ours = json.loads(out)
+        text, generated, prompt_tokens = text_llm_runner(folder, prompt, 32, bos=ours["prompt_tokens"][0] == m.bos_id)
+        assert prompt_tokens == len(ours["prompt_tokens"]) and len(ours["tokens"]) >= 16
+        eos = ours["stop_reason"] == "eos"  # the runner hands the end-of-turn token on too
+        assert generated == len(ours["tokens"]) + eos
+        assert text.startswith(ours["text"]) if eos else text == ours["text"]
+    assert chunk == 128 and prompt_tokens > chunk  # the long prompt went through `prefill` in chunks

@@ -47,7 +47,7 @@ def test_hybrid_8a8w_program_returns_the_next_token_only_and_matches_its_qdq_mod
     assert "calibrating text_decoder on RANDOM tokens" in err  # a static recipe really calibrates on them
 
     program = load_program(out / "text_decoder.pte")
-    for method in ("prefill", "decode"):
+    for method in ("prefill_chunk", "decode_token"):
         assert list(program.metadata(method).output_tensor_meta(0).sizes()) == [1, TINY_VOCAB], method
 
     qdq = torch.export.load(out / "text_decoder.qdq.pt2").module()

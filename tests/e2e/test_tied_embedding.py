@@ -48,12 +48,12 @@ def prefill_logits_match_eager(prepared, pte, rtol):
     from executorch.runtime import Runtime
 
     (artifact,) = prepared.artifacts.values()
-    graph = next(g for name, g in artifact.graphs.items() if name.value == "prefill")
+    graph = next(g for name, g in artifact.graphs.items() if name.value == "prefill_chunk")
     tokens = torch.randint(
         0, prepared.config.vocab_size, graph.example_inputs[0].shape, generator=torch.Generator().manual_seed(0)
     )
     inputs = (tokens, *graph.example_inputs[1:])
-    got = Runtime.get().load_program(pte).load_method("prefill").execute(list(inputs))[0]
+    got = Runtime.get().load_program(pte).load_method("prefill_chunk").execute(list(inputs))[0]
     want = graph.module(*inputs)
     assert torch.linalg.norm(got - want) <= rtol * torch.linalg.norm(want)
 

@@ -16,6 +16,7 @@ import torch
 
 from genai_pipeline.checkpoints.multimodal import load_multimodal
 from genai_pipeline.image_processing import ImageProcessing, expand_prompt, image_frames
+from genai_pipeline.inspect import inspect_program
 from genai_pipeline.prepare.multimodal import read_processing
 from genai_pipeline.registry import get_spec, infer_spec
 
@@ -365,6 +366,8 @@ def test_genai_run_matches_transformers_and_executorch_multimodal_runner(program
     assert stats[0].num_prompt_tokens == len(ids)  # 4 image embeddings advanced the position as 4 tokens
     tok = Tokenizer.from_file(str(program / "tokenizer.json"))
     assert pieces == [tok.decode([t], skip_special_tokens=False) for t in ours["tokens"]]
+    runners = inspect_program(program / "multimodal.pte")["stock_runners"]
+    assert runners == {"TextLLMRunner": "no `forward` or `prefill` method", "MultimodalRunner": None}
 
 
 # ---------------------------------------------------------------- bad input: one line each

@@ -19,7 +19,7 @@ from genai_pipeline.runtime.multimodal import MultimodalSession
 from genai_pipeline.tokenizer import Tokenizer
 
 COMPONENTS = ("vision_encoder", "token_embedding", "text_decoder")
-DECODER_METHODS = {"dynamic": ["forward"], "hybrid": ["prefill", "decode"]}
+DECODER_METHODS = {"dynamic": ["forward"], "hybrid": ["prefill_chunk", "decode_token"]}
 
 
 @pytest.fixture(scope="session")
@@ -142,8 +142,8 @@ def test_split_layout_generates_the_one_program_layouts_greedy_tokens(split_prog
     tokens, logits, calls, _ = _greedy(split_program(mode), image_file)
     assert len(expected) > 3 and tokens == expected
     assert (logits - expected_logits).abs().max() <= 1e-4
-    # hybrid: whole prefill chunks of 8, a padded partial one, its last row again through decode
-    decoder = {"dynamic": ["forward"], "hybrid": ["prefill"] * (n // 8 + 1) + ["decode"]}[mode]
+    # hybrid: whole prefill chunks of 8, a padded partial one, its last row again through decode_token
+    decoder = {"dynamic": ["forward"], "hybrid": ["prefill_chunk"] * (n // 8 + 1) + ["decode_token"]}[mode]
     assert n % 8 and calls == ["token_embedding", "vision_encoder", *decoder]
 
     # and through the CLI, with the --json figures of a vision-language run

@@ -11,7 +11,7 @@ from genai_pipeline.models.decoder import MASK_HIDDEN
 
 def test_call_inputs_follow_the_contract():
     contract = CacheIOContract(
-        n_layers=1, n_kv_heads=1, head_dim=2, max_seq_len=6, tokens_per_call={"prefill": 4, "decode": 1}
+        n_layers=1, n_kv_heads=1, head_dim=2, max_seq_len=6, tokens_per_call={"prefill_chunk": 4, "decode_token": 1}
     )
     cache = [torch.zeros(1, 1, 6, 2)]
     tokens, positions, mask, *_ = contract.call_inputs([7, 8], pos=3, rows=4, k_cache=cache, v_cache=cache)

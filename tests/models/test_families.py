@@ -13,6 +13,7 @@ from tiny_hf import FAMILIES, MAX_SEQ, max_diff_to_transformers, save_tiny
 import genai_pipeline
 from genai_pipeline.checkpoints.hf import load_decoder
 from genai_pipeline.errors import CheckpointError
+from genai_pipeline.inspect import inspect_program
 from genai_pipeline.options import PrepareOptions
 from genai_pipeline.registry import get_spec
 from genai_pipeline.runtime.session import DecoderSession, EagerSession
@@ -95,6 +96,13 @@ def test_hybrid_program_matches_eager(exported):
     for token in PROMPT[:8]:  # 8 decode steps
         got, want = program.step(token), eager.step(token)
         assert (got - want).abs().max().item() <= 1e-3
+
+
+def test_hybrid_program_has_what_executorchs_text_llm_runner_calls(exported):
+    """Its methods, their inputs and the metadata the runner reads, as `genai inspect` checks them
+    (tests/runtime/test_llm_runner.py and test_smollm2.py run such programs in the runner)."""
+    _, _, out = exported
+    assert inspect_program(out / "text_decoder.pte")["stock_runners"]["TextLLMRunner"] is None
 
 
 def test_fused_phi3_tensors_are_split_in_order(tmp_path):

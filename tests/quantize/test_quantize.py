@@ -49,7 +49,7 @@ def test_prefill_and_decode_carry_identical_quantization_parameters(tiny_checkpo
         prepare(get_spec("smollm2-135m"), options), QuantOptions(recipe="8da4w", embedding="8w"), get_target("xnnpack")
     )
     graphs = _exported_constants(prepared)
-    prefill, decode = graphs["prefill"], graphs["decode"]
+    prefill, decode = graphs["prefill_chunk"], graphs["decode_token"]
     scales = [k for k in prefill if k.endswith("weight.scale")]
     assert len(scales) == 2 * 7 + 2  # q k v o w1 w2 w3 per layer, embedding, head
     assert set(prefill) == set(decode)
@@ -152,7 +152,7 @@ def test_quantized_hybrid_program_stores_the_weights_once_and_is_small(export_re
     hybrid, kv, fp32 = (
         _inspect(export_reference(m, q)) for m, q in (("hybrid", Q4), ("kv", Q4), ("hybrid", QuantOptions()))
     )
-    # hybrid's two more methods (prefill, prefill_long) add their graphs, not a weight (the table: 1 MB)
+    # hybrid's two more methods (prefill_chunk, prefill) add their graphs, not a weight (the table: 1 MB)
     assert hybrid["file_bytes"] - kv["file_bytes"] <= graph_bytes(4, 2), (hybrid["file_bytes"], kv["file_bytes"])
     # fp32 stores its tied table once; here the int4 head and the int8 lookup are two tables, wv
     # and some w2 are at 8 bits under 8da4w (the recipe's rules; docs/decisions/0020), and
@@ -197,13 +197,13 @@ def test_static_encodings_are_identical_in_prefill_and_decode(tiny_checkpoint):
         name.value: torch.export.export(g.module, g.example_inputs, strict=False).module()
         for name, g in artifact.graphs.items()
     }
-    prefill, decode = _qparams(exported["prefill"]), _qparams(exported["decode"])
+    prefill, decode = _qparams(exported["prefill_chunk"]), _qparams(exported["decode_token"])
     assert len(prefill) == len(decode) > 20
     for p, d in zip(prefill, decode):  # every activation and weight: the same scale and zero point
         assert p[0] == d[0] and _same(p[1], d[1]) and _same(p[2], d[2]), (p, d)
     assert any(isinstance(p[1], torch.Tensor) for p in prefill)  # per-channel weight scales were compared as tensors
-    weights = {k: v for k, v in exported["prefill"].state_dict().items()}
-    for key, value in exported["decode"].state_dict().items():
+    weights = {k: v for k, v in exported["prefill_chunk"].state_dict().items()}
+    for key, value in exported["decode_token"].state_dict().items():
         assert torch.equal(weights[key], value), key
 
 
@@ -240,7 +240,7 @@ def test_qnn_export_stops_after_quantization_with_one_clear_line(tmp_path, tiny_
         "SM8650",
         "V75",
         True,
-        [["prefill", "decode"]],
+        [["prefill_chunk", "decode_token"]],
     )
     assert not (out / "text_decoder.pte").exists()
     report = (out / "quant_report.html").read_text()
@@ -324,7 +324,7 @@ def test_given_int4_weights_and_scales_are_what_the_program_stores(tiny_checkpoi
     for n, (q, d) in given.items():
         neg = (d < 0).repeat_interleave(32, dim=1)
         want[n] = (torch.where(neg, -q.to(torch.int16), q.to(torch.int16)).clamp(-8, 7).to(torch.int8), d.abs())
-    constants = _exported_constants(q_quant)["decode"]
+    constants = _exported_constants(q_quant)["decode_token"]
     for n, (q, d) in want.items():
         key = next(k for k in constants if k.endswith(n + ".qdata"))
         assert torch.equal(constants[key], q), n

@@ -44,9 +44,9 @@ PROMPT = [
 def _eager_cache_io(decoder, prefill_len: int) -> CacheIOSession:
     decoder.use_cache_io()
     graph = CacheIOGraph(decoder)
-    contract = CacheIOContract.of(decoder, {"prefill": prefill_len, "decode": 1})
+    contract = CacheIOContract.of(decoder, {"prefill_chunk": prefill_len, "decode_token": 1})
     return CacheIOSession(
-        contract, eager_runner({GraphName.PREFILL: graph, GraphName.DECODE: graph}, decoder.config.n_layers)
+        contract, eager_runner({GraphName.PREFILL_CHUNK: graph, GraphName.DECODE_TOKEN: graph}, decoder.config.n_layers)
     )
 
 
@@ -105,8 +105,8 @@ def test_cache_io_program_run_by_the_driver_gives_the_eager_logits(export_tiny, 
     folder = export_tiny("hybrid", target, cache_io=True)
     manifest = json.loads((folder / "manifest.json").read_text())
     assert manifest["decoder_form"] == "cache-io" and manifest["cache_io"]["tokens_per_call"] == {
-        "prefill": TINY_PREFILL,
-        "decode": 1,
+        "prefill_chunk": TINY_PREFILL,
+        "decode_token": 1,
     }
     session = open_session(folder)
     assert isinstance(session, CacheIOSession)
@@ -116,7 +116,7 @@ def test_cache_io_program_run_by_the_driver_gives_the_eager_logits(export_tiny, 
     from genai_pipeline.runtime.program import load_program
 
     program = load_program(folder / "text_decoder.pte")
-    meta = program.metadata("decode")
+    meta = program.metadata("decode_token")
     shapes = [tuple(meta.input_tensor_meta(i).sizes()) for i in range(meta.num_inputs())]
     assert shapes[:3] == [(1, 1), (1, 1), (1, 1, 1, TINY_MAX_SEQ + 1)]
     assert shapes[3:] == [(1, 2, TINY_MAX_SEQ, 16)] * 4  # k_past, v_past of 2 layers

@@ -60,8 +60,8 @@ def new_session(request, export_tiny, tiny_eager):
             decoder = tiny_eager()
             decoder.use_cache_io()
             graph = CacheIOGraph(decoder)
-            contract = CacheIOContract.of(decoder, {"prefill": TINY_PREFILL, "decode": 1})
-            graphs = {GraphName.PREFILL: graph, GraphName.DECODE: graph}
+            contract = CacheIOContract.of(decoder, {"prefill_chunk": TINY_PREFILL, "decode_token": 1})
+            graphs = {GraphName.PREFILL_CHUNK: graph, GraphName.DECODE_TOKEN: graph}
             return CacheIOSession(contract, eager_runner(graphs, decoder.config.n_layers))
         assert kind == "eager vision-language"
         folder = request.getfixturevalue("export_reference_vlm")

@@ -19,7 +19,7 @@ from genai_pipeline.names import ArtifactKey, GraphName
 from genai_pipeline.options import QnnOptions
 from genai_pipeline.targets import qnn, qnn_specs
 
-HYBRID = ("prefill", "decode")
+HYBRID = ("prefill_chunk", "decode_token")
 
 
 # ---- 1. compile specs -------------------------------------------------------------------------
@@ -31,25 +31,25 @@ def test_specs_name_the_soc_its_arch_and_share_weights_in_hybrid_mode():
     p = qnn_specs.plan(QnnOptions(soc="sm8650"), HYBRID)  # case-insensitive
     specs = qnn_specs.compile_specs(p)
     assert set(specs) == set(HYBRID) and p.groups == (HYBRID,)
-    assert [s.key for s in specs["prefill"]] == ["qnn_compile_spec"]
-    o = qnn_specs.decode(specs["prefill"][0].value)
+    assert [s.key for s in specs["prefill_chunk"]] == ["qnn_compile_spec"]
+    o = qnn_specs.decode(specs["prefill_chunk"][0].value)
     assert o.soc_info.soc_model == QcomChipset.SM8650 and o.soc_info.htp_info.htp_arch == HtpArch.V75
     assert o.soc_info.htp_info.vtcm_size_in_mb == 8
     assert o.backend_options.htp_options.use_weight_sharing and o.shared_buffer
-    assert specs["prefill"][0].value == specs["decode"][0].value
+    assert specs["prefill_chunk"][0].value == specs["decode_token"][0].value
     from executorch.backends.qualcomm.serialization.qc_schema_serialize import option_to_flatbuffer
 
-    assert option_to_flatbuffer(o) == specs["prefill"][0].value  # decodes and re-encodes to the same bytes
+    assert option_to_flatbuffer(o) == specs["prefill_chunk"][0].value  # decodes and re-encodes to the same bytes
 
 
 def test_single_graph_emulator_and_no_weight_sharing_plans():
-    kv = qnn_specs.plan(QnnOptions(soc="SM8450"), ("decode",))  # one graph: V69 is fine, nothing to share
-    assert not kv.weight_sharing and not kv.shared_buffer and kv.groups == (("decode",),)
+    kv = qnn_specs.plan(QnnOptions(soc="SM8450"), ("decode_token",))  # one graph: V69 is fine, nothing to share
+    assert not kv.weight_sharing and not kv.shared_buffer and kv.groups == (("decode_token",),)
     emu = qnn_specs.plan(QnnOptions(soc="SM8650", x86_emulator=True), HYBRID)
-    assert not emu.weight_sharing and not emu.shared_buffer and emu.groups == (("prefill",), ("decode",))
+    assert not emu.weight_sharing and not emu.shared_buffer and emu.groups == (("prefill_chunk",), ("decode_token",))
     two = qnn_specs.plan(QnnOptions(soc="SM8450", weight_sharing=False), HYBRID)  # the V69 alternative
-    assert not two.weight_sharing and two.shared_buffer and two.groups == (("prefill",), ("decode",))
-    assert not qnn_specs.describe(qnn_specs.compile_specs(two)["decode"][0].value)["weight_sharing"]
+    assert not two.weight_sharing and two.shared_buffer and two.groups == (("prefill_chunk",), ("decode_token",))
+    assert not qnn_specs.describe(qnn_specs.compile_specs(two)["decode_token"][0].value)["weight_sharing"]
 
 
 def test_qnn_options_pass_through_to_the_htp_options():
@@ -64,14 +64,14 @@ def test_qnn_options_pass_through_to_the_htp_options():
         ),
         HYBRID,
     )
-    d = qnn_specs.describe(qnn_specs.compile_specs(p)["decode"][0].value)
+    d = qnn_specs.describe(qnn_specs.compile_specs(p)["decode_token"][0].value)
     assert d["precision"] == "fp16" and d["spill_fill_bytes"] == 1 << 20 and d["multi_contexts"]
     assert d["performance_mode"] == "high_performance" and d["htp_arch"] == "V75" and d["soc"] == "SM8650"
     # without weight sharing, methods have a context binary each and may differ
-    p = qnn_specs.plan(QnnOptions(weight_sharing=False, options=("decode:precision=fp16",)), HYBRID)
+    p = qnn_specs.plan(QnnOptions(weight_sharing=False, options=("decode_token:precision=fp16",)), HYBRID)
     summary = qnn_specs.summary(p)
-    assert summary["precision"] == "quantized" and summary["per_method"] == {"decode": {"precision": "fp16"}}
-    assert summary["context_binaries"] == [["prefill"], ["decode"]]
+    assert summary["precision"] == "quantized" and summary["per_method"] == {"decode_token": {"precision": "fp16"}}
+    assert summary["context_binaries"] == [["prefill_chunk"], ["decode_token"]]
 
 
 @pytest.mark.parametrize(
@@ -81,13 +81,13 @@ def test_qnn_options_pass_through_to_the_htp_options():
         (
             QnnOptions(soc="sm8450"),
             HYBRID,
-            "SoC SM8450 has HTP V69, and prefill and decode sharing weights in one context binary needs V73 or newer",
+            "SoC SM8450 has HTP V69, and prefill_chunk and decode_token sharing weights in one context binary needs V73 or newer",
         ),
         (QnnOptions(soc="SM8350"), HYBRID, "--mode kv, or with --no-weight-sharing"),
         (
-            QnnOptions(options=("decode:precision=fp16",)),
+            QnnOptions(options=("decode_token:precision=fp16",)),
             HYBRID,
-            "methods prefill and decode share one context binary but their QNN options differ in precision",
+            "methods prefill_chunk and decode_token share one context binary but their QNN options differ in precision",
         ),
         (
             QnnOptions(options=("precision=int4",)),
@@ -114,10 +114,10 @@ def test_specs_are_compared_as_enums_with_what_was_asked():
     qnn_specs.check_specs(specs, p)  # the decoded SoC is an enum: comparing it with "SM8650" would always fail
     other = qnn_specs.compile_specs(qnn_specs.plan(QnnOptions(soc="SM8750"), HYBRID))
     with pytest.raises(ExportError, match="names SoC SM8750, but SM8650 was asked"):
-        qnn_specs.check_specs({"prefill": other["prefill"], "decode": specs["decode"]}, p)
+        qnn_specs.check_specs({"prefill_chunk": other["prefill_chunk"], "decode_token": specs["decode_token"]}, p)
     fp16 = qnn_specs.compile_specs(qnn_specs.plan(QnnOptions(options=("precision=fp16",)), HYBRID))
     with pytest.raises(ExportError, match="share one QNN context binary but carry different compile specs"):
-        qnn_specs.check_specs({"prefill": specs["prefill"], "decode": fp16["decode"]}, p)
+        qnn_specs.check_specs({"prefill_chunk": specs["prefill_chunk"], "decode_token": fp16["decode_token"]}, p)
 
 
 # ---- 3. one multi-graph payload, through our own lowering ---------------------------------------
@@ -142,8 +142,8 @@ class _Method(torch.nn.Module):
 def _artifact() -> Artifact:
     core = _Core()
     graphs = {
-        GraphName.PREFILL: GraphBundle(GraphName.PREFILL, _Method(core), (torch.randn(1, 8, 64),)),
-        GraphName.DECODE: GraphBundle(GraphName.DECODE, _Method(core), (torch.randn(1, 1, 64),)),
+        GraphName.PREFILL_CHUNK: GraphBundle(GraphName.PREFILL_CHUNK, _Method(core), (torch.randn(1, 8, 64),)),
+        GraphName.DECODE_TOKEN: GraphBundle(GraphName.DECODE_TOKEN, _Method(core), (torch.randn(1, 1, 64),)),
     }
     return Artifact(key=ArtifactKey.TEXT_DECODER, module=core, graphs=graphs, constant_methods={"get_max_seq_len": 16})
 
@@ -175,14 +175,16 @@ def standin_pte(tmp_path_factory):
 
 def test_prefill_and_decode_share_one_payload_in_the_program(standin_pte):
     path, artifact, calls = standin_pte
-    assert calls == [{"prefill": 1, "decode": 1}]  # ONE preprocess_multimethod call, equal partition counts
+    assert calls == [{"prefill_chunk": 1, "decode_token": 1}]  # ONE preprocess_multimethod call, equal partition counts
     program, segment = _program_parts(path)
     plans = {plan.name: plan for plan in program.execution_plan}
-    assert {"prefill", "decode", "get_max_seq_len"} <= set(plans)
+    assert {"prefill_chunk", "decode_token", "get_max_seq_len"} <= set(plans)
     refs = {name: [(d.id, d.processed.location, d.processed.index) for d in plans[name].delegates] for name in HYBRID}
-    assert len(refs["prefill"]) == 1 and refs["prefill"] == refs["decode"]  # both methods reference one payload
-    assert refs["prefill"][0][0] == "StandInQnnBackend"
-    payload = segment(refs["prefill"][0][2])
+    assert (
+        len(refs["prefill_chunk"]) == 1 and refs["prefill_chunk"] == refs["decode_token"]
+    )  # both methods reference one payload
+    assert refs["prefill_chunk"][0][0] == "StandInQnnBackend"
+    payload = segment(refs["prefill_chunk"][0][2])
     assert [s.size for s in program.segments if s.size] == [len(payload)]  # the only data in the file: stored once
     header, blob = parse(payload)
     assert set(header["methods"]) == set(HYBRID)  # every method's graph, by method name
@@ -202,7 +204,7 @@ def test_inspect_shows_the_shared_payload_and_the_decoded_spec(standin_pte):
     path, _, _ = standin_pte
     report = inspect_program(path)
     (payload,) = report["delegate_payloads"]
-    assert payload["backend"] == "StandInQnnBackend" and sorted(payload["methods"]) == ["decode", "prefill"]
+    assert payload["backend"] == "StandInQnnBackend" and sorted(payload["methods"]) == ["decode_token", "prefill_chunk"]
     assert payload["bytes"] > 64 * 96 * 4
     assert (payload["qnn"]["soc"], payload["qnn"]["htp_arch"], payload["qnn"]["weight_sharing"]) == (
         "SM8650",
@@ -210,7 +212,11 @@ def test_inspect_shows_the_shared_payload_and_the_decoded_spec(standin_pte):
         True,
     )
     text = format_report(report)
-    assert "shared by decode, prefill" in text and "QNN SM8650 (HTP V75" in text and "weight sharing on" in text
+    assert (
+        "shared by decode_token, prefill_chunk" in text
+        and "QNN SM8650 (HTP V75" in text
+        and "weight sharing on" in text
+    )
 
 
 def test_without_weight_sharing_each_method_has_its_own_payload(tmp_path):
@@ -221,9 +227,9 @@ def test_without_weight_sharing_each_method_has_its_own_payload(tmp_path):
         )
     path = tmp_path / "two.pte"
     path.write_bytes(program.buffer)
-    assert StandInQnnBackend.calls == [{"prefill": 1}, {"decode": 1}]
+    assert StandInQnnBackend.calls == [{"prefill_chunk": 1}, {"decode_token": 1}]
     payloads = inspect_program(path)["delegate_payloads"]
-    assert sorted(p["methods"] for p in payloads) == [["decode"], ["prefill"]]
+    assert sorted(p["methods"] for p in payloads) == [["decode_token"], ["prefill_chunk"]]
     assert all(p["qnn"]["soc"] == "SM8450" and not p["qnn"]["weight_sharing"] for p in payloads)
 
 
@@ -231,16 +237,16 @@ def test_after_lowering_methods_meant_for_one_context_binary_but_split_are_caugh
     """A lowering that gave decode other specs, in a payload of its own, where one shared
     context binary was planned, is an error, not a surprise on the device."""
     target = standin_target()
-    fp16 = qnn_specs.compile_specs(qnn_specs.plan(QnnOptions(options=("precision=fp16",)), HYBRID))["decode"]
+    fp16 = qnn_specs.compile_specs(qnn_specs.plan(QnnOptions(options=("precision=fp16",)), HYBRID))["decode_token"]
     real = target.grouped
 
     def grouped(methods):
         g = real(methods)
         return dataclasses.replace(
-            g, groups=(("prefill",), ("decode",)), compile_specs={**g.compile_specs, "decode": fp16}
+            g, groups=(("prefill_chunk",), ("decode_token",)), compile_specs={**g.compile_specs, "decode_token": fp16}
         )
 
-    with pytest.raises(ExportError, match="prefill and decode did not get one shared context binary"):
+    with pytest.raises(ExportError, match="prefill_chunk and decode_token did not get one shared context binary"):
         with tqdm(disable=True) as progress:
             to_executorch(_artifact(), dataclasses.replace(target, grouped=grouped), progress, quantized=False)
 
@@ -253,12 +259,12 @@ def test_with_an_sdk_the_partitioner_is_qnns_on_the_same_path(tmp_path, monkeypa
     target = qnn.configure(QnnOptions())
     assert target.lowering_blocked() is None  # no refusal in code once an SDK is there
     grouped = target.grouped(HYBRID)
-    partitioner = grouped.partitioner(grouped.compile_specs["prefill"])
+    partitioner = grouped.partitioner(grouped.compile_specs["prefill_chunk"])
     from executorch.backends.qualcomm.partition.qnn_partitioner import QnnPartitioner
 
     assert isinstance(partitioner, QnnPartitioner)
     assert partitioner.delegation_spec.backend_id == "QnnBackend"
-    assert partitioner.delegation_spec.compile_specs[0].value == grouped.compile_specs["decode"][0].value
+    assert partitioner.delegation_spec.compile_specs[0].value == grouped.compile_specs["decode_token"][0].value
     monkeypatch.setenv("QNN_SDK_ROOT", "")
     assert "needs the Qualcomm QNN SDK" in qnn.TARGET.lowering_blocked()
 
@@ -275,11 +281,11 @@ def test_with_an_sdk_the_partitioner_is_qnns_on_the_same_path(tmp_path, monkeypa
         ),
         (
             ["--target", "qnn", "--recipe", "16a8w", "--soc", "sm8450"],
-            "error: SoC SM8450 has HTP V69, and prefill and decode sharing weights in one context binary needs V73 or newer",
+            "error: SoC SM8450 has HTP V69, and prefill_chunk and decode_token sharing weights in one context binary needs V73 or newer",
         ),
         (
-            ["--target", "qnn", "--recipe", "16a8w", "--qnn-option", "decode:precision=fp16"],
-            "error: methods prefill and decode share one context binary but their QNN options differ in precision",
+            ["--target", "qnn", "--recipe", "16a8w", "--qnn-option", "decode_token:precision=fp16"],
+            "error: methods prefill_chunk and decode_token share one context binary but their QNN options differ in precision",
         ),
         (
             ["--target", "xnnpack", "--recipe", "16a8w"],
@@ -305,7 +311,7 @@ def test_v69_hybrid_alternatives_pass_the_checks(capsys):
     for extra in (["--mode", "kv"], ["--no-weight-sharing"], ["--qnn-x86-emulator"]):
         args = build_parser().parse_args(["export", "--target", "qnn", "--soc", "SM8450", *extra, "--out", "x"])
         target = qnn_configured(get_target("qnn"), args)
-        methods = ("decode",) if "kv" in extra else HYBRID
+        methods = ("decode_token",) if "kv" in extra else HYBRID
         assert target.compile_spec(methods)["soc"] == "SM8450"
 
 
@@ -333,11 +339,13 @@ def test_qnn_export_manifest_inspect_and_run(tmp_path, capsys):
     assert manifest["target"] == "qnn" and manifest["status"] == "complete"
     cs = manifest["compile_spec"]
     assert (cs["soc"], cs["htp_arch"], cs["weight_sharing"], cs["shared_buffer"]) == ("SM8750", "V79", True, True)
-    assert cs["context_binaries"] == [["prefill", "decode"]] and cs["backend"] == "htp" and cs["vtcm_mb"] == 8
+    assert (
+        cs["context_binaries"] == [["prefill_chunk", "decode_token"]] and cs["backend"] == "htp" and cs["vtcm_mb"] == 8
+    )
 
     assert main(["inspect", str(out / "text_decoder.pte")]) == 0
     text = capsys.readouterr().out
-    assert "delegate payload 0: StandInQnnBackend" in text and "shared by decode, prefill" in text
+    assert "delegate payload 0: StandInQnnBackend" in text and "shared by decode_token, prefill_chunk" in text
     assert "QNN SM8750 (HTP V79, 8 MB VTCM), quantized, weight sharing on" in text
 
     assert main(["run", str(out), "--prompt", "hello"]) == 2
@@ -416,7 +424,9 @@ def test_qnn_form_passes_qnns_quantizer_passes_and_op_builders(qnn_form_export):
     from executorch.backends.qualcomm.serialization.qc_schema import QnnExecuTorchBackendType
 
     _, calls, programs = qnn_form_export
-    assert calls == [{"prefill": 1, "decode": 1}]  # the whole graph is one partition per method, lowered together
+    assert calls == [
+        {"prefill_chunk": 1, "decode_token": 1}
+    ]  # the whole graph is one partition per method, lowered together
     for method, (program,) in programs[0].items():
         ops = {str(n.target) for n in program.graph.nodes if n.op == "call_function"}
         data_dependent = {
@@ -427,7 +437,7 @@ def test_qnn_form_passes_qnns_quantizer_passes_and_op_builders(qnn_form_export):
         user = set(program.graph_signature.user_inputs)
         shapes = [tuple(n.meta["val"].shape) for n in program.graph.nodes if n.op == "placeholder" and n.name in user]
         rows = (
-            8 if method == "prefill" else 1
+            8 if method == "prefill_chunk" else 1
         )  # static shapes: tokens, positions, mask, k and v (the partition's own order)
         assert sorted(shapes) == sorted(
             [(1, rows), (1, rows), (1, 1, rows, 32 + rows), (1, 2, 32, 16), (1, 2, 32, 16)]
@@ -460,7 +470,7 @@ def test_qnn_form_manifest_states_the_io_contract(qnn_form_export):
     assert manifest["target"] == "qnn" and manifest["status"] == "complete" and manifest["decoder_form"] == "cache-io"
     io = manifest["cache_io"]
     assert (io["n_layers"], io["n_kv_heads"], io["head_dim"], io["max_seq_len"]) == (1, 2, 16, 32)
-    assert io["tokens_per_call"] == {"prefill": 8, "decode": 1} and io["mask_hidden"] == -255.0
+    assert io["tokens_per_call"] == {"prefill_chunk": 8, "decode_token": 1} and io["mask_hidden"] == -255.0
     assert io["inputs"][:3] == ["tokens int64 [1, T]", "positions int64 [1, T]", "mask float32 [1, 1, T, 32 + T]"]
     assert "left-padded" in io["padding"] and "cursor..cursor+n-1" in io["cache_update"]
     assert manifest["artifacts"]["text_decoder"]["constant_methods"]["use_sdpa_with_kv_cache"] is False

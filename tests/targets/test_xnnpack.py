@@ -50,9 +50,9 @@ def test_each_layer_is_one_delegate_call_and_methods_share_weight_bytes(tiny_che
         left = [str(n.target) for n in program.graph.nodes if n.op == "call_function"]
         assert not [t for t in left if "mean" in t], (name, left)  # RMSNorm stays inside the delegate
         # one delegate per layer (attention input to the next layer's), plus the first and the head;
-        # prefill_long (any length) too: its fused outputs' slices stay in (upstream/xnnpack_dynamic_slice.py)
+        # prefill (any length) too: its fused outputs' slices stay in (upstream/xnnpack_dynamic_slice.py)
         assert len(delegates(program)) <= config.n_layers + 2, (name, len(delegates(program)))
-    assert weight_names(methods["prefill_long"]) == weight_names(methods["decode"])  # fused alike
+    assert weight_names(methods["prefill"]) == weight_names(methods["decode_token"])  # fused alike
     # Every weight the two methods share is one bytes object in memory while the program is built.
     by_key = {}
     for program in methods.values():
@@ -76,8 +76,8 @@ def test_dynamic_length_graph_is_one_delegate_per_layer(tiny_checkpoint):
     assert len(delegates(program)) <= config.n_layers + 2
     left = [str(n.target) for n in program.graph.nodes if n.op == "call_function"]
     assert not [t for t in left if "view_copy" in t], left
-    # projections fused as in hybrid programs: the same weight bytes as a hybrid `decode`
-    assert weight_names(program) == weight_names(lower_tiny(tiny_checkpoint, Mode.HYBRID.value)[0]["decode"])
+    # projections fused as in hybrid programs: the same weight bytes as a hybrid `decode_token`
+    assert weight_names(program) == weight_names(lower_tiny(tiny_checkpoint, Mode.HYBRID.value)[0]["decode_token"])
 
 
 @pytest.mark.parametrize("slices_delegated", [True, False])
@@ -102,11 +102,11 @@ def test_rope_swaps_halves_by_a_matmul_only_where_slices_would_end_the_delegate(
 
 def test_verify_of_any_length_beside_static_methods_takes_the_same_weights(tiny_checkpoint):
     """A hybrid program's `verify` (any length up to its own) is lowered in the static methods'
-    form: fused in one and not the other, its weights would be other bytes than `decode`'s, stored
+    form: fused in one and not the other, its weights would be other bytes than `decode_token`'s, stored
     and packed twice (the lookahead program of the real SmolLM2-135M once grew from 98 to 139 MB)."""
     methods, _ = lower_tiny(tiny_checkpoint, Mode.HYBRID.value, verify_len=4)
-    assert {"prefill", "decode", "verify"} <= set(methods)
-    assert weight_names(methods["verify"]) == weight_names(methods["decode"])
+    assert {"prefill", "prefill_chunk", "decode_token", "verify"} <= set(methods)
+    assert weight_names(methods["verify"]) == weight_names(methods["decode_token"])
 
 
 def lower_quantized_tiny(checkpoint) -> tuple[bytes, int]:
