@@ -1,7 +1,7 @@
 """Token lists -> the calls a graph sees at inference: fixed-size chunks at increasing positions.
 
 For each sample (its first `seq_len` tokens), the collator emits one CalibrationStep per chunk of
-`chunk_len` tokens (the graph's static token count: the prefill length, or 1 for `decode`), at
+`chunk_len` tokens (the graph's static token count: the prefill length, or 1 for `decode_token`), at
 `input_pos` = the chunk's first position in the sample. The last chunk is padded at the end with
 0s, as `genai run` pads a prompt (`n_real` counts its real tokens), and the first chunk of each
 sample says `reset_cache`: every sample starts from an empty KV cache.

@@ -110,8 +110,8 @@ def _alone(**components: nn.Module) -> nn.Module:
 
 def split_artifacts(model: VisionLanguageModel, options, constants: dict) -> dict[ArtifactKey, Artifact]:
     """One artifact per component. The encoder and the embedding have one method, `forward`; the
-    text decoder has the text path's methods for the mode: `forward` (dynamic length) or `prefill`
-    (a static chunk of embeddings) + `decode` (one embedding), sharing weights and KV cache."""
+    text decoder has the text path's methods for the mode: `forward` (dynamic length) or
+    `prefill_chunk` (a static chunk of embeddings) + `decode_token` (one embedding), sharing weights and KV cache."""
     seq = Dim("seq_len", min=1, max=options.max_seq_len)
     size = model.vision.config.image_size
     dim = model.decoder.config.dim
