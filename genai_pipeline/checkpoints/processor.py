@@ -27,6 +27,8 @@ RESAVE = "re-save the processor with transformers' save_pretrained"
 
 @dataclass(frozen=True)
 class ProcessorFiles:
+    """What a checkpoint folder's processor files state, whichever layout they are in."""
+
     image: dict  # the image processor's settings; {}: none stated, the entry's defaults stand
     origin: str  # where they were read, for messages
     tokens_per_image: int | None  # `<image>` tokens per frame, if processor_config.json states it
@@ -37,7 +39,6 @@ class ProcessorFiles:
             return cls({}, "the entry's defaults (no checkpoint)", None)
         folder = Path(folder)
         processor = _read_json(folder / PROCESSOR_FILE)
-        tokens = _stated_tokens(processor, folder / PROCESSOR_FILE)
         if "image_processor" in processor:
             image = processor["image_processor"]
             if not isinstance(image, dict):
@@ -45,27 +46,39 @@ class ProcessorFiles:
                     f"'{folder / PROCESSOR_FILE}': image_processor is a {type(image).__name__}, "
                     f"not the image processor's settings; {RESAVE}"
                 )
-            return cls(image, f"'{folder / PROCESSOR_FILE}' (image_processor)", tokens)
-        image = _read_json(folder / IMAGE_PROCESSOR_FILE)
-        if image:
-            return cls(image, f"'{folder / IMAGE_PROCESSOR_FILE}'", tokens)
-        return cls(
-            {},
-            f"the entry's defaults ('{folder}' has no {IMAGE_PROCESSOR_FILE} and no image_processor in {PROCESSOR_FILE})",
-            tokens,
-        )
+            origin = f"'{folder / PROCESSOR_FILE}' (image_processor)"
+        elif image := _read_json(folder / IMAGE_PROCESSOR_FILE):
+            origin = f"'{folder / IMAGE_PROCESSOR_FILE}'"
+        else:
+            origin = f"the entry's defaults ('{folder}' has no {IMAGE_PROCESSOR_FILE} and no image_processor in {PROCESSOR_FILE})"
+        return cls(image, origin, _stated_tokens(processor, image, folder / PROCESSOR_FILE))
 
 
-def _stated_tokens(processor: dict, path: Path) -> int | None:
-    """`<image>` tokens per frame as the processor states it (Idefics3 `image_seq_len`, InternVL
-    `image_seq_length`), if it does."""
-    for key in ("image_seq_len", "image_seq_length"):
-        if key in processor:
-            value = processor[key]
-            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                raise CheckpointError(f"'{path}': {key} is {value!r}, not a number of tokens; {RESAVE}")
-            return value
+def _stated_tokens(processor: dict, image: dict, path: Path) -> int | None:
+    """`<image>` tokens per frame as the processor states them, if it does: Idefics3's
+    `image_seq_len`, InternVL's `image_seq_length`, LLaVA's count from `patch_size` (transformers'
+    `LlavaProcessor`: patches of the crop, plus `num_additional_image_tokens`, less one for the
+    "default" feature strategy)."""
+    try:
+        for key in ("image_seq_len", "image_seq_length"):
+            if key in processor:
+                return _positive(processor[key], key)
+        patch, crop = processor.get("patch_size"), image.get("crop_size")
+        if patch is not None and isinstance(crop, dict):  # LLaVA; a null patch_size: its legacy processor, no count
+            patch = _positive(patch, "patch_size")
+            tokens = (crop["height"] // patch) * (crop["width"] // patch) + processor.get(
+                "num_additional_image_tokens", 0
+            )
+            return tokens - (processor.get("vision_feature_select_strategy") == "default")
+    except (KeyError, TypeError, ValueError) as e:
+        raise CheckpointError(f"'{path}' states image tokens this pipeline cannot read ({e}); {RESAVE}") from None
     return None
+
+
+def _positive(value, key: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"{key} is {value!r}, not a positive number")
+    return value
 
 
 def image_processing(defaults: ImageProcessing, files: ProcessorFiles) -> ImageProcessing:

@@ -197,8 +197,8 @@ def read_processing(spec: ModelSpec, checkpoint: Path | None) -> tuple[ImageProc
     stated = files.tokens_per_image
     if stated is not None and stated != vision.tokens_per_image:
         raise CheckpointError(
-            f"the processor expands an image into {stated} tokens but the image tower "
-            f"makes {vision.tokens_per_image}; check image_seq_len / image_seq_length in '{checkpoint}/processor_config.json'"
+            f"the processor expands an image into {stated} tokens ('{checkpoint}/processor_config.json') but the "
+            f"image tower makes {vision.tokens_per_image} (config.json); fix the one that does not describe the model"
         )
     return dataclasses.replace(processing, tokens_per_image=vision.tokens_per_image), vision
 

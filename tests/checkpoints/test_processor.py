@@ -103,7 +103,7 @@ def test_both_layouts_read_as_transformers_reads_them(entry, layout, tmp_path):
     for name, value in EXPECTED[entry].items():
         assert getattr(ours, name) == value, name
     nested = layout == "processor_config.json"
-    assert files.tokens_per_image == (4 if nested and entry != "llava-1_5-7b" else None)
+    assert files.tokens_per_image == ((16 if entry == "llava-1_5-7b" else 4) if nested else None)
 
     # transformers' own processor loaded from the same folder gives the same frames
     theirs = type(image_processor(entry)).from_pretrained(folder)
@@ -182,6 +182,16 @@ def test_settings_that_contradict_the_tower_are_one_line_naming_the_file(tmp_pat
     assert f"the image tower takes {2 * TILE} px (config.json's vision_config.image_size)" in message
 
 
+def test_image_tokens_that_contradict_the_tower_are_one_line(tmp_path, capsys):
+    folder = tiny_smolvlm_config(tmp_path / "ckpt", tower=2 * TILE)
+    save_processor("smolvlm-256m", "processor_config.json", folder)
+    written = json.loads((folder / "processor_config.json").read_text())
+    written["image_processor"]["max_image_size"] = {"longest_edge": 2 * TILE}  # the tower's tiles: 16 tokens
+    (folder / "processor_config.json").write_text(json.dumps(written))  # image_seq_len: still 4
+    message = _export_error(folder, tmp_path, capsys)
+    assert "expands an image into 4 tokens" in message and "image tower makes 16" in message
+
+
 @pytest.mark.parametrize(
     "text,expected",
     [
@@ -189,7 +199,7 @@ def test_settings_that_contradict_the_tower_are_one_line_naming_the_file(tmp_pat
         ("[1, 2]", "holds a JSON list"),
         ('{"image_processor": "Idefics3ImageProcessor"}', "image_processor is a str"),
         ('{"image_processor": {"max_image_size": 512}}', "holds image settings this pipeline cannot read"),
-        ('{"image_seq_len": "many"}', "image_seq_len is 'many'"),
+        ('{"image_seq_len": "many"}', "image_seq_len is 'many', not a positive number"),
     ],
 )
 def test_a_damaged_processor_config_is_one_line(text, expected, tmp_path, capsys):
