@@ -97,30 +97,13 @@ COMMON = {
     "torch_dtype": "bfloat16",
 }
 
-# The peers' published export costs for a Llama 3 8B (issue 40). `rss_gb` / `minutes`: (low, high), high
-# None for "more than low". LiteRT-Torch's figure is quoted without a model: drawn at the 8B.
+# The peers' published export costs, all for a Llama 3 8B (issue 40): label, source, peak RSS GB and minutes
+# as (low, high), high None for "more than low". LiteRT-Torch's figure is quoted without a model: drawn at 8B.
+PEERS_PARAMS_B = 8.03
 PEERS = [
-    {
-        "label": "ExecuTorch export_llm: >32 GB, killed",
-        "source": "pytorch/executorch#3850",
-        "params_b": 8.03,
-        "rss_gb": (32, None),
-        "minutes": None,
-    },
-    {
-        "label": "LiteRT-Torch: >=32 GB",
-        "source": "LiteRT-Torch's conversion requirements",
-        "params_b": 8.03,
-        "rss_gb": (32, None),
-        "minutes": None,
-    },
-    {
-        "label": "Qualcomm llama.py: 80-100 GB, 1-4 h",
-        "source": "Qualcomm's llama.py (Llama 3 8B)",
-        "params_b": 8.03,
-        "rss_gb": (80, 100),
-        "minutes": (60, 240),
-    },
+    ("ExecuTorch export_llm: >32 GB, killed", "pytorch/executorch#3850", (32, None), None),
+    ("LiteRT-Torch: >=32 GB", "LiteRT-Torch's conversion requirements", (32, None), None),
+    ("Qualcomm llama.py: 80-100 GB, 1-4 h", "Qualcomm's llama.py", (80, 100), (60, 240)),
 ]
 
 
@@ -337,68 +320,21 @@ def stage_table(r: dict) -> str:
 
 # ----------------------------------------------------------------------------- the chart
 
-OURS, PEER, GRID, BLACK = (30, 60, 200), (200, 30, 30), (210, 210, 210), (0, 0, 0)
-
-
-def _panel(img, box, title: str, y_top: float, ours: list, peers: list) -> None:
-    """One plot in `box` (left, top, right, bottom): ours as a joined line of labelled dots, the peers as
-    dots, ranges as bars and "more than" as an arrow up; x: billions of parameters, 0..9."""
-    left, top, right, bottom = box
-    step = _axis_step(y_top)
-    ticks = int(-(-y_top // step))
-    y_top = ticks * step
-    sx = lambda b: int(left + b / 9.0 * (right - left))
-    sy = lambda v: int(bottom - min(v, y_top) / y_top * (bottom - top))
-    png_chart.line(img, left, bottom, right, bottom, BLACK)
-    png_chart.line(img, left, top, left, bottom, BLACK)
-    for i in range(ticks + 1):
-        v = i * step
-        png_chart.line(img, left + 1, sy(v), right, sy(v), GRID, dash=3)
-        png_chart.text(img, left - 8 - 8 * len(f"{v:.0f}"), sy(v) - 5, f"{v:.0f}", BLACK)
-    for b in range(0, 10):
-        png_chart.text(img, sx(b) - 4, bottom + 8, str(b), BLACK)
-    png_chart.text(img, right - 200, bottom + 26, "parameters B", BLACK)
-    png_chart.text(img, left + 10, top - 20, title, BLACK)
-    points = sorted(ours)
-    for (x0, y0, _), (x1, y1, _) in zip(points, points[1:]):
-        png_chart.line(img, sx(x0), sy(y0), sx(x1), sy(y1), OURS)
-    for x, y, label in points:
-        png_chart.dot(img, sx(x), sy(y), OURS)
-        png_chart.text(img, sx(x) + 8, sy(y) - 14, label, OURS)
-    for n, (x, (low, high), label) in enumerate(peers):
-        cx = sx(x)
-        png_chart.dot(img, cx, sy(low), PEER)
-        if high is None:  # more than `low`: an arrow up
-            png_chart.line(img, cx, sy(low), cx, sy(low) - 24, PEER)
-            png_chart.line(img, cx - 4, sy(low) - 18, cx, sy(low) - 24, PEER)
-            png_chart.line(img, cx + 4, sy(low) - 18, cx, sy(low) - 24, PEER)
-        else:
-            png_chart.line(img, cx, sy(low), cx, sy(high), PEER)
-            png_chart.dot(img, cx, sy(high), PEER)
-        y = sy(low if high is None else high) + (14 * n if high is None else -5)
-        png_chart.text(img, cx - 10 - 8 * len(label), y, label, PEER)
-
-
-def _axis_step(top: float) -> float:
-    """A round tick step (1, 2 or 5 x 10^k) that divides 0..top into at most six intervals."""
-    step = 1.0
-    while top / step > 6:
-        step *= 2.5 if str(step)[0] == "2" else 2  # 1, 2, 5, 10, 20, 50, ...
-    return step
-
 
 def chart(records: list[dict], w: int = 1200, h: int = 480) -> bytes:
     """Peak RSS (GB) and minutes against parameters (billions): ours, labelled by shape, beside the peers."""
     img = png_chart.canvas(w, h)
     rss = [(r["parameters_b"], r["peak_rss_mb"] / 1024, r["shape"]) for r in records]
     minutes = [(r["parameters_b"], r["minutes"], r["shape"]) for r in records]
-    peer_rss = [(p["params_b"], p["rss_gb"], p["label"]) for p in PEERS]
-    peer_minutes = [(p["params_b"], p["minutes"], p["label"]) for p in PEERS if p["minutes"]]
-    rss_top = max([100.0] + [y for _, y, _ in rss])
-    minutes_top = max([240.0] + [y for _, y, _ in minutes])
-    _panel(img, (70, 40, w // 2 - 30, h - 70), "export peak RSS GB", rss_top, rss, peer_rss)
-    _panel(img, (w // 2 + 60, 40, w - 30, h - 70), "export minutes", minutes_top, minutes, peer_minutes)
-    png_chart.text(img, 70, h - 18, "blue: genai export --recipe 8da4w (this host)   red: published", BLACK)
+    peer_rss = [(PEERS_PARAMS_B, rss_gb, label) for label, _, rss_gb, _ in PEERS]
+    peer_minutes = [(PEERS_PARAMS_B, minutes, label) for label, _, _, minutes in PEERS if minutes]
+    for box, title, ours, peers in (
+        ((70, 40, w // 2 - 30, h - 70), "export peak RSS GB", rss, peer_rss),
+        ((w // 2 + 60, 40, w - 30, h - 70), "export minutes", minutes, peer_minutes),
+    ):
+        y_top = max([y for _, y, _ in ours] + [high or low for _, (low, high), _ in peers])
+        png_chart.panel(img, box, title, "parameters B", 9, y_top, ours, peers)
+    png_chart.text(img, 70, h - 18, "blue: genai export --recipe 8da4w (this host)   red: published", png_chart.BLACK)
     return png_chart.png(img)
 
 
@@ -431,10 +367,16 @@ def main() -> None:
         try:
             record = {**export(shape, model, args.work, src, args.keep), "machine": host}
         except ChildFailed as e:
-            sys.exit(f"{shape}: the export failed: {last_error_line(e)} (log: {args.work}/{shape}-seed{args.seed})")
+            sys.exit(
+                f"{shape}: the export failed: {last_error_line(e)} (log: {args.work}/{shape}-seed{args.seed}/export.log)"
+            )
         if args.clean:
             shutil.rmtree(Path(model["folder"]).parent)
         results["runs"][shape] = record
+        results["peers"] = [  # what the chart draws beside ours
+            {"label": label, "source": source, "params_b": PEERS_PARAMS_B, "rss_gb": rss_gb, "minutes": minutes}
+            for label, source, rss_gb, minutes in PEERS
+        ]
         args.out_json.parent.mkdir(parents=True, exist_ok=True)
         args.out_json.write_text(json.dumps(results, indent=2) + "\n")
         print(summary(record))

@@ -1,5 +1,5 @@
 """A small PNG canvas drawn with the standard library only (the venv has neither matplotlib nor Pillow):
-pixels, dots, lines and a 3x5 pixel font; bench/accuracy.py's and bench/export_scale.py's charts."""
+pixels, dots, lines, a 3x5 pixel font and a plot panel; bench/accuracy.py's and bench/export_scale.py's charts."""
 
 from __future__ import annotations
 
@@ -70,6 +70,9 @@ FONT = {  # 3x5 pixels per glyph, rows top to bottom; an upper-case letter witho
 }
 
 
+BLUE, RED, GRID, BLACK = (30, 60, 200), (200, 30, 30), (210, 210, 210), (0, 0, 0)
+
+
 def canvas(w: int, h: int) -> tuple:
     """A white w x h RGB image: (w, h, bytearray)."""
     return (w, h, bytearray(b"\xff" * w * h * 3))
@@ -106,6 +109,53 @@ def line(img, x0, y0, x1, y1, color, dash=0) -> None:
         if dash and (i // dash) % 2:
             continue
         px(img, round(x0 + (x1 - x0) * i / steps), round(y0 + (y1 - y0) * i / steps), color)
+
+
+def panel(img, box, title: str, x_label: str, x_top: int, y_top: float, ours: list, theirs: list) -> None:
+    """One plot in `box` (left, top, right, bottom), x from 0 to `x_top`, y from 0 to `y_top` rounded up:
+    `ours` [(x, y, label)] as a blue line of labelled dots; `theirs` [(x, (low, high), label)] red, a
+    range as a bar, high None ("more than low") as an arrow up."""
+    left, top, right, bottom = box
+    step = _tick_step(y_top)
+    ticks = int(-(-y_top // step))
+    y_top = ticks * step
+    sx = lambda v: int(left + v / x_top * (right - left))
+    sy = lambda v: int(bottom - min(v, y_top) / y_top * (bottom - top))
+    line(img, left, bottom, right, bottom, BLACK)
+    line(img, left, top, left, bottom, BLACK)
+    for i in range(ticks + 1):
+        line(img, left + 1, sy(i * step), right, sy(i * step), GRID, dash=3)
+        text(img, left - 8 - 8 * len(f"{i * step:.0f}"), sy(i * step) - 5, f"{i * step:.0f}", BLACK)
+    for x in range(x_top + 1):
+        text(img, sx(x) - 4, bottom + 8, str(x), BLACK)
+    text(img, right - 8 * len(x_label) - 40, bottom + 26, x_label, BLACK)
+    text(img, left + 10, top - 20, title, BLACK)
+    points = sorted(ours)
+    for (x0, y0, _), (x1, y1, _) in zip(points, points[1:]):
+        line(img, sx(x0), sy(y0), sx(x1), sy(y1), BLUE)
+    for x, y, label in points:
+        dot(img, sx(x), sy(y), BLUE)
+        text(img, sx(x) + 8, sy(y) - 14, label, BLUE)
+    for n, (x, (low, high), label) in enumerate(theirs):
+        cx = sx(x)
+        dot(img, cx, sy(low), RED)
+        if high is None:
+            line(img, cx, sy(low), cx, sy(low) - 24, RED)
+            line(img, cx - 4, sy(low) - 18, cx, sy(low) - 24, RED)
+            line(img, cx + 4, sy(low) - 18, cx, sy(low) - 24, RED)
+        else:
+            line(img, cx, sy(low), cx, sy(high), RED)
+            dot(img, cx, sy(high), RED)
+        y = sy(low if high is None else high) + (14 * n if high is None else -5)  # labels of one point stacked
+        text(img, cx - 10 - 8 * len(label), y, label, RED)
+
+
+def _tick_step(top: float) -> float:
+    """A round tick step (1, 2 or 5 x 10^k) that divides 0..top into at most six intervals."""
+    step = 1.0
+    while top / step > 6:
+        step *= 2.5 if str(step)[0] == "2" else 2  # 1, 2, 5, 10, 20, 50, ...
+    return step
 
 
 def png(img) -> bytes:
