@@ -371,7 +371,7 @@ def main() -> None:
                 f"{shape}: the export failed: {last_error_line(e)} (log: {args.work}/{shape}-seed{args.seed}/export.log)"
             )
         if args.clean:
-            shutil.rmtree(Path(model["folder"]).parent)
+            shutil.rmtree(model["folder"])  # the export (--keep) and its log stay
         results["runs"][shape] = record
         results["peers"] = [  # what the chart draws beside ours
             {"label": label, "source": source, "params_b": PEERS_PARAMS_B, "rss_gb": rss_gb, "minutes": minutes}
