@@ -26,6 +26,10 @@ no `.item()`, no custom op, nothing shaped by data (models/cache_io.py has the c
 
 Family switches (all off by default: a Llama config is unchanged by them):
 - Qwen 2: `qkv_bias`. Qwen 3: `qk_norm`. SmolLM3: `nope_layers` (no RoPE in some layers).
+- Granite 3: `embedding_multiplier`, `residual_multiplier`, `attention_scale`, `logit_divisor`.
+- OLMo 2: `pre_norms=False` with `sandwich_norms` (norms after attention and MLP only),
+  `qk_norm_across_heads` (q and k normed over the whole projection, not per head).
+- Mistral / Ministral: sliding-window layers.
 - Phi-3/4: `rope_dim` (partial rotary), `LongRopeScaling`; fused checkpoint tensors are split by
   the loader, so the decoder keeps separate wq/wk/wv and w1/w3.
 - Gemma 3: `scale_embeddings`, `activation="gelu_tanh"`, `norm_unit_offset`, `sandwich_norms`,
@@ -137,6 +141,7 @@ class DecoderConfig:
     norm_eps: float = 1e-5
     norm_unit_offset: bool = False  # RMSNorm scales by (1 + weight) (Gemma)
     sandwich_norms: bool = False  # also normalise the attention and MLP outputs before the residual add (Gemma)
+    pre_norms: bool = True  # normalise the attention and MLP inputs; False: their outputs only (OLMo 2)
     rope_theta: float = 10000.0
     rope_scaling: RopeScaling | LongRopeScaling | None = None
     rope_dim: int = 0  # dims of each head that RoPE rotates, the first ones; 0: all (Phi: partial_rotary_factor)
@@ -146,9 +151,13 @@ class DecoderConfig:
     rope_local_theta: float | None = None  # RoPE base of the sliding-window layers (Gemma 3); None: rope_theta
     qkv_bias: bool = False
     qk_norm: bool = False  # per-head RMSNorm on q and k before RoPE (Qwen3, Gemma 3)
+    qk_norm_across_heads: bool = False  # with qk_norm: over all heads of q (of k) at once (OLMo 2)
     attention_scale: float | None = None  # None: 1 / sqrt(head_dim) (Gemma 3: query_pre_attn_scalar ** -0.5)
     activation: str = "silu"  # gate activation of the MLP: "silu" (SwiGLU) or "gelu_tanh" (GeGLU, Gemma)
     scale_embeddings: bool = False  # token embeddings times sqrt(dim) (Gemma)
+    embedding_multiplier: float = 1.0  # token embeddings times this (Granite)
+    residual_multiplier: float = 1.0  # attention and MLP outputs times this before the residual add (Granite)
+    logit_divisor: float = 1.0  # logits divided by this (Granite's logits_scaling)
     final_logit_softcap: float | None = None  # logits = cap * tanh(logits / cap)
     tie_embeddings: bool = False
     max_position_embeddings: int = 2048
@@ -184,10 +193,23 @@ class DecoderConfig:
             raise ValueError(
                 f"DecoderConfig.activation must be one of {', '.join(ACTIVATIONS)}, got '{self.activation}'"
             )
-        for field in ("norm_eps", "rope_theta", "rope_local_theta", "attention_scale", "final_logit_softcap"):
+        for field in (
+            "norm_eps",
+            "rope_theta",
+            "rope_local_theta",
+            "attention_scale",
+            "final_logit_softcap",
+            "embedding_multiplier",
+            "residual_multiplier",
+            "logit_divisor",
+        ):
             value = getattr(self, field)
             if value is not None and not (isinstance(value, (int, float)) and 0 < value < math.inf):  # NaN too
                 raise ValueError(f"DecoderConfig.{field} must be a finite number above 0, got {value!r}")
+        if not (self.pre_norms or self.sandwich_norms):
+            raise ValueError("DecoderConfig.pre_norms=False needs sandwich_norms: a block without any norm")
+        if self.qk_norm_across_heads and not self.qk_norm:
+            raise ValueError("DecoderConfig.qk_norm_across_heads needs qk_norm")
 
     def _check_rope(self) -> None:
         if not 0 < self.rope_dim <= self.head_dim or self.rope_dim % 2:
@@ -241,8 +263,8 @@ class DecoderConfig:
         if self.qkv_bias:
             attn += q + 2 * kv
         if self.qk_norm:
-            attn += 2 * hd
-        norms = (4 if self.sandwich_norms else 2) * d
+            attn += q + kv if self.qk_norm_across_heads else 2 * hd
+        norms = (2 * self.pre_norms + 2 * self.sandwich_norms) * d
         block = attn + 3 * d * self.hidden_dim + norms
         head = 0 if self.tie_embeddings else self.vocab_size * d
         return self.vocab_size * d + self.n_layers * block + d + head
@@ -400,16 +422,20 @@ class Attention(nn.Module):
         self.wk = nn.Linear(c.dim, c.n_kv_heads * hd, bias=c.qkv_bias)
         self.wv = nn.Linear(c.dim, c.n_kv_heads * hd, bias=c.qkv_bias)
         self.wo = nn.Linear(c.n_heads * hd, c.dim, bias=False)
-        self.q_norm = RMSNorm(hd, c.norm_eps, c.norm_unit_offset) if c.qk_norm else None
-        self.k_norm = RMSNorm(hd, c.norm_eps, c.norm_unit_offset) if c.qk_norm else None
+        # per head, or over all heads of the projection at once (OLMo 2: before the split into heads)
+        self.qk_norm_across_heads = c.qk_norm_across_heads
+        q_size, k_size = (c.n_heads * hd, c.n_kv_heads * hd) if c.qk_norm_across_heads else (hd, hd)
+        self.q_norm = RMSNorm(q_size, c.norm_eps, c.norm_unit_offset) if c.qk_norm else None
+        self.k_norm = RMSNorm(k_size, c.norm_eps, c.norm_unit_offset) if c.qk_norm else None
         self.kv_cache = KVCache(max_seq_len, c.n_kv_heads, hd)
         self.fused: nn.Linear | None = None  # see fuse
 
     def fuse(self, concat: Callable) -> None:
         """wq and wk as one linear, with wv too when its weight takes the same kernel: one matmul
         where there were two or three (see fused_linear). Prefill and decode share the module:
-        a second call finds nothing left to fuse."""
-        if self.wq is None:
+        a second call finds nothing left to fuse. Not with q/k norms across heads: they norm q and k
+        before the split into heads, which a fused output would need sliced and reshaped back."""
+        if self.wq is None or self.qk_norm_across_heads:
             return
         for names in (("wq", "wk", "wv"), ("wq", "wk")):
             self.fused = fused_linear([getattr(self, n) for n in names], concat)
@@ -426,11 +452,10 @@ class Attention(nn.Module):
         v = self.wv(x) if self.wv is not None else None
         # -1 for the length: XNNPACK delegates no reshape to a symbolic size (a dynamic-length graph)
         if self.fused is None:
-            q, k, v = (
-                self.wq(x).reshape(b, -1, n_q, hd),
-                self.wk(x).reshape(b, -1, n_kv, hd),
-                v.reshape(b, -1, n_kv, hd),
-            )
+            q, k = self.wq(x), self.wk(x)
+            if self.qk_norm_across_heads:
+                q, k = self.q_norm(q), self.k_norm(k)
+            q, k, v = q.reshape(b, -1, n_q, hd), k.reshape(b, -1, n_kv, hd), v.reshape(b, -1, n_kv, hd)
         else:  # one matmul's output split by heads, reshaped first: the reshape of a slice is a copy of symbolic size
             y = self.fused(x)
             y = y.reshape(b, -1, y.shape[-1] // hd, hd)
@@ -439,7 +464,7 @@ class Attention(nn.Module):
                 qk = apply_rope(qk, *rope) if rope is not None else qk
                 return qk[:, :, :n_q], qk[:, :, n_q:], v
             q, k = qk[:, :, :n_q], qk[:, :, n_q:]
-        if self.q_norm is not None:
+        if self.q_norm is not None and not self.qk_norm_across_heads:
             q, k = self.q_norm(q), self.k_norm(k)
         if rope is not None:
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
@@ -500,33 +525,43 @@ class FeedForward(nn.Module):
         return self.w2(self.act(y[..., :n]) * y[..., n:])
 
 
-class Block(nn.Module):
-    # Each pre-norm and the linears reading its output (submodule names): the norm's scale can move
-    # into them (quantize/rotation.py, SmoothQuant in quantize/smoothing.py)
-    NORM_READERS = {
-        "attention_norm": ("attention.wq", "attention.wk", "attention.wv"),
-        "ffn_norm": ("feed_forward.w1", "feed_forward.w3"),
-    }
+# Each pre-norm and the linears reading its output (submodule names): the norm's scale can move
+# into them (quantize/rotation.py, SmoothQuant in quantize/smoothing.py)
+NORM_READERS = {
+    "attention_norm": ("attention.wq", "attention.wk", "attention.wv"),
+    "ffn_norm": ("feed_forward.w1", "feed_forward.w3"),
+}
 
+
+class Block(nn.Module):
     def __init__(self, config: DecoderConfig, max_seq_len: int):
         super().__init__()
 
         def norm() -> nn.Module:
             return RMSNorm(config.dim, config.norm_eps, config.norm_unit_offset)
 
+        pre_norm = norm if config.pre_norms else nn.Identity
         post_norm = norm if config.sandwich_norms else nn.Identity
-        self.attention_norm = norm()
+        self.norm_readers = NORM_READERS if config.pre_norms else {}  # no pre-norm: no scale to move
+        self.attention_norm = pre_norm()
         self.attention = Attention(config, max_seq_len)
         self.attention_post_norm = post_norm()
-        self.ffn_norm = norm()
+        self.ffn_norm = pre_norm()
         self.feed_forward = FeedForward(config)
         self.ffn_post_norm = post_norm()
+        self.residual_multiplier = config.residual_multiplier
 
     def forward(
         self, x: torch.Tensor, start, rope: tuple | None, mask: torch.Tensor | None, rows: CacheRows | None = None
     ) -> torch.Tensor:
-        x = x + self.attention_post_norm(self.attention(self.attention_norm(x), start, rope, mask, rows))
-        return x + self.ffn_post_norm(self.feed_forward(self.ffn_norm(x)))
+        x = x + self._residual(
+            self.attention_post_norm(self.attention(self.attention_norm(x), start, rope, mask, rows))
+        )
+        return x + self._residual(self.ffn_post_norm(self.feed_forward(self.ffn_norm(x))))
+
+    def _residual(self, h: torch.Tensor) -> torch.Tensor:
+        # a branch on the config, not on data: a multiplier of 1 leaves the graph as it was
+        return h if self.residual_multiplier == 1.0 else h * self.residual_multiplier
 
 
 class Decoder(nn.Module):
@@ -611,6 +646,8 @@ class Decoder(nn.Module):
             self.config.scale_embeddings
         ):  # sqrt(dim) rounded to float32, then to the embedding dtype, as transformers does
             h = h * torch.tensor(self.config.dim**0.5, dtype=torch.float32).to(h.dtype)
+        if self.config.embedding_multiplier != 1.0:
+            h = h * self.config.embedding_multiplier
         return h
 
     def forward_embeddings(self, h: torch.Tensor, input_pos: torch.Tensor, last_only: bool = False) -> torch.Tensor:
@@ -662,7 +699,10 @@ class Decoder(nn.Module):
         h = self.norm(h)
         if self.head_rotation is not None:
             h = self.head_rotation(h)
-        return self._softcap(self.output(h))
+        logits = self.output(h)
+        if self.config.logit_divisor != 1.0:
+            logits = logits / self.config.logit_divisor
+        return self._softcap(logits)
 
     def _rope_at(self, start, seq_len: int) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
         """The RoPE tables' rows for positions [start, start + seq_len), per kind in use."""

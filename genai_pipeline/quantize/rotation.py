@@ -66,7 +66,7 @@ def rotate(decoder: nn.Module, seed: int = SEED) -> None:
         linear.weight.copy_(w.to(linear.weight.dtype))
 
     for block in decoder.layers:
-        for norm, readers in block.NORM_READERS.items():
+        for norm, readers in block.norm_readers.items():
             g = scale_of(getattr(block, norm))
             for linear in map(block.get_submodule, readers):
                 set_(linear, linear.weight.double() * g @ q)
