@@ -71,7 +71,7 @@ def rotate_block(block: nn.Module, q: torch.Tensor) -> None:
         g = _take_scale(getattr(block, norm))
         for linear in map(block.get_submodule, readers):
             _set(linear, linear.weight.double() * g @ q)
-    for linear in (block.attention.wo, block.feed_forward.w2):
+    for linear in map(block.get_submodule, block.residual_writers):
         _set(linear, q.T @ linear.weight.double())
 
 

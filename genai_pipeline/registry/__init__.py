@@ -18,6 +18,7 @@ def _all_specs() -> dict[str, ModelSpec]:
         gemma,
         granite,
         internvl,
+        lfm2,
         llama,
         llama2c,
         llava,
@@ -29,7 +30,7 @@ def _all_specs() -> dict[str, ModelSpec]:
         smolvlm,
     )
 
-    families = (llama, qwen, smollm, granite, olmo, mistral, phi, gemma, llama2c, smolvlm, llava, internvl)
+    families = (llama, qwen, smollm, granite, olmo, mistral, lfm2, phi, gemma, llama2c, smolvlm, llava, internvl)
     specs = [spec for family in families for spec in family.SPECS]
     names = [spec.name for spec in specs]
     duplicates = sorted({n for n in names if names.count(n) > 1})

@@ -19,6 +19,9 @@ CHATML = (
     "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
 )
 
+# LFM2: ChatML after the BOS (<|startoftext|>).
+LFM2 = "{{- bos_token }}" + CHATML
+
 # Gemma has no system role: a system message opens the first user turn.
 GEMMA = (
     "{{- bos_token }}"

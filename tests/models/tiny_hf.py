@@ -66,6 +66,7 @@ FAMILIES = {
         ),
         Family("olmo2", "Olmo2Config", "olmo2-1b"),
         Family("mistral", "MistralConfig", "mistral-7b-v0_3", dict(sliding_window=8)),  # every layer slides
+        Family("lfm2", "Lfm2Config", "lfm2-350m", dict(layer_types=["conv", "full_attention"])),
         Family(
             "phi3",
             "Phi3Config",

@@ -35,6 +35,7 @@ PUBLIC_PARAMS = {
     "olmo2-1b": 1.48e9,
     "mistral-7b-v0_3": 7.25e9,
     "ministral-8b": 8.02e9,
+    "lfm2-350m": 354e6,
 }
 
 LLAMA3_ROPE = {
@@ -375,6 +376,25 @@ HUB_CONFIGS = {
         sliding_window=32768,
         tie_word_embeddings=False,
     ),
+    "lfm2-350m": dict(
+        model_type="lfm2",
+        vocab_size=65536,
+        hidden_size=1024,
+        num_hidden_layers=16,
+        num_attention_heads=16,
+        num_key_value_heads=8,
+        block_ff_dim=6656,
+        block_auto_adjust_ff_dim=True,
+        block_ffn_dim_multiplier=1.0,
+        block_multiple_of=256,
+        conv_L_cache=3,
+        conv_bias=False,
+        full_attn_idxs=[2, 5, 8, 10, 12, 14],
+        norm_eps=1e-5,
+        rope_theta=1000000.0,
+        max_position_embeddings=128000,
+        tie_embedding=True,
+    ),
 }
 
 ZOO = sorted(PUBLIC_PARAMS)
@@ -416,6 +436,7 @@ def test_every_family_reads_a_model_type():
         "granite": ("granite",),
         "olmo2": ("olmo2",),
         "mistral": ("mistral", "ministral"),
+        "lfm2": ("lfm2",),
         "smolvlm": ("idefics3", "smolvlm"),
         "llava": ("llava",),
         "internvl": ("internvl",),
@@ -427,6 +448,8 @@ UNSUPPORTED = {
     "attn-softcap": ("gemma3-1b", dict(attn_logit_softcapping=50.0), "softcapping"),
     "activation": ("llama3_2-1b", dict(hidden_act="relu"), "activation 'relu'"),
     "window-without-layer-types": ("qwen2_5-0_5b", dict(use_sliding_window=True), "layer_types"),
+    "conv-bias": ("lfm2-350m", dict(conv_bias=True), "conv_bias"),
+    "olmo3-window": ("olmo2-1b", dict(sliding_window=4096), "sliding window"),
 }
 
 
@@ -467,6 +490,19 @@ def test_olmo2_norms_come_after_attention_and_mlp_and_span_all_heads():
     )
 
 
+def test_lfm2_convolution_layers_and_mlp_width():
+    config = get_spec("lfm2-350m").config
+    assert [i for i in range(16) if i not in config.conv_layers] == [2, 5, 8, 10, 12, 14]
+    assert config.hidden_dim == 4608  # 6656 * 2 / 3, rounded up to a multiple of 256
+    assert [config.layer_rope(i) for i in (0, 2)] == [None, "global"]
+    # the 5.x layout: layer_types and intermediate_size (transformers' save_pretrained)
+    hub = {k: v for k, v in HUB_CONFIGS["lfm2-350m"].items() if k not in ("full_attn_idxs", "block_ff_dim")}
+    kinds = ["full_attention" if i in (2, 5, 8, 10, 12, 14) else "conv" for i in range(16)]
+    assert (
+        get_spec("lfm2-350m").config_from_checkpoint({**hub, "layer_types": kinds, "intermediate_size": 6656}) == config
+    )
+
+
 @pytest.mark.parametrize(
     "change, window, layers",
     [
@@ -503,6 +539,7 @@ def test_chat_models_carry_a_fallback_template():
         "granite",
         "olmo2",
         "mistral",
+        "lfm2",
     }
 
 

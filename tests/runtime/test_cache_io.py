@@ -109,6 +109,16 @@ def test_eager_cache_io_form_of_the_new_families_switches():
     assert _max_diff_over_a_conversation(session, EagerSession(random_decoder(NEW_FAMILIES_LIKE, 40, seed=1))) <= 1e-4
 
 
+def test_a_convolution_decoder_has_no_cache_io_form():
+    from genai_pipeline.errors import InputError
+    from genai_pipeline.options import PrepareOptions
+    from genai_pipeline.prepare.cache_io import cache_io_graphs
+
+    decoder = random_decoder(dataclasses.replace(NEW_FAMILIES_LIKE, conv_layers=(1,)), 40)
+    with pytest.raises(InputError, match="without --cache-io"):
+        cache_io_graphs(decoder, PrepareOptions(cache_io=True, max_seq_len=40, prefill_len=8))
+
+
 def test_eager_cache_io_form_gives_the_ordinary_decoders_logits(tiny_eager):
     """Llama 3 RoPE scaling, GQA; prefill chunks (one left-padded), decode steps, a second turn."""
     session, reference = _eager_cache_io(tiny_eager(), TINY_PREFILL), EagerSession(tiny_eager())
