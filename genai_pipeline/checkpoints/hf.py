@@ -181,13 +181,20 @@ def _index_file(spec: ModelSpec, file: Path, expected: dict[str, tuple[int, ...]
                 shapes = tuple((name, expected[name]) for name in ours)
                 _check_shape(tuple(header.get_shape()), key, file.name, dict(shapes))
                 if not header.get_dtype().startswith(("F", "BF")):
-                    raise CheckpointError(_not_float(key, file.name, header.get_dtype()))
+                    raise CheckpointError(
+                        _not_float(key, file.name, _DTYPES.get(header.get_dtype(), header.get_dtype()))
+                    )
                 index.update({name: (file, key, shapes) for name in ours})
     except CheckpointError:
         raise
     except Exception as e:  # safetensors raises several types for a damaged file
         raise CheckpointError(f"cannot read '{file}': {e}; the file is truncated or not safetensors") from None
     return index
+
+
+# safetensors' header dtypes that are not float, as torch names them
+_DTYPES = {"BOOL": "bool", "U8": "uint8", "I8": "int8", "I16": "int16", "U16": "uint16", "I32": "int32"}
+_DTYPES |= {"U32": "uint32", "I64": "int64", "U64": "uint64"}
 
 
 def _read(index: dict, names, folder: Path) -> dict[str, torch.Tensor]:

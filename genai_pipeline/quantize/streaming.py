@@ -29,6 +29,7 @@ from genai_pipeline.quantize.gptq import gptq_weights
 from genai_pipeline.quantize.recipes import quantize_embedding, quantize_linears, rules_for
 from genai_pipeline.quantize.rotation import SEED, random_hadamard, rotate_block, rotate_embedding, rotate_head
 from genai_pipeline.quantize.smoothing import block_smoothing_scales, smooth, smoothed_hessians, smoothed_inputs
+from genai_pipeline.stages import logged, peak_gb, stage
 
 log = logging.getLogger(__name__)
 
@@ -87,9 +88,11 @@ def quantize_blocks(
     q = random_hadamard(decoder.config.dim, SEED) if options.rotate else None
 
     if loader is not None:
-        loader.load_outer(decoder, ("tok_embeddings.weight",))
+        with stage("load", quiet=True):
+            loader.load_outer(decoder, ("tok_embeddings.weight",))
     if q is not None:
-        rotate_embedding(decoder, q)
+        with stage("rotate", quiet=True):
+            rotate_embedding(decoder, q)
     hidden = []
     if measure:
         hidden = [
@@ -98,41 +101,54 @@ def quantize_blocks(
             for i in range(0, len(sample), calibration.window)
         ]
     started = time.perf_counter()
-    for i in tqdm(range(n_layers), desc="quantize blocks", unit="block", leave=False, dynamic_ncols=True):
-        block = loader.load_block(decoder, i) if loader is not None else decoder.layers[i]
+    bar = tqdm(range(n_layers), desc="quantize blocks", unit="block", leave=False, dynamic_ncols=True)
+    for i in bar:
+        if log.isEnabledFor(logging.DEBUG) and peak_gb():
+            bar.set_postfix_str(f"peak RSS {peak_gb()}")
+        with stage("load", quiet=True):
+            block = loader.load_block(decoder, i) if loader is not None else decoder.layers[i]
         prefix = f"layers.{i}."
         if q is not None:
-            rotate_block(block, q)
+            with stage("rotate", quiet=True):
+                rotate_block(block, q)
         if measure:
             names = {n for n in linears if n.startswith(prefix)}
             statistics = InputStatistics(gptq & names)
-            with _own_kv_cache(decoder, block), inputs_recorded(block, names, statistics.record, prefix):
-                hidden = [decoder.forward_block(i, x) for x in hidden]
+            with stage("calibrate", quiet=True), _own_kv_cache(decoder, block):
+                with inputs_recorded(block, names, statistics.record, prefix):
+                    hidden = [decoder.forward_block(i, x) for x in hidden]
             hessians = statistics.hessians
             if measure_smoothing:
-                block_scales = block_smoothing_scales(block, prefix, statistics.absmax, options.smooth)
-                smooth(decoder, block_scales)
-                hessians = smoothed_hessians(hessians, smoothed_inputs(decoder, block_scales))
+                with stage("smooth", quiet=True):
+                    block_scales = block_smoothing_scales(block, prefix, statistics.absmax, options.smooth)
+                    smooth(decoder, block_scales)
+                    hessians = smoothed_hessians(hessians, smoothed_inputs(decoder, block_scales))
                 chosen_scales.update(block_scales)
             if gptq & names:
-                computed.update(_gptq(decoder, gptq & names, hessians, options.group_size))
+                with stage("gptq", quiet=True):
+                    computed.update(_gptq(decoder, gptq & names, hessians, options.group_size))
         elif block_scales := {s: v for s, v in chosen_scales.items() if s.startswith(prefix)}:
-            smooth(decoder, block_scales)
+            with stage("smooth", quiet=True):
+                smooth(decoder, block_scales)
         if not defer:
             block_linears = {n: r for n, r in linears.items() if n.startswith(prefix)}
-            _quantize(decoder, block_linears, options, given, computed, any_given)
+            with stage("quantize", quiet=True):
+                _quantize(decoder, block_linears, options, given, computed, any_given)
 
     if loader is not None:
-        loader.load_outer(decoder, ("norm.weight", "output.weight"))
+        with stage("load", quiet=True):
+            loader.load_outer(decoder, ("norm.weight", "output.weight"))
     if q is not None:
-        rotate_head(decoder, q)
+        with stage("rotate", quiet=True):
+            rotate_head(decoder, q)
         decoder.rotation_seed = SEED
     if measure and "output" in gptq:
         statistics = InputStatistics({"output"})
         for x in hidden:
             h = decoder.norm(x)
             statistics.record("output", (h if decoder.head_rotation is None else decoder.head_rotation(h))[0].float())
-        computed.update(_gptq(decoder, {"output"}, statistics.hessians, options.group_size))
+        with stage("gptq", quiet=True):
+            computed.update(_gptq(decoder, {"output"}, statistics.hessians, options.group_size))
     if measure:
         log.info(
             "calibrated %d blocks on %d tokens in %.0f s (%s)",
@@ -146,8 +162,10 @@ def quantize_blocks(
         outer = {n: r for n, r in linears.items() if not n.startswith("layers.")}
         if decoder.head_rotation is not None:
             outer["head_rotation"] = linears["head_rotation"] = recipe_of("head_rotation", rules)
-        plan = quantize_embedding(decoder, options, outer, {**given, **computed}) | linears
-        _quantize(decoder, outer, options, given, computed, any_given)
+        with stage("quantize", quiet=True):
+            plan = quantize_embedding(decoder, options, outer, {**given, **computed}) | linears
+            _quantize(decoder, outer, options, given, computed, any_given)
+        logged(("load", "rotate", "calibrate", "smooth", "gptq", "quantize"))
         if given:
             raise InputError(
                 f"given int4 weights need recipe 8da4w on their layers: {', '.join(sorted(given)[:3])} got "
