@@ -103,6 +103,20 @@ FAMILIES = {
 }
 
 
+# Families of the same decoder path as one above, checked in eager only (no program of their own).
+EAGER_ONLY = {
+    # Ministral: sliding layers named in layer_types, the others full
+    "ministral": Family(
+        "ministral",
+        "MinistralConfig",
+        "ministral-8b",
+        dict(
+            head_dim=16, sliding_window=8, layer_types=["sliding_attention", "full_attention"]
+        ),  # transformers 5.25 fails without head_dim
+    ),
+}
+
+
 def train_ascii_tokenizer(path: Path, vocab_size: int = TINY_VOCAB) -> Path:
     """A byte-level BPE (the form ExecuTorch's C++ tokenizer reads) whose every token is ASCII text:
     a random model's tokens then each decode to text alone, which TextLLMRunner's Python callback
@@ -134,7 +148,7 @@ def save_tiny(folder: Path, model_type: str, std: float = 0.08, seed: int = 0, *
     """Random weights (std `std`, norms around 1) saved by transformers in Hugging Face format."""
     import transformers
 
-    family = FAMILIES[model_type]
+    family = FAMILIES.get(model_type) or EAGER_ONLY[model_type]
     hf_config = getattr(transformers, family.config_class)(**{**BASE, **family.config, **config})
     torch.manual_seed(seed)
     model = transformers.AutoModelForCausalLM.from_config(hf_config).eval()
