@@ -118,11 +118,11 @@ def rotate(decoder: nn.Module, seed: int = SEED) -> None:
 def rotate_block(block: nn.Module, q: Hadamard) -> None:
     """One block's part of `rotate`: its norms' scales folded into their readers, W Q for the
     linears reading the residual stream, Q^T W for those writing it."""
-    for norm, readers in block.NORM_READERS.items():
+    for norm, readers in block.norm_readers.items():
         g = _take_scale(getattr(block, norm))
         for linear in map(block.get_submodule, readers):
             _set(linear, q.right(linear.weight.double() * g))
-    for linear in (block.attention.wo, block.feed_forward.w2):
+    for linear in map(block.get_submodule, block.residual_writers):
         _set(linear, q.left_transposed(linear.weight))
 
 

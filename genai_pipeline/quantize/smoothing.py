@@ -41,7 +41,7 @@ def block_smoothing_scales(
         return (a.clamp(min=1e-5) ** alpha / w.clamp(min=1e-5) ** (1 - alpha)).clamp(min=1e-5)
 
     for site, names in (
-        *block.NORM_READERS.items(),
+        *block.norm_readers.items(),
         ("feed_forward.w3", ["feed_forward.w2"]),
         ("attention.wv", ["attention.wo"]),
     ):
@@ -90,7 +90,7 @@ def smoothed_inputs(module: nn.Module, scales: dict[str, torch.Tensor]) -> dict[
         layer, kind = _split_site(site)
         block = module.get_submodule(layer)
         if kind in ("attention_norm", "ffn_norm"):
-            for name in block.NORM_READERS[kind]:
+            for name in block.norm_readers[kind]:
                 readers[f"{layer}.{name}"] = s
         elif kind == "feed_forward.w3":
             readers[f"{layer}.feed_forward.w2"] = s

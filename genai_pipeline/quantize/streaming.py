@@ -194,11 +194,11 @@ def _gptq(decoder: nn.Module, names: set[str], hessians: dict, group_size: int) 
 
 class _own_kv_cache:
     """A block of the cache-I/O form (no KV-cache buffers) runs from a cache of its own while it is
-    measured; every block's cache is left empty after."""
+    measured; every block's cache is left empty after. A convolution block (LFM2) keeps its own."""
 
     def __init__(self, decoder: nn.Module, block: nn.Module):
         self.decoder, self.attention = decoder, block.attention
-        self.added = self.attention.kv_cache is None
+        self.added = self.attention is not None and self.attention.kv_cache is None
 
     def __enter__(self):
         if self.added:
@@ -207,6 +207,8 @@ class _own_kv_cache:
         return self
 
     def __exit__(self, *exc):
+        if self.attention is None:
+            return
         if self.added:
             self.attention.kv_cache = None
         else:
