@@ -50,7 +50,9 @@ def gptq_qparams(w: torch.Tensor, hessian: torch.Tensor, group_size: int, block:
             Q[:, i1 + i] = q.to(torch.int8)
             Et[i] = (Wt[i] - q * d) / Hi[i, i]
             Wt[i:] -= Hi[i, i:][:, None] * Et[i][None, :]
-        W[:, i2:] -= Et.T.contiguous() @ Hinv[i1:i2, i2:]
+        E = Et.T.contiguous()
+        for r in range(0, W.shape[0], 4096):  # a band of rows at a time: no [rows, n] temporary (a head's is GBs)
+            W[r : r + 4096, i2:] -= E[r : r + 4096] @ Hinv[i1:i2, i2:]
     return Q, D
 
 
