@@ -21,6 +21,7 @@ from tqdm import tqdm
 
 from genai_pipeline.checkpoints.block_loader import BlockLoader
 from genai_pipeline.errors import InputError
+from genai_pipeline.heap import trim
 from genai_pipeline.layer_rules import recipe_of
 from genai_pipeline.models.decoder import KVCache
 from genai_pipeline.options import QuantOptions
@@ -134,6 +135,7 @@ def quantize_blocks(
             block_linears = {n: r for n, r in linears.items() if n.startswith(prefix)}
             with stage("quantize", quiet=True):
                 _quantize(decoder, block_linears, options, given, computed, any_given)
+        trim()  # the block's float weights and temporaries, back to the OS before the next is loaded
 
     if loader is not None:
         with stage("load", quiet=True):

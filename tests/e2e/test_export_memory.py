@@ -1,32 +1,32 @@
 """An export's peak memory, measured on child processes: the default 4-bit recipe (rotation,
 smoothing, GPTQ, verification and report) holds less than the float export of the same checkpoint,
 which holds the float model once. Before the export streamed the model block by block it held the
-float model, every layer's Hessian and two more float models for verification and report, and
-needed ~2.3x the float export's memory on this checkpoint."""
+float model, every layer's Hessian and two more float models for verification and report."""
 
 import json
 import os
 import resource
+import shutil
 import subprocess
 import sys
 
 import pytest
-from conftest import REPO
+from conftest import REFERENCE, REPO
 
-from bench.export_scale import COMMON, SMOLLM2_GGUF, _shape, write_tokenizer, write_weights
+from bench.export_scale import COMMON, _shape, write_weights
 
-# Weights dominate the process: 4 blocks of a 1B-wide model and SmolLM2's vocabulary (a 200 MB
-# table), 0.43 GB in float32; GPTQ's w2 Hessians are 64 MB each.
-SHAPE = _shape(2, 1024, 4096, 16, 4, 49152, True, 32.0)
+# The blocks dominate the process: 4 blocks of a 1B-wide model (the reference model's tokenizer and
+# vocabulary of 4096), 0.25 GB in float32; GPTQ's w2 Hessians are 64 MB each.
+SHAPE = _shape(4, 1024, 4096, 16, 4, 4096, True, 32.0)
 
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
-    if not SMOLLM2_GGUF.is_file():
-        pytest.skip("SmolLM2's GGUF (the tokenizer) is fetched by `make test`")
     folder = tmp_path_factory.mktemp("wide") / "checkpoint"
     folder.mkdir()
-    config = {**COMMON, **SHAPE, **write_tokenizer(folder, SMOLLM2_GGUF)}
+    for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
+        shutil.copyfile(REFERENCE / name, folder / name)
+    config = {**COMMON, **SHAPE, "bos_token_id": 0, "eos_token_id": 0}
     (folder / "config.json").write_text(json.dumps(config))
     write_weights(folder, config, seed=0, shard_bytes=64 << 20)
     return folder
