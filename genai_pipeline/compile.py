@@ -22,6 +22,7 @@ from genai_pipeline.export_folder import (
     tool_versions,
     weights_fingerprint,
 )
+from genai_pipeline.heap import trim
 from genai_pipeline.manifest import COMPLETE, QDQ_ONLY, ArtifactEntry, FileEntry, Manifest
 from genai_pipeline.names import GraphName
 from genai_pipeline.quantize.weights import save_int4
@@ -72,8 +73,9 @@ def lower(artifact: Artifact, target: Target, progress: tqdm):
     return edge
 
 
-def to_executorch(artifact: Artifact, target: Target, progress: tqdm, quantized: bool):
-    """The artifact's graphs lowered and emitted as one program (an ExecutorchProgramManager)."""
+def to_executorch(artifact: Artifact, target: Target, progress: tqdm, quantized: bool, release: bool = False):
+    """The artifact's graphs lowered and emitted as one program (an ExecutorchProgramManager).
+    `release`: the eager module's weights let go once lowered (release_weights)."""
     from executorch.exir import ExecutorchBackendConfig
     from executorch.exir.passes import MemoryPlanningPass
 
@@ -81,6 +83,8 @@ def to_executorch(artifact: Artifact, target: Target, progress: tqdm, quantized:
         import executorch.kernels.quantized  # noqa: F401  out-variants of the quantized ops
 
     edge = lower(artifact, target, progress)
+    if release:
+        release_weights(artifact)
     progress.set_description(f"emit {artifact.key.value}.pte")
     config = ExecutorchBackendConfig(
         # Same-named mutable buffers (the KV cache) get one place shared by all methods:
@@ -96,6 +100,16 @@ def to_executorch(artifact: Artifact, target: Target, progress: tqdm, quantized:
         store_shared_bytes_once(program, config)
     progress.update()
     return program
+
+
+def release_weights(artifact: Artifact) -> None:
+    """The artifact's eager weights moved to the meta device once its graphs are lowered: what a
+    backend took (XNNPACK packs its own copy) is freed before the program is emitted, and what the
+    lowered graphs still hold stays alive through them. The module can no longer run."""
+    for module in artifact.module.modules():
+        for name, p in list(module.named_parameters(recurse=False)):
+            setattr(module, name, torch.nn.Parameter(torch.empty_like(p, device="meta"), requires_grad=False))
+    trim()
 
 
 def _compile_spec(prepared: PreparedModel, target: Target) -> dict | None:
@@ -114,13 +128,13 @@ def _copy(src: Path, dest: Path) -> None:
     tmp.replace(dest)
 
 
-def _lower_all(prepared: PreparedModel, target: Target, out: Path) -> dict:
+def _lower_all(prepared: PreparedModel, target: Target, out: Path, release: bool) -> dict:
     programs = {}
     steps = sum(len(a.graphs) + 2 for a in prepared.artifacts.values())
     with tqdm(total=steps, unit="step", leave=False, dynamic_ncols=True) as progress:
         for key, artifact in prepared.artifacts.items():
             try:
-                program = to_executorch(artifact, target, progress, quantized=prepared.recipe != "fp32")
+                program = to_executorch(artifact, target, progress, prepared.recipe != "fp32", release)
             except Exception as e:  # torch.export / lowering failures: say which artifact, keep the cause
                 first_line = str(e).splitlines()[0] if str(e) else ""
                 raise ExportError(
@@ -133,6 +147,7 @@ def _lower_all(prepared: PreparedModel, target: Target, out: Path) -> dict:
                 atomic_write(programs[key], program.write_to_file)
             del program
             forget_lowered_graphs()
+            trim()
     return programs
 
 
@@ -152,12 +167,13 @@ def _qdq_manifest(key, qdq):
     return files[None] if None in files else {graph.value: file for graph, file in files.items()}
 
 
-def compile_artifacts(prepared: PreparedModel, target: Target, out: Path) -> ArtifactSet:
+def compile_artifacts(prepared: PreparedModel, target: Target, out: Path, release: bool = False) -> ArtifactSet:
     """Writes `<artifact>.pte` (+ `<artifact>.qdq.pt2` when calibrated), the tokenizer, and the
     manifest last, into `out`: a new or empty folder (`genai export` passes its staging folder, see
     export_folder.publish), since the manifest lists every file there. Where the target cannot lower on
     this host (no vendor SDK), the QDQ models and a manifest with status `qdq-only` are written,
-    then ExportError says why."""
+    then ExportError says why. `release`: each artifact's eager weights are let go once lowered
+    (the prepared model cannot run after; `genai export` has no more use for it)."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     if any(p for p in out.iterdir() if not p.name.startswith(".")):
@@ -181,7 +197,7 @@ def compile_artifacts(prepared: PreparedModel, target: Target, out: Path) -> Art
         if artifact.smoothing:  # for `genai eval`: the float model smoothed as the program's was
             atomic_write(smoothing_file(out, key.value), lambda f, scales=artifact.smoothing: torch.save(scales, f))
     blocked = target.lowering_blocked()
-    programs = {} if blocked else _lower_all(prepared, target, out)
+    programs = {} if blocked else _lower_all(prepared, target, out, release)
     if prepared.tokenizer_file is not None:  # tokenizer.json or tokenizer.model, under its own name
         _copy(prepared.tokenizer_file, out / prepared.tokenizer_file.name)
         # What a chat runtime needs beside it: special tokens and the chat template.

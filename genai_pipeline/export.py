@@ -23,6 +23,7 @@ from genai_pipeline.errors import ExportError, InputError
 from genai_pipeline.evaluate.report import write_quant_report
 from genai_pipeline.evaluate.verify import Verification, verify_export
 from genai_pipeline.export_folder import MANIFEST, check_out_folder, make_staging_folder, publish, recover_interrupted
+from genai_pipeline.heap import trim
 from genai_pipeline.manifest import Manifest
 from genai_pipeline.options import DEFAULT_MODEL, PrepareOptions, QuantOptions
 from genai_pipeline.prepare import prepare
@@ -131,7 +132,7 @@ def _export(
     report_tokens = None if quant.is_float or not verify else _report_tokens(prepared, quant)
     blocked = None
     try:
-        compile_artifacts(prepared, target, staging)
+        compile_artifacts(prepared, target, staging, release=True)  # the eager weights go once lowered
     except ExportError as e:
         if not (staging / MANIFEST).is_file():
             raise
@@ -141,6 +142,7 @@ def _export(
     recipe, has_tokenizer = prepared.recipe, prepared.tokenizer_file is not None
     del prepared
     gc.collect()
+    trim()
     if quant.is_float or not verify:
         return blocked
     verification = None
