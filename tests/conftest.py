@@ -36,7 +36,7 @@ TINY_PREFILL = 8
 SHARED_BY_GROUP = ("smollm2_fp32",)
 # and so do those of each module whose tests share exports of its own (module fixtures, or a session
 # builder defined there): 20-35 s each, lowered twice when its tests are split.
-SHARED_BY_MODULE = ("test_lookahead_program", "test_vision_quant", "test_qnn", "test_app_images")
+SHARED_BY_MODULE = ("test_lookahead_program", "test_vision_quant", "test_qnn", "test_app_images", "test_sweep")
 # The real model exported with a recipe's defaults, or in fp32: minutes each. xdist hands out its groups
 # first (the largest first), then single tests in this order: these come first among them, so that the
 # workers share out the short tests around them instead of one of them finishing alone.

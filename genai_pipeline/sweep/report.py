@@ -93,7 +93,17 @@ def render(result: dict, options: Report) -> str:
         machine_line = "No speed was measured."
     else:
         named = "; ".join(f"{html.escape(m['cpu'])}, {m['threads']} threads ({html.escape(m['host'])})" for m in where)
-        machine_line = f"Speeds measured on {named}, each bench alone on its node."
+        machine_line = f"Speeds measured on {named}, each bench alone on its Ray node."
+        shared = [m for m in where if m.get("ray_nodes_on_host")]
+        if shared:
+            machine_line += (
+                " <b>Measured under load:</b> "
+                + "; ".join(
+                    f"{m['ray_nodes_on_host']} Ray nodes share {html.escape(m['host'])}, their other tasks ran beside the bench"
+                    for m in shared
+                )
+                + "."
+            )
         if len(where) > 1:
             machine_line += " <b>They come from different machines: compare speeds within one machine only.</b>"
     models = list(dict.fromkeys(r["model"] for r in rows))

@@ -138,6 +138,7 @@ class _Sweep:
     def _submit(self, task: Task, stage: str, params: int) -> None:
         import ray
 
+        args = ()
         if stage == "export":
             remote = ray.remote(max_calls=1)(export_stage).options(
                 num_cpus=1,
@@ -147,15 +148,17 @@ class _Sweep:
                 name=f"export {task.name}",
             )
         else:
+            cpus = _largest_node_cpus()
+            args = (int(cpus),)  # bench's threads unless the spec names them: the CPUs it holds
             remote = ray.remote(max_calls=1)(bench_stage).options(
-                num_cpus=_largest_node_cpus(),
+                num_cpus=cpus,
                 memory=bench_memory_bytes(params),
                 max_retries=MAX_RETRIES,
                 retry_exceptions=False,
                 runtime_env={"env_vars": BENCH_ENV},
                 name=f"bench {task.name}",
             )
-        self.pending[remote.remote(task, self.storage, self.run_id)] = (task, stage)
+        self.pending[remote.remote(task, self.storage, self.run_id, *args)] = (task, stage)
 
     def _wait(self, params: dict) -> None:
         import ray
@@ -169,6 +172,8 @@ class _Sweep:
             result = ray.get(ready[0])
         except ray.exceptions.RayError as e:
             result = {"error": _one_line(e)}
+        if "machine" in result:
+            _mark_shared_host(result["machine"])
         row = self.rows.setdefault(task.name, {})
         row.update(result)
         if stage == "export" and "error" not in result:
@@ -230,6 +235,16 @@ def _largest_node_cpus() -> float:
     import ray
 
     return max(node["Resources"].get("CPU", 0) for node in ray.nodes() if node["Alive"])
+
+
+def _mark_shared_host(machine: dict) -> None:
+    """A bench is alone on its Ray node; where several Ray nodes share one host (a simulated
+    cluster), the others' tasks may have run beside it: its speeds are marked as measured under load."""
+    import ray
+
+    nodes = sum(1 for node in ray.nodes() if node["Alive"] and node["NodeManagerHostname"] == machine["host"])
+    if nodes > 1:
+        machine["ray_nodes_on_host"] = nodes
 
 
 def _one_line(e: Exception) -> str:

@@ -118,13 +118,16 @@ def export_stage(task: Task, storage: Path, run_id: str) -> dict:
         return {"error": str(e)}
 
 
-def bench_stage(task: Task, storage: Path, run_id: str) -> dict:
+def bench_stage(task: Task, storage: Path, run_id: str, threads: int) -> dict:
+    """`genai bench` of the task's export with the spec's threads, else `threads` (the CPUs the
+    stage was given: every core of its node)."""
     from genai_pipeline.bench import bench
 
     folder = task.folder(storage)
     _started(folder, "bench", run_id)
+    options = task.bench if task.bench.threads else dataclasses.replace(task.bench, threads=threads)
     try:
-        result = bench(folder / "export", task.bench)
+        result = bench(folder / "export", options)
     except GenAIError as e:
         return {"error": str(e)}
     return {
@@ -132,7 +135,7 @@ def bench_stage(task: Task, storage: Path, run_id: str) -> dict:
         "decode_tokens_per_s": result["decode_tokens_per_s"],
         "prefill_tokens_per_s": result["prefill_tokens_per_s"],
         "peak_rss_mb": result["peak_rss_mb"],
-        "machine": machine(task.bench.threads),
+        "machine": machine(options.threads),
     }
 
 
