@@ -118,9 +118,9 @@ def export_stage(task: Task, storage: Path, run_id: str) -> dict:
         return {"error": str(e)}
 
 
-def bench_stage(task: Task, storage: Path, run_id: str, threads: int) -> dict:
+def bench_stage(task: Task, storage: Path, run_id: str, threads: int = 0) -> dict:
     """`genai bench` of the task's export with the spec's threads, else `threads` (the CPUs the
-    stage was given: every core of its node)."""
+    stage was given: every core of its node; 0: one per core of this machine, as `genai bench`)."""
     from genai_pipeline.bench import bench
 
     folder = task.folder(storage)
