@@ -188,49 +188,55 @@ def _chart(rows: list[dict], best: set[str], width: int = 640, height: int = 340
         return top + h * (y_max - v) / (y_max - y_min)
 
     parts = [
-        f"<line x1={left} y1={y(0):.1f} x2={left + w} y2={y(0):.1f} stroke='#999' stroke-dasharray='2 3'/>",
-        f"<rect x={left} y={top} width={w} height={h} fill=none stroke='#444'/>",
+        _svg("line", x1=left, y1=y(0), x2=left + w, y2=y(0), stroke="#999", stroke_dasharray="2 3"),
+        _svg("rect", x=left, y=top, width=w, height=h, fill="none", stroke="#444"),
     ]
-    for v in _ticks(0, x_max):
-        parts.append(f"<text x={x(v):.1f} y={top + h + 16} text-anchor=middle>{v:g}</text>")
-    for v in _ticks(y_min, y_max):
-        parts.append(f"<text x={left - 6} y={y(v) + 4:.1f} text-anchor=end>{v:g}</text>")
+    parts += [_svg("text", f"{v:g}", x=x(v), y=top + h + 16, text_anchor="middle") for v in _ticks(0, x_max)]
+    parts += [_svg("text", f"{v:g}", x=left - 6, y=y(v) + 4, text_anchor="end") for v in _ticks(y_min, y_max)]
     front = sorted((r for r in done if r["task"] in best), key=lambda r: r["program_mb"])
     if len(front) > 1:
         points = " ".join(f"{x(r['program_mb']):.1f},{y(r['perplexity_change_pct']):.1f}" for r in front)
-        parts.append(f"<polyline points='{points}' fill=none stroke='#c0392b' stroke-dasharray='5 3'/>")
+        parts.append(_svg("polyline", points=points, fill="none", stroke="#c0392b", stroke_dasharray="5 3"))
     for r in done:
         speed = r.get("decode_tokens_per_s")
         fill = _colour((speed - lo) / (hi - lo) if hi > lo else 1.0) if speed else "#bbb"
         cx, cy = x(r["program_mb"]), y(r["perplexity_change_pct"])
-        edge = "stroke='#c0392b' stroke-width=2" if r["task"] in best else "stroke='#333'"
-        parts.append(f"<circle cx={cx:.1f} cy={cy:.1f} r=6 fill='{fill}' {edge}/>")
-        parts.append(f"<text x={cx + 8:.1f} y={cy - 6:.1f}>{html.escape(r['variant'])}</text>")
-    parts.append(
-        f"<text x={left + w / 2} y={height - 8} text-anchor=middle>program size (MB)</text>"
-        f"<text transform='translate(14 {top + h / 2}) rotate(-90)' text-anchor=middle>perplexity change (%)</text>"
-    )
+        edge = {"stroke": "#c0392b", "stroke_width": 2} if r["task"] in best else {"stroke": "#333"}
+        parts.append(_svg("circle", cx=cx, cy=cy, r=6, fill=fill, **edge))
+        parts.append(_svg("text", r["variant"], x=cx + 8, y=cy - 6))
+    parts.append(_svg("text", "program size (MB)", x=left + w / 2, y=height - 8, text_anchor="middle"))
+    turned = f"translate(14 {top + h / 2:.1f}) rotate(-90)"
+    parts.append(_svg("text", "perplexity change (%)", transform=turned, text_anchor="middle"))
     parts.append(_legend(left + w + 24, top, h, lo, hi))
     return (
-        f"<svg xmlns='http://www.w3.org/2000/svg' width={width} height={height} font-size=11 font-family=sans-serif>"
-        + "".join(parts)
-        + "</svg><p>Each point a program; ◆ and the dashed line: the Pareto front (no other program is both "
-        "smaller and closer to float); colour: decode speed.</p>"
+        f"<svg xmlns='http://www.w3.org/2000/svg' width='{width}' height='{height}' font-size='11' "
+        "font-family='sans-serif'>" + "".join(parts) + "</svg><p>Each point a program; ◆ and the dashed line: "
+        "the Pareto front (no other program is both smaller and closer to float); colour: decode speed.</p>"
     )
 
 
 def _legend(x0: float, top: float, h: float, lo: float, hi: float) -> str:
     steps = 20
-    bands = "".join(
-        f"<rect x={x0} y={top + h * (1 - (i + 1) / steps):.1f} width=14 height={h / steps + 0.5:.1f} "
-        f"fill='{_colour((i + 0.5) / steps)}'/>"
+    bands = [
+        _svg(
+            "rect",
+            x=x0,
+            y=top + h * (1 - (i + 1) / steps),
+            width=14,
+            height=h / steps + 0.5,
+            fill=_colour((i + 0.5) / steps),
+        )
         for i in range(steps)
-    )
-    return (
-        bands
-        + f"<text x={x0 + 18} y={top + 10}>{hi:.1f}</text><text x={x0 + 18} y={top + h}>{lo:.1f}</text>"
-        + f"<text x={x0 + 18} y={top + h / 2}>decode</text><text x={x0 + 18} y={top + h / 2 + 13}>tok/s</text>"
-    )
+    ]
+    labels = [(f"{hi:.1f}", top + 10), ("decode", top + h / 2), ("tok/s", top + h / 2 + 13), (f"{lo:.1f}", top + h)]
+    return "".join(bands + [_svg("text", text, x=x0 + 18, y=y) for text, y in labels])
+
+
+def _svg(tag: str, text: str | None = None, **attributes) -> str:
+    """An SVG element, valid XML (the chart can be cut out of the page); numbers to 0.1."""
+    values = {k.replace("_", "-"): f"{v:.1f}" if isinstance(v, float) else v for k, v in attributes.items()}
+    attrs = " ".join(f"{k}='{html.escape(str(v))}'" for k, v in values.items())
+    return f"<{tag} {attrs}/>" if text is None else f"<{tag} {attrs}>{html.escape(text)}</{tag}>"
 
 
 def _ticks(lo: float, hi: float, count: int = 5) -> list[float]:
