@@ -92,7 +92,11 @@ def render(result: dict, options: Report) -> str:
     if not where:
         machine_line = "No speed was measured."
     else:
-        named = "; ".join(f"{html.escape(m['cpu'])}, {m['threads']} threads ({html.escape(m['host'])})" for m in where)
+        named = "; ".join(
+            f"{html.escape(m['cpu'])} ({m.get('vector') or 'no AVX2'}), {m['threads']} threads on {m['cores']} cores "
+            f"({html.escape(m['host'])})"
+            for m in where
+        )
         machine_line = f"Speeds measured on {named}, each bench alone on its Ray node."
         shared = [m for m in where if m.get("ray_nodes_on_host")]
         if shared:

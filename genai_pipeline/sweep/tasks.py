@@ -185,15 +185,25 @@ def _evaluate(task: Task, out: Path) -> dict:
 
 
 def machine(threads: int = 0) -> dict:
-    """What the speed figures were measured on: the CPU model and the threads the runtime used."""
-    cpu = "unknown"
+    """What the speed figures were measured on: the CPU (its model name, family and model: a VM's
+    model name may say only "AMD EPYC"), its widest vector unit, the cores and the threads used."""
+    info = {}
     try:
         with open("/proc/cpuinfo") as f:
-            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
+            for line in f:
+                key, sep, value = line.partition(":")
+                if not sep and info:
+                    break  # the first processor's fields are enough
+                info.setdefault(key.strip(), value.strip())
     except OSError:
         pass
+    cpu = info.get("model name", "unknown CPU")
+    if "cpu family" in info:
+        cpu += f" (family {info['cpu family']}, model {info.get('model', '?')})"
+    flags = info.get("flags", "").split()
+    vector = next((v for v in ("amx_tile", "avx512f", "avx2") if v in flags), None)
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    return {"cpu": cpu, "cores": cores, "threads": threads or cores, "host": socket.gethostname()}
+    return {"cpu": cpu, "vector": vector, "cores": cores, "threads": threads or cores, "host": socket.gethostname()}
 
 
 def attempts(task: Task, storage: Path, run_id: str, stage: str) -> list[dict]:

@@ -46,9 +46,12 @@ def test_the_chart_colours_points_by_decode_speed():
         | {"prefill_tokens_per_s": 1.0, "peak_rss_mb": 1.0, "export_minutes": 1.0, "export_peak_rss_mb": 1.0}
         for r in ROWS
     ]
-    machine = {"cpu": "AMD EPYC", "cores": 2, "threads": 2, "host": "vm"}
+    machine = {"cpu": "AMD EPYC (family 25, model 17)", "vector": "avx512f", "cores": 2, "threads": 2, "host": "vm"}
     page = render(
         {"spec": "s.yaml", "rows": full, "ran": 4, "skipped": 0, "seconds": 60, "machines": [machine]}, Report()
     )
     assert "#440154" in page and "#fde725" in page  # the slowest (fp32) and the fastest (8da4w) ends of the ramp
-    assert page.count("class=pareto") == 3 and "AMD EPYC, 2 threads (vm)" in page
+    assert (
+        page.count("class=pareto") == 3
+        and "AMD EPYC (family 25, model 17) (avx512f), 2 threads on 2 cores (vm)" in page
+    )

@@ -92,7 +92,7 @@ def test_a_sweep_gives_the_figures_of_genai_eval_and_genai_bench(first_run, caps
 def test_the_report_names_the_machine_marks_the_pareto_rows_and_recommends(first_run):
     _, out, result = first_run
     page = (out / "report.html").read_text()
-    assert machine()["cpu"] in page and f"{machine()['threads']} threads" in page
+    assert f"{machine()['cpu']} ({machine()['vector']}), {machine()['threads']} threads" in page
     assert "<svg" in page and "<script" not in page and "http" not in page.replace("http://www.w3.org/2000/svg", "")
     assert page.count("<circle") == len(GOOD)
     # the smallest program is on the Pareto front whatever its accuracy
