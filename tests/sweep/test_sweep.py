@@ -2,7 +2,9 @@
 eval` and `genai bench` give for the same folders, a bad variant fails alone, a re-run skips what is
 finished, and a killed worker is retried. Small programs (kv mode, 64 positions) and few tokens."""
 
+import contextlib
 import dataclasses
+import io
 import json
 import os
 import signal
@@ -45,11 +47,15 @@ def local_ray():
 
 @pytest.fixture(scope="module")
 def first_run(local_ray, tmp_path_factory):
+    """`genai sweep` (it joins the Ray this process runs): (spec, DIR, sweep.json, what it printed)."""
     folder = tmp_path_factory.mktemp("sweep")
     (folder / "spec.yaml").write_text(SPEC)
-    spec = read_spec(folder / "spec.yaml")
-    result = run_sweep(spec, folder / "out")
-    return spec, folder / "out", result
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        code = main(["sweep", str(folder / "spec.yaml"), "--out", str(folder / "out")])
+    assert code == 1  # one task failed
+    result = json.loads((folder / "out" / "sweep.json").read_text())
+    return read_spec(folder / "spec.yaml"), folder / "out", result, printed.getvalue()
 
 
 def rows(result) -> dict:
@@ -62,8 +68,8 @@ def cli_json(capsys, *argv) -> dict:
 
 
 def test_a_sweep_gives_the_figures_of_genai_eval_and_genai_bench(first_run, capsys):
-    _, out, result = first_run
-    assert json.loads((out / "sweep.json").read_text())["rows"] == result["rows"]
+    _, out, result, printed = first_run
+    assert [line.split()[0] for line in printed.splitlines()] == ["task", *GOOD, "reference--qnn-recipe"]
     for task in GOOD:
         row = rows(result)[task]
         assert row["status"] == "done" and row["exported"] and row["attempts"] == {"export": 1, "bench": 1}
@@ -90,7 +96,7 @@ def test_a_sweep_gives_the_figures_of_genai_eval_and_genai_bench(first_run, caps
 
 
 def test_the_report_names_the_machine_marks_the_pareto_rows_and_recommends(first_run):
-    _, out, result = first_run
+    _, out, result, _ = first_run
     page = (out / "report.html").read_text()
     assert f"{machine()['cpu']} ({machine()['vector']}), {machine()['threads']} threads" in page
     assert "<svg" in page and "<script" not in page and "http" not in page.replace("http://www.w3.org/2000/svg", "")
@@ -102,7 +108,7 @@ def test_the_report_names_the_machine_marks_the_pareto_rows_and_recommends(first
 
 
 def test_a_variant_its_target_refuses_fails_alone_with_one_line(first_run):
-    _, out, result = first_run
+    _, out, result, _ = first_run
     row = rows(result)["reference--qnn-recipe"]
     assert row["status"] == "failed"
     assert row["error"].startswith("target 'xnnpack' does not support recipe '16a8w'") and "\n" not in row["error"]
@@ -111,7 +117,7 @@ def test_a_variant_its_target_refuses_fails_alone_with_one_line(first_run):
 
 
 def test_a_rerun_skips_finished_tasks_and_retries_failed_ones(first_run):
-    spec, out, first = first_run
+    spec, out, first, _ = first_run
     manifests = {t: (out / "exports" / t / "export" / "manifest.json").stat().st_mtime_ns for t in GOOD}
     again = run_sweep(spec, out)
     assert again["skipped"] == 3 and again["ran"] == 1
@@ -125,7 +131,7 @@ def test_a_rerun_skips_finished_tasks_and_retries_failed_ones(first_run):
 
 
 def test_a_killed_worker_is_retried(first_run, tmp_path):
-    spec, out, _ = first_run
+    spec, out, _, _ = first_run
     # Another sweep of the fp32 variant over the same storage: its export is reused, its evaluation
     # runs again; the worker is killed as soon as it has started.
     one = dataclasses.replace(spec, variants=spec.variants[:1])
