@@ -121,7 +121,8 @@ body{{font-family:sans-serif;max-width:64em;margin:2em auto}} td,th{{padding:2px
 .num{{text-align:right;font-variant-numeric:tabular-nums}} tr.pareto td{{font-weight:bold}} .err{{color:#c0392b}}
 </style>
 <h1>{html.escape(title)}</h1>
-<p>{len(rows)} tasks ({result["ran"]} run now, {result["skipped"]} finished before) in {result["seconds"] / 60:.1f} min.
+<p>{len(rows)} of {result["ran"] + result["skipped"]} tasks ended ({result["skipped"]} of them before this run), in
+{result["seconds"] / 60:.1f} min.
 {machine_line} Perplexity change: the program's perplexity over its float model's on the evaluation text.</p>
 {"".join(sections)}
 """

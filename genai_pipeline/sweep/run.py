@@ -103,13 +103,19 @@ class _Sweep:
                 self._submit(task, "export", params[task.model.name])
         while self.pending:
             self._wait(params)
+        return self._report()
+
+    def _report(self) -> dict:
+        """sweep.json and report.html of the rows so far (all of them at the end): the report can be
+        read while the sweep runs."""
+        tasks = tasks_of(self.spec)
         result = {
             "spec": str(self.spec.source),
             "storage": str(self.storage),
             "seconds": round(time.time() - self.start, 1),
-            "ran": len(todo),
-            "skipped": skipped,
-            "rows": [self.rows[task.name] for task in tasks],
+            "ran": self.total,
+            "skipped": len(tasks) - self.total,
+            "rows": [self.rows[task.name] for task in tasks if "status" in self.rows.get(task.name, {})],
         }
         write_report(self.out, result, self.spec.report)
         return result
@@ -202,6 +208,7 @@ class _Sweep:
         path = self.out / "tasks" / f"{task.name}.json"
         path.write_text(json.dumps(row, indent=1))
         self.finished += 1
+        self._report()
         if failed:
             log.warning("sweep: %s failed: %s", task.name, row["error"])
         else:
