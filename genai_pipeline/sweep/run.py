@@ -67,9 +67,16 @@ def _init(address: str | None) -> None:
     if address is not None:
         ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING)
         return
-    # The object store carries rows only (export folders go to the storage folder): a small one
-    # leaves the node's memory to the tasks.
-    ray.init(include_dashboard=False, object_store_memory=256 << 20, log_to_driver=False, logging_level=logging.WARNING)
+    # "local": a new Ray of this process even where `ray start` left one running (join that one with
+    # --address auto). The object store carries rows only (export folders go to the storage folder):
+    # a small one leaves the node's memory to the tasks.
+    ray.init(
+        address="local",
+        include_dashboard=False,
+        object_store_memory=256 << 20,
+        log_to_driver=False,
+        logging_level=logging.WARNING,
+    )
 
 
 class _Sweep:
