@@ -87,6 +87,8 @@ class _Sweep:
         self.pending: dict = {}  # object ref -> (task, stage)
         self.start = time.time()
         self.finished = 0  # tasks finished in this run (not skipped)
+        self.exports_ended = 0  # export stages ended in this run, done or failed
+        self.bench_seconds: list[float] = []  # how long each bench stage of this run took
 
     def run(self) -> dict:
         tasks = tasks_of(self.spec)
@@ -105,6 +107,7 @@ class _Sweep:
             if task.model.name not in params:
                 params[task.model.name] = self._params(task)
             if isinstance(params[task.model.name], str):  # the model's checkpoint cannot be read
+                self.exports_ended += 1
                 self._finish(task, {"error": params[task.model.name]})
             else:
                 self._submit(task, "export", params[task.model.name])
@@ -185,6 +188,11 @@ class _Sweep:
             result = ray.get(ready[0])
         except ray.exceptions.RayError as e:
             result = {"error": _one_line(e)}
+        if stage == "export":
+            self.exports_ended += 1
+        else:
+            started = attempts(task, self.storage, self.run_id, "bench")
+            self.bench_seconds += [time.time() - started[-1]["time"]] if started else []
         if "machine" in result:
             _mark_shared_host(result["machine"])
         row = self.rows.setdefault(task.name, {})
@@ -231,9 +239,12 @@ class _Sweep:
         failed = sum(1 for r in self.rows.values() if r.get("status") == "failed" and not r.get("skipped"))
         elapsed = time.time() - self.start
         left = self.total - self.finished
-        eta = (
-            f"ETA {elapsed / self.finished * left / 60:.1f} min" if self.finished and left else "ETA after a task ends"
-        )
+        eta = "ETA after an export ends"
+        if self.exports_ended:
+            # exports take most of the time (in parallel, as this run's so far); benches run one a node
+            exports = elapsed / self.exports_ended * (self.total - self.exports_ended)
+            benches = left * sum(self.bench_seconds) / len(self.bench_seconds) if self.bench_seconds else 0.0
+            eta = f"ETA {(exports + benches) / 60:.1f} min"
         log.info(
             "sweep: %d/%d done, %d running, %d failed, %.1f min so far, %s",
             self.finished - failed,
