@@ -28,13 +28,13 @@ import json
 import os
 import platform
 import statistics
-import struct
 import subprocess
 import sys
 import time
 import zlib
 from pathlib import Path
 
+from bench import png_chart
 from bench.harness import ENVS, HERE, ROOT, main_or_worker, run_child
 from bench.peers import export_llamacpp, install_llamacpp
 
@@ -596,76 +596,9 @@ def levers(args) -> None:
     print(f"wrote {out}")
 
 
-# A small PNG chart with the standard library only (the venv has neither matplotlib nor Pillow).
-_FONT = {  # 3x5 pixels per glyph, rows top to bottom
-    "0": "111101101101111",
-    "1": "010110010010111",
-    "2": "111001111100111",
-    "3": "111001111001111",
-    "4": "101101111001001",
-    "5": "111100111001111",
-    "6": "111100111101111",
-    "7": "111001001001001",
-    "8": "111101111101111",
-    "9": "111101111001111",
-    ".": "000000000000010",
-    "%": "101001010100101",
-    "+": "000010111010000",
-    "-": "000000111000000",
-    " ": "000000000000000",
-    "_": "000000000000111",
-    "M": "101111111101101",
-    "i": "010000010010010",
-    "B": "110101110101110",
-    "G": "111100101101111",
-    "L": "100100100100111",
-    "Q": "111101101111001",
-    "K": "101110100110101",
-    "a": "000111011101111",
-    "d": "001001111101111",
-    "w": "000101101111101",
-    "x": "000101010101000",
-    "p": "000111101111100",
-    "l": "010010010010010",
-    "e": "000111111100111",
-    "r": "000111100100100",
-    "s": "000111110011111",
-    "y": "000101111001111",
-    "m": "000111111101101",
-    "o": "000111101101111",
-    "h": "100100111101101",
-    "t": "010111010010011",
-    "n": "000110101101101",
-    "b": "100100111101111",
-    "c": "000111100100111",
-    "g": "000111101111011",
-    "k": "100101110110101",
-    "v": "000101101101010",
-    "f": "011100110100100",
-    "F": "111100110100100",
-}
-
-
-def _text(img, x, y, s, color, scale=2):
-    for ch in s:
-        glyph = _FONT.get(ch, _FONT.get(ch.lower(), "000000000000000"))
-        for i, bit in enumerate(glyph):
-            if bit == "1":
-                for dy in range(scale):
-                    for dx in range(scale):
-                        _px(img, x + (i % 3) * scale + dx, y + (i // 3) * scale + dy, color)
-        x += 4 * scale
-
-
-def _px(img, x, y, color):
-    w, h, buf = img
-    if 0 <= x < w and 0 <= y < h:
-        buf[(y * w + x) * 3 : (y * w + x) * 3 + 3] = bytes(color)
-
-
 def chart(rows, w=900, h=560) -> bytes:
     """Perplexity (vs its float) against file size: genai blue, llama.cpp red, labelled."""
-    img = (w, h, bytearray(b"\xff" * w * h * 3))
+    img = png_chart.canvas(w, h)
     left, right, top, bottom = 70, w - 20, 20, h - 50
     xs = [r["file_mib"] for r in rows]
     ys = [100 * r["vs_float"] for r in rows]
@@ -674,37 +607,24 @@ def chart(rows, w=900, h=560) -> bytes:
     sx = lambda v: int(left + (v - x0) / (x1 - x0) * (right - left))
     sy = lambda v: int(bottom - (v - y0) / (y1 - y0) * (bottom - top))
     for x in range(left, right):
-        _px(img, x, bottom, (0, 0, 0))
+        png_chart.px(img, x, bottom, (0, 0, 0))
     for y in range(top, bottom):
-        _px(img, left, y, (0, 0, 0))
+        png_chart.px(img, left, y, (0, 0, 0))
     for i in range(6):
         v = y0 + (y1 - y0) * i / 5
-        _text(img, 5, sy(v) - 5, f"{v:+.0f}%", (0, 0, 0))
+        png_chart.text(img, 5, sy(v) - 5, f"{v:+.0f}%", (0, 0, 0))
         for x in range(left, right, 6):
-            _px(img, x, sy(v), (200, 200, 200))
+            png_chart.px(img, x, sy(v), (200, 200, 200))
         u = x0 + (x1 - x0) * i / 5
-        _text(img, sx(u) - 10, bottom + 8, f"{u:.0f}", (0, 0, 0))
-    _text(img, right - 150, bottom + 30, "file MiB", (0, 0, 0))
-    _text(img, left + 10, top, "perplexity vs fp32", (0, 0, 0))
+        png_chart.text(img, sx(u) - 10, bottom + 8, f"{u:.0f}", (0, 0, 0))
+    png_chart.text(img, right - 150, bottom + 30, "file MiB", (0, 0, 0))
+    png_chart.text(img, left + 10, top, "perplexity vs fp32", (0, 0, 0))
     for r, x, y in zip(rows, xs, ys):
         color = (200, 30, 30) if r["system"] == "llama.cpp" else (30, 60, 200)
         cx, cy = sx(x), sy(y)
-        for dx in range(-4, 5):
-            for dy in range(-4, 5):
-                if dx * dx + dy * dy <= 16:
-                    _px(img, cx + dx, cy + dy, color)
-        _text(img, cx + 7, cy - 5, r["variant"], color)
-    raw = b"".join(b"\x00" + bytes(img[2][y * w * 3 : (y + 1) * w * 3]) for y in range(h))
-
-    def chunk(kind, data):
-        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
-
-    return (
-        b"\x89PNG\r\n\x1a\n"
-        + chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 8, 2, 0, 0, 0))
-        + chunk(b"IDAT", zlib.compress(raw, 9))
-        + chunk(b"IEND", b"")
-    )
+        png_chart.dot(img, cx, cy, color)
+        png_chart.text(img, cx + 7, cy - 5, r["variant"], color)
+    return png_chart.png(img)
 
 
 if __name__ == "__main__":  # _score-gguf: in llama.cpp's venv, where genai_pipeline's dependencies are not

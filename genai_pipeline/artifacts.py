@@ -65,6 +65,9 @@ class PreparedModel:
     vision: Mapping[str, Any] | None = None  # a vision-language model's components, image size, preprocessing
     decoder_form: str | None = None  # "cache-io": the program takes its KV cache as I/O ...
     cache_io: Mapping[str, Any] | None = None  # ... by this contract
+    # checkpoints.block_loader.BlockLoader: the text decoder's weights still in the checkpoint (its
+    # module on the meta device until quantize loads it, a block at a time); None: all loaded
+    loader: Any = None
 
 
 @dataclass(frozen=True)

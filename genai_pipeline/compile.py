@@ -25,6 +25,7 @@ from genai_pipeline.export_folder import (
 from genai_pipeline.manifest import COMPLETE, QDQ_ONLY, ArtifactEntry, FileEntry, Manifest
 from genai_pipeline.names import GraphName
 from genai_pipeline.quantize.weights import save_int4
+from genai_pipeline.stages import stage
 from genai_pipeline.targets import Target
 from genai_pipeline.upstream.executorch_program_manager import store_shared_bytes_once
 from genai_pipeline.upstream.exir_lowering import lower_grouped, to_edge_transform_and_lower
@@ -56,15 +57,17 @@ def lower(artifact: Artifact, target: Target, progress: tqdm):
     for name, graph in artifact.graphs.items():
         progress.set_description(f"export {artifact.key.value}.{name.value}")
         target.adapt_for_lowering(graph.module, static_shapes)
-        programs[name.value] = torch.export.export(
-            graph.module, graph.example_inputs, dynamic_shapes=graph.dynamic_shapes, strict=False
-        )
+        with stage("torch.export"):
+            programs[name.value] = torch.export.export(
+                graph.module, graph.example_inputs, dynamic_shapes=graph.dynamic_shapes, strict=False
+            )
         progress.update()
     progress.set_description(f"lower {artifact.key.value} to {target.name}")
-    if target.grouped is not None:  # several methods in one payload (QNN context binaries)
-        edge = lower_grouped(programs, target.grouped(tuple(programs)), dict(artifact.constant_methods))
-    else:
-        edge = to_edge_transform_and_lower(programs, target.partitioners(), dict(artifact.constant_methods))
+    with stage("lower"):
+        if target.grouped is not None:  # several methods in one payload (QNN context binaries)
+            edge = lower_grouped(programs, target.grouped(tuple(programs)), dict(artifact.constant_methods))
+        else:
+            edge = to_edge_transform_and_lower(programs, target.partitioners(), dict(artifact.constant_methods))
     progress.update()
     return edge
 
@@ -87,9 +90,10 @@ def to_executorch(artifact: Artifact, target: Target, progress: tqdm, quantized:
         # Fuses torchao's quantized-embedding pattern into ExecuTorch's quantized kernels.
         do_quant_fusion_and_const_prop=quantized,
     )
-    program = edge.to_executorch(config)
-    # A tied embedding: the delegated LM head reads the table the lookup reads.
-    store_shared_bytes_once(program, config)
+    with stage("emit"):
+        program = edge.to_executorch(config)
+        # A tied embedding: the delegated LM head reads the table the lookup reads.
+        store_shared_bytes_once(program, config)
     progress.update()
     return program
 
@@ -125,7 +129,8 @@ def _lower_all(prepared: PreparedModel, target: Target, out: Path) -> dict:
             programs[key] = out / f"{key.value}.pte"
             # Streamed to the file piece by piece: `program.buffer` would hold a second copy of
             # every weight in memory at once (~5 GB for a 1B model in fp32).
-            atomic_write(programs[key], program.write_to_file)
+            with stage("write"):
+                atomic_write(programs[key], program.write_to_file)
             del program
             forget_lowered_graphs()
     return programs

@@ -30,6 +30,7 @@ from genai_pipeline.quantize import quantize
 from genai_pipeline.quantize.calibration import with_default_data
 from genai_pipeline.quantize.multimodal import check_vision_language_quant
 from genai_pipeline.registry import ModelSpec, get_spec
+from genai_pipeline.stages import peak_rss_so_far_mb, recording, stage
 from genai_pipeline.targets import Target, check_recipe, get_target
 from genai_pipeline.tokenizer import Tokenizer
 
@@ -69,7 +70,9 @@ def export(
     # previous one as it was, and nothing of the previous one lands in the new one.
     staging = make_staging_folder(out)  # also the check that `out` can be written, before any work
     try:
-        blocked = _export(model, prepare, quant, target, out, staging, verify)
+        with recording() as stages:
+            blocked = _export(model, prepare, quant, target, out, staging, verify)
+        _record_stages(staging, stages)
         publish(staging, out)
     finally:
         shutil.rmtree(staging, ignore_errors=True)  # whatever stopped the export, its staging folder goes
@@ -77,6 +80,13 @@ def export(
         raise blocked
     manifest = Manifest.read(out)
     return ArtifactSet(out, {key: out / file for key, file in manifest.programs.items()}, manifest)
+
+
+def _record_stages(staging: Path, stages) -> None:
+    """Each stage's time and memory, and the export's peak RSS, into the manifest."""
+    profile = {"stages": stages.as_manifest(), "peak_rss_mb": round(peak_rss_so_far_mb(), 1)}
+    dataclasses.replace(Manifest.read(staging), export_stages=profile).write(staging)
+    log.debug("export peak RSS %.2f GB", profile["peak_rss_mb"] / 1024)
 
 
 def _spec(model: str | None, checkpoint: Path | None) -> ModelSpec:
@@ -113,7 +123,10 @@ def _export(
     log.info("prepare %s (%s mode, max_seq_len %d)", spec.name, options.mode.value, options.max_seq_len)
     # A calibrated QDQ model of the previous export in `out` is reused when its key matches;
     # compile writes it into the staging folder with the rest.
-    prepared = quantize(prepare(spec, options), quant, target, cache=out)
+    with stage("prepare"):
+        # the weights a block at a time: quantize streams them (quantize/streaming.py)
+        prepared = prepare(spec, options, lazy=True)
+    prepared = quantize(prepared, quant, target, cache=out)
     log.info("compile for %s (%s)", target.name, prepared.recipe)
     report_tokens = None if quant.is_float or not verify else _report_tokens(prepared, quant)
     blocked = None
@@ -135,7 +148,8 @@ def _export(
         verification = _verify(staging, recipe, quant)
     else:
         log.warning("not verified against the float model: the checkpoint has no tokenizer to encode text with")
-    write_quant_report(staging, *report_tokens, verification=verification)  # before the swap: part of the folder
+    with stage("report"):
+        write_quant_report(staging, *report_tokens, verification=verification)  # before the swap: part of the folder
     return blocked
 
 
@@ -144,7 +158,8 @@ def _verify(staging: Path, recipe: str, quant: QuantOptions) -> Verification:
     a warning past the thresholds (genai_pipeline/evaluate/verify.py)."""
     log.info("verifying the program against its float model")
     texts = [d.path for d in quant.calibration.datasets if d.kind == "text"]
-    verification = verify_export(staging, recipe, texts)
+    with stage("verify"):
+        verification = verify_export(staging, recipe, texts)
     dataclasses.replace(Manifest.read(staging), verification=verification.as_manifest()).write(staging)
     log.info("%s", verification.line())
     if verification.warning:

@@ -29,8 +29,7 @@ Pillow resizes, as transformers does, so the pixels are identical (image_files.p
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
-from pathlib import Path
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -43,8 +42,9 @@ LANCZOS = 1  # PIL.Image.Resampling.LANCZOS, the value processor configs store a
 
 @dataclass(frozen=True)
 class ImageProcessing:
-    """What a family's Hugging Face processor does to an image and its prompt; read from a
-    checkpoint's preprocessor_config.json / processor_config.json, carried into the manifest."""
+    """What a family's Hugging Face processor does to an image and its prompt: the registry entry's
+    defaults, overridden by a checkpoint's processor files (checkpoints/processor.py); carried into
+    the manifest."""
 
     tile_size: int  # S: the encoder's input, `max_image_size.longest_edge` (CLIP: `crop_size`)
     longest_edge: int  # `size.longest_edge`: the first resize (Idefics3)
@@ -81,62 +81,6 @@ class ImageProcessing:
     @classmethod
     def from_dict(cls, data: dict) -> ImageProcessing:
         return cls(**data)
-
-    def with_checkpoint(self, folder: Path | None) -> ImageProcessing:
-        """These defaults overridden by what a checkpoint folder's processor files say."""
-        if folder is None:
-            return self
-        pre = _read_json(Path(folder) / "preprocessor_config.json")
-        pre = pre.get("image_processor", pre)  # some processors nest it
-        found = {}
-        if "max_image_size" in pre:
-            found["tile_size"] = int(pre["max_image_size"]["longest_edge"])
-        if "longest_edge" in (pre.get("size") or {}):
-            found["longest_edge"] = int(pre["size"]["longest_edge"])
-        if "shortest_edge" in (pre.get("size") or {}):
-            found["shortest_edge"] = int(pre["size"]["shortest_edge"])
-        if isinstance(pre.get("crop_size"), dict):
-            found["tile_size"] = int(pre["crop_size"]["height"])
-        if self.kind == "internvl":
-            if "height" in (pre.get("size") or {}):
-                found["tile_size"] = int(pre["size"]["height"])
-            if "crop_to_patches" in pre:
-                found["do_image_splitting"] = bool(pre["crop_to_patches"])
-            for ours, theirs in (("min_tiles", "min_patches"), ("max_tiles", "max_patches")):
-                if theirs in pre:
-                    found[ours] = int(pre[theirs])
-        for key in ("do_resize", "do_image_splitting"):
-            if key in pre:
-                found[key] = bool(pre[key])
-        for key in ("image_mean", "image_std"):
-            if key in pre:
-                value = pre[key]
-                found[key] = (
-                    tuple(value) * (3 if len(value) == 1 else 1) if isinstance(value, list) else (float(value),) * 3
-                )
-        if "resample" in pre:
-            found["resample"] = int(pre["resample"])
-        if "rescale_factor" in pre:
-            found["rescale_factor"] = float(pre["rescale_factor"])
-        return replace(self, **found)
-
-
-def stated_tokens_per_image(folder: Path | None) -> int | None:
-    """`<image>` tokens per frame as a checkpoint's processor_config.json states it, if it does."""
-    proc = _read_json(Path(folder) / "processor_config.json") if folder is not None else {}
-    return int(proc["image_seq_len"]) if "image_seq_len" in proc else None
-
-
-def _read_json(path: Path) -> dict:
-    import json
-
-    if not path.is_file():
-        return {}
-    try:
-        data = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise InputError(f"'{path}' is not valid JSON ({e})") from None
-    return data if isinstance(data, dict) else {}
 
 
 # ---------------------------------------------------------------- frames

@@ -81,6 +81,8 @@ class Manifest:
     export_seconds: float | None = None
     versions: Mapping[str, str] = field(default_factory=dict)
     verification: Mapping[str, Any] | None = None  # the closing check's figures (evaluate.verify)
+    # each stage's wall and CPU seconds and peak RSS, and the export's peak RSS (stages.py)
+    export_stages: Mapping[str, Any] | None = None
 
     @classmethod
     def read(cls, folder: Path) -> Manifest:
@@ -154,6 +156,7 @@ class Manifest:
             "export_seconds": self.export_seconds,
             "versions": self.versions,
             "verification": self.verification,
+            "export_stages": self.export_stages,
         }
         return {k: v for k, v in data.items() if v is not None or k not in _SECTIONS}
 
@@ -197,7 +200,7 @@ class Manifest:
 
 
 # The optional sections, left out where an export has none (the other keys are written as null).
-_SECTIONS = ("compile_spec", "vision", "decoder_form", "cache_io", "verification")
+_SECTIONS = ("compile_spec", "vision", "decoder_form", "cache_io", "verification", "export_stages")
 
 
 class _Malformed(Exception):
@@ -276,6 +279,7 @@ def _parse(data) -> Manifest:
         export_seconds=_value(data, "export_seconds", (int, float)),
         versions=_value(data, "versions", (dict,)) or {},
         verification=_value(data, "verification", (dict,)),
+        export_stages=_value(data, "export_stages", (dict,)),
     )
 
 

@@ -35,8 +35,18 @@ TINY_PREFILL = 8
 # fixtures: the tests that share the real model's fp32 export (minutes to lower) run on one worker,
 SHARED_BY_GROUP = ("smollm2_fp32",)
 # and so do those of each module whose tests share exports of its own (module fixtures, or a session
-# builder defined there): 20-35 s each, lowered twice when its tests are split.
-SHARED_BY_MODULE = ("test_lookahead_program", "test_vision_quant", "test_qnn", "test_app_images", "test_sweep")
+# builder defined there): 11-35 s each, lowered twice when its tests are split.
+SHARED_BY_MODULE = (
+    "test_lookahead_program",
+    "test_vision_quant",
+    "test_qnn",
+    "test_app_images",
+    "test_vision",
+    "test_sweep",
+)
+# A module whose tests take their exports from another module's builder joins that module's group:
+# test_vision.once builds the tiny SmolVLM's one program and its two split layouts once per worker.
+JOINS_MODULE = {"test_vision_split": "test_vision", "test_vision_chat": "test_vision"}
 # The real model exported with a recipe's defaults, or in fp32: minutes each. xdist hands out its groups
 # first (the largest first), then single tests in this order: these come first among them, so that the
 # workers share out the short tests around them instead of one of them finishing alone.
@@ -65,8 +75,9 @@ def pytest_collection_modifyitems(items) -> None:
 
     for item in items:
         group = next(iter(uses(item, SHARED_BY_GROUP)), None)
-        if group is None and item.path.stem in SHARED_BY_MODULE:
-            group = item.path.stem
+        module = JOINS_MODULE.get(item.path.stem, item.path.stem)
+        if group is None and module in SHARED_BY_MODULE:
+            group = module
         if group is not None:
             item.add_marker(pytest.mark.xdist_group(group))
     items.sort(key=lambda item: not uses(item, LONG))

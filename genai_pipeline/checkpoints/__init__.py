@@ -8,6 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from genai_pipeline.checkpoints import gguf, gguf_vocab, hf, llama2c
+from genai_pipeline.checkpoints.block_loader import BlockLoader
 from genai_pipeline.errors import CheckpointError
 from genai_pipeline.models.decoder import Decoder
 from genai_pipeline.registry import ModelSpec, infer_llama2c_spec, infer_spec
@@ -24,6 +25,14 @@ def load_decoder(spec: ModelSpec, folder: Path, max_seq_len: int) -> Decoder:
     if gguf.gguf_file(Path(folder)) is not None:
         return gguf.load_decoder(spec, Path(folder), max_seq_len)
     return LOADERS[spec.checkpoint_format](spec, Path(folder), max_seq_len)
+
+
+def open_decoder(spec: ModelSpec, folder: Path, max_seq_len: int) -> tuple[Decoder, BlockLoader | None]:
+    """load_decoder, but a Hugging Face folder's weights stay in its memory-mapped files until
+    the BlockLoader reads them (block_loader.py); other formats come loaded (loader None)."""
+    if gguf.gguf_file(Path(folder)) is None and spec.checkpoint_format == "hf":
+        return hf.open_decoder(spec, Path(folder), max_seq_len)
+    return load_decoder(spec, folder, max_seq_len), None
 
 
 def metadata_folder(checkpoint: Path) -> Path:

@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
+from genai_pipeline.checkpoints.block_loader import BlockLoader
 from genai_pipeline.errors import CheckpointError
 from genai_pipeline.models.decoder import Decoder, DecoderConfig
 from genai_pipeline.registry import ModelSpec
@@ -138,12 +139,81 @@ def safetensors_files(folder: Path) -> list[Path]:
 
 def load_decoder(spec: ModelSpec, folder: Path, max_seq_len: int) -> Decoder:
     """Build the decoder on the meta device and assign every tensor from the checkpoint once."""
+    model, weights = open_decoder(spec, folder, max_seq_len)
+    weights.load_all(model)
+    return model
+
+
+def open_decoder(spec: ModelSpec, folder: Path, max_seq_len: int) -> tuple[Decoder, BlockLoader]:
+    """The decoder on the meta device (its RoPE tables and empty KV cache made) and what loads its
+    weights from the memory-mapped files when asked, a block at a time: an export then holds one
+    block in float, not the model (quantize/streaming.py). Every tensor's name, shape and dtype are
+    checked here, from the files' headers; values when they are read."""
     folder = Path(folder)
     model, expected = empty_decoder(decoder_config(spec, folder), max_seq_len)
-    state: dict[str, torch.Tensor] = {}
+    index: dict[str, tuple[Path, str, tuple[tuple[str, tuple[int, ...]], ...]]] = {}
     for file in safetensors_files(folder):
-        state.update(_read_file(spec, file, expected))
-    return assign_weights(model, state, expected, folder)
+        index.update(_index_file(spec, file, expected))
+    missing = sorted(set(expected) - set(index))
+    if missing:
+        raise CheckpointError(
+            f"checkpoint '{folder}' lacks tensor(s) {', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}"
+        )
+    model.reset_buffers()
+    return model.eval().requires_grad_(False), BlockLoader(lambda names: _read(index, names, folder))
+
+
+def _index_file(spec: ModelSpec, file: Path, expected: dict[str, tuple[int, ...]]) -> dict:
+    """{our tensor: (file, its checkpoint key, the key's parts: (our name, shape) each)} for one
+    safetensors file, every key's shape and dtype checked from the header."""
+    index = {}
+    try:
+        with safe_open(str(file), framework="pt") as f:
+            for key in f.keys():
+                ours = spec.map_key(key)
+                if ours == ("output.weight",) and "output.weight" not in expected:
+                    continue  # a tied head saved anyway: the embedding is the head
+                if not ours or any(name not in expected for name in ours):
+                    raise CheckpointError(
+                        f"unexpected tensor '{key}' in '{file.name}' for a {spec.family} model with this config.json"
+                    )
+                header = f.get_slice(key)
+                shapes = tuple((name, expected[name]) for name in ours)
+                _check_shape(tuple(header.get_shape()), key, file.name, dict(shapes))
+                if not header.get_dtype().startswith(("F", "BF")):
+                    raise CheckpointError(
+                        _not_float(key, file.name, _DTYPES.get(header.get_dtype(), header.get_dtype()))
+                    )
+                index.update({name: (file, key, shapes) for name in ours})
+    except CheckpointError:
+        raise
+    except Exception as e:  # safetensors raises several types for a damaged file
+        raise CheckpointError(f"cannot read '{file}': {e}; the file is truncated or not safetensors") from None
+    return index
+
+
+# safetensors' header dtypes that are not float, as torch names them
+_DTYPES = {"BOOL": "bool", "U8": "uint8", "I8": "int8", "I16": "int16", "U16": "uint16", "I32": "int32"}
+_DTYPES |= {"U32": "uint32", "I64": "int64", "U64": "uint64"}
+
+
+def _read(index: dict, names, folder: Path) -> dict[str, torch.Tensor]:
+    """Our tensors `names` in float32, each checkpoint tensor read once, each checked finite."""
+    wanted: dict[tuple[Path, str], tuple] = {}
+    for name in names:
+        file, key, shapes = index[name]
+        wanted[(file, key)] = shapes
+    state = {}
+    for (file, key), shapes in wanted.items():
+        try:
+            with safe_open(str(file), framework="pt") as f:
+                tensor = f.get_tensor(key)
+        except Exception as e:  # safetensors raises several types for a damaged file
+            raise CheckpointError(f"cannot read '{file}': {e}; the file is truncated or not safetensors") from None
+        state.update(_as_ours(tensor, key, file.name, dict(shapes)))
+    state = {name: state[name] for name in names}
+    refuse_non_finite(state, folder)
+    return state
 
 
 def empty_decoder(config: DecoderConfig, max_seq_len: int) -> tuple[Decoder, dict[str, tuple[int, ...]]]:
@@ -184,39 +254,12 @@ def refuse_non_finite(state: dict[str, torch.Tensor], source: Path) -> None:
                 )
 
 
-def _read_file(spec: ModelSpec, file: Path, expected: dict[str, tuple[int, ...]]) -> dict[str, torch.Tensor]:
-    """Our tensors from one safetensors file, in float32; `expected`: our names and shapes."""
-    state = {}
-    try:
-        with safe_open(str(file), framework="pt") as f:
-            for key in f.keys():
-                ours = spec.map_key(key)
-                if ours == ("output.weight",) and "output.weight" not in expected:
-                    continue  # a tied head saved anyway: the embedding is the head
-                if not ours or any(name not in expected for name in ours):
-                    raise CheckpointError(
-                        f"unexpected tensor '{key}' in '{file.name}' for a {spec.family} model with this config.json"
-                    )
-                state.update(_as_ours(f.get_tensor(key), key, file.name, {name: expected[name] for name in ours}))
-    except CheckpointError:
-        raise
-    except Exception as e:  # safetensors raises several types for a damaged file
-        raise CheckpointError(f"cannot read '{file}': {e}; the file is truncated or not safetensors") from None
-    return state
-
-
 def _as_ours(
     tensor: torch.Tensor, key: str, file_name: str, shapes: dict[str, tuple[int, ...]]
 ) -> dict[str, torch.Tensor]:
     """A checkpoint tensor as our tensor, or as several when it is a fused one: our tensors
     concatenated along dim 0 (e.g. Phi-3's qkv_proj), split by their shapes."""
-    first = next(iter(shapes.values()))
-    want = (sum(shape[0] for shape in shapes.values()), *first[1:])
-    if tuple(tensor.shape) != want or any(shape[1:] != first[1:] for shape in shapes.values()):
-        parts = f" ({' + '.join(shapes)})" if len(shapes) > 1 else ""
-        raise CheckpointError(
-            f"tensor '{key}' in '{file_name}' has shape {tuple(tensor.shape)}, but config.json implies {want}{parts}"
-        )
+    _check_shape(tuple(tensor.shape), key, file_name, shapes)
     check_float(tensor, key, file_name)
     if len(shapes) == 1:
         return {name: tensor.to(torch.float32) for name in shapes}
@@ -225,14 +268,28 @@ def _as_ours(
     return {name: piece.to(torch.float32, copy=True) for name, piece in zip(shapes, pieces)}
 
 
+def _check_shape(shape: tuple[int, ...], key: str, file_name: str, shapes: dict[str, tuple[int, ...]]) -> None:
+    first = next(iter(shapes.values()))
+    want = (sum(s[0] for s in shapes.values()), *first[1:])
+    if shape != want or any(s[1:] != first[1:] for s in shapes.values()):
+        parts = f" ({' + '.join(shapes)})" if len(shapes) > 1 else ""
+        raise CheckpointError(
+            f"tensor '{key}' in '{file_name}' has shape {shape}, but config.json implies {want}{parts}"
+        )
+
+
 def check_float(tensor: torch.Tensor, key: str, file_name: str) -> None:
     """Float weights of any width are read as float32; integer ones are a quantized format
     (GPTQ/AWQ packs, bitsandbytes) whose values are not the weights."""
     if not tensor.is_floating_point():
-        raise CheckpointError(
-            f"tensor '{key}' in '{file_name}' is {str(tensor.dtype).removeprefix('torch.')}: a pre-quantized checkpoint "
-            "cannot be read; pass its float (fp32/bf16/fp16) checkpoint and quantize with --recipe"
-        )
+        raise CheckpointError(_not_float(key, file_name, str(tensor.dtype).removeprefix("torch.")))
+
+
+def _not_float(key: str, file_name: str, dtype: str) -> str:
+    return (
+        f"tensor '{key}' in '{file_name}' is {dtype}: a pre-quantized checkpoint "
+        "cannot be read; pass its float (fp32/bf16/fp16) checkpoint and quantize with --recipe"
+    )
 
 
 def random_decoder(config: DecoderConfig, max_seq_len: int, seed: int = 0) -> Decoder:

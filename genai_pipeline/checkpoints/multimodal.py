@@ -20,8 +20,11 @@ from genai_pipeline.registry import ModelSpec
 TIED_HEAD = "decoder.output.weight"
 
 
-def vision_config(spec: ModelSpec, folder: Path | None, processing: ImageProcessing) -> VisionConfig:
-    """The checkpoint's image tower (the entry's without one), normalising as its processor does."""
+def vision_config(
+    spec: ModelSpec, folder: Path | None, processing: ImageProcessing, processing_origin: str
+) -> VisionConfig:
+    """The checkpoint's image tower (the entry's without one), normalising as its processor does;
+    `processing_origin` says where the processor's settings were read (processor.ProcessorFiles)."""
     config = spec.vision.config
     if folder is not None:
         try:
@@ -31,9 +34,11 @@ def vision_config(spec: ModelSpec, folder: Path | None, processing: ImageProcess
                 f"'{folder}/config.json' does not describe a {spec.family} image tower: {e!r}"
             ) from None
     if processing.tile_size != config.image_size:
+        tower_origin = "config.json's vision_config.image_size" if folder is not None else "the entry"
         raise CheckpointError(
-            f"the processor's tiles are {processing.tile_size} px but the image tower takes {config.image_size} px; "
-            "this pipeline needs them equal"
+            f"the processor's tiles are {processing.tile_size} px ({processing_origin}) but the image tower takes "
+            f"{config.image_size} px ({tower_origin}); this pipeline needs "
+            "them equal: fix the one that does not describe the model"
         )
     return dataclasses.replace(
         config,

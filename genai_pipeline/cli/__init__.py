@@ -71,6 +71,8 @@ def cmd_export(args) -> int:
     from genai_pipeline.targets import get_target
 
     target = qnn_configured(get_target(args.target), args)  # QNN options checked before any work
+    if args.verbose:
+        log.setLevel(logging.DEBUG)
     quant = QuantOptions(
         recipe=args.recipe,
         group_size=args.group_size,

@@ -61,6 +61,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--target", default="xnnpack", help="xnnpack, portable, or qnn (lowering needs the QNN SDK)")
     p.add_argument(
+        "--verbose",
+        action="store_true",
+        help="each stage's wall and CPU time and peak memory as it ends (also in the manifest's export_stages)",
+    )
+    p.add_argument(
         "--soc",
         default=default(QnnOptions, "soc"),
         help="qnn: the Snapdragon SoC, e.g. SM8650, SM8750, SM8550; its HTP arch and VTCM come from ExecuTorch's table",

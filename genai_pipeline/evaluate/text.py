@@ -24,7 +24,8 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from genai_pipeline.checkpoints import load_decoder
+from genai_pipeline.checkpoints import open_decoder
+from genai_pipeline.checkpoints.block_loader import offload
 from genai_pipeline.checkpoints.hf import random_decoder
 from genai_pipeline.errors import InputError, ProgramError
 from genai_pipeline.export_folder import check_weights, int4_file, smoothing_file
@@ -35,9 +36,8 @@ from genai_pipeline.models.decoder import Decoder
 from genai_pipeline.models.vision import VisionLanguageModel
 from genai_pipeline.names import ArtifactKey, GraphName, Mode
 from genai_pipeline.options import EvalOptions, quant_options_from
-from genai_pipeline.quantize.recipes import quantize_module
-from genai_pipeline.quantize.rotation import rotate, unrotated
-from genai_pipeline.quantize.smoothing import smooth
+from genai_pipeline.quantize.rotation import unrotated
+from genai_pipeline.quantize.streaming import quantize_blocks
 from genai_pipeline.quantize.weights import load_int4
 from genai_pipeline.registry import get_spec
 from genai_pipeline.runtime.cache_io import CacheIOSession
@@ -54,7 +54,9 @@ def float_model(manifest: Manifest):
         return _float_vision_language_model(spec, manifest)
     if manifest.weights == "random":
         return random_decoder(manifest.config, manifest.max_seq_len, manifest.seed)
-    return load_decoder(spec, manifest.checkpoint_path, manifest.max_seq_len)
+    decoder, loader = open_decoder(spec, manifest.checkpoint_path, manifest.max_seq_len)
+    # a block at a time from the checkpoint's files: the float model of an 8B export is 32 GB
+    return decoder if loader is None else offload(decoder, loader)
 
 
 def _float_vision_language_model(spec, manifest: Manifest):
@@ -222,20 +224,26 @@ def quantized_model(folder: Path, manifest: Manifest, reference: Decoder, in_pla
     if quant.is_static:
         qdq_file = manifest.artifacts[ArtifactKey.TEXT_DECODER].qdq
         return torch.export.load(Path(folder) / qdq_file).module()
-    model = reference if in_place else copy.deepcopy(reference)
     if manifest.vision is not None:  # every component, each with its recipe
         from genai_pipeline.quantize.multimodal import quantize_model
 
+        model = reference if in_place else copy.deepcopy(reference)
         computed = int4_file(folder, ArtifactKey.MULTIMODAL.value)
         quantize_model(model, quant, load_int4(computed) if computed.is_file() else None)
         return model
     computed = int4_file(folder, "text_decoder")  # int4 weights the export calibrated (gptq)
-    if quant.rotate:  # seeded: the same rotation as the export's
-        rotate(model)
     scales = smoothing_file(folder, "text_decoder")
-    if scales.is_file():
-        smooth(model, torch.load(scales, weights_only=True))
-    quantize_module(model, quant, load_int4(computed) if computed.is_file() else None)
+    if getattr(reference, "offloaded", False):  # a fresh decoder, quantized as it loads: no float model held
+        model, loader = open_decoder(get_spec(manifest.entry), manifest.checkpoint_path, manifest.max_seq_len)
+    else:
+        model, loader = reference if in_place else copy.deepcopy(reference), None
+    quantize_blocks(
+        model,
+        loader,
+        quant,
+        given=load_int4(computed) if computed.is_file() else None,
+        scales=torch.load(scales, weights_only=True) if scales.is_file() else None,
+    )
     return model
 
 
@@ -249,7 +257,9 @@ NON_FINITE = {
 }
 
 
-def evaluate(folder: Path, options: EvalOptions, progress: bool = True) -> dict:
+def evaluate(folder: Path, options: EvalOptions, progress: bool = True, qdq: bool = True) -> dict:
+    """The program of the export in `folder` (and its QDQ model: `qdq`, or where there is no program)
+    scored against its float model on options.text."""
     manifest = Manifest.read(folder)
     check_weights(manifest.checkpoint)  # the float model must be the one the program was made from
     max_seq_len = manifest.max_seq_len
@@ -261,7 +271,7 @@ def evaluate(folder: Path, options: EvalOptions, progress: bool = True) -> dict:
 
     # A vision-language program's text path (token_embedding, text_decoder) is scored on text alone.
     reference = float_model(manifest)
-    qdq = quantized_model(folder, manifest, reference)
+    qdq = quantized_model(folder, manifest, reference) if qdq or manifest.status != COMPLETE else None
     reference, qdq = text_decoder(reference), None if qdq is None else text_decoder(qdq)
     models = {"float": EagerSession(reference)}
     contract = CacheIOContract.from_manifest(manifest)

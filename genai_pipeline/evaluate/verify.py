@@ -72,7 +72,7 @@ def verify_export(folder: Path, recipe: str, calibration_files: list[Path]) -> V
         f.write(text)
         f.flush()
         result = evaluate(
-            Path(folder), EvalOptions(text=Path(f.name), max_tokens=TOKENS, window=WINDOW), progress=False
+            Path(folder), EvalOptions(text=Path(f.name), max_tokens=TOKENS, window=WINDOW), progress=False, qdq=False
         )
     perplexity = result["perplexity"]
     measured = Verification(

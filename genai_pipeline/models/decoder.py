@@ -631,6 +631,15 @@ class Decoder(nn.Module):
             h = layer(h, start, ropes.get(rope), mask if windowed else None)  # rope None: no RoPE
         return h
 
+    def forward_block(self, i: int, h: torch.Tensor, start: int = 0) -> torch.Tensor:
+        """Block i alone, on h [1, T, dim] at positions start ...: what forward_blocks computes there
+        (quantize/streaming.py carries the hidden states from block to block, one block in memory)."""
+        seq_len = h.size(1)
+        mask = None
+        if self.layer_windowed[i]:
+            mask = sliding_window_mask(start, seq_len, self.max_seq_len, self.config.sliding_window, h.dtype)
+        return self.layers[i](h, start, self._rope_at(start, seq_len).get(self.layer_rope[i]), mask)
+
     def forward_cache_io(
         self,
         tokens: torch.Tensor,

@@ -14,7 +14,9 @@ from genai_pipeline.prepare.text import prepare_text
 from genai_pipeline.registry import ModelSpec
 
 
-def prepare(spec: ModelSpec, options: PrepareOptions) -> PreparedModel:
+def prepare(spec: ModelSpec, options: PrepareOptions, lazy: bool = False) -> PreparedModel:
+    """`lazy`: a text decoder's weights are left in a Hugging Face checkpoint's files, for quantize
+    to load a block at a time (PreparedModel.loader); else the model comes loaded."""
     check_kv_cache_fits(spec.config, options.max_seq_len)
     if spec.vision is not None:  # a vision-language model: its own module (components, one program)
         if options.cache_io:
@@ -26,4 +28,4 @@ def prepare(spec: ModelSpec, options: PrepareOptions) -> PreparedModel:
         raise InputError(
             f"--split applies to vision-language models only; {spec.name} is a text-only model (its export is one program already)"
         )
-    return prepare_text(spec, options)
+    return prepare_text(spec, options, lazy)

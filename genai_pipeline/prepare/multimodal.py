@@ -22,9 +22,10 @@ from torch.export import Dim
 from genai_pipeline.artifacts import Artifact, GraphBundle, PreparedModel
 from genai_pipeline.chat_template import read_chat_template
 from genai_pipeline.checkpoints.multimodal import load_multimodal, random_multimodal, vision_config
+from genai_pipeline.checkpoints.processor import ProcessorFiles, image_processing
 from genai_pipeline.checkpoints.special_tokens import read_special_tokens
 from genai_pipeline.errors import CheckpointError, InputError
-from genai_pipeline.image_processing import ImageProcessing, stated_tokens_per_image
+from genai_pipeline.image_processing import ImageProcessing
 from genai_pipeline.models.decoder import Decoder
 from genai_pipeline.models.vision import VisionConfig, VisionLanguageModel
 from genai_pipeline.names import ArtifactKey, GraphName, Mode
@@ -190,13 +191,14 @@ def read_processing(spec: ModelSpec, checkpoint: Path | None) -> tuple[ImageProc
     """The image processor's parameters and the tower's config: the checkpoint's files, the entry
     filling what they lack; `<image>` tokens per frame are the tower's (a processor file that
     states another number is refused)."""
-    processing = spec.vision.preprocessing.with_checkpoint(checkpoint)
-    vision = vision_config(spec, checkpoint, processing)
-    stated = stated_tokens_per_image(checkpoint)
+    files = ProcessorFiles.read(checkpoint)
+    processing = image_processing(spec.vision.preprocessing, files)
+    vision = vision_config(spec, checkpoint, processing, files.origin)
+    stated = files.tokens_per_image
     if stated is not None and stated != vision.tokens_per_image:
         raise CheckpointError(
-            f"the processor expands an image into {stated} tokens but the image tower "
-            f"makes {vision.tokens_per_image}; check processor_config.json's image_seq_len"
+            f"the processor expands an image into {stated} tokens ('{checkpoint}/processor_config.json') but the "
+            f"image tower makes {vision.tokens_per_image} (config.json); fix the one that does not describe the model"
         )
     return dataclasses.replace(processing, tokens_per_image=vision.tokens_per_image), vision
 

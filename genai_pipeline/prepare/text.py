@@ -12,7 +12,7 @@ from torch.export import Dim
 
 from genai_pipeline.artifacts import Artifact, GraphBundle, PreparedModel
 from genai_pipeline.chat_template import read_chat_template
-from genai_pipeline.checkpoints import load_decoder, metadata_folder
+from genai_pipeline.checkpoints import load_decoder, metadata_folder, open_decoder
 from genai_pipeline.checkpoints.hf import random_decoder
 from genai_pipeline.checkpoints.special_tokens import read_special_tokens
 from genai_pipeline.models.decoder import Decoder
@@ -83,11 +83,14 @@ def _graphs(decoder: Decoder, options: PrepareOptions) -> dict[GraphName, GraphB
     return graphs
 
 
-def prepare_text(spec: ModelSpec, options: PrepareOptions) -> PreparedModel:
+def prepare_text(spec: ModelSpec, options: PrepareOptions, lazy: bool = False) -> PreparedModel:
     checkpoint = options.checkpoint or spec.checkpoint
     if checkpoint is not None:
         log.info("loading %s from %s", spec.name, checkpoint)
-        decoder = load_decoder(spec, Path(checkpoint), options.max_seq_len)
+        if lazy:
+            decoder, loader = open_decoder(spec, Path(checkpoint), options.max_seq_len)
+        else:
+            decoder, loader = load_decoder(spec, Path(checkpoint), options.max_seq_len), None
         weights = str(checkpoint)
     else:
         log.warning(
@@ -95,7 +98,7 @@ def prepare_text(spec: ModelSpec, options: PrepareOptions) -> PreparedModel:
             spec.name,
             options.seed,
         )
-        decoder = random_decoder(spec.config, options.max_seq_len, options.seed)
+        decoder, loader = random_decoder(spec.config, options.max_seq_len, options.seed), None
         weights = "random"
     config = decoder.config
     if checkpoint is not None and checkpoint != spec.checkpoint:
@@ -152,5 +155,6 @@ def prepare_text(spec: ModelSpec, options: PrepareOptions) -> PreparedModel:
         weights=weights,
         tokenizer_file=tokenizer,
         special_tokens=special,
+        loader=loader,
         **sections,
     )

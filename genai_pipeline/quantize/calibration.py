@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import Callable
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -38,15 +39,23 @@ def observe_inputs(
 ) -> None:
     """Run `samples` (token lists) through `module` from position 0 in windows, calling
     record(name, x) with each named layer's input as float rows, [tokens, in_features]."""
+    with inputs_recorded(module, names, record):
+        for sample in samples:
+            for i in range(0, len(sample), window):
+                module(torch.tensor([sample[i : i + window]]), torch.tensor([0]))
+
+
+@contextmanager
+def inputs_recorded(module: nn.Module, names: set[str], record: Callable[[str, torch.Tensor], None], prefix: str = ""):
+    """While open, every forward of a layer of `module` named in `names` (as `prefix` + its name
+    in `module`) calls record(name, its input as float rows [tokens, in_features])."""
 
     def hook(name):
         return lambda _, inputs, __: record(name, inputs[0].detach().reshape(-1, inputs[0].shape[-1]).float())
 
-    handles = [m.register_forward_hook(hook(n)) for n, m in module.named_modules() if n in names]
+    handles = [m.register_forward_hook(hook(prefix + n)) for n, m in module.named_modules() if prefix + n in names]
     try:
-        for sample in samples:
-            for i in range(0, len(sample), window):
-                module(torch.tensor([sample[i : i + window]]), torch.tensor([0]))
+        yield
     finally:
         for h in handles:
             h.remove()
@@ -116,16 +125,23 @@ def input_statistics(
     """One pass over `samples` (observe_inputs) for both calibrations: per linear, each input
     channel's largest magnitude (smoothing's); for the linears in `hessian_names`, X^T X of their
     inputs (GPTQ's)."""
-    absmax, hessians = {}, {}
+    statistics = InputStatistics(hessian_names)
+    linears = {n for n, m in module.named_modules() if isinstance(m, nn.Linear)}
+    observe_inputs(module, linears, samples, window, statistics.record)
+    return statistics.absmax, statistics.hessians
 
-    def record(name: str, x: torch.Tensor) -> None:
+
+class InputStatistics:
+    """What input_statistics measures, accumulated one recorded input at a time."""
+
+    def __init__(self, hessian_names: set[str] = frozenset()):
+        self.absmax, self.hessians, self.hessian_names = {}, {}, hessian_names
+
+    def record(self, name: str, x: torch.Tensor) -> None:
         a = x.abs().amax(0)
-        absmax[name] = torch.maximum(absmax[name], a) if name in absmax else a
-        if name in hessian_names:
-            hessians[name] = hessians.get(name, 0) + x.T @ x
-
-    observe_inputs(module, {n for n, m in module.named_modules() if isinstance(m, nn.Linear)}, samples, window, record)
-    return absmax, hessians
+        self.absmax[name] = torch.maximum(self.absmax[name], a) if name in self.absmax else a
+        if name in self.hessian_names:
+            self.hessians[name] = self.hessians.get(name, 0) + x.T @ x
 
 
 def with_default_data(calibration: CalibrationOptions) -> CalibrationOptions:

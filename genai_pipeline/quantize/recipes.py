@@ -134,43 +134,77 @@ def quantize_module(
     in [-8, 7] and fp32 scales [out, in // 32] (a GGUF's Q4_0 blocks): with recipe 8da4w and group
     size 32 that layer takes them as they are instead of quantizing its float weight. XNNPACK
     stores group scales as bf16, so a scale keeps its value only if bf16 holds it."""
-    from torchao.quantization import quantize_
-
     given = dict(given or {})
     linears = linear_recipes(module, options, [k.removesuffix(".weight") for k in given])
     unknown = sorted(set(given) - {f"{n}.weight" for n in linears})
     if unknown:
         raise InputError(f"given weights for layers the model does not have: {', '.join(unknown[:3])}")
-    plan = {}
-    if options.embedding:
-        dim = next(m.embedding_dim for m in module.modules() if isinstance(m, nn.Embedding))
-        if options.embedding == "4w" and dim % options.group_size:
-            raise InputError(
-                f"the embedding width {dim} is not a multiple of --group-size {options.group_size}; use --embedding 8w"
-            )
-        tied = getattr(getattr(module, "config", None), "tie_embeddings", False)
-        # One table for lookup and head, as the checkpoint has: the head's given int4 values (chosen
-        # by gptq, or a GGUF's) where its rule takes them, which the program then stores once (compile).
-        tied_head = given.get(f"{HEAD}.weight") if tied and linears.get(HEAD) == "8da4w" else None
-        if options.embedding == "4w" and options.weight_rule != "torchao":
-            for m in module.modules():
-                if isinstance(m, nn.Embedding):
-                    if tied_head is not None:
-                        q, d = given_qparams(f"{HEAD}.weight", *tied_head, m.weight.shape, options.group_size)
-                    else:
-                        q, d = RULES[options.weight_rule](m.weight, options.group_size)
-                    m.weight = nn.Parameter(intx_weight(q, d, 4, m.weight.dtype, dynamic=False), requires_grad=False)
-        else:
-            quantize_(
-                module,
-                embedding_config(options.embedding, options.group_size),
-                filter_fn=lambda m, _: isinstance(m, nn.Embedding),
-            )
-        plan.update({n: f"emb{options.embedding}" for n, m in module.named_modules() if isinstance(m, nn.Embedding)})
+    plan = quantize_embedding(module, options, linears, given)
     check_group_size(module, linears, options.group_size)
+    quantize_linears(module, linears, options, given)
+    if given:
+        raise InputError(
+            f"given int4 weights need recipe 8da4w on their layers: {', '.join(sorted(given)[:3])} got "
+            f"{', '.join(sorted({linears[k[: -len('.weight')]] for k in given}))}"
+        )
+    plan.update(linears)
+    return plan
+
+
+def quantize_embedding(
+    module: nn.Module,
+    options: QuantOptions,
+    linears: Mapping[str, str],
+    given: Mapping[str, tuple[torch.Tensor, torch.Tensor]],
+) -> dict[str, str]:
+    """quantize_module's token embedding (`options.embedding`), in place: {name: emb<recipe>}."""
+    from torchao.quantization import quantize_
+
+    if not options.embedding:
+        return {}
+    dim = next(m.embedding_dim for m in module.modules() if isinstance(m, nn.Embedding))
+    if options.embedding == "4w" and dim % options.group_size:
+        raise InputError(
+            f"the embedding width {dim} is not a multiple of --group-size {options.group_size}; use --embedding 8w"
+        )
+    tied = getattr(getattr(module, "config", None), "tie_embeddings", False)
+    # One table for lookup and head, as the checkpoint has: the head's given int4 values (chosen
+    # by gptq, or a GGUF's) where its rule takes them, which the program then stores once (compile).
+    tied_head = given.get(f"{HEAD}.weight") if tied and linears.get(HEAD) == "8da4w" else None
+    if options.embedding == "4w" and options.weight_rule != "torchao":
+        for m in module.modules():
+            if isinstance(m, nn.Embedding):
+                if tied_head is not None:
+                    q, d = given_qparams(f"{HEAD}.weight", *tied_head, m.weight.shape, options.group_size)
+                else:
+                    q, d = RULES[options.weight_rule](m.weight, options.group_size)
+                m.weight = nn.Parameter(intx_weight(q, d, 4, m.weight.dtype, dynamic=False), requires_grad=False)
+    else:
+        quantize_(
+            module,
+            embedding_config(options.embedding, options.group_size),
+            filter_fn=lambda m, _: isinstance(m, nn.Embedding),
+        )
+    return {n: f"emb{options.embedding}" for n, m in module.named_modules() if isinstance(m, nn.Embedding)}
+
+
+def quantize_linears(
+    module: nn.Module,
+    linears: Mapping[str, str],
+    options: QuantOptions,
+    given: dict[str, tuple],
+    any_given: bool | None = None,
+) -> None:
+    """The linears `linears` ({name in `module`: recipe}) of `module` quantized in place, each by its
+    recipe; the int4 values `given` for one of them are taken (and popped from `given`). Beside
+    given ones (`any_given`: some layer of the model has them), int4 weights are rounded layer by
+    layer by options.weight_rule, also under the torchao rule."""
+    from torchao.quantization import quantize_
+
+    any_given = bool(given) if any_given is None else any_given
     for recipe in sorted(set(linears.values()) - {"fp32"}):
         chosen = {n for n, r in linears.items() if r == recipe}
-        if recipe == "8da4w" and options.weight_rule != "torchao" or recipe == "8da4w" and given:
+        if recipe == "8da4w" and (options.weight_rule != "torchao" or any_given):
             for name in sorted(chosen):
                 linear = module.get_submodule(name)
                 key = f"{name}.weight"
@@ -183,13 +217,6 @@ def quantize_module(
             quantize_(
                 module, linear_config(recipe, options.group_size), filter_fn=lambda m, fqn, chosen=chosen: fqn in chosen
             )
-    if given:
-        raise InputError(
-            f"given int4 weights need recipe 8da4w on their layers: {', '.join(sorted(given)[:3])} got "
-            f"{', '.join(sorted({linears[k[: -len('.weight')]] for k in given}))}"
-        )
-    plan.update(linears)
-    return plan
 
 
 def recipe_counts(plan: Mapping[str, str]) -> dict[str, int]:

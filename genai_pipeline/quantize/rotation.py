@@ -56,34 +56,56 @@ def rotate(decoder: nn.Module, seed: int = SEED) -> None:
     if not can_rotate(decoder):
         raise InputError("this decoder cannot be rotated (sandwich norms): quantize it without rotation")
     q = random_hadamard(decoder.config.dim, seed)
-
-    def scale_of(norm) -> torch.Tensor:
-        g = norm.weight.double()
-        norm.weight.fill_(0.0 if norm.unit_offset else 1.0)
-        return 1 + g if norm.unit_offset else g
-
-    def set_(linear: nn.Linear, w: torch.Tensor) -> None:
-        linear.weight.copy_(w.to(linear.weight.dtype))
-
     for block in decoder.layers:
-        for norm, readers in block.NORM_READERS.items():
-            g = scale_of(getattr(block, norm))
-            for linear in map(block.get_submodule, readers):
-                set_(linear, linear.weight.double() * g @ q)
-        for linear in (block.attention.wo, block.feed_forward.w2):
-            set_(linear, q.T @ linear.weight.double())
-    g = scale_of(decoder.norm)
-    table = decoder.tok_embeddings.weight
-    _times(table, q)
+        rotate_block(block, q)
+    rotate_embedding(decoder, q)
+    rotate_head(decoder, q)
+    decoder.rotation_seed = seed
+
+
+@torch.no_grad()
+def rotate_block(block: nn.Module, q: torch.Tensor) -> None:
+    """One block's part of `rotate`: its norms' scales folded into their readers, W Q for the
+    linears reading the residual stream, Q^T W for those writing it."""
+    for norm, readers in block.NORM_READERS.items():
+        g = _take_scale(getattr(block, norm))
+        for linear in map(block.get_submodule, readers):
+            _set(linear, linear.weight.double() * g @ q)
+    for linear in (block.attention.wo, block.feed_forward.w2):
+        _set(linear, q.T @ linear.weight.double())
+
+
+@torch.no_grad()
+def rotate_embedding(decoder: nn.Module, q: torch.Tensor) -> None:
+    """The table E Q (a tied head reads it too)."""
+    _times(decoder.tok_embeddings.weight, q)
+    if decoder.config.tie_embeddings:
+        decoder.tie_weights()
+
+
+@torch.no_grad()
+def rotate_head(decoder: nn.Module, q: torch.Tensor) -> None:
+    """The final norm's scale folded into the head: W diag(g) Q untied; tied, the float
+    head_rotation Q^T diag(g) Q before the rotated table (see the module doc)."""
+    g = _take_scale(decoder.norm)
     if not decoder.config.tie_embeddings:
         decoder.output.weight.mul_(g.to(decoder.output.weight.dtype))
         _times(decoder.output.weight, q)
     else:
-        decoder.tie_weights()  # the head reads the rotated table
-        pre = nn.Linear(q.shape[0], q.shape[0], bias=False, dtype=table.dtype)
-        set_(pre, q.T @ torch.diag(g) @ q)  # symmetric: its own transpose
+        pre = nn.Linear(q.shape[0], q.shape[0], bias=False, dtype=decoder.tok_embeddings.weight.dtype)
+        _set(pre, q.T @ torch.diag(g) @ q)  # symmetric: its own transpose
         decoder.head_rotation = pre
-    decoder.rotation_seed = seed
+
+
+def _take_scale(norm) -> torch.Tensor:
+    """A norm's scale (float64), the norm left without one."""
+    g = norm.weight.double()
+    norm.weight.fill_(0.0 if norm.unit_offset else 1.0)
+    return 1 + g if norm.unit_offset else g
+
+
+def _set(linear: nn.Linear, w: torch.Tensor) -> None:
+    linear.weight.copy_(w.to(linear.weight.dtype))
 
 
 def _times(w: torch.Tensor, q: torch.Tensor, rows: int = 16384) -> None:

@@ -23,27 +23,35 @@ def smoothing_scales(
     absorbs 1/s."""
     scales = {}
     for i, block in enumerate(getattr(module, "layers", ())):
-        p = f"layers.{i}."
+        scales.update(block_smoothing_scales(block, f"layers.{i}.", absmax, alpha))
+    return scales
 
-        def factor(names):
-            a = absmax.get(p + names[0])
-            if a is None:
-                return None
-            w = torch.stack([module.get_submodule(p + n).weight.detach().float().abs().amax(0) for n in names]).amax(0)
-            return (a.clamp(min=1e-5) ** alpha / w.clamp(min=1e-5) ** (1 - alpha)).clamp(min=1e-5)
 
-        for site, names in (
-            *block.NORM_READERS.items(),
-            ("feed_forward.w3", ["feed_forward.w2"]),
-            ("attention.wv", ["attention.wo"]),
-        ):
-            s = factor(names)
-            if s is None:
-                continue
-            if site == "attention.wv":  # wo's input channel (head h, d) is v's (kv head of h, d)
-                att = block.attention
-                s = s.view(att.n_kv_heads, att.n_heads // att.n_kv_heads, att.head_dim).amax(1).reshape(-1)
-            scales[p + site] = s
+def block_smoothing_scales(
+    block: nn.Module, prefix: str, absmax: dict[str, torch.Tensor], alpha: float = SMOOTH_ALPHA
+) -> dict[str, torch.Tensor]:
+    """smoothing_scales of one block, whose layers `absmax` names with `prefix` (`layers.3.`)."""
+    scales = {}
+
+    def factor(names):
+        a = absmax.get(prefix + names[0])
+        if a is None:
+            return None
+        w = torch.stack([block.get_submodule(n).weight.detach().float().abs().amax(0) for n in names]).amax(0)
+        return (a.clamp(min=1e-5) ** alpha / w.clamp(min=1e-5) ** (1 - alpha)).clamp(min=1e-5)
+
+    for site, names in (
+        *block.NORM_READERS.items(),
+        ("feed_forward.w3", ["feed_forward.w2"]),
+        ("attention.wv", ["attention.wo"]),
+    ):
+        s = factor(names)
+        if s is None:
+            continue
+        if site == "attention.wv":  # wo's input channel (head h, d) is v's (kv head of h, d)
+            att = block.attention
+            s = s.view(att.n_kv_heads, att.n_heads // att.n_kv_heads, att.head_dim).amax(1).reshape(-1)
+        scales[prefix + site] = s
     return scales
 
 

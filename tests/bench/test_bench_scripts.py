@@ -9,7 +9,7 @@ import pytest
 
 from bench.harness import ROOT, ChildFailed, cached, last_error_line, run_child
 
-SCRIPTS = sorted(p.stem for p in (ROOT / "bench").glob("*.py") if p.stem not in ("__init__", "harness"))
+SCRIPTS = sorted(p.stem for p in (ROOT / "bench").glob("*.py") if p.stem not in ("__init__", "harness", "png_chart"))
 
 
 @pytest.mark.parametrize("script", SCRIPTS)

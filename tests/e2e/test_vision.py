@@ -6,6 +6,7 @@ MultimodalRunner, preprocessing against transformers' processor, and bad input."
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -90,30 +91,22 @@ def save_tiny_smolvlm(folder: Path) -> Path:
         for name, p in model.named_parameters():
             p.normal_(0, 0.08) if "norm" not in name else p.normal_(1.0, 0.1)
     model.save_pretrained(folder, safe_serialization=True)
-    # The processor's files, as SmolVLM's (splitting on, LANCZOS, mean = std = 0.5), at this size: an image of
-    # IMAGE px is one frame that needs no resizing (Pillow, which resizes, may be missing).
-    (folder / "preprocessor_config.json").write_text(
-        json.dumps(
-            {
-                "image_processor_type": "Idefics3ImageProcessor",
-                "do_convert_rgb": True,
-                "do_resize": True,
-                "size": {"longest_edge": IMAGE},
-                "max_image_size": {"longest_edge": IMAGE},
-                "do_image_splitting": True,
-                "resample": 1,
-                "do_rescale": True,
-                "rescale_factor": 1 / 255,
-                "do_normalize": True,
-                "image_mean": [0.5, 0.5, 0.5],
-                "image_std": [0.5, 0.5, 0.5],
-                "do_pad": True,
-            }
-        )
+    # The processor's files as transformers 5.x saves them: one processor_config.json, the image processor's
+    # settings nested in it (no preprocessor_config.json; tests/checkpoints/test_processor.py reads both layouts).
+    # SmolVLM's settings (splitting on, LANCZOS, mean = std = 0.5) at this size: an image of IMAGE px is one
+    # frame that needs no resizing. Only processor_config.json is kept: the tokenizer stays the one made above.
+    from transformers.models.idefics3.image_processing_pil_idefics3 import Idefics3ImageProcessorPil
+
+    processor = transformers.Idefics3Processor(
+        image_processor=Idefics3ImageProcessorPil(
+            size={"longest_edge": IMAGE}, max_image_size={"longest_edge": IMAGE}, resample=1
+        ),
+        tokenizer=transformers.PreTrainedTokenizerFast(tokenizer_file=str(folder / "tokenizer.json")),
+        image_seq_len=4,
     )
-    (folder / "processor_config.json").write_text(
-        json.dumps({"image_seq_len": 4, "processor_class": "Idefics3Processor"})
-    )
+    processor.save_pretrained(folder / "processor")
+    (folder / "processor" / "processor_config.json").replace(folder / "processor_config.json")
+    shutil.rmtree(folder / "processor")
     return folder
 
 
@@ -270,7 +263,7 @@ def image_file(tmp_path_factory) -> Path:
     return once("image_file", lambda: write_ppm(tmp_path_factory.mktemp("images") / "photo.ppm", photo(IMAGE, IMAGE)))
 
 
-def test_program_has_the_runner_methods_and_a_manifest(program):
+def test_program_has_the_runner_methods_and_a_manifest(program, checkpoint):
     manifest = json.loads((program / "manifest.json").read_text())
     assert manifest["artifacts"]["multimodal"]["methods"] == ["token_embedding", "text_decoder", "vision_encoder"]
     vision = manifest["vision"]
@@ -283,7 +276,13 @@ def test_program_has_the_runner_methods_and_a_manifest(program):
     assert vision["preprocessing"]["do_image_splitting"] and vision["preprocessing"]["image_mean"] == [0.5, 0.5, 0.5]
     assert vision["runner_vocab_size"] == VOCAB  # every special token can be sampled by ExecuTorch's runner
     assert (manifest["bos_id"], manifest["eos_ids"]) == (1, [2])
-    assert (program / "preprocessor_config.json").is_file() and (program / "processor_config.json").is_file()
+    # The image settings nested in the checkpoint's processor_config.json (transformers 5.x's layout) reach the
+    # manifest, which our runtime reads; the file itself is copied for a runtime that reads it (transformers).
+    assert (vision["preprocessing"]["tile_size"], vision["preprocessing"]["longest_edge"]) == (IMAGE, IMAGE)
+    assert (program / "processor_config.json").read_bytes() == (checkpoint / "processor_config.json").read_bytes()
+    from transformers.models.idefics3.image_processing_pil_idefics3 import Idefics3ImageProcessorPil
+
+    assert Idefics3ImageProcessorPil.from_pretrained(program).max_image_size == {"longest_edge": IMAGE}
 
 
 def test_program_logits_match_transformers(program, reference, checkpoint, image_file):

@@ -1,0 +1,138 @@
+"""A checkpoint's processor settings, in either layout transformers writes them.
+
+transformers 5.x's `ProcessorMixin.save_pretrained` writes one processor_config.json: the
+processor's own settings (`image_seq_len`, ...) at its top level, the image processor's nested
+under `image_processor`, and no preprocessor_config.json. Earlier versions, and most published
+checkpoints, have the image processor's settings flat in preprocessor_config.json (beside a
+processor_config.json with the processor's own, if any). With both, processor_config.json's
+`image_processor` wins, as in transformers' `ImageProcessingMixin.get_image_processor_dict`.
+
+This is the one reader of those files for every vision family: what they state overrides the
+registry entry's `ImageProcessing` defaults (`image_processing`)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from genai_pipeline.errors import CheckpointError
+from genai_pipeline.image_processing import ImageProcessing
+
+PROCESSOR_FILE = "processor_config.json"
+IMAGE_PROCESSOR_FILE = "preprocessor_config.json"
+RESAVE = "re-save the processor with transformers' save_pretrained"
+
+
+@dataclass(frozen=True)
+class ProcessorFiles:
+    """What a checkpoint folder's processor files state, whichever layout they are in."""
+
+    image: dict  # the image processor's settings; {}: none stated, the entry's defaults stand
+    origin: str  # where they were read, for messages
+    tokens_per_image: int | None  # `<image>` tokens per frame, if processor_config.json states it
+
+    @classmethod
+    def read(cls, folder: Path | None) -> ProcessorFiles:
+        if folder is None:
+            return cls({}, "the entry's defaults (no checkpoint)", None)
+        folder = Path(folder)
+        processor = _read_json(folder / PROCESSOR_FILE)
+        if "image_processor" in processor:
+            image = processor["image_processor"]
+            if not isinstance(image, dict):
+                raise CheckpointError(
+                    f"'{folder / PROCESSOR_FILE}': image_processor is a {type(image).__name__}, "
+                    f"not the image processor's settings; {RESAVE}"
+                )
+            origin = f"'{folder / PROCESSOR_FILE}' (image_processor)"
+        elif image := _read_json(folder / IMAGE_PROCESSOR_FILE):
+            origin = f"'{folder / IMAGE_PROCESSOR_FILE}'"
+        else:
+            origin = f"the entry's defaults ('{folder}' has no {IMAGE_PROCESSOR_FILE} and no image_processor in {PROCESSOR_FILE})"
+        return cls(image, origin, _stated_tokens(processor, image, folder / PROCESSOR_FILE))
+
+
+def _stated_tokens(processor: dict, image: dict, path: Path) -> int | None:
+    """`<image>` tokens per frame as the processor states them, if it does: Idefics3's
+    `image_seq_len`, InternVL's `image_seq_length`, LLaVA's count from `patch_size` (transformers'
+    `LlavaProcessor`: patches of the crop, plus `num_additional_image_tokens`, less one for the
+    "default" feature strategy)."""
+    try:
+        for key in ("image_seq_len", "image_seq_length"):
+            if key in processor:
+                return _positive(processor[key], key)
+        patch, crop = processor.get("patch_size"), image.get("crop_size")
+        if patch is not None and isinstance(crop, dict):  # LLaVA; a null patch_size: its legacy processor, no count
+            patch = _positive(patch, "patch_size")
+            tokens = (crop["height"] // patch) * (crop["width"] // patch) + processor.get(
+                "num_additional_image_tokens", 0
+            )
+            return tokens - (processor.get("vision_feature_select_strategy") == "default")
+    except (KeyError, TypeError, ValueError) as e:
+        raise CheckpointError(f"'{path}' states image tokens this pipeline cannot read ({e}); {RESAVE}") from None
+    return None
+
+
+def _positive(value, key: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"{key} is {value!r}, not a positive number")
+    return value
+
+
+def image_processing(defaults: ImageProcessing, files: ProcessorFiles) -> ImageProcessing:
+    """The entry's defaults overridden by what the files state (transformers' names -> ours)."""
+    try:
+        return dataclasses.replace(defaults, **_stated(files.image, defaults.kind))
+    except (AttributeError, KeyError, TypeError, ValueError) as e:
+        raise CheckpointError(
+            f"{files.origin} holds image settings this pipeline cannot read ({e!r}); {RESAVE}"
+        ) from None
+
+
+def _stated(pre: dict, kind: str) -> dict:
+    found = {}
+    if "max_image_size" in pre:  # Idefics3: the encoder's tiles
+        found["tile_size"] = int(pre["max_image_size"]["longest_edge"])
+    size = pre.get("size") or {}
+    if "longest_edge" in size:
+        found["longest_edge"] = int(size["longest_edge"])
+    if "shortest_edge" in size:
+        found["shortest_edge"] = int(size["shortest_edge"])
+    if isinstance(pre.get("crop_size"), dict):  # CLIP: the centre crop
+        found["tile_size"] = int(pre["crop_size"]["height"])
+    if kind == "internvl":
+        if "height" in size:
+            found["tile_size"] = int(size["height"])
+        if "crop_to_patches" in pre:
+            found["do_image_splitting"] = bool(pre["crop_to_patches"])
+        for ours, theirs in (("min_tiles", "min_patches"), ("max_tiles", "max_patches")):
+            if theirs in pre:
+                found[ours] = int(pre[theirs])
+    for key in ("do_resize", "do_image_splitting"):
+        if key in pre:
+            found[key] = bool(pre[key])
+    for key in ("image_mean", "image_std"):
+        if key in pre:
+            value = pre[key]
+            found[key] = (
+                tuple(value) * (3 if len(value) == 1 else 1) if isinstance(value, list) else (float(value),) * 3
+            )
+    if "resample" in pre:
+        found["resample"] = int(pre["resample"])
+    if "rescale_factor" in pre:
+        found["rescale_factor"] = float(pre["rescale_factor"])
+    return found
+
+
+def _read_json(path: Path) -> dict:
+    if not path.is_file():
+        return {}
+    try:
+        data = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"'{path}' is not valid JSON ({e}); fix it, or {RESAVE}") from None
+    if not isinstance(data, dict):
+        raise CheckpointError(f"'{path}' holds a JSON {type(data).__name__}, not an object of settings; {RESAVE}")
+    return data

@@ -1,0 +1,214 @@
+"""quantize, a text decoder block by block: each block loaded in float, rotated, measured on the
+calibration text, smoothed, rounded by GPTQ and quantized before the next is loaded, the calibration
+hidden states carried from block to block. What stays in memory is the quantized model and one
+float block, not the float model (an 8B one is 32 GB in float32).
+
+The result is the whole-model pipeline's, bit for bit: every block's calibration inputs are the
+outputs of the rotated float blocks before it, as in one pass of the whole rotated float model
+(tests/quantize/test_streaming.py), so GPTQ sees the same Hessians and the program the same bytes.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from tqdm import tqdm
+
+from genai_pipeline.checkpoints.block_loader import BlockLoader
+from genai_pipeline.errors import InputError
+from genai_pipeline.layer_rules import recipe_of
+from genai_pipeline.models.decoder import KVCache
+from genai_pipeline.options import QuantOptions
+from genai_pipeline.quantize.calibration import InputStatistics, inputs_recorded
+from genai_pipeline.quantize.gptq import gptq_weights
+from genai_pipeline.quantize.recipes import quantize_embedding, quantize_linears, rules_for
+from genai_pipeline.quantize.rotation import SEED, random_hadamard, rotate_block, rotate_embedding, rotate_head
+from genai_pipeline.quantize.smoothing import block_smoothing_scales, smooth, smoothed_hessians, smoothed_inputs
+from genai_pipeline.stages import logged, peak_gb, stage
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """The text the blocks are measured on: token lists, run from position 0 in windows."""
+
+    samples: list[list[int]]
+    window: int
+
+
+@dataclass(frozen=True)
+class Streamed:
+    """What streaming chose: GPTQ's int4 weights and the smoothing scales (both empty without), and
+    the recipe each layer took ({} when deferred)."""
+
+    int4: dict[str, tuple[torch.Tensor, torch.Tensor]]
+    scales: dict[str, torch.Tensor]
+    plan: dict[str, str]
+
+
+@torch.no_grad()
+def quantize_blocks(
+    decoder: nn.Module,
+    loader: BlockLoader | None,
+    options: QuantOptions,
+    calibration: Calibration | None = None,
+    given: Mapping[str, tuple[torch.Tensor, torch.Tensor]] | None = None,
+    scales: Mapping[str, torch.Tensor] | None = None,
+    defer: bool = False,
+) -> Streamed:
+    """Quantize `decoder` (a models.decoder.Decoder) block by block, in place, by `options`' rules.
+
+    `loader`: where the weights not yet in `decoder` are (None: all are). `calibration`: the text
+    smoothing (`options.smooth`) and GPTQ (`options.weight_rule` gptq) measure; None: neither runs.
+    `given`: int4 weights taken as they are (a GGUF's, or an export's chosen ones when its quantized
+    model is rebuilt); `scales`: smoothing scales to apply instead of measuring them. `defer`: leave
+    the weights in float (smoothed, GPTQ's int4 chosen), for a size budget that chooses the 8-bit
+    layers from the whole model."""
+    n_layers = len(decoder.layers)
+    given = dict(given or {})
+    any_given = bool(given)
+    rules = rules_for(options, n_layers, [k.removesuffix(".weight") for k in given])
+    linears = {n: recipe_of(n, rules) for n, m in decoder.named_modules() if isinstance(m, nn.Linear)}
+    unknown = sorted(set(given) - {f"{n}.weight" for n in linears})
+    if unknown:
+        raise InputError(f"given weights for layers the model does not have: {', '.join(unknown[:3])}")
+    gptq = set()
+    if calibration is not None and options.weight_rule == "gptq" and not given:
+        gptq = {n for n, recipe in linears.items() if recipe == "8da4w"}
+    measure_smoothing = calibration is not None and options.smooth is not None and scales is None and not given
+    measure = bool(gptq) or measure_smoothing
+    chosen_scales = dict(scales or {})
+    computed: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+    q = random_hadamard(decoder.config.dim, SEED) if options.rotate else None
+
+    if loader is not None:
+        with stage("load", quiet=True):
+            loader.load_outer(decoder, ("tok_embeddings.weight",))
+    if q is not None:
+        with stage("rotate", quiet=True):
+            rotate_embedding(decoder, q)
+    hidden = []
+    if measure:
+        hidden = [
+            decoder.embed(torch.tensor([sample[i : i + calibration.window]]))
+            for sample in calibration.samples
+            for i in range(0, len(sample), calibration.window)
+        ]
+    started = time.perf_counter()
+    bar = tqdm(range(n_layers), desc="quantize blocks", unit="block", leave=False, dynamic_ncols=True)
+    for i in bar:
+        if log.isEnabledFor(logging.DEBUG) and peak_gb():
+            bar.set_postfix_str(f"peak RSS {peak_gb()}")
+        with stage("load", quiet=True):
+            block = loader.load_block(decoder, i) if loader is not None else decoder.layers[i]
+        prefix = f"layers.{i}."
+        if q is not None:
+            with stage("rotate", quiet=True):
+                rotate_block(block, q)
+        if measure:
+            names = {n for n in linears if n.startswith(prefix)}
+            statistics = InputStatistics(gptq & names)
+            with stage("calibrate", quiet=True), _own_kv_cache(decoder, block):
+                with inputs_recorded(block, names, statistics.record, prefix):
+                    hidden = [decoder.forward_block(i, x) for x in hidden]
+            hessians = statistics.hessians
+            if measure_smoothing:
+                with stage("smooth", quiet=True):
+                    block_scales = block_smoothing_scales(block, prefix, statistics.absmax, options.smooth)
+                    smooth(decoder, block_scales)
+                    hessians = smoothed_hessians(hessians, smoothed_inputs(decoder, block_scales))
+                chosen_scales.update(block_scales)
+            if gptq & names:
+                with stage("gptq", quiet=True):
+                    computed.update(_gptq(decoder, gptq & names, hessians, options.group_size))
+        elif block_scales := {s: v for s, v in chosen_scales.items() if s.startswith(prefix)}:
+            with stage("smooth", quiet=True):
+                smooth(decoder, block_scales)
+        if not defer:
+            block_linears = {n: r for n, r in linears.items() if n.startswith(prefix)}
+            with stage("quantize", quiet=True):
+                _quantize(decoder, block_linears, options, given, computed, any_given)
+
+    if loader is not None:
+        with stage("load", quiet=True):
+            loader.load_outer(decoder, ("norm.weight", "output.weight"))
+    if q is not None:
+        with stage("rotate", quiet=True):
+            rotate_head(decoder, q)
+        decoder.rotation_seed = SEED
+    if measure and "output" in gptq:
+        statistics = InputStatistics({"output"})
+        for x in hidden:
+            h = decoder.norm(x)
+            statistics.record("output", (h if decoder.head_rotation is None else decoder.head_rotation(h))[0].float())
+        with stage("gptq", quiet=True):
+            computed.update(_gptq(decoder, {"output"}, statistics.hessians, options.group_size))
+    if measure:
+        log.info(
+            "calibrated %d blocks on %d tokens in %.0f s (%s)",
+            n_layers,
+            sum(map(len, calibration.samples)),
+            time.perf_counter() - started,
+            ", ".join(p for p, on in (("smoothing", measure_smoothing), ("gptq", bool(gptq))) if on),
+        )
+    plan = {}
+    if not defer:
+        outer = {n: r for n, r in linears.items() if not n.startswith("layers.")}
+        if decoder.head_rotation is not None:
+            outer["head_rotation"] = linears["head_rotation"] = recipe_of("head_rotation", rules)
+        with stage("quantize", quiet=True):
+            plan = quantize_embedding(decoder, options, outer, {**given, **computed}) | linears
+            _quantize(decoder, outer, options, given, computed, any_given)
+        logged(("load", "rotate", "calibrate", "smooth", "gptq", "quantize"))
+        if given:
+            raise InputError(
+                f"given int4 weights need recipe 8da4w on their layers: {', '.join(sorted(given)[:3])} got "
+                f"{', '.join(sorted({linears[k.removesuffix('.weight')] for k in given}))}"
+            )
+    return Streamed(computed, chosen_scales, plan)
+
+
+def _quantize(
+    decoder: nn.Module, linears: Mapping[str, str], options: QuantOptions, given: dict, computed: dict, any_given: bool
+) -> None:
+    """quantize_linears on `linears`, with the int4 values given (popped from `given`; those a layer's
+    recipe did not take go back, for quantize_blocks to refuse) or chosen by GPTQ for them."""
+    keys = {f"{n}.weight" for n in linears}
+    taken = {k: given.pop(k) for k in keys & given.keys()} | {k: computed[k] for k in keys & computed.keys()}
+    quantize_linears(decoder, linears, options, taken, any_given)
+    given.update({k: v for k, v in taken.items() if k not in computed})
+
+
+def _gptq(decoder: nn.Module, names: set[str], hessians: dict, group_size: int) -> dict:
+    from genai_pipeline.upstream.executorch_logs import native_logs_hidden
+
+    with native_logs_hidden():
+        return gptq_weights(decoder, names, [], 0, group_size, hessians)
+
+
+class _own_kv_cache:
+    """A block of the cache-I/O form (no KV-cache buffers) runs from a cache of its own while it is
+    measured; every block's cache is left empty after."""
+
+    def __init__(self, decoder: nn.Module, block: nn.Module):
+        self.decoder, self.attention = decoder, block.attention
+        self.added = self.attention.kv_cache is None
+
+    def __enter__(self):
+        if self.added:
+            a = self.attention
+            self.attention.kv_cache = KVCache(self.decoder.max_seq_len, a.n_kv_heads, a.head_dim)
+        return self
+
+    def __exit__(self, *exc):
+        if self.added:
+            self.attention.kv_cache = None
+        else:
+            self.attention.kv_cache.k_cache.zero_()
+            self.attention.kv_cache.v_cache.zero_()
