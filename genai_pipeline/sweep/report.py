@@ -158,7 +158,7 @@ def _table_row(r: dict, optimal: bool) -> str:
         f"{r['prefill_tokens_per_s']:.1f}",
         f"{r['peak_rss_mb']:.0f}",
         f"{r['export_minutes']:.1f}",
-        f"{r['export_peak_rss_mb']:.0f}",
+        "n/a" if r.get("export_peak_rss_mb") is None else f"{r['export_peak_rss_mb']:.0f}",
     ]
     tds = "".join(f"<td class=num>{c}" for c in cells[2:])
     mark = "◆" if optimal else ""

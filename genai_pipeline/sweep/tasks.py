@@ -26,7 +26,7 @@ from genai_pipeline.errors import GenAIError
 from genai_pipeline.options import BenchOptions, EvalOptions, PrepareOptions
 from genai_pipeline.sweep.spec import Model, Spec, Variant
 
-EXPORT_RECORD = "export.json"  # the export's key and its cost, beside the export folder
+EXPORT_RECORD = "export.json"  # the key of the export beside it
 WORKERS = "workers.jsonl"  # a line per stage started: which process, on which host, in which run
 
 
@@ -141,7 +141,6 @@ def bench_stage(task: Task, storage: Path, run_id: str, threads: int = 0) -> dic
 
 
 def _export(task: Task, out: Path, record: Path) -> dict:
-    from genai_pipeline.bench.host import peak_rss_mb
     from genai_pipeline.export import export
     from genai_pipeline.manifest import Manifest
 
@@ -150,11 +149,8 @@ def _export(task: Task, out: Path, record: Path) -> dict:
     reused = done is not None and done["key"] == key and (out / "manifest.json").is_file()
     if not reused:
         record.unlink(missing_ok=True)  # an export under way is no longer the recorded one
-        start = time.perf_counter()
         export(task.model.registry, out=out, prepare=task.prepare, quant=task.variant.quant, target=task.variant.target)
-        # this worker process runs one stage (run.py: max_calls=1): its peak so far is the export's
-        done = {"key": key, "seconds": round(time.perf_counter() - start, 1), "peak_rss_mb": round(peak_rss_mb(), 1)}
-        record.write_text(json.dumps(done))
+        record.write_text(json.dumps({"key": key}))
     manifest = Manifest.read(out)
     programs = {name: manifest.files[name].bytes for name in manifest.programs.values()}
     return {
@@ -164,8 +160,9 @@ def _export(task: Task, out: Path, record: Path) -> dict:
         "mode": manifest.mode.value,
         "program_mb": round(sum(programs.values()) / 1e6, 3),
         "files": {name: f.bytes for name, f in manifest.files.items()},
-        "export_minutes": round(done["seconds"] / 60, 2),
-        "export_peak_rss_mb": done["peak_rss_mb"],
+        "export_minutes": round(manifest.export_seconds / 60, 2),
+        # the export's process peak (this worker runs one stage: run.py's max_calls=1)
+        "export_peak_rss_mb": (manifest.export_stages or {}).get("peak_rss_mb"),
         "verification": dict(manifest.verification) if manifest.verification else None,
     }
 

@@ -91,6 +91,7 @@ def test_a_sweep_gives_the_figures_of_genai_eval_and_genai_bench(first_run, caps
         assert row["bench"].keys() == benched.keys()
         assert row["bench"]["weight_bytes_per_token"] == benched["weight_bytes_per_token"]
         assert row["decode_tokens_per_s"] > 0 and row["prefill_tokens_per_s"] > 0 and row["peak_rss_mb"] > 0
+        assert row["export_peak_rss_mb"] > 0 and row["export_minutes"] > 0
         assert row["machine"] == machine()  # the CPU model and the threads bench used
     assert rows(result)["reference--fp32"]["perplexity_change_pct"] == pytest.approx(0, abs=1e-3)
 
