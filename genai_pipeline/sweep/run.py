@@ -106,9 +106,10 @@ class _Sweep:
         for task in todo:
             if task.model.name not in params:
                 params[task.model.name] = self._params(task)
-            if isinstance(params[task.model.name], str):  # the model's checkpoint cannot be read
+            error = self._cannot_place(task, params[task.model.name])
+            if error is not None:
                 self.exports_ended += 1
-                self._finish(task, {"error": params[task.model.name]})
+                self._finish(task, {"error": error})
             else:
                 self._submit(task, "export", params[task.model.name])
         while self.pending:
@@ -151,6 +152,18 @@ class _Sweep:
         except GenAIError as e:
             return str(e)
 
+    def _cannot_place(self, task: Task, params: int | str) -> str | None:
+        """Why no node can take the task's export (Ray would wait for one for ever), or None."""
+        if isinstance(params, str):  # the model's checkpoint cannot be read
+            return params
+        need, largest = export_memory_bytes(task.model, params), _largest_node("memory")
+        if need > largest:
+            return (
+                f"an export of {task.model.name} declares {need / 1e9:.1f} GB and the largest Ray node offers "
+                f"{largest / 1e9:.1f} GB: add a larger node, or set the model's memory_gb if it needs less"
+            )
+        return None
+
     def _submit(self, task: Task, stage: str, params: int) -> None:
         import ray
 
@@ -164,7 +177,7 @@ class _Sweep:
                 name=f"export {task.name}",
             )
         else:
-            cpus = _largest_node_cpus()
+            cpus = _largest_node("CPU")
             args = (int(cpus),)  # bench's threads unless the spec names them: the CPUs it holds
             remote = ray.remote(max_calls=1)(bench_stage).options(
                 num_cpus=cpus,
@@ -256,10 +269,11 @@ class _Sweep:
         )
 
 
-def _largest_node_cpus() -> float:
+def _largest_node(resource: str) -> float:
+    """The most of `resource` (CPU, memory) one node of the cluster has."""
     import ray
 
-    return max(node["Resources"].get("CPU", 0) for node in ray.nodes() if node["Alive"])
+    return max(node["Resources"].get(resource, 0) for node in ray.nodes() if node["Alive"])
 
 
 def _mark_shared_host(machine: dict) -> None:

@@ -151,3 +151,12 @@ def test_a_killed_worker_is_retried(first_run, tmp_path):
     row = done["rows"][0]
     assert row["status"] == "done" and row["attempts"] == {"export": 2, "bench": 1}
     assert not row["exported"]  # the retry reused the export of the same key
+
+
+def test_an_export_no_node_can_hold_fails_at_once(local_ray, tmp_path):
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(SPEC.replace("- registry: reference", "- {registry: reference, memory_gb: 100000}"))
+    result = run_sweep(read_spec(spec), tmp_path / "out")  # Ray would wait for such a node for ever
+    errors = {r["error"] for r in result["rows"]}
+    assert len(errors) == 1 and next(iter(errors)).startswith("an export of reference declares 100000.0 GB")
+    assert not (tmp_path / "out" / "exports" / "reference--fp32").exists()
