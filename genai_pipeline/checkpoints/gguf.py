@@ -13,10 +13,15 @@ Face folder would have given it:
   meta-device decoder (one copy of the weights, as `hf.py` does).
 
 What llama.cpp's convert_hf_to_gguf.py changed, undone here, per architecture (`ARCHS`):
-- llama: the rows of q and k (weights and biases) are permuted per head from Hugging Face's
-  rotate-half RoPE order to the interleaved order of llama.cpp's RoPE; undone with the inverse
-  permutation. qwen2, qwen3, gemma3 and phi3 use llama.cpp's NEOX (rotate-half) RoPE and are
-  stored unpermuted.
+- llama, smollm3, granite: the rows of q and k (weights and biases) are permuted per head from
+  Hugging Face's rotate-half RoPE order to the interleaved order of llama.cpp's RoPE; undone with
+  the inverse permutation. qwen2, qwen3, gemma3, phi3 and olmo2 use llama.cpp's NEOX (rotate-half)
+  RoPE and are stored unpermuted.
+- smollm3: nothing says which layers go without RoPE; llama.cpp takes every 4th, as transformers'
+  default does when config.json lists none.
+- granite: its four multipliers are metadata named as scales (`GRANITE_KEYS`).
+- olmo2: no norm before attention and MLP, post_attention_norm and post_ffw_norm after them, and
+  q/k norms over the whole projection: the tensors line up with ours by name.
 - gemma3: every `*norm.weight` is stored with 1 added (Gemma's RMSNorm scales by 1 + weight and
   llama.cpp's by weight); our decoder applies 1 + weight itself, so 1 is subtracted.
 - phi3: q/k/v are one `attn_qkv` tensor and gate/up one `ffn_up` tensor, as in Hugging Face's
@@ -86,6 +91,7 @@ class Arch:
     norm_shift: float = 0.0
     tensor_map: tuple[tuple[str, tuple[str, ...]], ...] = ()
     defaults: tuple[tuple[str, object], ...] = ()
+    config_keys: tuple[tuple[str, str], ...] = ()  # its own `{arch}.` metadata keys -> config.json keys
 
     def map_tensor(self, name: str) -> tuple[str, ...]:
         for pattern, replacements in self.tensor_map + TENSOR_MAP:
@@ -94,8 +100,19 @@ class Arch:
         return ()
 
 
+# Granite's multipliers, which llama.cpp's converter writes as scales (logits are divided by logit_scale).
+GRANITE_KEYS = (
+    ("embedding_scale", "embedding_multiplier"),
+    ("residual_scale", "residual_multiplier"),
+    ("attention.scale", "attention_multiplier"),
+    ("logit_scale", "logits_scaling"),
+)
+
 ARCHS: dict[str, Arch] = {
     "llama": Arch("llama", permuted_qk=True),
+    "smollm3": Arch("smollm3", permuted_qk=True),
+    "granite": Arch("granite", permuted_qk=True, config_keys=GRANITE_KEYS),
+    "olmo2": Arch("olmo2"),
     "qwen2": Arch("qwen2"),
     "qwen3": Arch("qwen3"),
     # Gemma 3: llama.cpp fixes what the GGUF leaves out: GeGLU, 5 of 6 layers sliding with a RoPE
@@ -190,7 +207,8 @@ def config_dict(reader, file: Path) -> dict:
     if "token_embd.weight" not in tensors:
         raise CheckpointError(f"'{file}' has no token_embd.weight tensor")
     config: dict = {"model_type": arch.model_type, **dict(arch.defaults)}
-    for key, ours in CONFIG_KEYS.items():
+    config_keys = {**CONFIG_KEYS, **dict(arch.config_keys)}
+    for key, ours in config_keys.items():
         value = metadata(reader, f"{name}.{key}")
         if isinstance(value, list):  # per-layer values (some files): ours are uniform
             if len(set(map(repr, value))) != 1:
@@ -205,7 +223,7 @@ def config_dict(reader, file: Path) -> dict:
     ]
     if missing:
         raise CheckpointError(f"'{file}' lacks metadata for {', '.join(missing)} of its {name} architecture")
-    check_metadata(name, config, tensors, file, CONFIG_KEYS)
+    check_metadata(name, config, tensors, file, config_keys)
     # The embedding's rows are the truth for the vocabulary size (some files pad the token list).
     config["vocab_size"] = int(tensors["token_embd.weight"].shape[-1])
     config["tie_word_embeddings"] = "output.weight" not in tensors

@@ -26,6 +26,12 @@ no `.item()`, no custom op, nothing shaped by data (models/cache_io.py has the c
 
 Family switches (all off by default: a Llama config is unchanged by them):
 - Qwen 2: `qkv_bias`. Qwen 3: `qk_norm`. SmolLM3: `nope_layers` (no RoPE in some layers).
+- Granite 3: `embedding_multiplier`, `residual_multiplier`, `attention_scale`, `logit_divisor`.
+- OLMo 2: `pre_norms=False` with `sandwich_norms` (norms after attention and MLP only),
+  `qk_norm_across_heads` (q and k normed over the whole projection, not per head).
+- Mistral / Ministral: sliding-window layers.
+- LFM2: `conv_layers` hold a gated short convolution (`ShortConv`) instead of attention; its
+  state is a cache by position like the KV cache (`ConvCache`), a mutable buffer of the program.
 - Phi-3/4: `rope_dim` (partial rotary), `LongRopeScaling`; fused checkpoint tensors are split by
   the loader, so the decoder keeps separate wq/wk/wv and w1/w3.
 - Gemma 3: `scale_embeddings`, `activation="gelu_tanh"`, `norm_unit_offset`, `sandwich_norms`,
@@ -137,18 +143,25 @@ class DecoderConfig:
     norm_eps: float = 1e-5
     norm_unit_offset: bool = False  # RMSNorm scales by (1 + weight) (Gemma)
     sandwich_norms: bool = False  # also normalise the attention and MLP outputs before the residual add (Gemma)
+    pre_norms: bool = True  # normalise the attention and MLP inputs; False: their outputs only (OLMo 2)
     rope_theta: float = 10000.0
     rope_scaling: RopeScaling | LongRopeScaling | None = None
     rope_dim: int = 0  # dims of each head that RoPE rotates, the first ones; 0: all (Phi: partial_rotary_factor)
     nope_layers: tuple[int, ...] = ()  # layers without RoPE (SmolLM3)
+    conv_layers: tuple[int, ...] = ()  # layers with a gated short convolution instead of attention (LFM2)
+    conv_kernel: int = 3  # the positions that convolution reads, its own included (LFM2's conv_L_cache)
     sliding_window: int | None = None  # tokens a sliding-window layer sees, itself included
     sliding_window_layers: tuple[int, ...] = ()  # layers with sliding-window attention
     rope_local_theta: float | None = None  # RoPE base of the sliding-window layers (Gemma 3); None: rope_theta
     qkv_bias: bool = False
     qk_norm: bool = False  # per-head RMSNorm on q and k before RoPE (Qwen3, Gemma 3)
+    qk_norm_across_heads: bool = False  # with qk_norm: over all heads of q (of k) at once (OLMo 2)
     attention_scale: float | None = None  # None: 1 / sqrt(head_dim) (Gemma 3: query_pre_attn_scalar ** -0.5)
     activation: str = "silu"  # gate activation of the MLP: "silu" (SwiGLU) or "gelu_tanh" (GeGLU, Gemma)
     scale_embeddings: bool = False  # token embeddings times sqrt(dim) (Gemma)
+    embedding_multiplier: float = 1.0  # token embeddings times this (Granite)
+    residual_multiplier: float = 1.0  # attention and MLP outputs times this before the residual add (Granite)
+    logit_divisor: float = 1.0  # logits divided by this (Granite's logits_scaling)
     final_logit_softcap: float | None = None  # logits = cap * tanh(logits / cap)
     tie_embeddings: bool = False
     max_position_embeddings: int = 2048
@@ -166,6 +179,7 @@ class DecoderConfig:
             "head_dim",
             "rope_dim",
             "sliding_window",
+            "conv_kernel",
         ):
             value, least = getattr(self, field), 0 if field in ("head_dim", "rope_dim") else 1  # 0: derived
             if (value is not None or field != "sliding_window") and not (_whole(value) and value >= least):
@@ -184,10 +198,23 @@ class DecoderConfig:
             raise ValueError(
                 f"DecoderConfig.activation must be one of {', '.join(ACTIVATIONS)}, got '{self.activation}'"
             )
-        for field in ("norm_eps", "rope_theta", "rope_local_theta", "attention_scale", "final_logit_softcap"):
+        for field in (
+            "norm_eps",
+            "rope_theta",
+            "rope_local_theta",
+            "attention_scale",
+            "final_logit_softcap",
+            "embedding_multiplier",
+            "residual_multiplier",
+            "logit_divisor",
+        ):
             value = getattr(self, field)
             if value is not None and not (isinstance(value, (int, float)) and 0 < value < math.inf):  # NaN too
                 raise ValueError(f"DecoderConfig.{field} must be a finite number above 0, got {value!r}")
+        if not (self.pre_norms or self.sandwich_norms):
+            raise ValueError("DecoderConfig.pre_norms=False needs sandwich_norms: a block without any norm")
+        if self.qk_norm_across_heads and not self.qk_norm:
+            raise ValueError("DecoderConfig.qk_norm_across_heads needs qk_norm")
 
     def _check_rope(self) -> None:
         if not 0 < self.rope_dim <= self.head_dim or self.rope_dim % 2:
@@ -200,7 +227,7 @@ class DecoderConfig:
             )
 
     def _check_layer_kinds(self) -> None:
-        for field in ("nope_layers", "sliding_window_layers"):
+        for field in ("nope_layers", "sliding_window_layers", "conv_layers"):
             object.__setattr__(self, field, tuple(getattr(self, field)))
             _check_layers(field, getattr(self, field), self.n_layers)
         if (self.sliding_window is None) != (not self.sliding_window_layers):
@@ -214,8 +241,8 @@ class DecoderConfig:
 
     def layer_rope(self, layer: int) -> str | None:
         """Which RoPE table a layer uses: "global", "local" (sliding-window layers with their own
-        base) or None (no RoPE)."""
-        if layer in self.nope_layers:
+        base) or None (no RoPE; a convolution layer has no use for one)."""
+        if layer in self.nope_layers or layer in self.conv_layers:
             return None
         if self.rope_local_theta is not None and layer in self.sliding_window_layers:
             return "local"
@@ -228,7 +255,7 @@ class DecoderConfig:
         scaling = data.get("rope_scaling")
         if scaling:
             data["rope_scaling"] = (LongRopeScaling if "short_factor" in scaling else RopeScaling)(**scaling)
-        for name in ("nope_layers", "sliding_window_layers"):
+        for name in ("nope_layers", "sliding_window_layers", "conv_layers"):
             if name in data:
                 data[name] = tuple(data[name])
         return cls(**data)
@@ -241,11 +268,13 @@ class DecoderConfig:
         if self.qkv_bias:
             attn += q + 2 * kv
         if self.qk_norm:
-            attn += 2 * hd
-        norms = (4 if self.sandwich_norms else 2) * d
-        block = attn + 3 * d * self.hidden_dim + norms
+            attn += q + kv if self.qk_norm_across_heads else 2 * hd
+        norms = (2 * self.pre_norms + 2 * self.sandwich_norms) * d
+        conv = 3 * d * d + d * d + d * self.conv_kernel  # in_proj, out_proj, the depthwise kernel
+        mixers = (self.n_layers - len(self.conv_layers)) * attn + len(self.conv_layers) * conv
+        block = 3 * d * self.hidden_dim + norms
         head = 0 if self.tie_embeddings else self.vocab_size * d
-        return self.vocab_size * d + self.n_layers * block + d + head
+        return self.vocab_size * d + mixers + self.n_layers * block + d + head
 
 
 def rope_inverse_frequencies(config: DecoderConfig, max_seq_len: int, local: bool = False) -> torch.Tensor:
@@ -347,6 +376,54 @@ class KVCache(nn.Module):
         torch.ops.llama.update_cache(v, self.v_cache, start)
 
 
+class ConvCache(nn.Module):
+    """A short convolution's state, kept as the KV cache is: its input rows by position,
+    [1, kernel - 1 + max_seq_len, 1, dim], after kernel - 1 rows of zeros (the inputs before
+    position 0, never written); a mutable buffer in the program, shared by its methods. Kept by
+    position rather than as the last kernel - 1 rows for the KV cache's reasons: a chunk padded
+    past its last real token writes rows the next call overwrites, and a call at any position (a
+    new conversation at 0, a rollback) finds the rows before it; no reset is needed."""
+
+    def __init__(self, max_seq_len: int, dim: int, kernel: int):
+        super().__init__()
+        import executorch.extension.llm.custom_ops.custom_ops  # noqa: F401  (see KVCache)
+
+        self.kernel = kernel
+        self.register_buffer("conv_cache", torch.zeros(1, kernel - 1 + max_seq_len, 1, dim), persistent=False)
+
+    def window(self, x: torch.Tensor, start) -> torch.Tensor:
+        """x [1, T, dim] at positions start ...: written, and returned after the kernel - 1 rows
+        before it, [1, kernel - 1 + T, dim]."""
+        torch.ops.llama.update_cache(x.unsqueeze(2), self.conv_cache, start + self.kernel - 1)
+        return self.conv_cache.narrow(1, start, x.size(1) + self.kernel - 1).squeeze(2)
+
+
+class ShortConv(nn.Module):
+    """LFM2's gated short convolution, in place of attention: B, C, x = in_proj(h), then
+    out_proj(C * conv(B * x)), the convolution depthwise and causal over `conv_kernel` positions.
+    Taken as shifted products, not conv1d: elementwise ops any backend takes."""
+
+    def __init__(self, config: DecoderConfig, max_seq_len: int):
+        super().__init__()
+        d, self.kernel = config.dim, config.conv_kernel
+        self.in_proj = nn.Linear(d, 3 * d, bias=False)
+        self.out_proj = nn.Linear(d, d, bias=False)
+        self.conv_weight = nn.Parameter(torch.zeros(d, 1, self.kernel))  # nn.Conv1d's layout, depthwise
+        self.conv_cache = ConvCache(max_seq_len, d, self.kernel)
+
+    def forward(self, x: torch.Tensor, start, rope, mask, rows=None) -> torch.Tensor:
+        """As Attention.forward (rope and mask unused); no cache-I/O form (prepare refuses it)."""
+        d, t = x.size(-1), x.size(1)
+        y = self.in_proj(x)  # slices, not chunk: see apply_rope
+        gate_in, gate_out, h = y[..., :d], y[..., d : 2 * d], y[..., 2 * d :]
+        window = self.conv_cache.window(gate_in * h, start)
+        w = self.conv_weight[:, 0]  # [d, kernel]
+        conv = window[:, :t] * w[:, 0]
+        for i in range(1, self.kernel):
+            conv = conv + window[:, i : i + t] * w[:, i]
+        return self.out_proj(gate_out * conv)
+
+
 # The cache-I/O form's additive mask value for hidden columns (Qualcomm's PADDING_MASK_VALUE):
 # exp(-255) underflows to 0 in float32, and a 16-bit quantized mask keeps a fine step.
 MASK_HIDDEN = -255.0
@@ -400,16 +477,20 @@ class Attention(nn.Module):
         self.wk = nn.Linear(c.dim, c.n_kv_heads * hd, bias=c.qkv_bias)
         self.wv = nn.Linear(c.dim, c.n_kv_heads * hd, bias=c.qkv_bias)
         self.wo = nn.Linear(c.n_heads * hd, c.dim, bias=False)
-        self.q_norm = RMSNorm(hd, c.norm_eps, c.norm_unit_offset) if c.qk_norm else None
-        self.k_norm = RMSNorm(hd, c.norm_eps, c.norm_unit_offset) if c.qk_norm else None
+        # per head, or over all heads of the projection at once (OLMo 2: before the split into heads)
+        self.qk_norm_across_heads = c.qk_norm_across_heads
+        q_size, k_size = (c.n_heads * hd, c.n_kv_heads * hd) if c.qk_norm_across_heads else (hd, hd)
+        self.q_norm = RMSNorm(q_size, c.norm_eps, c.norm_unit_offset) if c.qk_norm else None
+        self.k_norm = RMSNorm(k_size, c.norm_eps, c.norm_unit_offset) if c.qk_norm else None
         self.kv_cache = KVCache(max_seq_len, c.n_kv_heads, hd)
         self.fused: nn.Linear | None = None  # see fuse
 
     def fuse(self, concat: Callable) -> None:
         """wq and wk as one linear, with wv too when its weight takes the same kernel: one matmul
         where there were two or three (see fused_linear). Prefill and decode share the module:
-        a second call finds nothing left to fuse."""
-        if self.wq is None:
+        a second call finds nothing left to fuse. Not with q/k norms across heads: they norm q and k
+        before the split into heads, which a fused output would need sliced and reshaped back."""
+        if self.wq is None or self.qk_norm_across_heads:
             return
         for names in (("wq", "wk", "wv"), ("wq", "wk")):
             self.fused = fused_linear([getattr(self, n) for n in names], concat)
@@ -426,11 +507,10 @@ class Attention(nn.Module):
         v = self.wv(x) if self.wv is not None else None
         # -1 for the length: XNNPACK delegates no reshape to a symbolic size (a dynamic-length graph)
         if self.fused is None:
-            q, k, v = (
-                self.wq(x).reshape(b, -1, n_q, hd),
-                self.wk(x).reshape(b, -1, n_kv, hd),
-                v.reshape(b, -1, n_kv, hd),
-            )
+            q, k = self.wq(x), self.wk(x)
+            if self.qk_norm_across_heads:
+                q, k = self.q_norm(q), self.k_norm(k)
+            q, k, v = q.reshape(b, -1, n_q, hd), k.reshape(b, -1, n_kv, hd), v.reshape(b, -1, n_kv, hd)
         else:  # one matmul's output split by heads, reshaped first: the reshape of a slice is a copy of symbolic size
             y = self.fused(x)
             y = y.reshape(b, -1, y.shape[-1] // hd, hd)
@@ -439,7 +519,7 @@ class Attention(nn.Module):
                 qk = apply_rope(qk, *rope) if rope is not None else qk
                 return qk[:, :, :n_q], qk[:, :, n_q:], v
             q, k = qk[:, :, :n_q], qk[:, :, n_q:]
-        if self.q_norm is not None:
+        if self.q_norm is not None and not self.qk_norm_across_heads:
             q, k = self.q_norm(q), self.k_norm(k)
         if rope is not None:
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
@@ -500,33 +580,54 @@ class FeedForward(nn.Module):
         return self.w2(self.act(y[..., :n]) * y[..., n:])
 
 
-class Block(nn.Module):
-    # Each pre-norm and the linears reading its output (submodule names): the norm's scale can move
-    # into them (quantize/rotation.py, SmoothQuant in quantize/smoothing.py)
-    NORM_READERS = {
-        "attention_norm": ("attention.wq", "attention.wk", "attention.wv"),
-        "ffn_norm": ("feed_forward.w1", "feed_forward.w3"),
-    }
+# Each pre-norm and the linears reading its output (submodule names): the norm's scale can move
+# into them (quantize/rotation.py, SmoothQuant in quantize/smoothing.py)
+NORM_READERS = {
+    "attention_norm": ("attention.wq", "attention.wk", "attention.wv"),
+    "ffn_norm": ("feed_forward.w1", "feed_forward.w3"),
+}
 
-    def __init__(self, config: DecoderConfig, max_seq_len: int):
+
+class Block(nn.Module):
+    """Attention, or a short convolution (`conv`: LFM2), then the MLP, each added to the residual
+    stream after their norms."""
+
+    def __init__(self, config: DecoderConfig, max_seq_len: int, conv: bool = False):
         super().__init__()
 
         def norm() -> nn.Module:
             return RMSNorm(config.dim, config.norm_eps, config.norm_unit_offset)
 
+        pre_norm = norm if config.pre_norms else nn.Identity
         post_norm = norm if config.sandwich_norms else nn.Identity
-        self.attention_norm = norm()
-        self.attention = Attention(config, max_seq_len)
+        self.norm_readers = NORM_READERS if config.pre_norms else {}  # no pre-norm: no scale to move
+        # the linears writing the residual stream (quantize/rotation.py)
+        self.residual_writers = ("attention.wo", "feed_forward.w2")
+        self.attention_norm = pre_norm()
+        self.attention: Attention | None = None
+        self.conv: ShortConv | None = None
+        if conv:
+            self.conv = ShortConv(config, max_seq_len)
+            self.norm_readers = {**self.norm_readers, "attention_norm": ("conv.in_proj",)}
+            self.residual_writers = ("conv.out_proj", "feed_forward.w2")
+        else:
+            self.attention = Attention(config, max_seq_len)
         self.attention_post_norm = post_norm()
-        self.ffn_norm = norm()
+        self.ffn_norm = pre_norm()
         self.feed_forward = FeedForward(config)
         self.ffn_post_norm = post_norm()
+        self.residual_multiplier = config.residual_multiplier
 
     def forward(
         self, x: torch.Tensor, start, rope: tuple | None, mask: torch.Tensor | None, rows: CacheRows | None = None
     ) -> torch.Tensor:
-        x = x + self.attention_post_norm(self.attention(self.attention_norm(x), start, rope, mask, rows))
-        return x + self.ffn_post_norm(self.feed_forward(self.ffn_norm(x)))
+        mixer = self.attention if self.conv is None else self.conv
+        x = x + self._residual(self.attention_post_norm(mixer(self.attention_norm(x), start, rope, mask, rows)))
+        return x + self._residual(self.ffn_post_norm(self.feed_forward(self.ffn_norm(x))))
+
+    def _residual(self, h: torch.Tensor) -> torch.Tensor:
+        # a branch on the config, not on data: a multiplier of 1 leaves the graph as it was
+        return h if self.residual_multiplier == 1.0 else h * self.residual_multiplier
 
 
 class Decoder(nn.Module):
@@ -540,7 +641,7 @@ class Decoder(nn.Module):
         super().__init__()
         self.config, self.max_seq_len = config, max_seq_len
         self.tok_embeddings = nn.Embedding(config.vocab_size, config.dim)
-        self.layers = nn.ModuleList(Block(config, max_seq_len) for _ in range(config.n_layers))
+        self.layers = nn.ModuleList(Block(config, max_seq_len, i in config.conv_layers) for i in range(config.n_layers))
         self.norm = RMSNorm(config.dim, config.norm_eps, config.norm_unit_offset)
         self.output = nn.Linear(config.dim, config.vocab_size, bias=False)
         # Set by rotation.rotate: the residual stream is x Q (Q = rotation.random_hadamard(dim, seed)),
@@ -567,7 +668,8 @@ class Decoder(nn.Module):
         take the same kernel (Attention.fuse, FeedForward.fuse); the same function, computed in
         fewer matmuls. Names like `attention.wq` are gone afterwards: for lowering only."""
         for layer in self.layers:
-            layer.attention.fuse(concat)
+            if layer.attention is not None:
+                layer.attention.fuse(concat)
             layer.feed_forward.fuse(concat)
 
     def swap_rope_halves_by_matmul(self) -> None:
@@ -582,12 +684,17 @@ class Decoder(nn.Module):
         """Drop the KV-cache buffers for the cache-I/O form (`forward_cache_io`): there the runtime
         owns the cache, and unused buffers would still be exported, as constants of cache size."""
         for layer in self.layers:
-            layer.attention.kv_cache = None
+            if layer.attention is not None:
+                layer.attention.kv_cache = None
 
     def reset_buffers(self) -> None:
         """(Re)create RoPE tables and empty caches, e.g. after building on the meta device."""
         self._set_rope_tables()
         for layer in self.layers:
+            if layer.conv is not None:
+                cache = layer.conv.conv_cache
+                cache.conv_cache = torch.zeros(cache.conv_cache.shape)
+                continue
             cache = layer.attention.kv_cache
             if cache is None:  # the cache-I/O form
                 continue
@@ -611,6 +718,8 @@ class Decoder(nn.Module):
             self.config.scale_embeddings
         ):  # sqrt(dim) rounded to float32, then to the embedding dtype, as transformers does
             h = h * torch.tensor(self.config.dim**0.5, dtype=torch.float32).to(h.dtype)
+        if self.config.embedding_multiplier != 1.0:
+            h = h * self.config.embedding_multiplier
         return h
 
     def forward_embeddings(self, h: torch.Tensor, input_pos: torch.Tensor, last_only: bool = False) -> torch.Tensor:
@@ -671,7 +780,10 @@ class Decoder(nn.Module):
         h = self.norm(h)
         if self.head_rotation is not None:
             h = self.head_rotation(h)
-        return self._softcap(self.output(h))
+        logits = self.output(h)
+        if self.config.logit_divisor != 1.0:
+            logits = logits / self.config.logit_divisor
+        return self._softcap(logits)
 
     def _rope_at(self, start, seq_len: int) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
         """The RoPE tables' rows for positions [start, start + seq_len), per kind in use."""

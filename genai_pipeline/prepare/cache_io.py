@@ -8,6 +8,7 @@ from torch import nn
 from torch.export import Dim
 
 from genai_pipeline.artifacts import GraphBundle
+from genai_pipeline.errors import InputError
 from genai_pipeline.models.cache_io import FORM, CacheIOContract
 from genai_pipeline.models.decoder import Decoder
 from genai_pipeline.names import GraphName
@@ -44,6 +45,8 @@ def cache_io_example_inputs(decoder: Decoder, rows: int) -> tuple:
 def cache_io_graphs(decoder: Decoder, options: PrepareOptions) -> tuple[dict, GraphBundle, dict]:
     """The cache-I/O form: its deploy graphs (static T), its quantize graph (dynamic T, every
     row's logits) and the manifest's sections describing the I/O contract (PreparedModel fields)."""
+    if decoder.config.conv_layers:
+        raise InputError("the cache-I/O form carries no convolution state: export this model (LFM2) without --cache-io")
     decoder.use_cache_io()
     rows = {GraphName.PREFILL_CHUNK: options.prefill_len, GraphName.DECODE_TOKEN: 1}
     rows = {name: rows[name] for name in options.mode.graphs}

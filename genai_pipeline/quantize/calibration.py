@@ -141,7 +141,11 @@ class InputStatistics:
         a = x.abs().amax(0)
         self.absmax[name] = torch.maximum(self.absmax[name], a) if name in self.absmax else a
         if name in self.hessian_names:
-            self.hessians[name] = self.hessians.get(name, 0) + x.T @ x
+            xtx = x.T @ x
+            if name in self.hessians:
+                self.hessians[name].add_(xtx)  # in place: no third n x n while the sum is made
+            else:
+                self.hessians[name] = xtx
 
 
 def with_default_data(calibration: CalibrationOptions) -> CalibrationOptions:

@@ -41,7 +41,7 @@ def block_smoothing_scales(
         return (a.clamp(min=1e-5) ** alpha / w.clamp(min=1e-5) ** (1 - alpha)).clamp(min=1e-5)
 
     for site, names in (
-        *block.NORM_READERS.items(),
+        *block.norm_readers.items(),
         ("feed_forward.w3", ["feed_forward.w2"]),
         ("attention.wv", ["attention.wo"]),
     ):
@@ -90,7 +90,7 @@ def smoothed_inputs(module: nn.Module, scales: dict[str, torch.Tensor]) -> dict[
         layer, kind = _split_site(site)
         block = module.get_submodule(layer)
         if kind in ("attention_norm", "ffn_norm"):
-            for name in block.NORM_READERS[kind]:
+            for name in block.norm_readers[kind]:
                 readers[f"{layer}.{name}"] = s
         elif kind == "feed_forward.w3":
             readers[f"{layer}.feed_forward.w2"] = s
@@ -110,6 +110,12 @@ def _split_site(site: str) -> tuple[str, str]:
 
 
 def smoothed_hessians(hessians: dict[str, torch.Tensor], divided: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """X^T X of the inputs after smoothing, from those measured before it: an input divided by s
-    channel by channel (smoothed_inputs) has X^T X divided by s s^T. Saves GPTQ a second pass."""
-    return {n: h / (divided[n][:, None] * divided[n][None, :]) if n in divided else h for n, h in hessians.items()}
+    """X^T X of the inputs after smoothing, from those measured before it (changed in place): an
+    input divided by s channel by channel (smoothed_inputs) has X^T X divided by s s^T. Saves GPTQ a
+    second pass."""
+    for name, h in hessians.items():
+        if name in divided:
+            s = divided[name]
+            for i in range(0, h.shape[0], 1024):  # in place, a band of rows at a time: no second n x n
+                h[i : i + 1024].div_(s[i : i + 1024, None] * s[None, :])
+    return hessians

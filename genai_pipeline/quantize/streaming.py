@@ -21,13 +21,14 @@ from tqdm import tqdm
 
 from genai_pipeline.checkpoints.block_loader import BlockLoader
 from genai_pipeline.errors import InputError
+from genai_pipeline.heap import trim
 from genai_pipeline.layer_rules import recipe_of
 from genai_pipeline.models.decoder import KVCache
 from genai_pipeline.options import QuantOptions
 from genai_pipeline.quantize.calibration import InputStatistics, inputs_recorded
 from genai_pipeline.quantize.gptq import gptq_weights
 from genai_pipeline.quantize.recipes import quantize_embedding, quantize_linears, rules_for
-from genai_pipeline.quantize.rotation import SEED, random_hadamard, rotate_block, rotate_embedding, rotate_head
+from genai_pipeline.quantize.rotation import SEED, hadamard, rotate_block, rotate_embedding, rotate_head
 from genai_pipeline.quantize.smoothing import block_smoothing_scales, smooth, smoothed_hessians, smoothed_inputs
 from genai_pipeline.stages import logged, peak_gb, stage
 
@@ -85,7 +86,7 @@ def quantize_blocks(
     measure = bool(gptq) or measure_smoothing
     chosen_scales = dict(scales or {})
     computed: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
-    q = random_hadamard(decoder.config.dim, SEED) if options.rotate else None
+    q = hadamard(decoder.config.dim, SEED) if options.rotate else None
 
     if loader is not None:
         with stage("load", quiet=True):
@@ -134,6 +135,7 @@ def quantize_blocks(
             block_linears = {n: r for n, r in linears.items() if n.startswith(prefix)}
             with stage("quantize", quiet=True):
                 _quantize(decoder, block_linears, options, given, computed, any_given)
+        trim()  # the block's float weights and temporaries, back to the OS before the next is loaded
 
     if loader is not None:
         with stage("load", quiet=True):
@@ -194,11 +196,11 @@ def _gptq(decoder: nn.Module, names: set[str], hessians: dict, group_size: int) 
 
 class _own_kv_cache:
     """A block of the cache-I/O form (no KV-cache buffers) runs from a cache of its own while it is
-    measured; every block's cache is left empty after."""
+    measured; every block's cache is left empty after. A convolution block (LFM2) keeps its own."""
 
     def __init__(self, decoder: nn.Module, block: nn.Module):
         self.decoder, self.attention = decoder, block.attention
-        self.added = self.attention.kv_cache is None
+        self.added = self.attention is not None and self.attention.kv_cache is None
 
     def __enter__(self):
         if self.added:
@@ -207,6 +209,8 @@ class _own_kv_cache:
         return self
 
     def __exit__(self, *exc):
+        if self.attention is None:
+            return
         if self.added:
             self.attention.kv_cache = None
         else:

@@ -14,11 +14,24 @@ from genai_pipeline.registry.spec import CHECKPOINT_FORMATS, ModelSpec  # noqa: 
 
 
 def _all_specs() -> dict[str, ModelSpec]:
-    from genai_pipeline.registry import gemma, internvl, llama, llama2c, llava, phi, qwen, smollm, smolvlm
+    from genai_pipeline.registry import (
+        gemma,
+        granite,
+        internvl,
+        lfm2,
+        llama,
+        llama2c,
+        llava,
+        mistral,
+        olmo,
+        phi,
+        qwen,
+        smollm,
+        smolvlm,
+    )
 
-    specs = [
-        spec for family in (llama, qwen, smollm, phi, gemma, llama2c, smolvlm, llava, internvl) for spec in family.SPECS
-    ]
+    families = (llama, qwen, smollm, granite, olmo, mistral, lfm2, phi, gemma, llama2c, smolvlm, llava, internvl)
+    specs = [spec for family in families for spec in family.SPECS]
     names = [spec.name for spec in specs]
     duplicates = sorted({n for n in names if names.count(n) > 1})
     if duplicates:

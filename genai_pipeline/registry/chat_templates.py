@@ -19,6 +19,9 @@ CHATML = (
     "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
 )
 
+# LFM2: ChatML after the BOS (<|startoftext|>).
+LFM2 = "{{- bos_token }}" + CHATML
+
 # Gemma has no system role: a system message opens the first user turn.
 GEMMA = (
     "{{- bos_token }}"
@@ -35,6 +38,41 @@ PHI = (
     "{{- '<|' + message['role'] + '|>' + message['content'] + '<|end|>' }}"
     "{%- endfor %}"
     "{%- if add_generation_prompt %}{{- '<|assistant|>' }}{%- endif %}"
+)
+
+# Granite 3.x: roles between <|start_of_role|> and <|end_of_role|>, every turn ended by <|end_of_text|>.
+GRANITE = (
+    "{%- for message in messages %}"
+    "{{- '<|start_of_role|>' + message['role'] + '<|end_of_role|>' + message['content'] + '<|end_of_text|>\\n' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|start_of_role|>assistant<|end_of_role|>' }}{%- endif %}"
+)
+
+# OLMo 2 Instruct (Tulu 3's format): <|system|>, <|user|>, <|assistant|> lines; an answer ends with EOS.
+TULU = (
+    "{{- bos_token }}"
+    "{%- for message in messages %}"
+    "{%- if message['role'] == 'assistant' %}"
+    "{{- '<|assistant|>\\n' + message['content'] + eos_token + '\\n' }}"
+    "{%- else %}"
+    "{{- '<|' + message['role'] + '|>\\n' + message['content'] + '\\n' }}"
+    "{%- endif %}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|assistant|>\\n' }}{%- endif %}"
+)
+
+# Mistral: [INST] ... [/INST] around each user turn (a system message opens the first one); an
+# answer ends with EOS. The [/INST] of the last user turn already opens the assistant's turn.
+MISTRAL = (
+    "{{- bos_token }}"
+    "{%- set system = messages[0]['content'] + '\\n\\n' if messages and messages[0]['role'] == 'system' else '' %}"
+    "{%- for message in messages if message['role'] != 'system' %}"
+    "{%- if message['role'] == 'user' %}"
+    "{{- '[INST] ' + (system if loop.first else '') + message['content'] + ' [/INST]' }}"
+    "{%- else %}"
+    "{{- message['content'] + eos_token }}"
+    "{%- endif %}"
+    "{%- endfor %}"
 )
 
 # The shipped reference-vlm's own format (tools/train_reference_vlm.py): BOS, the image, the question;

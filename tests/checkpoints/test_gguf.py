@@ -57,7 +57,13 @@ ARCH_NAMES = {
         "post_feedforward_layernorm.weight": "post_ffw_norm.weight",
     },
     "phi3": {"self_attn.qkv_proj.weight": "attn_qkv.weight", "mlp.gate_up_proj.weight": "ffn_up.weight"},
+    "olmo2": {
+        "post_attention_layernorm.weight": "post_attention_norm.weight",
+        "post_feedforward_layernorm.weight": "post_ffw_norm.weight",
+    },
 }
+# Architectures whose q/k rows llama.cpp's converter permutes (its LlamaModel and subclasses).
+PERMUTED = ("llama", "smollm3", "granite")
 
 
 def gguf_name(hf_name: str, arch: str) -> str:
@@ -138,7 +144,7 @@ def write_gguf(path: Path, arch: str, model, types: list[Q], tokenizer_json: Pat
     if arch != "gemma3":
         writer.add_rope_freq_base(c.rope_parameters["rope_theta"])
     head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
-    if arch in ("llama", "phi3"):
+    if arch in (*PERMUTED, "phi3"):
         writer.add_rope_dimension_count(int(head_dim * c.rope_parameters.get("partial_rotary_factor", 1.0)))
     else:
         writer.add_key_length(head_dim)
@@ -158,6 +164,11 @@ def write_gguf(path: Path, arch: str, model, types: list[Q], tokenizer_json: Pat
             writer.add_rope_scaling_attn_factors(
                 math.sqrt(1 + math.log(scale) / math.log(c.original_max_position_embeddings))
             )
+    if arch == "granite":  # GraniteModel.set_gguf_parameters
+        writer.add_attention_scale(c.attention_multiplier)
+        writer.add_embedding_scale(c.embedding_multiplier)
+        writer.add_residual_scale(c.residual_multiplier)
+        writer.add_logit_scale(c.logits_scaling)
     if arch == "llama" and c.rope_parameters.get("rope_type") == "llama3":
         writer.add_tensor("rope_freqs.weight", llama3_rope_freqs(c))
     write_tokenizer(writer, tokenizer_json)
@@ -168,7 +179,7 @@ def write_gguf(path: Path, arch: str, model, types: list[Q], tokenizer_json: Pat
             if name == "lm_head.weight" and c.tie_word_embeddings:
                 continue  # llama.cpp stores a tied head once, as token_embd
             values = tensor.float().numpy().copy()
-            if arch == "llama" and name.endswith(("q_proj.weight", "k_proj.weight")):
+            if arch in PERMUTED and name.endswith(("q_proj.weight", "k_proj.weight")):
                 heads = c.num_attention_heads if "q_proj" in name else c.num_key_value_heads
                 values = llama_cpp_permute(values, heads)
             kind = types[n % len(types)] if values.ndim == 2 else Q.F32
@@ -177,7 +188,7 @@ def write_gguf(path: Path, arch: str, model, types: list[Q], tokenizer_json: Pat
                 values = values + 1  # llama.cpp's converter: its RMSNorm scales by weight, Gemma's by 1 + weight
             stored, dequantized = quantized(values, kind)
             writer.add_tensor(gguf_name(name, arch), stored, raw_dtype=kind if kind not in (Q.F32, Q.F16) else None)
-            if arch == "llama" and name.endswith(("q_proj.weight", "k_proj.weight")):
+            if arch in PERMUTED and name.endswith(("q_proj.weight", "k_proj.weight")):
                 heads = c.num_attention_heads if "q_proj" in name else c.num_key_value_heads
                 dequantized = ours.interleaved_to_halves(torch.from_numpy(dequantized), heads).numpy()
             if arch == "gemma3" and name.endswith("norm.weight"):
@@ -207,12 +218,15 @@ def tiny(tmp_path: Path, tokenizer_json: Path, model_type: str, arch: str, types
 
 
 def random_model(model_type: str, **config):
-    """Gemma 3 / Phi-3 at the size of conftest's tiny models, random weights (norms around one)."""
+    """Gemma 3 / Phi-3 / SmolLM3 / Granite / OLMo 2 at the size of conftest's tiny models, random weights (norms around one)."""
     import transformers
 
     classes = {
         "gemma3_text": (transformers.Gemma3TextConfig, transformers.Gemma3ForCausalLM),
         "phi3": (transformers.Phi3Config, transformers.Phi3ForCausalLM),
+        "smollm3": (transformers.SmolLM3Config, transformers.SmolLM3ForCausalLM),
+        "granite": (transformers.GraniteConfig, transformers.GraniteForCausalLM),
+        "olmo2": (transformers.Olmo2Config, transformers.Olmo2ForCausalLM),
     }
     config_cls, model_cls = classes[model_type]
     defaults = dict(
@@ -328,6 +342,29 @@ def test_phi3_fused_qkv_gate_up_and_longrope(tmp_path, tokenizer_json):
         tie_word_embeddings=False,
     )
     assert ours.read_config(file)["partial_rotary_factor"] == 0.5
+    assert_same_logits(file, model)
+
+
+def test_smollm3_permuted_qk_and_every_fourth_layer_without_rope(tmp_path, tokenizer_json):
+    # 4 layers: the 4th has no RoPE, in transformers' default as in llama.cpp
+    file, model = tiny(tmp_path, tokenizer_json, "smollm3", "smollm3", [Q.Q8_0, Q.F16], num_hidden_layers=4)
+    spec, _ = infer_checkpoint_spec(file)
+    assert spec.family == "smollm3" and spec.config.nope_layers == (3,)
+    assert_same_logits(file, model)
+
+
+def test_granite_multipliers_from_scales(tmp_path, tokenizer_json):
+    multipliers = dict(embedding_multiplier=3.0, residual_multiplier=0.5, attention_multiplier=0.09, logits_scaling=2.5)
+    file, model = tiny(tmp_path, tokenizer_json, "granite", "granite", [Q.Q8_0, Q.F32], **multipliers)
+    config = infer_checkpoint_spec(file)[0].config
+    assert (config.embedding_multiplier, config.residual_multiplier) == (3.0, 0.5)
+    assert (config.attention_scale, config.logit_divisor) == pytest.approx((0.09, 2.5))  # stored as float32
+    assert_same_logits(file, model)
+
+
+def test_olmo2_post_norms_and_whole_projection_qk_norms(tmp_path, tokenizer_json):
+    file, model = tiny(tmp_path, tokenizer_json, "olmo2", "olmo2", [Q.Q5_1, Q.F16])
+    assert infer_checkpoint_spec(file)[0].family == "olmo2"
     assert_same_logits(file, model)
 
 
@@ -551,7 +588,10 @@ def test_truncated_or_corrupt_file(tmp_path, tokenizer_json):
 
 
 def test_unsupported_architecture(tmp_path):
-    with pytest.raises(CheckpointError, match=r"architecture 'mamba'.*supported: llama, qwen2, qwen3, gemma3, phi3"):
+    with pytest.raises(
+        CheckpointError,
+        match=r"architecture 'mamba'.*supported: llama, smollm3, granite, olmo2, qwen2, qwen3, gemma3, phi3",
+    ):
         ours.read_config(_minimal(tmp_path / "m.gguf", arch="mamba"))
 
 

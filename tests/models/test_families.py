@@ -1,22 +1,29 @@
-"""Every family: our eager decoder against transformers (1e-4), and the exported hybrid program
-against our eager decoder (1e-3). One tiny checkpoint per family (2 layers, width 64, vocab 384),
-built and saved by transformers; each family's program is lowered once per module."""
+"""Every family: our eager decoder against transformers (1e-4), the exported hybrid program against
+our eager decoder (1e-3), its greedy tokens against transformers', and the program in ExecuTorch's
+own TextLLMRunner. One tiny checkpoint per family (2 layers, width 64, vocab 384), built and saved by
+transformers, with a byte-level BPE of that vocabulary (ASCII tokens only); each family's program is
+lowered once per module."""
 
 import json
+import shutil
 
 import pytest
 import torch
-from conftest import TINY_VOCAB
+from conftest import TINY_VOCAB, text_llm_runner
 from safetensors.torch import load_file, save_file
-from tiny_hf import FAMILIES, MAX_SEQ, max_diff_to_transformers, save_tiny
+from tiny_hf import EAGER_ONLY, FAMILIES, MAX_SEQ, max_diff_to_transformers, save_tiny, train_ascii_tokenizer
 
 import genai_pipeline
 from genai_pipeline.checkpoints.hf import load_decoder
 from genai_pipeline.errors import CheckpointError
 from genai_pipeline.inspect import inspect_program
+from genai_pipeline.manifest import Manifest
 from genai_pipeline.options import PrepareOptions
 from genai_pipeline.registry import get_spec
+from genai_pipeline.runtime.generate import generate, greedy_token
+from genai_pipeline.runtime.open import open_session
 from genai_pipeline.runtime.session import DecoderSession, EagerSession
+from genai_pipeline.tokenizer import Tokenizer
 
 PREFILL_LEN = 8
 # 19 tokens: two full prefill chunks and a padded one, then decode; all well past the windows of 8.
@@ -35,6 +42,8 @@ VARIANTS = {
     # Phi-3-mini-4k style: no RoPE scaling, no window, untied head.
     "phi3-plain": ("phi3", dict(rope_scaling=None, sliding_window=None, tie_word_embeddings=False)),
     "gemma3-softcap": ("gemma3_text", dict(final_logit_softcapping=3.0)),
+    "ministral-alternating-window": ("ministral", {}),
+    "granite-untied-head": ("granite", dict(tie_word_embeddings=False)),
 }
 
 
@@ -42,7 +51,8 @@ VARIANTS = {
 def test_variants_match_transformers(tmp_path, variant):
     model_type, config = VARIANTS[variant]
     save_tiny(tmp_path, model_type, **config)
-    assert max_diff_to_transformers(tmp_path, FAMILIES[model_type].spec) <= 1e-4
+    family = FAMILIES.get(model_type) or EAGER_ONLY[model_type]
+    assert max_diff_to_transformers(tmp_path, family.spec) <= 1e-4
 
 
 def _to_hub_layout(folder, drop: tuple[str, ...], add: dict) -> None:
@@ -75,16 +85,30 @@ def test_hub_layout_configs_read_like_transformers(tmp_path):
         assert max_diff_to_transformers(folder, FAMILIES[model_type].spec) <= 1e-4, model_type
 
 
+@pytest.fixture(scope="module")
+def tokenizer_json(tmp_path_factory):
+    return train_ascii_tokenizer(tmp_path_factory.mktemp("tokenizer") / "tokenizer.json")
+
+
 @pytest.fixture(scope="module", params=list(FAMILIES))
-def exported(request, tmp_path_factory):
-    """(spec, checkpoint, program folder) of one family's hybrid xnnpack program."""
+def exported(request, tmp_path_factory, tokenizer_json):
+    """(spec, checkpoint, program folder) of one family's hybrid xnnpack program, its entry inferred
+    from the checkpoint as `genai export --checkpoint DIR` infers it."""
     model_type = request.param
     spec = get_spec(FAMILIES[model_type].spec)
     folder = save_tiny(tmp_path_factory.mktemp(f"{model_type}_checkpoint"), model_type)
+    shutil.copy(tokenizer_json, folder / "tokenizer.json")
     out = tmp_path_factory.mktemp(f"{model_type}_hybrid")
     options = PrepareOptions(mode="hybrid", max_seq_len=MAX_SEQ, prefill_len=PREFILL_LEN, checkpoint=folder)
-    genai_pipeline.export(spec.name, out=out, prepare=options)
+    genai_pipeline.export(out=out, prepare=options)
     return spec, folder, out
+
+
+def test_the_checkpoint_names_its_family(exported):
+    spec, _, out = exported
+    manifest = Manifest.read(out)
+    assert manifest.family == spec.family
+    assert manifest.model == f"{spec.family} (custom: 2 layers, dim 64)"  # the family, never another entry
 
 
 def test_hybrid_program_matches_eager(exported):
@@ -96,6 +120,32 @@ def test_hybrid_program_matches_eager(exported):
     for token in PROMPT[:8]:  # 8 decode steps
         got, want = program.step(token), eager.step(token)
         assert (got - want).abs().max().item() <= 1e-3
+
+
+def test_greedy_tokens_of_the_program_are_transformers(exported):
+    import transformers
+
+    spec, folder, out = exported
+    ours = generate(DecoderSession(out), PROMPT, 12, greedy_token).tokens
+    reference = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    ids = list(PROMPT)
+    with torch.no_grad():  # greedy without generate(), which would stop at the checkpoint's EOS
+        for _ in range(12):
+            ids.append(int(reference(torch.tensor([ids])).logits[0, -1].argmax()))
+    assert ours == ids[len(PROMPT) :]
+
+
+def test_program_runs_in_executorchs_text_llm_runner(exported):
+    """ExecuTorch's own runner (its C++ tokenizer, prefiller and sampler) gives our greedy text."""
+    _, _, out = exported
+    prompt = "The list object"
+    session, tokenizer = open_session(out), Tokenizer.from_folder(out)
+    ours = generate(session, tokenizer.encode(prompt), 16, greedy_token, session.manifest.eos_ids)
+    text, generated, prompt_tokens = text_llm_runner(out, prompt, 16, bos=True)
+    assert prompt_tokens == len(ours.prompt_tokens)  # the same prompt ids, BOS included
+    eos = ours.stop_reason == "eos"  # the runner hands the end token on too
+    assert generated == len(ours.tokens) + eos
+    assert text.startswith(tokenizer.decode(ours.tokens)) if eos else text == tokenizer.decode(ours.tokens)
 
 
 def test_hybrid_program_has_what_executorchs_text_llm_runner_calls(exported):

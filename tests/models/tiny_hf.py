@@ -59,6 +59,15 @@ FAMILIES = {
         Family("qwen3", "Qwen3Config", "qwen3-0_6b", dict(head_dim=32)),
         Family("smollm3", "SmolLM3Config", "smollm3-3b", dict(no_rope_layers=[1, 0])),  # layer 1 has no RoPE
         Family(
+            "granite",
+            "GraniteConfig",
+            "granite3_3-2b",
+            dict(embedding_multiplier=3.0, residual_multiplier=0.5, attention_multiplier=0.09, logits_scaling=2.5),
+        ),
+        Family("olmo2", "Olmo2Config", "olmo2-1b"),
+        Family("mistral", "MistralConfig", "mistral-7b-v0_3", dict(sliding_window=8)),  # every layer slides
+        Family("lfm2", "Lfm2Config", "lfm2-350m", dict(layer_types=["conv", "full_attention"])),
+        Family(
             "phi3",
             "Phi3Config",
             "phi_4_mini",
@@ -94,11 +103,52 @@ FAMILIES = {
 }
 
 
+# Families of the same decoder path as one above, checked in eager only (no program of their own).
+EAGER_ONLY = {
+    # Ministral: sliding layers named in layer_types, the others full
+    "ministral": Family(
+        "ministral",
+        "MinistralConfig",
+        "ministral-8b",
+        dict(
+            head_dim=16, sliding_window=8, layer_types=["sliding_attention", "full_attention"]
+        ),  # transformers 5.25 fails without head_dim
+    ),
+}
+
+
+def train_ascii_tokenizer(path: Path, vocab_size: int = TINY_VOCAB) -> Path:
+    """A byte-level BPE (the form ExecuTorch's C++ tokenizer reads) whose every token is ASCII text:
+    a random model's tokens then each decode to text alone, which TextLLMRunner's Python callback
+    needs (it raises UnicodeDecodeError on a lone byte of a multi-byte character)."""
+    import pydoc_data.topics
+
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+    # GPT-2's byte -> character table (ByteLevel's alphabet): printable bytes stand for themselves,
+    # the others for 256 + n in byte order
+    printable = [*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
+    others = [b for b in range(256) if b not in printable]
+    char = {b: chr(b) for b in printable} | {b: chr(256 + n) for n, b in enumerate(others)}
+    text = "\n".join(sorted(pydoc_data.topics.topics.values()))[:200_000].encode("ascii", "ignore").decode()
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, special_tokens=["<|endoftext|>"], initial_alphabet=[char[b] for b in range(128)]
+    )
+    tok.train_from_iterator([text], trainer)
+    tok.post_processor = processors.TemplateProcessing(single="<|endoftext|> $A", special_tokens=[("<|endoftext|>", 0)])
+    tok.save(str(path))
+    assert tok.get_vocab_size() == vocab_size
+    return Path(path)
+
+
 def save_tiny(folder: Path, model_type: str, std: float = 0.08, seed: int = 0, **config) -> Path:
     """Random weights (std `std`, norms around 1) saved by transformers in Hugging Face format."""
     import transformers
 
-    family = FAMILIES[model_type]
+    family = FAMILIES.get(model_type) or EAGER_ONLY[model_type]
     hf_config = getattr(transformers, family.config_class)(**{**BASE, **family.config, **config})
     torch.manual_seed(seed)
     model = transformers.AutoModelForCausalLM.from_config(hf_config).eval()

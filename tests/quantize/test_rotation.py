@@ -56,6 +56,8 @@ def test_random_hadamard_is_orthogonal_and_spreads_every_coordinate(dim):
             qk_norm=True,
             final_logit_softcap=30.0,
         ),  # Gemma-like: x * (1 + w) norms
+        dict(embedding_multiplier=3.0, residual_multiplier=0.5, logit_divisor=2.5),  # Granite
+        dict(tie_embeddings=True, qk_norm=True, conv_layers=(0,)),  # LFM2: a short-convolution block
     ],
 )
 def test_rotated_decoder_computes_the_same_logits(config):

@@ -31,6 +31,11 @@ PUBLIC_PARAMS = {
     "smollm3-3b": 3.08e9,
     "phi_4_mini": 3.84e9,
     "gemma3-1b": 1.0e9,
+    "granite3_3-2b": 2.53e9,
+    "olmo2-1b": 1.48e9,
+    "mistral-7b-v0_3": 7.25e9,
+    "ministral-8b": 8.02e9,
+    "lfm2-350m": 354e6,
 }
 
 LLAMA3_ROPE = {
@@ -302,6 +307,94 @@ HUB_CONFIGS = {
         max_position_embeddings=32768,
         attention_bias=False,
     ),
+    "granite3_3-2b": dict(
+        model_type="granite",
+        hidden_act="silu",
+        vocab_size=49159,
+        hidden_size=2048,
+        intermediate_size=8192,
+        num_hidden_layers=40,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        rms_norm_eps=1e-5,
+        rope_theta=10000000.0,
+        rope_scaling=None,
+        max_position_embeddings=131072,
+        attention_bias=False,
+        mlp_bias=False,
+        embedding_multiplier=12.0,
+        residual_multiplier=0.22,
+        attention_multiplier=0.015625,
+        logits_scaling=8.0,
+        tie_word_embeddings=True,
+    ),
+    "olmo2-1b": dict(
+        model_type="olmo2",
+        hidden_act="silu",
+        vocab_size=100352,
+        hidden_size=2048,
+        intermediate_size=8192,
+        num_hidden_layers=16,
+        num_attention_heads=16,
+        num_key_value_heads=16,
+        rms_norm_eps=1e-6,
+        rope_theta=500000,
+        rope_scaling=None,
+        max_position_embeddings=4096,
+        attention_bias=False,
+        tie_word_embeddings=False,
+    ),
+    "mistral-7b-v0_3": dict(
+        model_type="mistral",
+        hidden_act="silu",
+        vocab_size=32768,
+        hidden_size=4096,
+        intermediate_size=14336,
+        num_hidden_layers=32,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        head_dim=128,
+        rms_norm_eps=1e-5,
+        rope_theta=1000000.0,
+        max_position_embeddings=32768,
+        sliding_window=None,
+        tie_word_embeddings=False,
+    ),
+    "ministral-8b": dict(
+        model_type="mistral",
+        hidden_act="silu",
+        vocab_size=131072,
+        hidden_size=4096,
+        intermediate_size=12288,
+        num_hidden_layers=36,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        head_dim=128,
+        rms_norm_eps=1e-5,
+        rope_theta=100000000.0,
+        max_position_embeddings=32768,
+        sliding_window=32768,
+        tie_word_embeddings=False,
+    ),
+    "lfm2-350m": dict(
+        model_type="lfm2",
+        vocab_size=65536,
+        hidden_size=1024,
+        num_hidden_layers=16,
+        num_attention_heads=16,
+        num_key_value_heads=8,
+        block_ff_dim=6656,
+        block_auto_adjust_ff_dim=True,
+        block_ffn_dim_multiplier=1.0,
+        block_multiple_of=256,
+        conv_L_cache=3,
+        conv_bias=False,
+        full_attn_idxs=[2, 5, 8, 10, 12, 14],
+        norm_eps=1e-5,
+        rope_theta=1000000.0,
+        max_position_embeddings=128000,
+        tie_embedding=True,
+    ),
 }
 
 ZOO = sorted(PUBLIC_PARAMS)
@@ -340,6 +433,10 @@ def test_every_family_reads_a_model_type():
         "smollm3": ("smollm3",),
         "phi3": ("phi3",),
         "gemma3": ("gemma3_text",),
+        "granite": ("granite",),
+        "olmo2": ("olmo2",),
+        "mistral": ("mistral", "ministral"),
+        "lfm2": ("lfm2",),
         "smolvlm": ("idefics3", "smolvlm"),
         "llava": ("llava",),
         "internvl": ("internvl",),
@@ -351,6 +448,8 @@ UNSUPPORTED = {
     "attn-softcap": ("gemma3-1b", dict(attn_logit_softcapping=50.0), "softcapping"),
     "activation": ("llama3_2-1b", dict(hidden_act="relu"), "activation 'relu'"),
     "window-without-layer-types": ("qwen2_5-0_5b", dict(use_sliding_window=True), "layer_types"),
+    "conv-bias": ("lfm2-350m", dict(conv_bias=True), "conv_bias"),
+    "olmo3-window": ("olmo2-1b", dict(sliding_window=4096), "sliding window"),
 }
 
 
@@ -375,13 +474,77 @@ def test_smollm3_skips_rope_in_every_fourth_layer():
     assert get_spec("smollm3-3b").config_from_checkpoint(without_list) == config  # transformers' default pattern
 
 
+def test_granite_reads_its_four_multipliers():
+    config = get_spec("granite3_3-2b").config
+    assert (config.embedding_multiplier, config.residual_multiplier) == (12.0, 0.22)
+    assert (config.attention_scale, config.logit_divisor) == (0.015625, 8.0)
+
+
+def test_olmo2_norms_come_after_attention_and_mlp_and_span_all_heads():
+    config = get_spec("olmo2-1b").config
+    assert (config.pre_norms, config.sandwich_norms, config.qk_norm, config.qk_norm_across_heads) == (
+        False,
+        True,
+        True,
+        True,
+    )
+
+
+def test_lfm2_convolution_layers_and_mlp_width():
+    config = get_spec("lfm2-350m").config
+    assert [i for i in range(16) if i not in config.conv_layers] == [2, 5, 8, 10, 12, 14]
+    assert config.hidden_dim == 4608  # 6656 * 2 / 3, rounded up to a multiple of 256
+    assert [config.layer_rope(i) for i in (0, 2)] == [None, "global"]
+    # the 5.x layout: layer_types and intermediate_size (transformers' save_pretrained)
+    hub = {k: v for k, v in HUB_CONFIGS["lfm2-350m"].items() if k not in ("full_attn_idxs", "block_ff_dim")}
+    kinds = ["full_attention" if i in (2, 5, 8, 10, 12, 14) else "conv" for i in range(16)]
+    assert (
+        get_spec("lfm2-350m").config_from_checkpoint({**hub, "layer_types": kinds, "intermediate_size": 6656}) == config
+    )
+
+
+@pytest.mark.parametrize(
+    "change, window, layers",
+    [
+        (dict(sliding_window=None), None, ()),  # v0.2, v0.3
+        (dict(sliding_window=4096), 4096, tuple(range(32))),  # v0.1: every layer
+        ({}, 4096, tuple(range(32))),  # no key: transformers' MistralConfig default
+        (  # Ministral: the sliding layers named
+            dict(model_type="ministral", sliding_window=64, layer_types=["sliding_attention", "full_attention"] * 16),
+            64,
+            tuple(range(0, 32, 2)),
+        ),
+    ],
+    ids=["none", "every-layer", "default", "ministral-layer-types"],
+)
+def test_mistral_slides_where_the_config_has_a_window(change, window, layers):
+    hub = {k: v for k, v in HUB_CONFIGS["mistral-7b-v0_3"].items() if k != "sliding_window"}
+    config = get_spec("mistral-7b-v0_3").config_from_checkpoint({**hub, **change})
+    assert (config.sliding_window, config.sliding_window_layers) == (window, layers)
+
+
 # Chat formats: every message in order, and a generation prompt that opens the assistant's turn.
 # reference-vlm's template is its training format instead (below).
 CHAT_ENTRIES = [s for s in SPECS.values() if s.chat_template and s.chat_template != chat_templates.QUESTION_ANSWER]
 
 
 def test_chat_models_carry_a_fallback_template():
-    assert {s.family for s in CHAT_ENTRIES} >= {"llama", "qwen2", "qwen3", "smollm3", "phi3", "gemma3"}
+    assert {s.family for s in CHAT_ENTRIES} >= {
+        "llama",
+        "qwen2",
+        "qwen3",
+        "smollm3",
+        "phi3",
+        "gemma3",
+        "granite",
+        "olmo2",
+        "mistral",
+        "lfm2",
+    }
+
+
+# Formats whose user turn ends in the marker that opens the answer: the generation prompt adds nothing.
+OPEN_AFTER_USER = (chat_templates.MISTRAL,)
 
 
 @pytest.mark.parametrize("spec", CHAT_ENTRIES, ids=lambda s: s.name)
@@ -414,7 +577,11 @@ def test_fallback_templates_render_every_turn_as_transformers_does(spec):
     positions = [rendered[False].index(m.content) for m in messages]
     assert positions == sorted(positions)  # every message, in order
     prompt = rendered[True]
-    assert prompt.startswith(rendered[False]) and len(prompt) > len(rendered[False])  # opens the assistant's turn
+    assert prompt.startswith(rendered[False])
+    if spec.chat_template in OPEN_AFTER_USER:
+        assert prompt.endswith("[/INST]")  # the last user turn opened the assistant's
+    else:
+        assert len(prompt) > len(rendered[False])  # opens the assistant's turn
 
 
 def test_reference_vlms_template_renders_its_training_prompt_as_transformers_does():

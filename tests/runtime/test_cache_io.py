@@ -3,6 +3,7 @@ the ordinary decoder, in eager and as a program, with the KV cache held by the d
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -82,6 +83,40 @@ GEMMA_LIKE = DecoderConfig(  # sliding-window layers with their own RoPE base, q
     attention_scale=0.2,
     final_logit_softcap=30.0,
 )
+
+
+# OLMo 2's norms (after attention and MLP only, q/k over the whole projection), Granite's
+# multipliers, SmolLM3's layer without RoPE, Mistral's window in every layer
+NEW_FAMILIES_LIKE = dataclasses.replace(
+    GEMMA_LIKE,
+    norm_unit_offset=False,
+    pre_norms=False,
+    qk_norm_across_heads=True,
+    activation="silu",
+    scale_embeddings=False,
+    embedding_multiplier=3.0,
+    residual_multiplier=0.5,
+    logit_divisor=2.5,
+    final_logit_softcap=None,
+    rope_local_theta=None,
+    sliding_window_layers=(0, 1, 2),
+    nope_layers=(1,),
+)
+
+
+def test_eager_cache_io_form_of_the_new_families_switches():
+    session = _eager_cache_io(random_decoder(NEW_FAMILIES_LIKE, 40, seed=1), 8)
+    assert _max_diff_over_a_conversation(session, EagerSession(random_decoder(NEW_FAMILIES_LIKE, 40, seed=1))) <= 1e-4
+
+
+def test_a_convolution_decoder_has_no_cache_io_form():
+    from genai_pipeline.errors import InputError
+    from genai_pipeline.options import PrepareOptions
+    from genai_pipeline.prepare.cache_io import cache_io_graphs
+
+    decoder = random_decoder(dataclasses.replace(NEW_FAMILIES_LIKE, conv_layers=(1,)), 40)
+    with pytest.raises(InputError, match="without --cache-io"):
+        cache_io_graphs(decoder, PrepareOptions(cache_io=True, max_seq_len=40, prefill_len=8))
 
 
 def test_eager_cache_io_form_gives_the_ordinary_decoders_logits(tiny_eager):
