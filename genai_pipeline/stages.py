@@ -4,7 +4,7 @@ charts.
 
 `stage(name)` may be opened anywhere in the pipeline; it records only inside `recording()` (the
 export opens one) and costs nothing outside. A stage opened again (one per decoder block) adds to
-its record. Resident memory is sampled from /proc every 50 ms by a background thread (Linux; where
+its record; one opened inside another is recorded under it (`report/rotate`). Resident memory is sampled from /proc every 50 ms by a background thread (Linux; where
 there is no /proc the peak is the process's so far, from getrusage).
 """
 
@@ -47,6 +47,7 @@ class Recording:
 
     def __init__(self):
         self.stages: dict[str, Stage] = {}
+        self.open: list[str] = []  # the stages open now, outermost first
         self._peak = 0.0  # since the innermost open stage started
         self._stop = threading.Event()
         self._sampler = threading.Thread(target=self._sample, name="genai-rss", daemon=True)
@@ -94,12 +95,15 @@ def stage(name: str, quiet: bool = False) -> Iterator[None]:
     if rec is None:
         yield
         return
+    name = "/".join((*rec.open, name))  # inside another stage (the report's rebuild): named under it
+    rec.open.append(name.rpartition("/")[2])
     outer_peak = rec._peak
     rec._peak = rss_mb()
     wall, cpu = time.perf_counter(), time.process_time()
     try:
         yield
     finally:
+        rec.open.pop()
         peak = max(rec._peak, rss_mb())
         done = Stage(name, time.perf_counter() - wall, time.process_time() - cpu, peak)
         rec.add(done)
@@ -112,6 +116,7 @@ def logged(names: tuple[str, ...]) -> None:
     """Log the stages `names` as recorded so far (their sums over every block)."""
     rec = _recording.get()
     for name in names:
+        name = "/".join((*rec.open, name)) if rec is not None else name
         if rec is not None and name in rec.stages:
             _log(rec.stages[name])
 
