@@ -36,7 +36,14 @@ TINY_PREFILL = 8
 SHARED_BY_GROUP = ("smollm2_fp32",)
 # and so do those of each module whose tests share exports of its own (module fixtures, or a session
 # builder defined there): 11-35 s each, lowered twice when its tests are split.
-SHARED_BY_MODULE = ("test_lookahead_program", "test_vision_quant", "test_qnn", "test_app_images", "test_vision")
+SHARED_BY_MODULE = (
+    "test_lookahead_program",
+    "test_vision_quant",
+    "test_qnn",
+    "test_app_images",
+    "test_vision",
+    "test_sweep",
+)
 # A module whose tests take their exports from another module's builder joins that module's group:
 # test_vision.once builds the tiny SmolVLM's one program and its two split layouts once per worker.
 JOINS_MODULE = {"test_vision_split": "test_vision", "test_vision_chat": "test_vision"}

@@ -1,4 +1,4 @@
-"""`genai models | export | run | eval | bench | inspect | serve`. Options and their defaults come from the
+"""`genai models | export | run | eval | bench | inspect | serve | sweep`. Options and their defaults come from the
 dataclasses of options.py, which import no torch: `genai --help` answers at once."""
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from pathlib import Path
 from genai_pipeline.cli.parser import build_parser, default
 from genai_pipeline.cli.run import cmd_run
 from genai_pipeline.cli.serve import cmd_serve
+from genai_pipeline.cli.sweep import cmd_sweep
 from genai_pipeline.errors import GenAIError, InputError
 from genai_pipeline.options import (
     DEFAULT_MODEL,
@@ -295,6 +296,7 @@ def main(argv: list[str] | None = None) -> int:
             "bench": cmd_bench,
             "inspect": cmd_inspect,
             "serve": cmd_serve,
+            "sweep": cmd_sweep,
         }
         return commands[args.command](args)
     except GenAIError as e:

@@ -18,6 +18,7 @@ from genai_pipeline.options import (
     QuantOptions,
     SamplingOptions,
 )
+from genai_pipeline.sweep.spec import SPEC_EXAMPLE
 
 
 class HelpWithDefaults(argparse.ArgumentDefaultsHelpFormatter):
@@ -28,6 +29,10 @@ class HelpWithDefaults(argparse.ArgumentDefaultsHelpFormatter):
         if action.default is None or action.default == [] or action.required:
             return action.help
         return super()._get_help_string(action)
+
+
+class HelpWithExample(HelpWithDefaults, argparse.RawDescriptionHelpFormatter):
+    """HelpWithDefaults, with the description and epilog (an example) shown as written."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -304,6 +309,30 @@ def build_parser() -> argparse.ArgumentParser:
         help="lookahead decoding with drafts of up to N tokens (needs a program exported with --verify-len; 0: off)",
     )
     p.add_argument("--no-verify", action="store_true", help="skip the sha256 check of the program against its manifest")
+
+    p = sub.add_parser(
+        "sweep",
+        help="export, verify, evaluate and benchmark every (model, variant) of a YAML spec as tasks on Ray",
+        description="Export, verify, evaluate (genai eval --text) and benchmark (genai bench) every (model, variant) "
+        "of SPEC.yaml as tasks on Ray,\nthen write DIR/sweep.json (a row per task) and DIR/report.html (the Pareto "
+        "chart, the table, a recommendation per size class).\nA re-run skips finished tasks and retries failed ones. "
+        "The spec is YAML (docs/sweep.md), for example:",
+        epilog=SPEC_EXAMPLE,
+        formatter_class=HelpWithExample,
+    )
+    p.add_argument("spec", metavar="SPEC.yaml", help="models, variants, export, eval, bench and report sections")
+    p.add_argument("--out", required=True, metavar="DIR", help="where sweep.json, report.html and the tasks' rows go")
+    p.add_argument(
+        "--storage",
+        metavar="PATH",
+        help="where the export folders go, a folder every node sees (a shared filesystem on a cluster); "
+        "default: DIR/exports",
+    )
+    p.add_argument(
+        "--address",
+        help="an existing Ray cluster to join (`ray start --head` prints it; auto: the one on this machine); "
+        "default: a local Ray on this machine",
+    )
 
     p = subcommand("inspect", "methods, delegates, shared data and metadata of a .pte")
     p.add_argument("file", help="a .pte program, or an export folder: each of its programs")

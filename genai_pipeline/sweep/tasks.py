@@ -1,0 +1,233 @@
+"""A sweep's task: one (model, variant) exported, verified, evaluated and benchmarked, as
+`genai export`, `genai eval --json` and `genai bench --json` would do it by hand.
+
+A task runs in two stages, each in a fresh worker process (run.py makes them Ray tasks):
+`export_stage` (export through genai_pipeline.export, which verifies a quantized program, then
+evaluate) and `bench_stage` (alone on its node). Their figures are returned as small dicts; the
+export folder itself stays in the storage folder, `STORAGE/<task>/export`, which every node sees.
+
+A task is keyed by the content of its inputs (checkpoint files, options, evaluation text, tool
+versions): run.py skips a task whose finished row has the same key, and the export stage reuses an
+export whose export key matches (after a failure in evaluation or bench, only those run again).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import socket
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from genai_pipeline.errors import GenAIError
+from genai_pipeline.options import BenchOptions, EvalOptions, PrepareOptions
+from genai_pipeline.sweep.spec import Model, Spec, Variant
+
+EXPORT_RECORD = "export.json"  # the key of the export beside it
+WORKERS = "workers.jsonl"  # a line per stage started: which process, on which host, in which run
+
+
+@dataclass(frozen=True)
+class Task:
+    model: Model
+    variant: Variant
+    prepare: PrepareOptions
+    eval: EvalOptions
+    bench: BenchOptions
+
+    @property
+    def name(self) -> str:
+        return f"{self.model.name}--{self.variant.name}"
+
+    def folder(self, storage: Path) -> Path:
+        return Path(storage) / self.name
+
+    def export_key(self) -> str:
+        """A hash of what the export depends on: the checkpoint's files (size and mtime, as the QDQ
+        cache's key), the options, the calibration files and the tools' versions."""
+        from genai_pipeline.export_folder import tool_versions
+
+        quant = self.variant.quant
+        sources = [self.model.checkpoint or _shipped_weights(self.model.registry)]
+        sources += [d.path for d in quant.calibration.datasets if d.arg and d.path.exists()]
+        return _hash(
+            {
+                "registry": self.model.registry,
+                "prepare": dataclasses.asdict(self.prepare),
+                "quant": dataclasses.asdict(quant),
+                "target": self.variant.target,
+                "versions": tool_versions(),
+                "files": [_fingerprint(s) for s in sources if s is not None],
+            }
+        )
+
+    def key(self) -> str:
+        """The export key, and what evaluation and bench depend on."""
+        inputs = {
+            "export": self.export_key(),
+            "eval": dataclasses.asdict(self.eval),
+            "bench": dataclasses.asdict(self.bench),
+        }
+        inputs["files"] = [_fingerprint(self.eval.text)]
+        return _hash(inputs)
+
+
+def tasks_of(spec: Spec) -> list[Task]:
+    return [Task(m, v, spec.prepare_for(m, v), spec.eval, spec.bench) for m in spec.models for v in spec.variants]
+
+
+def model_params(model: Model) -> int:
+    """The model's parameter count, read from its checkpoint's config (or the registry entry)."""
+    from genai_pipeline.checkpoints import infer_checkpoint_spec
+    from genai_pipeline.registry import get_spec
+
+    if model.checkpoint is not None:
+        spec = infer_checkpoint_spec(model.checkpoint)[0]
+    else:
+        spec = get_spec(model.registry)
+    return spec.config.num_params + (spec.vision.config.num_params if spec.vision else 0)
+
+
+def export_memory_bytes(model: Model, params: int) -> int:
+    """What one export of `model` may hold at its peak, the memory its Ray task declares: 2.5 GB and
+    10 bytes a parameter cover the peaks measured (SmolLM2-135M: 2.2 GB fp32, 2.6 GB 8da8w, 3.5 GB
+    8da4w with a size budget, docs/sweep.md; Llama-3.2-1B 8da4w: 10.0 GB, docs/decisions/0004)."""
+    if model.memory_gb is not None:
+        return int(model.memory_gb * 1e9)
+    return int(2.5e9 + 10 * params)
+
+
+def bench_memory_bytes(params: int) -> int:
+    """What a bench of the model may hold: the libraries and at most its float weights."""
+    return int(1e9 + 4 * params)
+
+
+def export_stage(task: Task, storage: Path, run_id: str) -> dict:
+    """Export (or reuse the export of the same key), then evaluate; the row's figures so far. A
+    GenAIError is the task's failure: recorded as {"error": its one line}."""
+    folder = task.folder(storage)
+    folder.mkdir(parents=True, exist_ok=True)
+    _started(folder, "export", run_id)
+    try:
+        row = _export(task, folder / "export", folder / EXPORT_RECORD)
+        row.update(_evaluate(task, folder / "export"))
+        return row
+    except GenAIError as e:
+        return {"error": str(e)}
+
+
+def bench_stage(task: Task, storage: Path, run_id: str, threads: int = 0) -> dict:
+    """`genai bench` of the task's export with the spec's threads, else `threads` (the CPUs the
+    stage was given: every core of its node; 0: one per core of this machine, as `genai bench`)."""
+    from genai_pipeline.bench import bench
+
+    folder = task.folder(storage)
+    _started(folder, "bench", run_id)
+    options = task.bench if task.bench.threads else dataclasses.replace(task.bench, threads=threads)
+    try:
+        result = bench(folder / "export", options)
+    except GenAIError as e:
+        return {"error": str(e)}
+    return {
+        "bench": result,
+        "decode_tokens_per_s": result["decode_tokens_per_s"],
+        "prefill_tokens_per_s": result["prefill_tokens_per_s"],
+        "peak_rss_mb": result["peak_rss_mb"],
+        "machine": machine(options.threads),
+    }
+
+
+def _export(task: Task, out: Path, record: Path) -> dict:
+    from genai_pipeline.export import export
+    from genai_pipeline.manifest import Manifest
+
+    key = task.export_key()
+    done = json.loads(record.read_text()) if record.is_file() else None
+    reused = done is not None and done["key"] == key and (out / "manifest.json").is_file()
+    if not reused:
+        record.unlink(missing_ok=True)  # an export under way is no longer the recorded one
+        export(task.model.registry, out=out, prepare=task.prepare, quant=task.variant.quant, target=task.variant.target)
+        record.write_text(json.dumps({"key": key}))
+    manifest = Manifest.read(out)
+    programs = {name: manifest.files[name].bytes for name in manifest.programs.values()}
+    return {
+        "exported": not reused,
+        "folder": str(out),
+        "recipe": manifest.recipe,
+        "mode": manifest.mode.value,
+        "program_mb": round(sum(programs.values()) / 1e6, 3),
+        "files": {name: f.bytes for name, f in manifest.files.items()},
+        "export_minutes": round(manifest.export_seconds / 60, 2),
+        # the export's process peak (this worker runs one stage: run.py's max_calls=1)
+        "export_peak_rss_mb": (manifest.export_stages or {}).get("peak_rss_mb"),
+        "verification": dict(manifest.verification) if manifest.verification else None,
+    }
+
+
+def _evaluate(task: Task, out: Path) -> dict:
+    from genai_pipeline.evaluate import evaluate
+
+    result = evaluate(out, task.eval, progress=False)
+    ppl = result["perplexity"]
+    scored = ppl["program"] if ppl["program"] is not None else ppl["qdq"]
+    return {
+        "eval": result,
+        "perplexity": scored,
+        "perplexity_change_pct": round(100 * (scored / ppl["float"] - 1), 3),
+        "kl_divergence": result["kl_divergence"],
+        "top1_agreement": result["top1_agreement"],
+    }
+
+
+def machine(threads: int = 0) -> dict:
+    """What the speed figures were measured on: the CPU (its model name, family and model: a VM's
+    model name may say only "AMD EPYC"), its widest vector unit, the cores and the threads used."""
+    info = {}
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, sep, value = line.partition(":")
+                if not sep and info:
+                    break  # the first processor's fields are enough
+                info.setdefault(key.strip(), value.strip())
+    except OSError:
+        pass
+    cpu = info.get("model name", "unknown CPU")
+    if "cpu family" in info:
+        cpu += f" (family {info['cpu family']}, model {info.get('model', '?')})"
+    flags = info.get("flags", "").split()
+    vector = next((v for v in ("amx_tile", "avx512f", "avx2") if v in flags), None)
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return {"cpu": cpu, "vector": vector, "cores": cores, "threads": threads or cores, "host": socket.gethostname()}
+
+
+def attempts(task: Task, storage: Path, run_id: str, stage: str) -> list[dict]:
+    """The workers that started `stage` of `task` in run `run_id`, in order (a retry adds one)."""
+    path = task.folder(storage) / WORKERS
+    lines = path.read_text().splitlines() if path.is_file() else []
+    return [w for w in map(json.loads, lines) if w["run"] == run_id and w["stage"] == stage]
+
+
+def _started(folder: Path, stage: str, run_id: str) -> None:
+    line = {"run": run_id, "stage": stage, "pid": os.getpid(), "host": socket.gethostname(), "time": time.time()}
+    with open(folder / WORKERS, "a") as f:
+        f.write(json.dumps(line) + "\n")
+
+
+def _shipped_weights(registry: str | None) -> Path | None:
+    from genai_pipeline.registry import get_spec
+
+    return get_spec(registry).checkpoint if registry else None
+
+
+def _fingerprint(path: Path) -> dict:
+    path = Path(path)
+    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
+    return {str(f): [f.stat().st_size, f.stat().st_mtime_ns] for f in files}
+
+
+def _hash(inputs: dict) -> str:
+    return hashlib.sha256(json.dumps(inputs, sort_keys=True, default=str).encode()).hexdigest()[:16]
