@@ -108,7 +108,8 @@ def release_weights(artifact: Artifact) -> None:
     lowered graphs still hold stays alive through them. The module can no longer run."""
     for module in artifact.module.modules():
         for name, p in list(module.named_parameters(recurse=False)):
-            setattr(module, name, torch.nn.Parameter(torch.empty_like(p, device="meta"), requires_grad=False))
+            meta = torch.empty(p.shape, dtype=p.dtype, device="meta")  # a torchao weight too (no empty_like)
+            setattr(module, name, torch.nn.Parameter(meta, requires_grad=False))
     trim()
 
 

@@ -126,7 +126,7 @@ class Manifest:
             "family": self.family,
             "weights": self.weights,
             "checkpoint": self.checkpoint,
-            "config": dataclasses.asdict(self.config),
+            "config": _config_json(self.config),
             "recipe": self.recipe,
             "quantization": self.quantization,
             "seed": self.seed,
@@ -200,6 +200,24 @@ class Manifest:
 
 
 # The optional sections, left out where an export has none (the other keys are written as null).
+# DecoderConfig fields added after schema 2 began: written only where they differ from their
+# defaults, so the manifest of a model that uses none reads as before (in older versions too)
+_LATER_CONFIG_FIELDS = (
+    "pre_norms",
+    "conv_layers",
+    "conv_kernel",
+    "qk_norm_across_heads",
+    "embedding_multiplier",
+    "residual_multiplier",
+    "logit_divisor",
+)
+
+
+def _config_json(config: DecoderConfig) -> dict:
+    defaults = {f.name: f.default for f in dataclasses.fields(DecoderConfig)}
+    return {k: v for k, v in dataclasses.asdict(config).items() if k not in _LATER_CONFIG_FIELDS or v != defaults[k]}
+
+
 _SECTIONS = ("compile_spec", "vision", "decoder_form", "cache_io", "verification", "export_stages")
 
 

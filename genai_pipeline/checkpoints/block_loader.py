@@ -51,7 +51,7 @@ def release_block(block: nn.Module) -> None:
     """Back to the meta device: the block's weights are freed (its KV cache stays)."""
     for module in block.modules():
         for name, p in list(module.named_parameters(recurse=False)):
-            setattr(module, name, nn.Parameter(torch.empty_like(p, device="meta"), requires_grad=False))
+            setattr(module, name, nn.Parameter(torch.empty(p.shape, dtype=p.dtype, device="meta"), requires_grad=False))
 
 
 def offload(decoder: nn.Module, loader: BlockLoader) -> nn.Module:

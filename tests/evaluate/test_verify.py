@@ -11,7 +11,7 @@ import torch
 
 from genai_pipeline.cli import main
 from genai_pipeline.evaluate.verify import Verification, held_out_text, warning
-from genai_pipeline.quantize import text as quantize_text
+from genai_pipeline.quantize import streaming
 
 
 def export(out, *options) -> str:
@@ -34,16 +34,17 @@ def test_a_quantized_export_records_its_verification(tmp_path):
 
 
 def test_a_broken_recipe_trips_the_warning(tmp_path, monkeypatch):
-    real = quantize_text.quantize_module
+    real = streaming.quantize_linears
 
-    def broken(module, options, *args, **kwargs):  # the rows of every down projection shuffled before quantizing
+    def broken(module, linears, *args, **kwargs):  # the rows of every down projection shuffled before quantizing
         with torch.no_grad():
-            for layer in module.layers:
-                w = layer.feed_forward.w2.weight
-                w.copy_(w[torch.randperm(w.shape[0], generator=torch.Generator().manual_seed(0))])
-        return real(module, options, *args, **kwargs)
+            for name in linears:
+                if name.endswith("feed_forward.w2"):
+                    w = module.get_submodule(name).weight
+                    w.copy_(w[torch.randperm(w.shape[0], generator=torch.Generator().manual_seed(0))])
+        return real(module, linears, *args, **kwargs)
 
-    monkeypatch.setattr(quantize_text, "quantize_module", broken)
+    monkeypatch.setattr(streaming, "quantize_linears", broken)
     stderr = export(tmp_path / "broken", "--recipe", "8da8w")
     verification = json.loads((tmp_path / "broken" / "manifest.json").read_text())["verification"]
     assert verification["perplexity_change"] > 0.25
