@@ -54,4 +54,5 @@ def test_a_calibrated_4_bit_export_holds_less_than_the_float_export(checkpoint, 
     manifest = json.loads((tmp_path / "q" / "manifest.json").read_text())
     assert manifest["verification"]["tokens"] > 0  # verified and reported, as every export is
     assert {s["name"] for s in manifest["export_stages"]["stages"]} >= {"load", "calibrate", "gptq", "lower", "verify"}
+    print("PEAKS", quant_peak, float_peak)
     assert quant_peak < float_peak, (quant_peak, float_peak)
