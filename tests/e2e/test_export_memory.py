@@ -1,7 +1,9 @@
-"""An export's peak memory, measured on child processes: the default 4-bit recipe (rotation,
-smoothing, GPTQ, verification and report) holds less than the float export of the same checkpoint,
-which holds the float model once. Before the export streamed the model block by block it held the
-float model, every layer's Hessian and two more float models for verification and report."""
+"""An export's peak memory, measured on child processes: what the default 4-bit recipe (rotation,
+smoothing, GPTQ, lowering, verification and report) holds beyond the same export of the tiny
+reference model stays under twice the checkpoint's float32 bytes. Before the export streamed the
+model block by block it held the float model, every layer's Hessian and two more float models for
+verification and report: ~3x on this checkpoint (1321 MB against the reference's 554 MB, for
+260 MB of float32 weights; docs/decisions/0036)."""
 
 import json
 import os
@@ -47,12 +49,19 @@ def peak_rss_mb(*args: str) -> float:
 
 
 @pytest.mark.xdist_group("export_memory")
-def test_a_calibrated_4_bit_export_holds_less_than_the_float_export(checkpoint, tmp_path):
+def test_a_calibrated_4_bit_export_holds_under_twice_the_float_weights(checkpoint, tmp_path):
     assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss > 0  # Linux reports it
-    float_peak = peak_rss_mb("--checkpoint", str(checkpoint), "--recipe", "fp32", "--out", str(tmp_path / "fp32"))
-    quant_peak = peak_rss_mb("--checkpoint", str(checkpoint), "--recipe", "8da4w", "--out", str(tmp_path / "q"))
+    base = peak_rss_mb("reference", "--recipe", "8da4w", "--out", str(tmp_path / "reference"))
+    peak = peak_rss_mb("--checkpoint", str(checkpoint), "--recipe", "8da4w", "--out", str(tmp_path / "q"))
     manifest = json.loads((tmp_path / "q" / "manifest.json").read_text())
     assert manifest["verification"]["tokens"] > 0  # verified and reported, as every export is
     assert {s["name"] for s in manifest["export_stages"]["stages"]} >= {"load", "calibrate", "gptq", "lower", "verify"}
-    print("PEAKS", quant_peak, float_peak)
-    assert quant_peak < float_peak, (quant_peak, float_peak)
+    float_mb = 4 * manifest["config"]["n_layers"] * block_parameters(manifest["config"]) / 2**20
+    float_mb += 4 * manifest["config"]["vocab_size"] * manifest["config"]["dim"] / 2**20  # the tied table
+    assert peak - base < 2 * float_mb, (peak, base, float_mb)
+
+
+def block_parameters(c: dict) -> int:
+    head_dim = c["head_dim"] or c["dim"] // c["n_heads"]
+    attention = 2 * c["dim"] * c["n_heads"] * head_dim + 2 * c["dim"] * c["n_kv_heads"] * head_dim
+    return attention + 3 * c["dim"] * c["hidden_dim"]
