@@ -29,30 +29,25 @@ def gptq_qparams(w: torch.Tensor, hessian: torch.Tensor, group_size: int, block:
     dead = torch.diag(H) == 0
     H[dead, dead] = 1
     W[:, dead] = 0
-    H.diagonal().add_(damp * torch.diag(H).mean())  # no n x n identity: w2's H is 0.8 GB in an 8B model
+    H += damp * torch.diag(H).mean() * torch.eye(n)
     importance = torch.diag(H).clone()
-    Hinv = torch.cholesky_inverse(torch.linalg.cholesky(H))
-    del H
-    Hinv = torch.linalg.cholesky(Hinv, upper=True)
+    Hinv = torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(H)), upper=True)
     Q, D = torch.zeros_like(W, dtype=torch.int8), torch.zeros(W.shape[0], n // group_size)
     block = max(group_size, block // group_size * group_size)
     for i1 in range(0, n, block):
         i2 = min(i1 + block, n)
-        # the block's columns as rows: each column's update reads and writes contiguous memory
-        Wt, Et, Hi = W[:, i1:i2].T.contiguous(), torch.zeros(i2 - i1, W.shape[0]), Hinv[i1:i2, i1:i2]
+        W1, E1, Hi = W[:, i1:i2].clone(), torch.zeros(W.shape[0], i2 - i1), Hinv[i1:i2, i1:i2]
         for i in range(i2 - i1):
             if (i1 + i) % group_size == 0:
-                d = wmse_qparams(Wt[i : i + group_size].T, group_size, importance[i1 + i : i1 + i + group_size])[1][
+                d = wmse_qparams(W1[:, i : i + group_size], group_size, importance[i1 + i : i1 + i + group_size])[1][
                     :, 0
                 ]
                 D[:, (i1 + i) // group_size] = d
-            q = torch.clamp(torch.round(Wt[i] / d), -8, 7)
+            q = torch.clamp(torch.round(W1[:, i] / d), -8, 7)
             Q[:, i1 + i] = q.to(torch.int8)
-            Et[i] = (Wt[i] - q * d) / Hi[i, i]
-            Wt[i:] -= Hi[i, i:][:, None] * Et[i][None, :]
-        E = Et.T.contiguous()
-        for r in range(0, W.shape[0], 4096):  # a band of rows at a time: no [rows, n] temporary (a head's is GBs)
-            W[r : r + 4096, i2:] -= E[r : r + 4096] @ Hinv[i1:i2, i2:]
+            E1[:, i] = (W1[:, i] - q * d) / Hi[i, i]
+            W1[:, i:] -= E1[:, i : i + 1] * Hi[i, i:][None, :]
+        W[:, i2:] -= E1 @ Hinv[i1:i2, i2:]
     return Q, D
 
 

@@ -150,16 +150,14 @@ def wmse_qparams(w: torch.Tensor, group_size: int, importance: torch.Tensor, bit
     """mse_qparams with each input column's squared error weighted by `importance` [in] (the mean
     squared activation it meets: llama.cpp's importance matrix)."""
     qmax = (1 << (bits - 1)) - 1
-    divisors = torch.linspace(qmax - 1.5, qmax + 1.5, 31).tolist()
     iw = importance.float().reshape(1, -1, group_size)
     qs, ds = [], []
-    for g in groups(w, group_size).split(rows):  # every candidate at once, for a band of rows at a time
-        amax = g.abs().amax(-1, keepdim=True)
-        d = torch.stack([_round_scale(amax / c) for c in divisors])
-        squared = (torch.clamp(torch.round(g / d), -qmax - 1, qmax) * d - g).pow(2) * iw
-        # each candidate's sum on its own: one reduction over [31, ...] may add in another order (bytes differ)
-        err = torch.stack([candidate.sum(-1, keepdim=True) for candidate in squared])
-        best_d = d.gather(0, err.argmin(0, keepdim=True))[0]  # the first of equal errors, as a strict < keeps it
+    for g in groups(w, group_size).split(rows):  # a band of rows at a time: a 128k-row head at once takes GBs
+        amax, best, best_d = g.abs().amax(-1, keepdim=True), None, None
+        for c in torch.linspace(qmax - 1.5, qmax + 1.5, 31).tolist():
+            d = _round_scale(amax / c)
+            err = ((torch.clamp(torch.round(g / d), -qmax - 1, qmax) * d - g).pow(2) * iw).sum(-1, keepdim=True)
+            best, best_d = (err, d) if best is None else (torch.minimum(err, best), torch.where(err < best, d, best_d))
         qs.append(torch.clamp(torch.round(g / best_d), -qmax - 1, qmax).to(torch.int8))
         ds.append(best_d.squeeze(-1))
     return torch.cat(qs).reshape(w.shape), torch.cat(ds)
