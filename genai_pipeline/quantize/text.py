@@ -95,8 +95,8 @@ def _quantize_dynamic(prepared: PreparedModel, artifact, options: QuantOptions, 
     )  # a GGUF's given int4 values fit its own float weights only
     calibration = Calibration(gptq_samples(prepared, options), prepared.options.max_seq_len) if measure else None
     budget = options.size_budget is not None and options.promoted is None
-    # a budget too small is refused before any work (from the layers' shapes: the model may be unloaded)
-    room = budget_room(decoder, options, len(artifact.graphs)) if budget else None
+    if budget:  # a budget too small is refused before any work (from the layers' shapes: the model may be unloaded)
+        budget_room(decoder, options, len(artifact.graphs))
     streamed = quantize_blocks(decoder, prepared.loader, options, calibration, given, defer=budget)
     if options.rotate:
         log.info(
@@ -107,6 +107,7 @@ def _quantize_dynamic(prepared: PreparedModel, artifact, options: QuantOptions, 
         log.info("smoothed %d activation sites (alpha %g)", len(streamed.scales), options.smooth)
     int4 = streamed.int4 or given or {}
     if budget:
+        room = budget_room(decoder, options, len(artifact.graphs))  # rotated: its float head rotation counts
         options = with_promoted(prepared, decoder, options, int4, room)
         chosen = {f"{n}.weight" for n in options.promoted}  # these are stored at 8 bits instead
         int4 = {k: v for k, v in int4.items() if k not in chosen}
