@@ -63,9 +63,9 @@ class VisionEncoderGraph(nn.Module):
         return self.model.vision(pixels)
 
 
-def multimodal_graphs(model: VisionLanguageModel, max_seq_len: int) -> dict[GraphName, GraphBundle]:
+def text_graphs(model: nn.Module, max_seq_len: int) -> dict[GraphName, GraphBundle]:
+    """`token_embedding` and `text_decoder` of any multimodal model (one with a `decoder`)."""
     seq = Dim("seq_len", min=1, max=max_seq_len)
-    size = model.vision.config.image_size
     dim = model.decoder.config.dim
     return {
         GraphName.TOKEN_EMBEDDING: GraphBundle(
@@ -81,6 +81,13 @@ def multimodal_graphs(model: VisionLanguageModel, max_seq_len: int) -> dict[Grap
             (torch.zeros((1, 2, dim)), torch.tensor([0], dtype=torch.long)),
             dynamic_shapes=({1: seq}, None),
         ),
+    }
+
+
+def multimodal_graphs(model: VisionLanguageModel, max_seq_len: int) -> dict[GraphName, GraphBundle]:
+    size = model.vision.config.image_size
+    return {
+        **text_graphs(model, max_seq_len),
         GraphName.VISION_ENCODER: GraphBundle(
             GraphName.VISION_ENCODER,
             VisionEncoderGraph(model),
@@ -242,10 +249,10 @@ def prepare_multimodal(spec: ModelSpec, options) -> PreparedModel:
     )
     # Idefics3 names it image_token_id, LLaVA image_token_index
     image_token_id = int(
-        _read_config_value(
+        read_config_value(
             checkpoint,
             "image_token_id",
-            _read_config_value(checkpoint, "image_token_index", spec.vision.image_token_id),
+            read_config_value(checkpoint, "image_token_index", spec.vision.image_token_id),
         )
     )
     _check_image_token(tokenizer, processing.image_token, image_token_id)
@@ -326,7 +333,7 @@ def _image_token_ids(tokenizer: Path | None, processing: ImageProcessing) -> dic
     return {t: i for t, i in ids.items() if i is not None}
 
 
-def _read_config_value(folder: Path | None, key: str, default):
+def read_config_value(folder: Path | None, key: str, default):
     if folder is None:
         return default
     from genai_pipeline.checkpoints.hf import read_config
