@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from genai_pipeline.audio_processing import AudioProcessing
-from genai_pipeline.errors import ProgramError
+from genai_pipeline.errors import InputError, ProgramError
 from genai_pipeline.export_folder import MANIFEST, atomic_write, recover_interrupted, sha256
 from genai_pipeline.image_processing import ImageProcessing
 from genai_pipeline.models.audio import AudioConfig
@@ -163,6 +163,14 @@ class Manifest:
             "export_stages": self.export_stages,
         }
         return {k: v for k, v in data.items() if v is not None or k not in _SECTIONS}
+
+    def refuse_speech(self, folder: Path, command: str) -> None:
+        """One line for a command not built for speech exports (they run with `genai run` and `inspect`)."""
+        if self.audio is not None:
+            raise InputError(
+                f"'{folder}' holds a speech model: {command} is built for text and vision-language exports so far; "
+                "`genai run --audio` runs it"
+            )
 
     def write(self, folder: Path) -> None:
         """Into `folder`, whole or not at all."""

@@ -163,6 +163,19 @@ def test_voxtral_entry_and_checkpoint_settings(voxtral_ours):
     assert model.audio.config.frames == 200 and model.decoder.config.head_dim == 16
 
 
+def test_a_feature_extractor_that_does_not_fit_the_tower_is_refused(voxtral_checkpoint, tmp_path):
+    import shutil
+
+    import transformers
+
+    from genai_pipeline.errors import CheckpointError
+
+    folder = Path(shutil.copytree(voxtral_checkpoint, tmp_path / "copy"))
+    transformers.WhisperFeatureExtractor(feature_size=128).save_pretrained(folder)  # 30-s chunks: 3000 frames
+    with pytest.raises(CheckpointError, match="128 mel bins x 3000 frames .* but the audio tower takes 128 x 200"):
+        read_audio_processing(get_spec("voxtral-mini-3b"), folder)
+
+
 def test_audio_features_and_logits_match_transformers(voxtral_ours, voxtral_reference, voxtral_checkpoint):
     model, processing = voxtral_ours
     features = input_features(processing)
@@ -238,6 +251,23 @@ def test_program_matches_transformers_and_executorch_multimodal_runner(
     assert text.strip() and text in printed
 
 
+def test_program_stores_each_weight_once_and_says_which_runner_runs_it(voxtral_program, voxtral_ours):
+    from genai_pipeline.inspect import inspect_program
+
+    model, _ = voxtral_ours
+    tensors = {t.data_ptr(): t for t in model.parameters()}
+    tensors.update({b.data_ptr(): b for name, b in model.named_buffers() if "kv_cache" not in name})
+    expected = sum(t.numel() * t.element_size() for t in tensors.values())
+    report = inspect_program(voxtral_program / "multimodal.pte")
+    stored = (
+        report["weights"]["bytes"]
+        if "weights" in report
+        else report["constant_segment"]["bytes"] + report["named_data"]["bytes"]
+    )
+    assert expected <= stored <= 1.02 * expected, (stored, expected)
+    assert report["stock_runners"] == {"TextLLMRunner": "no `forward` or `prefill` method", "MultimodalRunner": None}
+
+
 def test_chat_takes_audio_with_a_command(voxtral_program, voxtral_reference, monkeypatch, capsys):
     """`genai run --chat` with `/audio PATH`: the checkpoint's chat template, the clip expanded where
     it marks the audio part, the reply transformers' greedy one."""
@@ -292,6 +322,15 @@ def test_bad_audio_is_one_line(voxtral_program, tmp_path, capsys):
     assert "context is 128" in _run_error(capsys, folder, "--audio", str(long), "--prompt", "x")
 
 
+def test_commands_not_built_for_speech_say_so(voxtral_program, capsys):
+    from genai_pipeline.cli import main
+
+    for argv in (["eval", str(voxtral_program), "--text", str(CLIP)], ["bench", str(voxtral_program)]):
+        capsys.readouterr()
+        assert main(argv) == 2
+        assert "holds a speech model: genai" in capsys.readouterr().err.strip().splitlines()[-1]
+
+
 def test_export_refuses_quantized_recipes_and_split(voxtral_checkpoint, tmp_path):
     import genai_pipeline
     from genai_pipeline.errors import InputError
@@ -342,12 +381,19 @@ def test_resampler_keeps_the_band_and_removes_what_would_alias():
     assert np.abs(folded[200:-200]).max() <= 1e-4
 
 
-def test_audio_files_are_resampled_and_mixed_to_mono(tmp_path):
+def test_audio_files_are_mixed_to_mono_and_resampled(tmp_path):
     import soundfile
 
     samples = read_audio(CLIP, 16000)
-    stereo = np.stack([resample(samples, 16000, 44100)] * 2, axis=1).astype(np.float32)
-    soundfile.write(str(tmp_path / "stereo.flac"), stereo, 44100, format="FLAC", subtype="PCM_24")
-    back = read_audio(tmp_path / "stereo.flac", 16000)
-    assert len(back) - len(samples) in (0, 1)  # each resampling rounds its length up
-    assert np.abs(back[: len(samples)] - samples)[200:-200].max() <= 2e-3  # 16-bit clip, 24-bit FLAC, two resamplings
+    soundfile.write(str(tmp_path / "stereo.flac"), np.stack([samples, samples / 2], axis=1), 16000, subtype="PCM_24")
+    assert np.abs(read_audio(tmp_path / "stereo.flac", 16000) - 0.75 * samples).max() <= 1e-6
+
+    t = np.arange(44100) / 44100
+    tones = 0.5 * np.sin(2 * np.pi * 440 * t) + 0.25 * np.sin(2 * np.pi * 5000 * t)
+    soundfile.write(str(tmp_path / "tones.wav"), tones, 44100, subtype="FLOAT")
+    got = read_audio(tmp_path / "tones.wav", 16000)
+    t = np.arange(16000) / 16000
+    assert len(got) == 16000
+    assert (
+        np.abs(got - (0.5 * np.sin(2 * np.pi * 440 * t) + 0.25 * np.sin(2 * np.pi * 5000 * t)))[200:-200].max() <= 1e-4
+    )
