@@ -22,11 +22,13 @@ HALF_WIDTH = 64  # zero crossings of the sinc on each side of a tap's centre
 ROLLOFF = 0.9475937167399596  # the cutoff, as a fraction of the lower rate's Nyquist frequency
 KAISER_BETA = 14.769656459379492
 READABLE = ("WAV", "FLAC")
+BATCH = 1 << 20  # input samples copied into windows at once (8 MB): memory stays flat for any length
 
 
-def read_audio(path: Path, sampling_rate: int) -> np.ndarray:
+def read_audio(path: Path, sampling_rate: int, max_seconds: float | None = None, why: str = "") -> np.ndarray:
     """float32 mono samples in [-1, 1] at `sampling_rate`; a missing, unreadable, empty or other
-    format file is one InputError."""
+    format file is one InputError, and so is one longer than `max_seconds` (`why`: what limits it),
+    told before it is decoded."""
     import soundfile
 
     path = Path(path)
@@ -38,6 +40,8 @@ def read_audio(path: Path, sampling_rate: int) -> np.ndarray:
             raise InputError(
                 f"'{path}' is {info.format_info or info.format} audio; this pipeline reads WAV or FLAC: convert it"
             )
+        if max_seconds is not None and info.frames > max_seconds * info.samplerate:
+            raise InputError(f"'{path}' is {info.frames / info.samplerate:.1f} s of audio; {why}")
         samples, rate = soundfile.read(str(path), dtype="float32", always_2d=True)
     except InputError:
         raise
@@ -66,7 +70,8 @@ def resample(x: np.ndarray, orig: int, new: int) -> np.ndarray:
     padded = np.zeros(width + blocks * orig + width + orig, dtype=np.float64)
     padded[width : width + len(x)] = x
     windows = np.lib.stride_tricks.sliding_window_view(padded, kernel.shape[1])[::orig][:blocks]
-    y = (windows @ kernel.T).reshape(-1)
+    step = max(1, BATCH // kernel.shape[1])  # blocks per product: the windows are copied, a batch at a time
+    y = np.concatenate([windows[i : i + step] @ kernel.T for i in range(0, blocks, step)]).reshape(-1)
     return y[: math.ceil(len(x) * new / orig)]
 
 

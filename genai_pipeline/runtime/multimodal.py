@@ -104,7 +104,13 @@ class MultimodalSession(CacheCursor):
 
     def read_audio(self, path: Path) -> AudioClip:
         """A WAV or FLAC file as the encoder's log-mel chunks, as the family's processor makes them."""
-        return audio_clip(read_audio(Path(path), self.processing.sampling_rate), self.processing)
+        p = self.processing
+        chunks = self.max_seq_len // self.tokens_per_frame  # what the context could hold, the prompt aside
+        why = (
+            f"the program's context is {self.max_seq_len} tokens, {p.tokens_per_chunk} per {p.chunk_length} s of audio: "
+            f"at most {chunks * p.chunk_length} s fit; pass a shorter file, or re-export with a larger --max-seq-len"
+        )
+        return audio_clip(read_audio(Path(path), p.sampling_rate, chunks * p.chunk_length, why), p)
 
     def read_media(self, path: Path, max_tiles: int = 0) -> Frames | AudioClip:
         return self.read_frames(path, max_tiles) if self.modality == "image" else self.read_audio(path)
