@@ -28,14 +28,7 @@ def vision_config(
 ) -> VisionConfig:
     """The checkpoint's image tower (the entry's without one), normalising as its processor does;
     `processing_origin` says where the processor's settings were read (processor.ProcessorFiles)."""
-    config = spec.vision.config
-    if folder is not None:
-        try:
-            config = spec.vision.config_from_checkpoint(read_config(folder))
-        except (KeyError, TypeError, ValueError) as e:
-            raise CheckpointError(
-                f"'{folder}/config.json' does not describe a {spec.family} image tower: {e!r}"
-            ) from None
+    config = spec.vision.config if folder is None else _tower(spec, spec.vision, folder, "image tower")
     if processing.tile_size != config.image_size:
         tower_origin = "config.json's vision_config.image_size" if folder is not None else "the entry"
         raise CheckpointError(
@@ -51,19 +44,20 @@ def vision_config(
     )
 
 
+def _tower(spec: ModelSpec, side, folder: Path, what: str):
+    """`side` (a VisionSpec or AudioSpec) read from the checkpoint's config.json."""
+    try:
+        return side.config_from_checkpoint(read_config(folder))
+    except (KeyError, TypeError, ValueError) as e:
+        raise CheckpointError(f"'{folder}/config.json' does not describe a {spec.family} {what}: {e!r}") from None
+
+
 def audio_config(
     spec: ModelSpec, folder: Path | None, processing: AudioProcessing, processing_origin: str
 ) -> AudioConfig:
     """The checkpoint's audio tower (the entry's without one), checked against its feature extractor:
     the encoder's input is one chunk of the extractor's features."""
-    config = spec.audio.config
-    if folder is not None:
-        try:
-            config = spec.audio.config_from_checkpoint(read_config(folder))
-        except (KeyError, TypeError, ValueError) as e:
-            raise CheckpointError(
-                f"'{folder}/config.json' does not describe a {spec.family} audio tower: {e!r}"
-            ) from None
+    config = spec.audio.config if folder is None else _tower(spec, spec.audio, folder, "audio tower")
     made, taken = (processing.feature_size, processing.chunk_frames), (config.n_mels, config.frames)
     if made != taken:
         tower_origin = "config.json's audio_config" if folder is not None else "the entry"

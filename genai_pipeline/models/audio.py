@@ -23,6 +23,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from genai_pipeline.models import vision
+
 
 @dataclass(frozen=True)
 class AudioConfig:
@@ -48,6 +50,10 @@ class AudioConfig:
             )
 
     @property
+    def qkv_bias(self) -> bool:
+        return True  # q and v (models.vision.Attention's switch); Attention drops k's
+
+    @property
     def positions(self) -> int:
         return self.frames // 2  # after the stride-2 convolution (Whisper's max_source_positions)
 
@@ -68,25 +74,12 @@ class AudioConfig:
         return cls(**data)
 
 
-class Attention(nn.Module):
-    """Whisper's: q, v and out projections with bias, k without."""
+class Attention(vision.Attention):
+    """Whisper's: the image tower's attention (q, v and out projections with bias) with a bias-free key."""
 
     def __init__(self, config: AudioConfig):
-        super().__init__()
-        self.n_heads, self.head_dim = config.n_heads, config.dim // config.n_heads
-        self.q_proj = nn.Linear(config.dim, config.dim)
+        super().__init__(config)
         self.k_proj = nn.Linear(config.dim, config.dim, bias=False)
-        self.v_proj = nn.Linear(config.dim, config.dim)
-        self.out_proj = nn.Linear(config.dim, config.dim)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, s, _ = x.shape
-
-        def heads(t: torch.Tensor) -> torch.Tensor:
-            return t.view(b, s, self.n_heads, self.head_dim).transpose(1, 2)
-
-        y = F.scaled_dot_product_attention(heads(self.q_proj(x)), heads(self.k_proj(x)), heads(self.v_proj(x)))
-        return self.out_proj(y.transpose(1, 2).reshape(b, s, -1))
 
 
 class EncoderLayer(nn.Module):

@@ -19,17 +19,14 @@ from torch import nn
 
 from genai_pipeline.artifacts import Artifact, GraphBundle, PreparedModel
 from genai_pipeline.audio_processing import AudioProcessing
-from genai_pipeline.chat_template import read_chat_template
-from genai_pipeline.checkpoints.multimodal import audio_config, load_multimodal, random_multimodal
+from genai_pipeline.checkpoints.multimodal import audio_config
 from genai_pipeline.checkpoints.processor import ProcessorFiles, audio_processing
-from genai_pipeline.checkpoints.special_tokens import read_special_tokens
 from genai_pipeline.errors import CheckpointError, InputError
 from genai_pipeline.models.audio import AudioConfig, AudioLanguageModel
 from genai_pipeline.names import ArtifactKey, GraphName, Mode
 from genai_pipeline.prepare.common import decoder_constants
-from genai_pipeline.prepare.multimodal import check_sampleable, read_config_value, runner_vocab_size, text_graphs
-from genai_pipeline.registry import ModelSpec, sized_as
-from genai_pipeline.tokenizer import find_tokenizer_file
+from genai_pipeline.prepare.multimodal import load_model_and_tokens, read_config_value, text_graphs
+from genai_pipeline.registry import ModelSpec
 
 log = logging.getLogger(__name__)
 
@@ -74,36 +71,10 @@ def prepare_speech(spec: ModelSpec, options) -> PreparedModel:
         options = dataclasses.replace(options, mode=Mode.DYNAMIC)
     checkpoint = Path(options.checkpoint) if options.checkpoint else spec.checkpoint
     processing, audio = read_audio_processing(spec, checkpoint)
-    if checkpoint is not None:
-        log.info("loading %s from %s", spec.name, checkpoint)
-        model = load_multimodal(spec, checkpoint, options.max_seq_len, audio)
-        if checkpoint != spec.checkpoint:
-            spec = sized_as(spec, model.decoder.config)
-        weights = str(checkpoint)
-    else:
-        log.warning(
-            "%s: no checkpoint given, using RANDOM weights (seed %d); pass --checkpoint DIR for real weights",
-            spec.name,
-            options.seed,
-        )
-        model = random_multimodal(spec.config, audio, options.max_seq_len, options.seed)
-        weights = "random"
+    spec, model, weights, tokenizer, special, runner_vocab = load_model_and_tokens(spec, options, checkpoint, audio)
     config = model.decoder.config
-    tokenizer = find_tokenizer_file(checkpoint) if checkpoint is not None else None
-    template = read_chat_template(checkpoint) if tokenizer is not None else None
-    special = read_special_tokens(
-        checkpoint if tokenizer else None,
-        template.source if template else spec.chat_template,
-        spec.bos_id,
-        spec.eos_ids,
-    )
     audio_token_id = int(read_config_value(checkpoint, "audio_token_id", spec.audio.audio_token_id))
     token_ids = _audio_token_ids(tokenizer, processing, audio_token_id)
-    spec = dataclasses.replace(spec, bos_id=special.bos_id, eos_ids=special.eos_ids)
-    runner_vocab = runner_vocab_size(tokenizer)
-    check_sampleable(
-        {**{f"eos[{i}]": e for i, e in enumerate(spec.eos_ids)}, "bos": spec.bos_id}, runner_vocab, config.vocab_size
-    )
     constants = decoder_constants(spec, config, options.max_seq_len, options.max_seq_len)
     artifact = Artifact(ArtifactKey.MULTIMODAL, model, speech_graphs(model, options.max_seq_len), constants)
     params = {  # by method: the components of the one program

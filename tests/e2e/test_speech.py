@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from test_vision import hf_greedy, tokenizer
 
 from genai_pipeline.audio_files import read_audio, resample
 from genai_pipeline.audio_processing import AudioProcessing, audio_clip, expand_audio_prompt, mel_filters
@@ -43,29 +44,12 @@ NEW_TOKENS = 8
 PROMPT = "<audio>What is said?"
 
 
-def tokenizer(path: Path) -> None:
-    """Byte-level BPE whose first ids are Voxtral's special tokens (as ExecuTorch's runner needs them contiguous)."""
-    import pydoc_data.topics
-
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=VOCAB, special_tokens=SPECIALS, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
-    )
-    tok.train_from_iterator(["\n".join(sorted(pydoc_data.topics.topics.values()))[:60_000]], trainer)
-    tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
-    tok.save(str(path))
-
-
 @pytest.fixture(scope="session")
 def voxtral_checkpoint(tmp_path_factory) -> Path:
     import transformers
 
     folder = tmp_path_factory.mktemp("voxtral")
-    tokenizer(folder / "tokenizer.json")
+    tokenizer(folder / "tokenizer.json", SPECIALS, VOCAB, bos="<s>")  # Voxtral's special tokens first
     (folder / "tokenizer_config.json").write_text(json.dumps({"bos_token": "<s>", "eos_token": "</s>"}))
     (folder / "chat_template.jinja").write_text(chat_template())
     config = transformers.VoxtralConfig(
@@ -142,19 +126,6 @@ def prompt_ids(checkpoint: Path, processing: AudioProcessing) -> list[int]:
     return Tokenizer.from_file(str(checkpoint / "tokenizer.json")).encode(text).ids
 
 
-def hf_greedy(reference, ids: list[int], features: torch.Tensor, n: int, eos: int = 2) -> list[int]:
-    """transformers' model, greedy, the whole sequence each step (tiny model: cheap and plain)."""
-    ids, out = list(ids), []
-    with torch.no_grad():
-        for _ in range(n):
-            token = int(reference(input_ids=torch.tensor([ids]), input_features=features).logits[0, -1].argmax())
-            if token == eos:
-                break
-            out.append(token)
-            ids.append(token)
-    return out
-
-
 def test_voxtral_entry_and_checkpoint_settings(voxtral_ours):
     spec = get_spec("voxtral-mini-3b")
     assert (spec.audio.config.frames, spec.audio.config.tokens_per_chunk, spec.audio.config.stack) == (3000, 375, 4)
@@ -229,7 +200,7 @@ def test_program_matches_transformers_and_executorch_multimodal_runner(
     )
     ids = ours["prompt_tokens"]
     assert ids == prompt_ids(voxtral_checkpoint, processing) and ours["audio_tokens"] == 2 * TOKENS_PER_CHUNK
-    greedy = hf_greedy(voxtral_reference, ids, features, NEW_TOKENS)
+    greedy = hf_greedy(voxtral_reference, ids, features, NEW_TOKENS, eos=2, media="input_features")
     assert len(greedy) >= 3 and ours["tokens"] == greedy
 
     # ExecuTorch's stock runner: text inputs through token_embedding, each 30-s chunk (here 2 s) as
@@ -286,7 +257,9 @@ def test_chat_takes_audio_with_a_command(voxtral_program, voxtral_reference, mon
     tok = Tokenizer.from_file(str(voxtral_program / "tokenizer.json"))
     clip = audio_clip(read_audio(CLIP, 16000), processing)
     ids = tok.encode(expand_audio_prompt(rendered, [clip], processing), add_special_tokens=False).ids
-    expected = hf_greedy(voxtral_reference, ids, torch.from_numpy(np.stack(clip.chunks)), 4)
+    expected = hf_greedy(
+        voxtral_reference, ids, torch.from_numpy(np.stack(clip.chunks)), 4, eos=2, media="input_features"
+    )
     assert reply == tok.decode(expected).strip()
 
 
