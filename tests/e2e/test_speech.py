@@ -240,27 +240,35 @@ def test_program_stores_each_weight_once_and_says_which_runner_runs_it(voxtral_p
 
 
 def test_chat_takes_audio_with_a_command(voxtral_program, voxtral_reference, monkeypatch, capsys):
-    """`genai run --chat` with `/audio PATH`: the checkpoint's chat template, the clip expanded where
-    it marks the audio part, the reply transformers' greedy one."""
+    """`genai run --chat` with `/audio PATH` (a bad path first: one line, the chat goes on): the
+    checkpoint's chat template, the clip expanded where it marks the audio part; both replies
+    transformers' greedy ones on the whole conversation (the second from the kept cache)."""
     import io
+
+    from tokenizers import Tokenizer
 
     from genai_pipeline.cli import main
 
-    monkeypatch.setattr("sys.stdin", io.StringIO(f"/audio {CLIP}\nWhat is said?\n"))
+    stdin = f"/audio {CLIP.parent / 'missing.wav'}\n/audio {CLIP}\nWhat is said?\nAnd then?\n"
+    monkeypatch.setattr("sys.stdin", io.StringIO(stdin))
     capsys.readouterr()
     assert main(["run", str(voxtral_program), "--chat", "--max-new-tokens", "4"]) == 0
-    reply = capsys.readouterr().out.strip()
-    rendered = "<s>[INST]<audio>What is said?[/INST]"
-    processing = AudioProcessing(tokens_per_chunk=TOKENS_PER_CHUNK, chunk_length=CHUNK_SECONDS)
-    from tokenizers import Tokenizer
+    out, err = capsys.readouterr()
+    assert "missing.wav' not found" in err
 
+    processing = AudioProcessing(tokens_per_chunk=TOKENS_PER_CHUNK, chunk_length=CHUNK_SECONDS)
     tok = Tokenizer.from_file(str(voxtral_program / "tokenizer.json"))
     clip = audio_clip(read_audio(CLIP, 16000), processing)
-    ids = tok.encode(expand_audio_prompt(rendered, [clip], processing), add_special_tokens=False).ids
-    expected = hf_greedy(
-        voxtral_reference, ids, torch.from_numpy(np.stack(clip.chunks)), 4, eos=2, media="input_features"
-    )
-    assert reply == tok.decode(expected).strip()
+    features = torch.from_numpy(np.stack(clip.chunks))
+    rendered, replies = "<s>[INST]<audio>What is said?[/INST]", []
+    for turn in range(2):
+        if turn:
+            rendered += f"{replies[-1]}</s>[INST]And then?[/INST]"
+        ids = tok.encode(expand_audio_prompt(rendered, [clip], processing), add_special_tokens=False).ids
+        tokens = hf_greedy(voxtral_reference, ids, features, 4, eos=2, media="input_features")
+        assert tokens
+        replies.append(tok.decode(tokens))
+    assert out == "".join(f"{r}\n" for r in replies)
 
 
 def _run_error(capsys, *argv: str) -> str:
@@ -302,6 +310,21 @@ def test_commands_not_built_for_speech_say_so(voxtral_program, capsys):
         capsys.readouterr()
         assert main(argv) == 2
         assert "holds a speech model: genai" in capsys.readouterr().err.strip().splitlines()[-1]
+
+
+def test_serve_refuses_and_a_malformed_audio_section_is_told(voxtral_program, tmp_path):
+    from genai_pipeline.errors import InputError, ProgramError
+    from genai_pipeline.manifest import Manifest
+    from genai_pipeline.serve.engine import Engine
+
+    with pytest.raises(InputError, match="holds a speech model: genai serve"):
+        Engine(voxtral_program)
+    data = json.loads((voxtral_program / "manifest.json").read_text())
+    assert Manifest.read(voxtral_program).audio == data["audio"]
+    data["audio"]["config"]["n_mels"] = 0
+    (tmp_path / "manifest.json").write_text(json.dumps(data))
+    with pytest.raises(ProgramError, match="audio config"):
+        Manifest.read(tmp_path)
 
 
 def test_export_refuses_quantized_recipes_and_split(voxtral_checkpoint, tmp_path):
