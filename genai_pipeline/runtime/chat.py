@@ -211,7 +211,7 @@ class Chat:
         """Forget the conversation and any attached image (the system message stays)."""
         self.messages: tuple[Message, ...] = self.first_messages
         self.images: tuple[Frames | AudioClip, ...] = ()  # the conversation's images (audio clips), in order
-        self.attached: tuple[tuple[Path, Frames], ...] = ()  # images for the next user message
+        self.attached: tuple[tuple[Path, Frames | AudioClip], ...] = ()  # images (audio) for the next user message
         self.cached: list[int] = []  # the ids whose keys and values the cache holds, from position 0
         self.session.reset()
 
