@@ -10,6 +10,15 @@ they cover under twice the image's area), the image resized onto it (BICUBIC) an
 plus the whole image at S x S when there is more than one tile; the prompt's `<image>` becomes
 `<img>`, N `<IMG_CONTEXT>` per frame, `</img>`.
 
+Qwen2-VL / Qwen2.5-VL (`Qwen2VLImageProcessor`, PIL backend, `kind="qwen2_vl"`): transformers
+resizes each image (BICUBIC) to its `smart_resize` size, multiples of 28 px within
+`shortest_edge` .. `longest_edge` pixels (here pixel counts, its `min_pixels` / `max_pixels`), so
+the grid varies by image. A program's tower takes one S x S grid, S the largest multiple of 28
+whose square fits `max_pixels`, capped by the entry: every image is resized to S x S. That is
+transformers' own result for a square image of at least S px; another aspect ratio would get
+another grid there. The prompt's `<image>` becomes `<|vision_start|>`, N `<|image_pad|>`,
+`<|vision_end|>` (the chat template writes the markers itself around one `<|image_pad|>`).
+
 Idefics3 / SmolVLM (`Idefics3ImageProcessor`, PIL backend), step by step:
 1. RGB: an image with alpha (or a transparency key) is composited onto white, anything else
    (grayscale, palette, CMYK, 16-bit) converted by Pillow, as transformers' `convert_to_rgb`.
@@ -38,6 +47,8 @@ from genai_pipeline.image_files import pillow
 
 MAX_IMAGE_SIZE = 4096  # transformers' Idefics3 cap on either edge after the first resize
 LANCZOS = 1  # PIL.Image.Resampling.LANCZOS, the value processor configs store as `resample`
+KINDS = ("idefics3", "clip", "internvl", "qwen2_vl")
+QWEN_FACTOR = 28  # Qwen2-VL: patch 14 x merge 2, what `smart_resize` rounds to
 
 
 @dataclass(frozen=True)
@@ -47,10 +58,10 @@ class ImageProcessing:
     the manifest."""
 
     tile_size: int  # S: the encoder's input, `max_image_size.longest_edge` (CLIP: `crop_size`)
-    longest_edge: int  # `size.longest_edge`: the first resize (Idefics3)
+    longest_edge: int  # `size.longest_edge`: the first resize (Idefics3); Qwen2-VL: max_pixels
     tokens_per_image: int  # N: `<image>` tokens per frame (processor `image_seq_len`)
-    kind: str = "idefics3"  # which processor: "idefics3", "clip" or "internvl"
-    shortest_edge: int = 0  # CLIP: `size.shortest_edge`, the resize before the centre crop
+    kind: str = "idefics3"  # which processor: "idefics3", "clip", "internvl" or "qwen2_vl"
+    shortest_edge: int = 0  # CLIP: `size.shortest_edge`, the resize before the centre crop; Qwen2-VL: min_pixels
     do_resize: bool = True
     do_image_splitting: bool = True
     resample: int = LANCZOS
@@ -67,9 +78,11 @@ class ImageProcessing:
     global_image_token: str = "<global-img>"
 
     def __post_init__(self):
-        if self.kind not in ("idefics3", "clip", "internvl"):
-            raise ValueError(f"ImageProcessing.kind must be idefics3, clip or internvl, got '{self.kind}'")
-        first_resize = {"idefics3": ("longest_edge",), "clip": ("shortest_edge",), "internvl": ()}[self.kind]
+        if self.kind not in KINDS:
+            raise ValueError(f"ImageProcessing.kind must be one of {', '.join(KINDS)}, got '{self.kind}'")
+        first_resize = {"idefics3": ("longest_edge",), "clip": ("shortest_edge",), "internvl": (), "qwen2_vl": ()}[
+            self.kind
+        ]
         for name in ("tile_size", "tokens_per_image", *first_resize):
             if getattr(self, name) <= 0:
                 raise ValueError(f"ImageProcessing.{name} must be positive, got {getattr(self, name)}")
@@ -166,6 +179,8 @@ def image_frames(image: np.ndarray, p: ImageProcessing) -> Frames:
         )
     if p.kind == "internvl":
         return _internvl_frames(image, p)
+    if p.kind == "qwen2_vl":
+        return Frames((_chw(resize(image, s, s, p.resample)),), 0, 0)
     if p.do_resize:
         image = resize(image, *_first_resize(*image.shape[:2], p), p.resample)
     if not p.do_image_splitting:
@@ -213,6 +228,12 @@ def _internvl_frames(image: np.ndarray, p: ImageProcessing) -> Frames:
     return Frames(tuple(_chw(t) for t in tiles), rows, cols)
 
 
+def qwen_tile_size(max_pixels: int, cap: int) -> int:
+    """Qwen2-VL: the program's square side, the largest multiple of 28 px whose square is at most
+    `max_pixels` (what `smart_resize` makes of a large square image), at most `cap`."""
+    return min(cap, math.isqrt(max_pixels) // QWEN_FACTOR * QWEN_FACTOR)
+
+
 def _shortest_edge_size(height: int, width: int, shortest: int) -> tuple[int, int]:
     """transformers' `get_resize_output_image_size(..., default_to_square=False)`."""
     if width <= height:
@@ -240,7 +261,7 @@ def image_prompt(frames: Frames, p: ImageProcessing) -> str:
     run = p.image_token * p.tokens_per_image
     if p.kind == "clip":
         return run
-    if p.kind == "internvl":
+    if p.kind in ("internvl", "qwen2_vl"):
         return f"{p.image_start}{run * len(frames.pixels)}{p.image_end}"
     whole = f"{p.fake_image_token}{p.global_image_token}{run}{p.fake_image_token}"
     if frames.rows == 0 and frames.cols == 0:
@@ -272,8 +293,10 @@ def expand_rendered_chat(text: str, images: list[Frames], p: ImageProcessing) ->
     """A rendered chat's image marks replaced, in order, by the images' text. A chat template
     marks an image part with the placeholder (SmolVLM's and LLaVA's write `<image>`) or with the
     image token itself (InternVL's writes `<IMG_CONTEXT>`, which its processor expands); the
-    count must be the conversation's images."""
-    mark = p.placeholder if p.placeholder in text or not images else p.image_token
+    count must be the conversation's images. Qwen2-VL's writes the markers too
+    (`<|vision_start|><|image_pad|><|vision_end|>`): that whole mark is replaced."""
+    marked = f"{p.image_start}{p.image_token}{p.image_end}"
+    mark = p.placeholder if p.placeholder in text or not images else marked if marked in text else p.image_token
     found = text.count(mark)
     if found != len(images):
         raise InputError(

@@ -29,6 +29,8 @@ def vision_config(
     """The checkpoint's image tower (the entry's without one), normalising as its processor does;
     `processing_origin` says where the processor's settings were read (processor.ProcessorFiles)."""
     config = spec.vision.config if folder is None else _tower(spec, spec.vision, folder, "image tower")
+    if spec.vision.size_from_processor:
+        config = dataclasses.replace(config, image_size=processing.tile_size)
     if processing.tile_size != config.image_size:
         tower_origin = "config.json's vision_config.image_size" if folder is not None else "the entry"
         raise CheckpointError(
@@ -115,14 +117,15 @@ def _read_file(
                     continue  # a tied head saved anyway: the embedding is the head
                 if len(ours) == 1 and isinstance(tower, VisionConfig) and unused_tower_tensor(ours[0], tower):
                     continue  # e.g. LLaVA's last CLIP layer: the connector reads the one before
-                if len(ours) != 1 or ours[0] not in expected:
+                if not ours or any(name not in expected for name in ours):
                     raise CheckpointError(
                         f"unexpected tensor '{key}' in '{file.name}' for a {spec.family} model with this config.json"
                     )
                 tensor = f.get_tensor(key)
                 if tensor.dim() > len(expected[ours[0]]) and tensor.squeeze().shape == torch.Size(expected[ours[0]]):
                     tensor = tensor.reshape(expected[ours[0]])  # e.g. InternVL's class token [1, 1, d]: the same values
-                state.update(_as_ours(tensor, key, file.name, {ours[0]: expected[ours[0]]}))
+                # several: a fused tensor (Qwen2.5-VL's vision qkv), split by our shapes
+                state.update(_as_ours(tensor, key, file.name, {name: expected[name] for name in ours}))
     except CheckpointError:
         raise
     except Exception as e:  # safetensors raises several types for a damaged file

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from genai_pipeline.audio_processing import AudioProcessing
 from genai_pipeline.errors import CheckpointError
-from genai_pipeline.image_processing import ImageProcessing
+from genai_pipeline.image_processing import QWEN_FACTOR, ImageProcessing, qwen_tile_size
 
 PROCESSOR_FILE = "processor_config.json"
 IMAGE_PROCESSOR_FILE = "preprocessor_config.json"
@@ -143,11 +143,23 @@ def _positive(value, key: str) -> int:
 def image_processing(defaults: ImageProcessing, files: ProcessorFiles) -> ImageProcessing:
     """The entry's defaults overridden by what the files state (transformers' names -> ours)."""
     try:
-        return dataclasses.replace(defaults, **_stated(files.image, defaults.kind))
+        processing = dataclasses.replace(defaults, **_stated(files.image, defaults.kind))
     except (AttributeError, KeyError, TypeError, ValueError) as e:
         raise CheckpointError(
             f"{files.origin} holds image settings this pipeline cannot read ({e!r}); {RESAVE}"
         ) from None
+    return _qwen_tile(processing, defaults, files) if processing.kind == "qwen2_vl" else processing
+
+
+def _qwen_tile(processing: ImageProcessing, defaults: ImageProcessing, files: ProcessorFiles) -> ImageProcessing:
+    """Qwen2-VL: the program's square side from `max_pixels`, at most the entry's (image_processing.py)."""
+    side = qwen_tile_size(processing.longest_edge, defaults.tile_size)
+    if side < QWEN_FACTOR or processing.shortest_edge > side * side:
+        raise CheckpointError(
+            f"{files.origin}: min_pixels {processing.shortest_edge} / max_pixels {processing.longest_edge} leave no "
+            f"square image of a multiple of {QWEN_FACTOR} px at most {defaults.tile_size} px; {RESAVE}"
+        )
+    return dataclasses.replace(processing, tile_size=side)
 
 
 def _stated(pre: dict, kind: str) -> dict:
@@ -161,6 +173,10 @@ def _stated(pre: dict, kind: str) -> dict:
         found["shortest_edge"] = int(size["shortest_edge"])
     if isinstance(pre.get("crop_size"), dict):  # CLIP: the centre crop
         found["tile_size"] = int(pre["crop_size"]["height"])
+    if kind == "qwen2_vl":  # pixel counts; the 4.x files state them at the top level too
+        for ours, theirs in (("shortest_edge", "min_pixels"), ("longest_edge", "max_pixels")):
+            if pre.get(theirs) is not None:
+                found[ours] = int(pre[theirs])
     if kind == "internvl":
         if "height" in size:
             found["tile_size"] = int(size["height"])

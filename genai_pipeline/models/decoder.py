@@ -34,6 +34,10 @@ Family switches (all off by default: a Llama config is unchanged by them):
   state is a cache by position like the KV cache (`ConvCache`), a mutable buffer of the program.
 - Phi-3/4: `rope_dim` (partial rotary), `LongRopeScaling`; fused checkpoint tensors are split by
   the loader, so the decoder keeps separate wq/wk/wv and w1/w3.
+- Qwen2.5-VL: `mrope_section` (M-RoPE): the rotary frequencies in three runs, turned by a token's
+  temporal, height and width position; `rope_positions` [3, T] gives them (the same three for a
+  text token, so without them, or for text, it is plain RoPE). Rows of the one RoPE table are
+  gathered per run: no position becomes a shape.
 - Gemma 3: `scale_embeddings`, `activation="gelu_tanh"`, `norm_unit_offset`, `sandwich_norms`,
   `qk_norm`, `attention_scale`, sliding-window layers with their own `rope_local_theta`,
   `final_logit_softcap`.
@@ -147,6 +151,7 @@ class DecoderConfig:
     rope_theta: float = 10000.0
     rope_scaling: RopeScaling | LongRopeScaling | None = None
     rope_dim: int = 0  # dims of each head that RoPE rotates, the first ones; 0: all (Phi: partial_rotary_factor)
+    mrope_section: tuple[int, ...] = ()  # M-RoPE (Qwen2.5-VL): frequencies per temporal / height / width run
     nope_layers: tuple[int, ...] = ()  # layers without RoPE (SmolLM3)
     conv_layers: tuple[int, ...] = ()  # layers with a gated short convolution instead of attention (LFM2)
     conv_kernel: int = 3  # the positions that convolution reads, its own included (LFM2's conv_L_cache)
@@ -221,6 +226,12 @@ class DecoderConfig:
             raise ValueError(f"rope_dim must be even and in (0, head_dim={self.head_dim}], got {self.rope_dim}")
         if self.rope_theta <= 0:
             raise ValueError(f"rope_theta must be positive, got {self.rope_theta}")
+        object.__setattr__(self, "mrope_section", tuple(self.mrope_section))
+        if self.mrope_section and (len(self.mrope_section) != 3 or sum(self.mrope_section) != self.rope_dim // 2):
+            raise ValueError(
+                f"mrope_section must be 3 runs of frequencies adding up to rope_dim / 2 = {self.rope_dim // 2}, "
+                f"got {self.mrope_section}"
+            )
         if isinstance(self.rope_scaling, LongRopeScaling) and len(self.rope_scaling.short_factor) != self.rope_dim // 2:
             raise ValueError(
                 f"longrope needs rope_dim / 2 = {self.rope_dim // 2} factors, got {len(self.rope_scaling.short_factor)}"
@@ -255,7 +266,7 @@ class DecoderConfig:
         scaling = data.get("rope_scaling")
         if scaling:
             data["rope_scaling"] = (LongRopeScaling if "short_factor" in scaling else RopeScaling)(**scaling)
-        for name in ("nope_layers", "sliding_window_layers", "conv_layers"):
+        for name in ("nope_layers", "sliding_window_layers", "conv_layers", "mrope_section"):
             if name in data:
                 data[name] = tuple(data[name])
         return cls(**data)
@@ -295,6 +306,22 @@ def rope_tables(config: DecoderConfig, max_seq_len: int, local: bool = False) ->
     angles = torch.cat([angles, angles], dim=-1)
     factor = 1.0 if local or config.rope_scaling is None else config.rope_scaling.attention_factor
     return (angles.cos() * factor).float(), (angles.sin() * factor).float()
+
+
+def mrope_positions(tokens: list[int], image_token_id: int, grid: int, first: int = 0) -> tuple[torch.Tensor, int]:
+    """M-RoPE positions [3, T] of `tokens` (transformers' `get_rope_index` for still images): a text
+    token's three are its position; each run of grid x grid image tokens sits at one temporal
+    position, its rows and columns counted from there, and the text after it continues `grid` later
+    (not grid²). `first`: the position of the first token. Returns (positions, the next one)."""
+    rows, i, pos = [], 0, first
+    while i < len(tokens):
+        if tokens[i] != image_token_id:
+            rows.append((pos, pos, pos))
+            i, pos = i + 1, pos + 1
+            continue
+        rows += [(pos, pos + r, pos + c) for r in range(grid) for c in range(grid)]
+        i, pos = i + grid * grid, pos + grid
+    return torch.tensor(rows[: len(tokens)], dtype=torch.long).T.contiguous(), pos
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, swap: torch.Tensor | None = None) -> torch.Tensor:
@@ -733,17 +760,26 @@ class Decoder(nn.Module):
             h = h * self.config.embedding_multiplier
         return h
 
-    def forward_embeddings(self, h: torch.Tensor, input_pos: torch.Tensor, last_only: bool = False) -> torch.Tensor:
-        return self.head(self.forward_blocks(h, input_pos), last_only)
+    def forward_embeddings(
+        self,
+        h: torch.Tensor,
+        input_pos: torch.Tensor,
+        last_only: bool = False,
+        rope_positions: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """`rope_positions` [3, T]: M-RoPE's positions (mrope_section); None: the cache positions."""
+        return self.head(self.forward_blocks(h, input_pos, rope_positions=rope_positions), last_only)
 
-    def forward_blocks(self, h: torch.Tensor, input_pos: torch.Tensor, first: int = 0) -> torch.Tensor:
+    def forward_blocks(
+        self, h: torch.Tensor, input_pos: torch.Tensor, first: int = 0, rope_positions: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """h [1, T, dim] at positions input_pos[0] ... through blocks `first` to the last: the hidden
         states the head takes (size_budget.py resumes at a block to measure a change after it)."""
         seq_len = h.size(1)
         start = input_pos[0].item()
         torch._check(start >= 0)
         torch._check(start + seq_len <= self.max_seq_len)
-        ropes = self._rope_at(start, seq_len)
+        ropes = self._rope_at(start, seq_len) if rope_positions is None else self._rope_mrope(rope_positions)
         mask = None
         if any(self.layer_windowed):
             mask = sliding_window_mask(start, seq_len, self.max_seq_len, self.config.sliding_window, h.dtype)
@@ -804,6 +840,18 @@ class Decoder(nn.Module):
     def _rope_gathered(self, positions: torch.Tensor) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
         """The RoPE tables' rows at `positions` ([1, T]) as a gather: no position becomes a shape."""
         return self._rope_rows(lambda table: table[positions][:, :, None])  # [1, T, 1, R]
+
+    def _rope_mrope(self, positions: torch.Tensor) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+        """M-RoPE: each frequency's cos/sin at the position of its run (temporal, height, width),
+        positions [3, T]; both halves of the rotate-half form follow the same runs."""
+        runs = [axis for axis, n in enumerate(self.config.mrope_section) for _ in range(n)]
+        axis = torch.tensor(runs + runs).view(1, 1, -1)  # [1, 1, R]
+
+        def rows(table: torch.Tensor) -> torch.Tensor:
+            gathered = table[positions]  # [3, T, R]
+            return torch.gather(gathered, 0, axis.expand(1, gathered.size(1), -1))[:, :, None]  # [1, T, 1, R]
+
+        return self._rope_rows(rows)
 
     def _rope_rows(self, rows) -> dict[str, tuple]:
         """`rows` of each kind's cos and sin tables, for the kinds in use, and the half swap."""

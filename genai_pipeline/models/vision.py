@@ -18,6 +18,14 @@ Families (switches on the config, not on names):
 - InternViT as InternVL uses it: CLIP's layout with a biased patch conv, per-channel layer scale on
   both residual branches (`layer_scale`), no final norm; its connector pixel-shuffles like Idefics3,
   then LayerNorm, linear, GeLU, linear (`connector="mlp"`, `projector_norm`).
+- Qwen2.5-VL's ViT: a bias-free patch conv over `temporal_patch_size` frames (a still image is
+  that frame repeated, so the conv is one over the frame with the frames' kernels summed), no
+  learned positions but 2D RoPE in every layer (`rope_theta`), RMSNorm (`norm="rms"`), SwiGLU
+  MLPs with biases (`mlp="gated"`), attention within `window_size`-pixel windows except in
+  `full_attention_layers`, no final norm; the connector (`connector="merger"`) takes each 2 x 2
+  block of patches (the tokens run block by block, as Qwen2VLImageProcessor orders them):
+  RMSNorm, then linear, GeLU, linear over the block's concatenated features. The input size is
+  fixed per program (transformers takes any multiple of 28 px: see image_processing.py).
 """
 
 from __future__ import annotations
@@ -29,15 +37,17 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from genai_pipeline.models.decoder import gelu_tanh
+from genai_pipeline.models.decoder import RMSNorm, apply_rope, gelu_tanh
 
 
 def quick_gelu(x: torch.Tensor) -> torch.Tensor:
     return x * torch.sigmoid(1.702 * x)
 
 
-ACTIVATIONS = {"gelu_tanh": gelu_tanh, "gelu": F.gelu, "quick_gelu": quick_gelu}
-CONNECTORS = ("linear", "mlp")
+ACTIVATIONS = {"gelu_tanh": gelu_tanh, "gelu": F.gelu, "quick_gelu": quick_gelu, "silu": F.silu}
+CONNECTORS = ("linear", "mlp", "merger")
+NORMS = ("layer", "rms")
+MLPS = ("fc", "gated")
 
 
 @dataclass(frozen=True)
@@ -65,6 +75,14 @@ class VisionConfig:
     image_mean: tuple[float, float, float] = (0.5, 0.5, 0.5)
     image_std: tuple[float, float, float] = (0.5, 0.5, 0.5)
     rescale_factor: float = 1 / 255
+    # Qwen2.5-VL (see the module doc)
+    norm: str = "layer"  # "layer": LayerNorm; "rms": RMSNorm (no bias)
+    mlp: str = "fc"  # "fc": fc2(act(fc1 x)); "gated": down(act(gate x) * up x), all with biases
+    learned_positions: bool = True  # a learned position table added to the patches
+    rope_theta: float | None = None  # 2D RoPE in every layer (rows, then columns): its base; None: no RoPE
+    temporal_patch_size: int = 1  # frames the patch conv spans (a still image repeats its frame)
+    window_size: int = 0  # pixels: attention within windows of this side; 0: no windows
+    full_attention_layers: tuple[int, ...] = ()  # with window_size: the layers attending over the whole image
 
     def __post_init__(self):
         for name in (
@@ -76,6 +94,7 @@ class VisionConfig:
             "hidden_dim",
             "text_dim",
             "scale_factor",
+            "temporal_patch_size",
         ):
             if getattr(self, name) <= 0:
                 raise ValueError(f"VisionConfig.{name} must be positive, got {getattr(self, name)}")
@@ -91,6 +110,20 @@ class VisionConfig:
             )
         if self.connector not in CONNECTORS:
             raise ValueError(f"VisionConfig.connector must be one of {', '.join(CONNECTORS)}, got '{self.connector}'")
+        if self.norm not in NORMS or self.mlp not in MLPS:
+            raise ValueError(
+                f"VisionConfig.norm / mlp must be one of {NORMS} / {MLPS}, got '{self.norm}' / '{self.mlp}'"
+            )
+        object.__setattr__(self, "full_attention_layers", tuple(int(i) for i in self.full_attention_layers))
+        if self.window_size and self.window_size % (self.patch_size * self.scale_factor):
+            raise ValueError(
+                f"VisionConfig.window_size ({self.window_size}) must be a multiple of patch_size x scale_factor"
+            )
+        if self.connector == "merger" and self.image_size % (self.patch_size * self.scale_factor):
+            raise ValueError(
+                f"the merger connector needs image_size ({self.image_size}) a multiple of patch_size x scale_factor "
+                f"({self.patch_size * self.scale_factor})"
+            )
         for name in ("image_mean", "image_std"):
             value = tuple(float(v) for v in getattr(self, name))
             if len(value) != 3:
@@ -112,22 +145,29 @@ class VisionConfig:
 
     @property
     def num_params(self) -> int:
-        d, p, t = self.dim, self.patch_size, self.text_dim
-        embed = 3 * p * p * d + self.patch_bias * d + self.positions * d + self.class_token * d
-        layer = 4 * (d * d + d) + 2 * d * self.hidden_dim + self.hidden_dim + d + 4 * d
-        layer += 2 * d * self.layer_scale - 3 * d * (not self.qkv_bias)
+        d, p, t, f = self.dim, self.patch_size, self.text_dim, self.hidden_dim
+        embed = 3 * self.temporal_patch_size * p * p * d + self.patch_bias * d + self.class_token * d
+        embed += self.learned_positions * self.positions * d
+        norm = d if self.norm == "rms" else 2 * d
+        mlp = 2 * d * f + f + d if self.mlp == "fc" else 3 * d * f + 2 * f + d
+        layer = 4 * (d * d + d) + mlp + 2 * norm + 2 * d * self.layer_scale - 3 * d * (not self.qkv_bias)
         norms = 2 * d * (self.pre_norm + self.post_norm)
         shuffled = d * self.scale_factor**2
-        connector = (
-            shuffled * t
-            if self.connector == "linear"
-            else shuffled * t + t + t * t + t + 2 * shuffled * self.projector_norm
-        )
+        if self.connector == "linear":
+            connector = shuffled * t
+        elif self.connector == "mlp":
+            connector = shuffled * t + t + t * t + t + 2 * shuffled * self.projector_norm
+        else:
+            connector = d + shuffled * shuffled + shuffled + shuffled * t + t
         return embed + self.n_layers * layer + norms + connector
 
     @classmethod
     def from_dict(cls, data: dict) -> VisionConfig:
         return cls(**data)
+
+
+def norm_layer(config: VisionConfig, dim: int) -> nn.Module:
+    return nn.LayerNorm(dim, eps=config.norm_eps) if config.norm == "layer" else RMSNorm(dim, config.norm_eps)
 
 
 class Normalize(nn.Module):
@@ -158,25 +198,79 @@ def embedding_position_ids(config: VisionConfig) -> torch.Tensor:
     return position_ids(config.patches_per_side)
 
 
+class TemporalPatchConv(nn.Module):
+    """Qwen2.5-VL's Conv3d patch embedding (kernel = stride = [frames, p, p], no bias) on a still
+    image, whose frames are all the same: the sum of the frames' kernels as one Conv2d."""
+
+    def __init__(self, config: VisionConfig):
+        super().__init__()
+        p = self.patch_size = config.patch_size
+        self.weight = nn.Parameter(torch.zeros(config.dim, 3, config.temporal_patch_size, p, p))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.conv2d(x, self.weight.sum(2), stride=self.patch_size)
+
+
+def block_order(n: int, scale: int) -> torch.Tensor:
+    """[n*n]: the row-major patch index of each token when tokens run `scale` x `scale` block by
+    block (blocks row-major, row-major within a block), as Qwen2VLImageProcessor orders patches."""
+    index = torch.arange(n * n).view(n // scale, scale, n // scale, scale)
+    return index.permute(0, 2, 1, 3).reshape(-1)
+
+
 class PatchEmbedding(nn.Module):
     """Conv patches (after a class token, for CLIP) plus learned positions. Idefics3 buckets
     fractional patch coordinates into the position table to allow other sizes; for the full square
     input that is the identity, computed here once with the same ops so float rounding cannot make
-    them differ."""
+    them differ. Qwen2.5-VL: no positions here (RoPE in the layers), patches in merge-block order."""
 
     def __init__(self, config: VisionConfig):
         super().__init__()
         p = config.patch_size
-        self.patch_embedding = nn.Conv2d(3, config.dim, kernel_size=p, stride=p, bias=config.patch_bias)
+        if config.temporal_patch_size > 1:
+            self.patch_embedding = TemporalPatchConv(config)
+        else:
+            self.patch_embedding = nn.Conv2d(3, config.dim, kernel_size=p, stride=p, bias=config.patch_bias)
         self.class_embedding = nn.Parameter(torch.zeros(config.dim)) if config.class_token else None
-        self.position_embedding = nn.Embedding(config.positions, config.dim)
+        self.position_embedding = nn.Embedding(config.positions, config.dim) if config.learned_positions else None
         self.register_buffer("position_ids", embedding_position_ids(config), persistent=False)
+        merger = config.connector == "merger"
+        order = block_order(config.patches_per_side, config.scale_factor) if merger else None
+        self.register_buffer("token_order", order, persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.patch_embedding(x).flatten(2).transpose(1, 2)  # [1, n*n, dim]
+        if self.token_order is not None:
+            h = h[:, self.token_order]
         if self.class_embedding is not None:
             h = torch.cat([self.class_embedding.view(1, 1, -1), h], dim=1)
-        return h + self.position_embedding(self.position_ids)
+        return h if self.position_embedding is None else h + self.position_embedding(self.position_ids)
+
+
+def rope_2d_tables(config: VisionConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin [1, tokens, 1, head_dim] of Qwen2.5-VL's 2D RoPE, tokens in merge-block order:
+    a quarter of the head's frequencies turn with the patch's row, the next quarter with its
+    column, the second half repeats the first (rotate-half form); float32, as transformers."""
+    n, head_dim = config.patches_per_side, config.dim // config.n_heads
+    order = block_order(n, config.scale_factor)
+    rows, cols = (order // n).float(), (order % n).float()
+    half = head_dim // 2
+    inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, half, 2, dtype=torch.float) / half))
+    angles = torch.cat([rows[:, None] * inv_freq, cols[:, None] * inv_freq], dim=-1)
+    angles = torch.cat([angles, angles], dim=-1)[None, :, None]
+    return angles.cos(), angles.sin()
+
+
+def window_mask(config: VisionConfig) -> torch.Tensor:
+    """Additive [tokens, tokens]: 0 between tokens of the same window, -inf otherwise. Windows are
+    `window_size` px squares from the top-left (the last ones cut by the image's edge), as
+    transformers' `get_vision_window_index` groups the merged tokens."""
+    merged = config.patches_per_side // config.scale_factor
+    side = config.window_size // (config.patch_size * config.scale_factor)  # merged tokens per window side
+    unit = torch.arange(merged * merged).repeat_interleave(config.scale_factor**2)  # each token's merged token
+    window = (unit // merged) // side * merged + (unit % merged) // side
+    same = window[:, None] == window[None, :]
+    return torch.zeros(same.shape).masked_fill(~same, float("-inf"))
 
 
 class Attention(nn.Module):
@@ -188,33 +282,69 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(config.dim, config.dim, bias=config.qkv_bias)
         self.out_proj = nn.Linear(config.dim, config.dim)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, rope: tuple | None = None, mask: torch.Tensor | None = None) -> torch.Tensor:
         b, s, _ = x.shape
 
         def heads(t: torch.Tensor) -> torch.Tensor:
-            return t.view(b, s, self.n_heads, self.head_dim).transpose(1, 2)
+            t = t.view(b, s, self.n_heads, self.head_dim)
+            return (t if rope is None else apply_rope(t, *rope)).transpose(1, 2)
 
-        y = F.scaled_dot_product_attention(heads(self.q_proj(x)), heads(self.k_proj(x)), heads(self.v_proj(x)))
+        q, k = heads(self.q_proj(x)), heads(self.k_proj(x))
+        v = self.v_proj(x).view(b, s, self.n_heads, self.head_dim).transpose(1, 2)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
         return self.out_proj(y.transpose(1, 2).reshape(b, s, -1))
+
+
+class GatedMLP(nn.Module):
+    """Qwen2.5-VL's vision MLP: down(act(gate x) * up x), every linear with a bias."""
+
+    def __init__(self, config: VisionConfig):
+        super().__init__()
+        self.gate_proj = nn.Linear(config.dim, config.hidden_dim)
+        self.up_proj = nn.Linear(config.dim, config.hidden_dim)
+        self.down_proj = nn.Linear(config.hidden_dim, config.dim)
+        self.act = ACTIVATIONS[config.activation]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
 
 
 class EncoderLayer(nn.Module):
     def __init__(self, config: VisionConfig):
         super().__init__()
-        self.layer_norm1 = nn.LayerNorm(config.dim, eps=config.norm_eps)
+        self.layer_norm1 = norm_layer(config, config.dim)
         self.self_attn = Attention(config)
-        self.layer_norm2 = nn.LayerNorm(config.dim, eps=config.norm_eps)
-        self.fc1 = nn.Linear(config.dim, config.hidden_dim)
-        self.fc2 = nn.Linear(config.hidden_dim, config.dim)
+        self.layer_norm2 = norm_layer(config, config.dim)
+        gated = config.mlp == "gated"
+        self.mlp = GatedMLP(config) if gated else None
+        self.fc1 = None if gated else nn.Linear(config.dim, config.hidden_dim)
+        self.fc2 = None if gated else nn.Linear(config.hidden_dim, config.dim)
         self.act = ACTIVATIONS[config.activation]
         self.lambda_1 = nn.Parameter(torch.ones(config.dim)) if config.layer_scale else None
         self.lambda_2 = nn.Parameter(torch.ones(config.dim)) if config.layer_scale else None
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        attention = self.self_attn(self.layer_norm1(x))
+    def forward(self, x: torch.Tensor, rope: tuple | None = None, mask: torch.Tensor | None = None) -> torch.Tensor:
+        attention = self.self_attn(self.layer_norm1(x), rope, mask)
         x = x + (attention if self.lambda_1 is None else self.lambda_1 * attention)
-        mlp = self.fc2(self.act(self.fc1(self.layer_norm2(x))))
+        h = self.layer_norm2(x)
+        mlp = self.fc2(self.act(self.fc1(h))) if self.mlp is None else self.mlp(h)
         return x + (mlp if self.lambda_2 is None else self.lambda_2 * mlp)
+
+
+class PatchMerger(nn.Module):
+    """Qwen2.5-VL's connector: RMSNorm per patch, then each block of scale² patches (consecutive
+    tokens) concatenated through linear, GeLU, linear."""
+
+    def __init__(self, config: VisionConfig):
+        super().__init__()
+        self.width = config.dim * config.scale_factor**2
+        self.ln_q = RMSNorm(config.dim, config.norm_eps)
+        self.linear_1 = nn.Linear(self.width, self.width)
+        self.linear_2 = nn.Linear(self.width, config.text_dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.ln_q(x).reshape(x.shape[0], -1, self.width)
+        return self.linear_2(F.gelu(self.linear_1(h)))
 
 
 class MLPProjector(nn.Module):
@@ -248,26 +378,41 @@ class VisionEncoder(nn.Module):
         self.config = config
         self.normalize = Normalize(config)
         self.embeddings = PatchEmbedding(config)
-        self.pre_layrnorm = nn.LayerNorm(config.dim, eps=config.norm_eps) if config.pre_norm else nn.Identity()
+        self.pre_layrnorm = norm_layer(config, config.dim) if config.pre_norm else nn.Identity()
         self.layers = nn.ModuleList(EncoderLayer(config) for _ in range(config.n_layers))
-        self.post_layernorm = nn.LayerNorm(config.dim, eps=config.norm_eps) if config.post_norm else nn.Identity()
+        self.post_layernorm = norm_layer(config, config.dim) if config.post_norm else nn.Identity()
         if config.connector == "linear":
             self.projection = nn.Linear(config.dim * config.scale_factor**2, config.text_dim, bias=False)
-        else:
+        elif config.connector == "mlp":
             self.projection = MLPProjector(config)
+        else:
+            self.projection = PatchMerger(config)
+        # which layers attend within windows (Qwen2.5-VL); the others see every token
+        self.layer_windowed = tuple(
+            bool(config.window_size) and i not in config.full_attention_layers for i in range(config.n_layers)
+        )
+        self._set_tables()
+
+    def _set_tables(self) -> None:
+        config = self.config
+        rope = rope_2d_tables(config) if config.rope_theta is not None else (None, None)
+        self.register_buffer("rope_cos", rope[0], persistent=False)
+        self.register_buffer("rope_sin", rope[1], persistent=False)
+        self.register_buffer("window_mask", window_mask(config) if any(self.layer_windowed) else None, persistent=False)
 
     def features(self, pixels: torch.Tensor) -> torch.Tensor:
         """The hidden state the connector reads, for normalised float pixels: [1, positions, dim]."""
         h = self.pre_layrnorm(self.embeddings(pixels))
-        for layer in self.layers:
-            h = layer(h)
+        rope = None if self.rope_cos is None else (self.rope_cos, self.rope_sin)
+        for layer, windowed in zip(self.layers, self.layer_windowed):
+            h = layer(h, rope, self.window_mask if windowed else None)
         return self.post_layernorm(h)
 
     def forward(self, pixels: torch.Tensor) -> torch.Tensor:
         h = self.features(self.normalize(pixels))
         if self.config.class_token and self.config.drop_class_token:
             h = h[:, 1:]
-        if self.config.scale_factor > 1:
+        if self.config.scale_factor > 1 and self.config.connector != "merger":
             h = pixel_shuffle(h, self.config.scale_factor)
         return self.projection(h)
 
@@ -275,6 +420,9 @@ class VisionEncoder(nn.Module):
         """(Re)create the constant buffers, e.g. after building on the meta device."""
         self.normalize = Normalize(self.config)
         self.embeddings.position_ids = embedding_position_ids(self.config)
+        if self.embeddings.token_order is not None:
+            self.embeddings.token_order = block_order(self.config.patches_per_side, self.config.scale_factor)
+        self._set_tables()
 
 
 def unused_tower_tensor(name: str, config: VisionConfig) -> bool:

@@ -26,6 +26,7 @@ def _all_specs() -> dict[str, ModelSpec]:
         olmo,
         phi,
         qwen,
+        qwen2_5_vl,
         smollm,
         smolvlm,
         voxtral,
@@ -45,6 +46,7 @@ def _all_specs() -> dict[str, ModelSpec]:
         smolvlm,
         llava,
         internvl,
+        qwen2_5_vl,
         voxtral,
     )
     specs = [spec for family in families for spec in family.SPECS]

@@ -20,6 +20,8 @@ class VisionSpec:
     config_from_checkpoint: Callable[[dict], VisionConfig]
     preprocessing: ImageProcessing  # defaults for a checkpoint without processor files
     image_token_id: int  # the id of `<image>`, whose positions take the image's embeddings
+    # The tower takes any size (Qwen2.5-VL): a program's is the processor's tile, not config.json's.
+    size_from_processor: bool = False
 
 
 @dataclass(frozen=True)

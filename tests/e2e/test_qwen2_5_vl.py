@@ -1,0 +1,185 @@
+"""Qwen2.5-VL (ViT with 2D RoPE and window attention, 2 x 2 patch merger, Qwen2 decoder with M-RoPE)
+on a tiny random checkpoint saved by transformers: loader, eager parity of the tower and of the
+logits with an image (M-RoPE positions) and without (plain RoPE), greedy tokens."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from test_vision import SPECIALS, VOCAB, photo, tokenizer
+
+from genai_pipeline.checkpoints.multimodal import load_multimodal
+from genai_pipeline.image_processing import expand_prompt, image_frames
+from genai_pipeline.models.decoder import mrope_positions
+from genai_pipeline.prepare.multimodal import read_processing
+from genai_pipeline.registry import infer_spec
+from genai_pipeline.registry.qwen2_5_vl import CLIP_MEAN, CLIP_STD
+
+QWEN_SPECIALS = SPECIALS + ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|im_end|>"]
+IMAGE = 112  # px: patch 14 -> 8 x 8 patches, merged 2 x 2 -> 4 x 4 = 16 tokens; windows of 56 px: 4
+GRID = 4
+TOKENS = GRID * GRID
+MAX_SEQ = 96
+IMAGE_ID = QWEN_SPECIALS.index("<|image_pad|>")
+EOS = QWEN_SPECIALS.index("<|im_end|>")
+PROMPT = "<|im_start|>user\n<image>What is this?<|im_end|>\n<|im_start|>assistant\n"
+
+
+@pytest.fixture(scope="session")
+def qwen_vl_checkpoint(tmp_path_factory) -> Path:
+    import transformers
+
+    folder = tmp_path_factory.mktemp("qwen2_5_vl")
+    tokenizer(folder / "tokenizer.json", QWEN_SPECIALS)
+    config = transformers.Qwen2_5_VLConfig(
+        vision_config=dict(
+            depth=2,
+            hidden_size=32,
+            intermediate_size=48,
+            num_heads=2,
+            out_hidden_size=64,
+            patch_size=14,
+            spatial_merge_size=2,
+            temporal_patch_size=2,
+            window_size=56,
+            fullatt_block_indexes=[1],
+        ),
+        text_config=dict(
+            vocab_size=VOCAB,
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=256,
+            rms_norm_eps=1e-6,
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]},
+            bos_token_id=1,
+            eos_token_id=EOS,
+        ),
+        image_token_id=IMAGE_ID,
+        vision_start_token_id=QWEN_SPECIALS.index("<|vision_start|>"),
+        vision_end_token_id=QWEN_SPECIALS.index("<|vision_end|>"),
+        tie_word_embeddings=False,
+    )
+    torch.manual_seed(0)
+    model = transformers.Qwen2_5_VLForConditionalGeneration(config).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.normal_(0, 0.08) if "norm" not in name and "ln_q" not in name else p.normal_(1.0, 0.1)
+    model.save_pretrained(folder, safe_serialization=True)
+    (folder / "generation_config.json").write_text(json.dumps({"eos_token_id": EOS}))
+    (folder / "preprocessor_config.json").write_text(
+        json.dumps(
+            {
+                "image_processor_type": "Qwen2VLImageProcessor",
+                "min_pixels": 3136,
+                "max_pixels": IMAGE * IMAGE,
+                "size": {"shortest_edge": 3136, "longest_edge": IMAGE * IMAGE},
+                "patch_size": 14,
+                "temporal_patch_size": 2,
+                "merge_size": 2,
+                "resample": 3,
+                "image_mean": list(CLIP_MEAN),
+                "image_std": list(CLIP_STD),
+            }
+        )
+    )
+    return folder
+
+
+@pytest.fixture(scope="session")
+def qwen_vl_reference(qwen_vl_checkpoint):
+    import transformers
+
+    return transformers.Qwen2_5_VLForConditionalGeneration.from_pretrained(
+        qwen_vl_checkpoint, dtype=torch.float32
+    ).eval()
+
+
+@pytest.fixture(scope="session")
+def qwen_vl_ours(qwen_vl_checkpoint):
+    spec = infer_spec(json.loads((qwen_vl_checkpoint / "config.json").read_text()))
+    processing, vision = read_processing(spec, qwen_vl_checkpoint)
+    return load_multimodal(spec, qwen_vl_checkpoint, MAX_SEQ, vision), processing
+
+
+def hf_inputs(frame: np.ndarray) -> dict:
+    """What Qwen2VLImageProcessor makes of an S x S frame: normalised patches, each
+    [3 channels, 2 frames, 14, 14], in 2 x 2 merge-block order; and the grid."""
+    x = torch.from_numpy(frame).float() / 255
+    x = (x - torch.tensor(CLIP_MEAN).view(3, 1, 1)) / torch.tensor(CLIP_STD).view(3, 1, 1)
+    n = IMAGE // 14
+    x = x.reshape(3, n // 2, 2, 14, n // 2, 2, 14).permute(1, 4, 2, 5, 0, 3, 6)  # gh, gw, mh, mw, c, ph, pw
+    x = x.unsqueeze(5).expand(-1, -1, -1, -1, -1, 2, -1, -1)  # the still image as 2 frames
+    return {"pixel_values": x.reshape(n * n, -1), "image_grid_thw": torch.tensor([[1, n, n]])}
+
+
+def hf_logits(reference, ids: list[int], frame: np.ndarray | None) -> torch.Tensor:
+    kwargs = {}
+    if frame is not None:
+        kwargs = {**hf_inputs(frame), "mm_token_type_ids": (torch.tensor([ids]) == IMAGE_ID).int()}
+    with torch.no_grad():
+        return reference(input_ids=torch.tensor([ids]), **kwargs).logits[0]
+
+
+def prompt_ids(checkpoint: Path, processing, text: str = PROMPT) -> list[int]:
+    from tokenizers import Tokenizer
+
+    expanded = expand_prompt(text, [image_frames(photo(IMAGE, IMAGE), processing)], processing)
+    return Tokenizer.from_file(str(checkpoint / "tokenizer.json")).encode(expanded).ids
+
+
+def eager_logits(model, ids: list[int], frame: np.ndarray | None) -> torch.Tensor:
+    with torch.no_grad():
+        h = model.decoder.embed(torch.tensor([ids]))
+        if frame is not None:
+            h[0, [i for i, t in enumerate(ids) if t == IMAGE_ID]] = model.vision(torch.from_numpy(frame).unsqueeze(0))[
+                0
+            ]
+        positions, _ = mrope_positions(ids, IMAGE_ID, GRID)
+        return model.decoder.forward_embeddings(h, torch.tensor([0]), rope_positions=positions)[0]
+
+
+def test_qwen_vl_loads_as_its_family_and_its_tower_matches_transformers(qwen_vl_ours, qwen_vl_reference):
+    model, processing = qwen_vl_ours
+    assert (processing.kind, processing.tile_size, processing.tokens_per_image) == ("qwen2_vl", IMAGE, TOKENS)
+    assert model.decoder.config.mrope_section == (2, 3, 3) and model.vision.layer_windowed == (True, False)
+    frame = image_frames(photo(IMAGE, IMAGE), processing).pixels[0]
+    inputs = hf_inputs(frame)
+    with torch.no_grad():
+        expected = qwen_vl_reference.model.get_image_features(**inputs).pooler_output[0]
+        got = model.vision(torch.from_numpy(frame).unsqueeze(0))[0]
+    assert got.shape == expected.shape == (TOKENS, 64)
+    assert expected.abs().max() > 0.1 and (got - expected).abs().max() <= 1e-4
+
+
+def test_qwen_vl_logits_with_an_image_follow_mrope_and_without_equal_plain_rope(
+    qwen_vl_ours, qwen_vl_reference, qwen_vl_checkpoint
+):
+    model, processing = qwen_vl_ours
+    ids = prompt_ids(qwen_vl_checkpoint, processing)
+    first = ids.index(IMAGE_ID)
+    assert ids.count(IMAGE_ID) == TOKENS and ids[first - 1] == QWEN_SPECIALS.index("<|vision_start|>")
+    frame = image_frames(photo(IMAGE, IMAGE), processing).pixels[0]
+    expected = hf_logits(qwen_vl_reference, ids, frame)
+    got = eager_logits(model, ids, frame)
+    assert expected.abs().max() > 0.5 and (got - expected).abs().max() <= 1e-4
+    # plain RoPE at the image's tokens would be another model: M-RoPE is what makes them equal
+    with torch.no_grad():
+        h = model.decoder.embed(torch.tensor([ids]))
+        h[0, [i for i, t in enumerate(ids) if t == IMAGE_ID]] = model.vision(torch.from_numpy(frame).unsqueeze(0))[0]
+        plain = model.decoder.forward_embeddings(h, torch.tensor([0]))[0]
+    assert (plain - expected).abs().max() > 1e-2
+
+    text = ids[: first - 1] + ids[first + TOKENS + 1 :]  # the prompt without its image
+    positions, after = mrope_positions(text, IMAGE_ID, GRID)
+    assert after == len(text) and torch.equal(positions, torch.arange(len(text)).expand(3, -1))
+    with torch.no_grad():
+        plain = model.decoder(torch.tensor([text]), torch.tensor([0]))[0]
+    assert (eager_logits(model, text, None) - plain).abs().max() == 0
+    assert (plain - hf_logits(qwen_vl_reference, text, None)).abs().max() <= 1e-4
