@@ -102,6 +102,8 @@ def load_multimodal(spec: ModelSpec, folder: Path, max_seq_len: int, vision: Tow
     model.decoder.reset_buffers()
     if isinstance(model, VisionLanguageModel):
         model.vision.reset_buffers()
+        if model.mrope is not None:
+            model.mrope.reset_buffers()
     return model.eval().requires_grad_(False)
 
 

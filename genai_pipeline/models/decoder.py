@@ -308,22 +308,6 @@ def rope_tables(config: DecoderConfig, max_seq_len: int, local: bool = False) ->
     return (angles.cos() * factor).float(), (angles.sin() * factor).float()
 
 
-def mrope_positions(tokens: list[int], image_token_id: int, grid: int, first: int = 0) -> tuple[torch.Tensor, int]:
-    """M-RoPE positions [3, T] of `tokens` (transformers' `get_rope_index` for still images): a text
-    token's three are its position; each run of grid x grid image tokens sits at one temporal
-    position, its rows and columns counted from there, and the text after it continues `grid` later
-    (not grid²). `first`: the position of the first token. Returns (positions, the next one)."""
-    rows, i, pos = [], 0, first
-    while i < len(tokens):
-        if tokens[i] != image_token_id:
-            rows.append((pos, pos, pos))
-            i, pos = i + 1, pos + 1
-            continue
-        rows += [(pos, pos + r, pos + c) for r in range(grid) for c in range(grid)]
-        i, pos = i + grid * grid, pos + grid
-    return torch.tensor(rows[: len(tokens)], dtype=torch.long).T.contiguous(), pos
-
-
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, swap: torch.Tensor | None = None) -> torch.Tensor:
     """x: [B, S, H, D]; cos, sin: [1, S, 1, R]. Rotates the first R dims of each head; the rest pass.
     swap: None, or half_swap_matrix(D) to swap the halves as a matmul instead of slices."""

@@ -434,10 +434,67 @@ def unused_tower_tensor(name: str, config: VisionConfig) -> bool:
     )
 
 
+class MRopeCursor(nn.Module):
+    """M-RoPE positions inside a program whose methods are called as ExecuTorch's MultimodalRunner
+    calls them: the image's `vision_encoder` call, then `text_decoder` on that image's embeddings
+    alone (its own call), text runs in calls of their own. Two mutable buffers, shared by the
+    methods (one program, `share_mutable_buffers`): `image_pending`, set by the encoder and cleared
+    by the next decoder call, which it marks as an image's; `rope_shift`, per cache row, how far
+    the M-RoPE position of the text after that row lags its cache position (an image of g x g
+    tokens advances the positions by g, not g²). Kept by row, written as the KV cache is, so a call
+    at any position (a new conversation at 0, a rewind) reads the shift of the rows before it."""
+
+    def __init__(self, max_seq_len: int, grid: int):
+        super().__init__()
+        import executorch.extension.llm.custom_ops.custom_ops  # noqa: F401  (llama.update_cache)
+
+        self.grid = grid  # an image's tokens per side
+        self.register_buffer("image_pending", torch.zeros(1), persistent=False)
+        self.register_buffer("rope_shift", torch.zeros(1, max_seq_len, 1, 1), persistent=False)
+
+    def mark_image(self) -> None:
+        self.image_pending.copy_(torch.ones(1))
+
+    def forward(self, input_pos: torch.Tensor, seq_len: int) -> torch.Tensor:
+        """The [3, seq_len] positions of a call at cache position input_pos[0]; records its shift."""
+        start = input_pos[0].item()
+        torch._check(start >= 0)
+        torch._check(start + seq_len <= self.rope_shift.size(1))
+        before = torch.clamp(input_pos - 1, min=0)
+        shift = torch.index_select(self.rope_shift.view(-1), 0, before) * (input_pos > 0)  # [1]
+        base = input_pos - shift.to(torch.long)  # the call's first M-RoPE position
+        i = torch.arange(seq_len)
+        text = (base + i).expand(3, -1)
+        image = torch.stack([base.expand(seq_len), base + i // self.grid, base + i % self.grid])
+        pending = self.image_pending
+        positions = torch.where(pending > 0, image, text)
+        after = shift + pending * (seq_len - self.grid)  # an image: its g² tokens took g positions
+        torch.ops.llama.update_cache(after.view(1, 1, 1, 1).expand(1, seq_len, 1, 1), self.rope_shift, start)
+        self.image_pending.copy_(torch.zeros(1))
+        return positions
+
+    def reset_buffers(self) -> None:
+        self.image_pending = torch.zeros(1)
+        self.rope_shift = torch.zeros(self.rope_shift.shape)
+
+
 class VisionLanguageModel(nn.Module):
     """The text decoder and the image tower side by side: the one module every method of a
-    multimodal program wraps, so the methods name (and share) the same tensors."""
+    multimodal program wraps, so the methods name (and share) the same tensors. With M-RoPE
+    (Qwen2.5-VL) the positions' cursor too (MRopeCursor)."""
 
     def __init__(self, decoder: nn.Module, vision: VisionEncoder):
         super().__init__()
         self.decoder, self.vision = decoder, vision
+        grid = vision.config.patches_per_side // vision.config.scale_factor
+        self.mrope = MRopeCursor(decoder.max_seq_len, grid) if decoder.config.mrope_section else None
+
+    def encode_image(self, pixels: torch.Tensor) -> torch.Tensor:
+        """The tower's embeddings of an image; with M-RoPE, the next decoder call is marked as its."""
+        if self.mrope is not None:
+            self.mrope.mark_image()
+        return self.vision(pixels)
+
+    def decode(self, embeddings: torch.Tensor, input_pos: torch.Tensor, last_only: bool = True) -> torch.Tensor:
+        positions = None if self.mrope is None else self.mrope(input_pos, embeddings.size(1))
+        return self.decoder.forward_embeddings(embeddings, input_pos, last_only, rope_positions=positions)

@@ -45,13 +45,21 @@ class TokenEmbeddingGraph(nn.Module):
         return self.model.decoder.embed(tokens)
 
 
+def _mrope(model: nn.Module):
+    """The model's M-RoPE cursor (models/vision.py MRopeCursor), None without M-RoPE: a speech
+    model, a split program's component, a family with plain RoPE."""
+    return getattr(model, "mrope", None)
+
+
 class TextDecoderGraph(nn.Module):
     def __init__(self, model: VisionLanguageModel):
         super().__init__()
         self.model = model
 
     def forward(self, embeddings: torch.Tensor, input_pos: torch.Tensor) -> torch.Tensor:
-        return self.model.decoder.forward_embeddings(embeddings, input_pos, last_only=True)
+        mrope = _mrope(self.model)
+        positions = None if mrope is None else mrope(input_pos, embeddings.size(1))
+        return self.model.decoder.forward_embeddings(embeddings, input_pos, last_only=True, rope_positions=positions)
 
 
 class VisionEncoderGraph(nn.Module):
@@ -60,6 +68,8 @@ class VisionEncoderGraph(nn.Module):
         self.model = model
 
     def forward(self, pixels: torch.Tensor) -> torch.Tensor:
+        if _mrope(self.model) is not None:
+            self.model.mrope.mark_image()  # the next text_decoder call takes this image's embeddings
         return self.model.vision(pixels)
 
 
@@ -263,6 +273,11 @@ def prepare_multimodal(spec: ModelSpec, options) -> PreparedModel:
     processing, vision = read_processing(spec, checkpoint)
     spec, model, weights, tokenizer, special, runner_vocab = load_model_and_tokens(spec, options, checkpoint, vision)
     config = model.decoder.config
+    if options.split and model.mrope is not None:
+        raise InputError(
+            f"{spec.name}: M-RoPE positions are kept in buffers the program's methods share, which separate "
+            "programs cannot; export it without --split"
+        )
     # Idefics3 names it image_token_id, LLaVA image_token_index
     image_token_id = int(
         read_config_value(
@@ -298,6 +313,8 @@ def prepare_multimodal(spec: ModelSpec, options) -> PreparedModel:
         "image_size": vision.image_size,
         "tokens_per_image": vision.tokens_per_image,
         "image_token_id": image_token_id,
+        # M-RoPE (models/vision.py MRopeCursor): each image's embeddings go to text_decoder in a call of their own
+        "image_call_alone": model.mrope is not None,
         # What a runner that does not tokenize them needs (a C++ NPU runner): the ids of the
         # tokens the prompt expansion writes around each frame.
         "special_token_ids": _image_token_ids(tokenizer, processing),

@@ -1,6 +1,8 @@
 """Qwen2.5-VL (ViT with 2D RoPE and window attention, 2 x 2 patch merger, Qwen2 decoder with M-RoPE)
 on a tiny random checkpoint saved by transformers: loader, eager parity of the tower and of the
-logits with an image (M-RoPE positions) and without (plain RoPE), greedy tokens."""
+logits with an image (M-RoPE positions) and without (plain RoPE); one exported program: its
+logits and `genai run --image` greedy tokens against transformers; ExecuTorch's MultimodalRunner,
+exact on text, which cannot carry an image's M-RoPE positions (see its test)."""
 
 from __future__ import annotations
 
@@ -10,11 +12,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from test_vision import SPECIALS, VOCAB, photo, tokenizer
+from test_vision import SPECIALS, VOCAB, export_program, photo, printable, run, tokenizer, write_ppm
 
 from genai_pipeline.checkpoints.multimodal import load_multimodal
 from genai_pipeline.image_processing import expand_prompt, image_frames
-from genai_pipeline.models.decoder import mrope_positions
 from genai_pipeline.prepare.multimodal import read_processing
 from genai_pipeline.registry import infer_spec
 from genai_pipeline.registry.qwen2_5_vl import CLIP_MEAN, CLIP_STD
@@ -135,14 +136,21 @@ def prompt_ids(checkpoint: Path, processing, text: str = PROMPT) -> list[int]:
 
 
 def eager_logits(model, ids: list[int], frame: np.ndarray | None) -> torch.Tensor:
+    """As a program is fed (MRopeCursor): the image's embeddings in a call of their own, right after
+    its encoding; the text before and after in calls of their own. Logits at every position."""
+    cuts = [0, len(ids)]
+    if frame is not None:
+        first = ids.index(IMAGE_ID)
+        cuts = [0, first, first + TOKENS, len(ids)]
+    logits = []
     with torch.no_grad():
-        h = model.decoder.embed(torch.tensor([ids]))
-        if frame is not None:
-            h[0, [i for i, t in enumerate(ids) if t == IMAGE_ID]] = model.vision(torch.from_numpy(frame).unsqueeze(0))[
-                0
-            ]
-        positions, _ = mrope_positions(ids, IMAGE_ID, GRID)
-        return model.decoder.forward_embeddings(h, torch.tensor([0]), rope_positions=positions)[0]
+        for a, b in zip(cuts, cuts[1:]):
+            if frame is not None and a == cuts[1]:
+                h = model.encode_image(torch.from_numpy(frame).unsqueeze(0))
+            else:
+                h = model.decoder.embed(torch.tensor([ids[a:b]]))
+            logits.append(model.decode(h, torch.tensor([a]), last_only=False)[0])
+    return torch.cat(logits)
 
 
 def test_qwen_vl_loads_as_its_family_and_its_tower_matches_transformers(qwen_vl_ours, qwen_vl_reference):
@@ -176,10 +184,117 @@ def test_qwen_vl_logits_with_an_image_follow_mrope_and_without_equal_plain_rope(
         plain = model.decoder.forward_embeddings(h, torch.tensor([0]))[0]
     assert (plain - expected).abs().max() > 1e-2
 
-    text = ids[: first - 1] + ids[first + TOKENS + 1 :]  # the prompt without its image
-    positions, after = mrope_positions(text, IMAGE_ID, GRID)
-    assert after == len(text) and torch.equal(positions, torch.arange(len(text)).expand(3, -1))
+    text = ids[: first - 1] + ids[first + TOKENS + 1 :]  # the prompt without its image: M-RoPE is plain RoPE
     with torch.no_grad():
         plain = model.decoder(torch.tensor([text]), torch.tensor([0]))[0]
     assert (eager_logits(model, text, None) - plain).abs().max() == 0
     assert (plain - hf_logits(qwen_vl_reference, text, None)).abs().max() <= 1e-4
+
+
+def hf_greedy(reference, ids: list[int], frame: np.ndarray, n: int) -> list[int]:
+    ids, out = list(ids), []
+    for _ in range(n):
+        token = int(hf_logits(reference, ids, frame)[-1].argmax())
+        if token == EOS:
+            break
+        out.append(token)
+        ids.append(token)
+    return out
+
+
+@pytest.fixture(scope="session")
+def qwen_vl_program(qwen_vl_checkpoint, tmp_path_factory) -> Path:
+    return export_program(qwen_vl_checkpoint, tmp_path_factory.mktemp("qwen2_5_vl-program"), MAX_SEQ)
+
+
+def test_qwen_vl_program_matches_transformers(qwen_vl_program, qwen_vl_reference, tmp_path):
+    from genai_pipeline.runtime.multimodal import MultimodalSession
+    from genai_pipeline.tokenizer import Tokenizer
+
+    image = write_ppm(tmp_path / "photo.ppm", photo(IMAGE, IMAGE))
+    frame = photo(IMAGE, IMAGE).transpose(2, 0, 1).copy()
+    manifest = json.loads((qwen_vl_program / "manifest.json").read_text())
+    assert manifest["vision"]["image_call_alone"] and manifest["vision"]["tokens_per_image"] == TOKENS
+
+    session = MultimodalSession(qwen_vl_program)
+    ids = session.encode_prompt(Tokenizer(qwen_vl_program / "tokenizer.json"), PROMPT, [image])
+    got = session.prefill(ids)
+    expected = hf_logits(qwen_vl_reference, ids, frame)[-1]
+    assert (got - expected).abs().max() <= 1e-3
+    text = ids[: ids.index(IMAGE_ID) - 1]  # a new conversation at 0, text only: the image's shift is gone
+    session.pos = 0
+    assert (session.prefill(text) - hf_logits(qwen_vl_reference, text, None)[-1]).abs().max() <= 1e-3
+
+    ours = run(str(qwen_vl_program), "--image", str(image), "--prompt", PROMPT, "--max-new-tokens", "8")
+    assert ours["prompt_tokens"] == ids and ours["image_tokens"] == TOKENS
+    assert ours["tokens"] == hf_greedy(qwen_vl_reference, ids, frame, 8)
+
+
+def stock_runner_text(program: Path, inputs: list, n: int, capfd) -> str:
+    """What ExecuTorch's MultimodalRunner prints, greedy (its token callback cannot take a piece
+    that is not whole UTF-8)."""
+    import executorch.extension.llm.custom_ops.custom_ops  # noqa: F401  kernels the program calls
+    from executorch.extension.llm.runner import GenerationConfig, MultimodalRunner
+
+    capfd.readouterr()
+    MultimodalRunner(str(program / "multimodal.pte"), str(program / "tokenizer.json")).generate(
+        inputs, GenerationConfig(echo=False, max_new_tokens=n, temperature=0.0)
+    )
+    return printable(capfd.readouterr().out.split("PyTorchObserver")[0])
+
+
+def text_of(program: Path, tokens: list[int]) -> str:
+    import tokenizers
+
+    tok = tokenizers.Tokenizer.from_file(str(program / "tokenizer.json"))
+    return printable(tok.decode(tokens, skip_special_tokens=False))
+
+
+def eager_greedy_unmarked(model, ids: list[int], frame: np.ndarray, n: int) -> list[int]:
+    """Greedy tokens when the decoder is never told a call is an image's: the image's tokens then
+    get text positions, one per token, and so does the text after them."""
+    first, out, pos = ids.index(IMAGE_ID), [], 0
+    with torch.no_grad():
+        runs = [
+            model.decoder.embed(torch.tensor([ids[:first]])),
+            model.vision(torch.from_numpy(frame).unsqueeze(0)),  # no encode_image: nothing marked
+            model.decoder.embed(torch.tensor([ids[first + TOKENS :]])),
+        ]
+        for h in runs:
+            logits = model.decode(h, torch.tensor([pos]))
+            pos += h.shape[1]
+        for _ in range(n):
+            token = int(logits.reshape(-1, logits.shape[-1])[-1].argmax())
+            if token == EOS:
+                break
+            out.append(token)
+            logits = model.decode(model.decoder.embed(torch.tensor([[token]])), torch.tensor([pos]))
+            pos += 1
+    return out
+
+
+def test_qwen_vl_program_in_executorch_multimodal_runner(qwen_vl_program, qwen_vl_ours, qwen_vl_checkpoint, capfd):
+    """ExecuTorch's MultimodalRunner builds its Module without `share_memory_arenas`, so no buffer
+    crosses methods there: `vision_encoder` marks its image in its own copy of `image_pending`, and
+    `text_decoder`, whose inputs (embeddings, a start position) do not say what they are, takes the
+    image's embeddings as text. Text-only prompts are exact; with an image it runs the model as if
+    M-RoPE were plain RoPE, which is what this test pins down."""
+    from executorch.extension.llm.runner import make_image_input, make_token_input
+
+    model, processing = qwen_vl_ours
+    ours = run(str(qwen_vl_program), "--prompt", PROMPT.replace("<image>", ""), "--max-new-tokens", "8")
+    text = ours["prompt_tokens"]
+    assert IMAGE_ID not in text and len(ours["tokens"]) == 8
+    got = stock_runner_text(qwen_vl_program, [make_token_input(text)], 8, capfd)
+    assert got.strip() == text_of(qwen_vl_program, ours["tokens"]).strip()
+
+    ids = prompt_ids(qwen_vl_checkpoint, processing)
+    first = ids.index(IMAGE_ID)
+    frame = photo(IMAGE, IMAGE).transpose(2, 0, 1).copy()
+    inputs = [
+        make_token_input(ids[:first]),
+        make_image_input(torch.from_numpy(frame)),
+        make_token_input(ids[first + TOKENS :]),
+    ]
+    got = stock_runner_text(qwen_vl_program, inputs, 8, capfd)
+    assert got.strip() == text_of(qwen_vl_program, eager_greedy_unmarked(model, ids, frame, 8)).strip()
