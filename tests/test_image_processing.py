@@ -10,6 +10,8 @@ llava-hf/llava-1.5-7b-hf)."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 from conftest import PHOTOS
@@ -96,3 +98,37 @@ def test_real_photos_give_transformers_frames(model, photo):
     assert np.abs(got - expected).max() <= 1e-5
     if model == "smolvlm-256m":  # the tile grid too: it decides the prompt's <row_r_col_c> marks
         assert (frames.rows, frames.cols) == (out["rows"][0][0], out["cols"][0][0])
+
+
+@pytest.mark.parametrize("photo", PHOTO_NAMES)
+def test_real_photos_give_qwen2_vl_processor_patches(photo):
+    """Qwen2.5-VL: a program takes one S x S grid (image_processing.py), so the photos are cut
+    square and S is the size transformers' smart_resize picks for that square (max_pixels = S²):
+    then its resize, rescale, normalisation and patch order are ours, pixel for pixel."""
+    from PIL import Image
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil, smart_resize
+
+    from genai_pipeline.image_processing import qwen_tile_size
+
+    entry = get_spec("qwen2_5-vl-3b").vision.preprocessing
+    with Image.open(PHOTOS / f"{photo}.png") as image:
+        side = min(image.size)
+        square = image.convert("RGB").crop((0, 0, side, side))
+    s = smart_resize(side, side, 28, entry.shortest_edge, 448 * 448)[0]
+    processing = dataclasses.replace(entry, tile_size=qwen_tile_size(s * s, entry.tile_size))
+    theirs = Qwen2VLImageProcessorPil(
+        min_pixels=entry.shortest_edge,
+        max_pixels=s * s,
+        resample=entry.resample,
+        image_mean=entry.image_mean,
+        image_std=entry.image_std,
+    ).preprocess(square)
+    assert processing.tile_size == s and theirs["image_grid_thw"].tolist() == [[1, s // 14, s // 14]]
+
+    frame = image_frames(np.asarray(square), processing).pixels[0]
+    x = (frame / 255.0 - np.reshape(entry.image_mean, (3, 1, 1))) / np.reshape(entry.image_std, (3, 1, 1))
+    n = s // 14  # patches per side, in 2 x 2 blocks; each patch [3, 2 frames, 14, 14]
+    x = x.reshape(3, n // 2, 2, 14, n // 2, 2, 14).transpose(1, 4, 2, 5, 0, 3, 6)[:, :, :, :, :, None]
+    got = np.broadcast_to(x, (*x.shape[:5], 2, 14, 14)).reshape(n * n, -1)
+    expected = np.asarray(theirs["pixel_values"])
+    assert got.shape == expected.shape and np.abs(got - expected).max() <= 1e-5
