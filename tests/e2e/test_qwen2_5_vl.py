@@ -298,3 +298,55 @@ def test_qwen_vl_program_in_executorch_multimodal_runner(qwen_vl_program, qwen_v
     ]
     got = stock_runner_text(qwen_vl_program, inputs, 8, capfd)
     assert got.strip() == text_of(qwen_vl_program, eager_greedy_unmarked(model, ids, frame, 8)).strip()
+
+
+# Qwen2-VL's chat template as the Qwen2.5-VL checkpoints carry it, the image and text parts only.
+QWEN_VL_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{% if message['content'] is string %}"
+    "{{ message['content'] }}<|im_end|>\n{% else %}{% for content in message['content'] %}"
+    "{% if content['type'] == 'image' %}<|vision_start|><|image_pad|><|vision_end|>"
+    "{% elif content['type'] == 'text' %}{{ content['text'] }}{% endif %}{% endfor %}<|im_end|>\n{% endif %}"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def test_qwen_vl_chat_with_an_image_equals_transformers_processor_and_greedy(
+    qwen_vl_program, qwen_vl_reference, tmp_path
+):
+    import shutil
+
+    import transformers
+    from PIL import Image
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+    from genai_pipeline.chat_template import read_chat_template
+    from genai_pipeline.options import SamplingOptions
+    from genai_pipeline.runtime.chat import Chat, end_of_turn_ids
+    from genai_pipeline.runtime.generate import Sampler
+    from genai_pipeline.runtime.multimodal import MultimodalSession
+    from genai_pipeline.tokenizer import Tokenizer
+
+    folder = Path(shutil.copytree(qwen_vl_program, tmp_path / "export"))
+    (folder / "chat_template.jinja").write_text(QWEN_VL_TEMPLATE)
+    image = write_ppm(tmp_path / "photo.ppm", photo(IMAGE, IMAGE))
+    session, tokenizer, template = MultimodalSession(folder), Tokenizer.from_folder(folder), read_chat_template(folder)
+    stop = end_of_turn_ids(folder, tokenizer, session.manifest.eos_ids, template)
+    chat = Chat(session, tokenizer, template, Sampler(SamplingOptions(temperature=0.0)), stop, 6)
+    chat.attach_image(image)
+    reply = chat.send("What is this?")
+
+    # Qwen2_5_VLProcessor, spelled out (it needs torchvision for its video processor): the
+    # template's text, each <|image_pad|> repeated grid_t * grid_h * grid_w / merge² times
+    grid = Qwen2VLImageProcessorPil(min_pixels=3136, max_pixels=IMAGE * IMAGE).preprocess(Image.open(image))
+    hf_tokenizer = transformers.PreTrainedTokenizerFast(tokenizer_file=str(folder / "tokenizer.json"))
+    messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "What is this?"}]}]
+    text = hf_tokenizer.apply_chat_template(
+        messages, chat_template=QWEN_VL_TEMPLATE, add_generation_prompt=True, tokenize=False
+    )
+    text = text.replace("<|image_pad|>", "<|image_pad|>" * (int(grid["image_grid_thw"][0].prod()) // 4))
+    expected = hf_tokenizer(text, add_special_tokens=False)["input_ids"]
+    ids = chat.render(chat.messages[:1], chat.images)
+    assert ids == list(expected) and ids.count(IMAGE_ID) == TOKENS
+    frame = photo(IMAGE, IMAGE).transpose(2, 0, 1).copy()
+    assert list(reply.tokens) == hf_greedy(qwen_vl_reference, ids, frame, 6)[: len(reply.tokens)]
+    assert len(reply.tokens) == 6 or reply.stop_reason == "eos"
