@@ -350,3 +350,21 @@ def test_qwen_vl_chat_with_an_image_equals_transformers_processor_and_greedy(
     frame = photo(IMAGE, IMAGE).transpose(2, 0, 1).copy()
     assert list(reply.tokens) == hf_greedy(qwen_vl_reference, ids, frame, 6)[: len(reply.tokens)]
     assert len(reply.tokens) == 6 or reply.stop_reason == "eos"
+
+
+def test_qwen_vl_eval_images_float_and_program_agree(qwen_vl_program, tmp_path, capsys):
+    """`genai eval --images`: the float model (fed as the program is, each image's call alone) and
+    the fp32 program give the same answers and answer perplexities."""
+    from genai_pipeline.cli import main
+
+    rows = [
+        {"image": write_ppm(tmp_path / f"{i}.ppm", photo(IMAGE, IMAGE, i)).name, "prompt": p, "answer": a, "kind": "x"}
+        for i, (p, a) in enumerate([("What colour is it?", "red"), ("Which shape?", "a circle")])
+    ]
+    (tmp_path / "q.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    capsys.readouterr()
+    assert main(["eval", str(qwen_vl_program), "--images", str(tmp_path / "q.jsonl"), "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["questions"] == 2 and result["answers_agree"] == 1.0
+    float_ppl, program_ppl = result["answer_perplexity"]["float"], result["answer_perplexity"]["program"]
+    assert abs(float_ppl - program_ppl) <= 1e-4 * float_ppl
