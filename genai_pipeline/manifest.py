@@ -222,6 +222,7 @@ _LATER_CONFIG_FIELDS = (
     "embedding_multiplier",
     "residual_multiplier",
     "logit_divisor",
+    "mrope_section",
 )
 
 
