@@ -5,6 +5,7 @@ once (one copy of the weights in memory, as checkpoints/hf.py does for text mode
 from __future__ import annotations
 
 import dataclasses
+import re
 from pathlib import Path
 
 import torch
@@ -92,6 +93,8 @@ def _read_file(
                         f"unexpected tensor '{key}' in '{file.name}' for a {spec.family} model with this config.json"
                     )
                 tensor = f.get_tensor(key)
+                if any(re.fullmatch(p, key) for p in spec.vision.transposed_keys):
+                    tensor = tensor.t().contiguous()
                 if tensor.dim() > len(expected[ours[0]]) and tensor.squeeze().shape == torch.Size(expected[ours[0]]):
                     tensor = tensor.reshape(expected[ours[0]])  # e.g. InternVL's class token [1, 1, d]: the same values
                 state.update(_as_ours(tensor, key, file.name, {ours[0]: expected[ours[0]]}))

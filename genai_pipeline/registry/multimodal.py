@@ -17,3 +17,5 @@ class VisionSpec:
     config_from_checkpoint: Callable[[dict], VisionConfig]
     preprocessing: ImageProcessing  # defaults for a checkpoint without processor files
     image_token_id: int  # the id of `<image>`, whose positions take the image's embeddings
+    # checkpoint tensors (regex) stored [in, out], transposed into our nn.Linear's [out, in] on load
+    transposed_keys: tuple[str, ...] = ()
