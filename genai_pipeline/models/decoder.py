@@ -389,13 +389,14 @@ def image_block_masks(
     layers' mask, the sliding-window layers' mask or None): transformers' OR(causal, same image), and
     AND(window, OR(causal, same image)). Tensor ops only, as sliding_window_mask."""
     is_image = image_tokens[0] > 0.5
-    after_text = torch.cat([is_image.new_ones(1), ~is_image[:-1]])
-    image = torch.cumsum((is_image & after_text).to(torch.int32), dim=0) * is_image  # 1, 2, ...: images; 0: text
+    # Two image tokens are of one image when no text token lies between them: when as many text
+    # tokens come before each (no shifted copy of the flags, which would pin the length at export)
+    image = torch.where(is_image, torch.cumsum((~is_image).to(torch.int32), dim=0), -1)  # -1: text
     pos = torch.arange(seq_len) + start
     rows = torch.arange(cache_len)
     at = pos.unsqueeze(1) == rows.unsqueeze(0)  # [seq_len, cache_len]: where this call's tokens land
-    row_image = (at.to(torch.int32) * image.unsqueeze(1)).sum(0)  # the image each cache row holds (0: none)
-    same_image = (image.unsqueeze(1) == row_image.unsqueeze(0)) & (image.unsqueeze(1) > 0)
+    row_image = (at.to(torch.int32) * (image + 2).unsqueeze(1)).sum(0) - 2  # each cache row's; -2: not this call's
+    same_image = (image.unsqueeze(1) == row_image.unsqueeze(0)) & (image.unsqueeze(1) >= 0)
     visible = (rows.unsqueeze(0) <= pos.unsqueeze(1)) | same_image
 
     def additive(seen: torch.Tensor) -> torch.Tensor:

@@ -34,7 +34,7 @@ TEXT_KEY_MAP = tuple(
     )
     for pattern, ours in GEMMA3_KEY_MAP
 )
-_TOWER = r"(?:model\.)?vision_tower\.vision_model\."
+_TOWER = r"(?:model\.)?vision_tower\.(?:vision_model\.)?"
 _PROJECTOR = r"(?:model\.)?multi_modal_projector\."
 VISION_KEY_MAP: tuple[tuple[str, str], ...] = (
     (
