@@ -3,9 +3,10 @@
 bias-free projection, and the Gemma 3 text decoder (registry/gemma.py), in which the tokens of one
 image see each other both ways in prefill.
 
-Sizes are those of the public google/gemma-3-4b-it config.json and processor files, written from
-transformers' Gemma3Config documentation (the Hub itself was not reachable here); a checkpoint's own
-files win.
+Sizes are those of google/gemma-3-4b-it: its config.json states only what differs from
+transformers' defaults (Gemma3TextConfig, SiglipVisionConfig), which fill the rest as they do in
+transformers. The entry was written from transformers' Gemma3 code and documentation; the Hub was not
+reachable here to check the published files. A checkpoint's own files win.
 """
 
 from __future__ import annotations
@@ -55,8 +56,28 @@ VISION_KEY_MAP: tuple[tuple[str, str], ...] = (
 TRANSPOSED = (_PROJECTOR + r"mm_input_projection_weight",)
 
 
+# transformers' Gemma3TextConfig defaults: google's config.json states only what differs from them
+TEXT_DEFAULTS = dict(
+    vocab_size=262208,
+    hidden_size=2304,
+    intermediate_size=9216,
+    num_hidden_layers=26,
+    num_attention_heads=8,
+    num_key_value_heads=4,
+    head_dim=256,
+    hidden_activation="gelu_pytorch_tanh",
+    max_position_embeddings=131072,
+    rms_norm_eps=1e-6,
+    query_pre_attn_scalar=256,
+    sliding_window=4096,
+)
+
+
 def text_config_from_hf(hf: dict) -> DecoderConfig:
-    return gemma3_config_from_hf(text_config(hf))
+    text = {**TEXT_DEFAULTS, **text_config(hf)}
+    if not text.get("layer_types") and not text.get("sliding_window_pattern"):
+        text["sliding_window_pattern"] = 6  # every 6th layer global, as Gemma3TextConfig lays them out
+    return gemma3_config_from_hf(text)
 
 
 def vision_config_from_hf(hf: dict) -> VisionConfig:

@@ -302,3 +302,56 @@ def test_gemma3_prompt_and_pan_and_scan_equal_transformers_processor(gemma3_ours
     assert len(ours.pixels) == len(out["pixel_values"]) == frames  # the whole image, then its crops
     got = (np.stack(ours.pixels) / 255.0 - 0.5) / 0.5
     assert np.abs(got - np.asarray(out["pixel_values"])).max() <= 1e-5
+
+
+# google/gemma-3-4b-it's config.json as published: only what differs from transformers' defaults
+GEMMA3_4B_CONFIG = {
+    "architectures": ["Gemma3ForConditionalGeneration"],
+    "boi_token_index": 255999,
+    "eoi_token_index": 256000,
+    "eos_token_id": [1, 106],
+    "image_token_index": 262144,
+    "mm_tokens_per_image": 256,
+    "model_type": "gemma3",
+    "text_config": {
+        "hidden_size": 2560,
+        "intermediate_size": 10240,
+        "model_type": "gemma3_text",
+        "num_hidden_layers": 34,
+        "rope_scaling": {"factor": 8.0, "rope_type": "linear"},
+        "sliding_window": 1024,
+    },
+    "vision_config": {
+        "hidden_size": 1152,
+        "image_size": 896,
+        "intermediate_size": 4304,
+        "model_type": "siglip_vision_model",
+        "num_attention_heads": 16,
+        "num_hidden_layers": 27,
+        "patch_size": 14,
+        "vision_use_head": False,
+    },
+}
+
+
+def test_gemma3_4b_entry_reads_its_config_as_transformers_does():
+    import transformers
+
+    from genai_pipeline.registry import get_spec
+
+    spec = get_spec("gemma3-4b")
+    assert infer_spec(GEMMA3_4B_CONFIG) is spec
+    assert spec.vision.config_from_checkpoint(GEMMA3_4B_CONFIG) == spec.vision.config
+    assert spec.vision.config.tokens_per_image == spec.vision.preprocessing.tokens_per_image == 256
+    hf = transformers.Gemma3Config(**{k: v for k, v in GEMMA3_4B_CONFIG.items() if k != "architectures"})
+    text = hf.text_config
+    assert [i for i, kind in enumerate(text.layer_types) if kind == "sliding_attention"] == list(
+        spec.config.sliding_window_layers
+    )
+    assert (text.vocab_size, text.num_attention_heads, text.num_key_value_heads, text.head_dim) == (
+        spec.config.vocab_size,
+        spec.config.n_heads,
+        spec.config.n_kv_heads,
+        spec.config.head_dim,
+    )
+    assert 4.29e9 < spec.config.num_params + spec.vision.config.num_params < 4.31e9  # "4B": 4.30 B parameters
