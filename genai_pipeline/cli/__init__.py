@@ -59,10 +59,13 @@ def cmd_models(args) -> int:
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
+    family_width = max(len(r["family"]) for r in rows)
     for r in rows:
         params = f"{r['params'] / 1e6:.1f}M" if r["params"] < 1e9 else f"{r['params'] / 1e9:.2f}B"
         mark = " (default)" if r["default"] else ""
-        print(f"{r['name']:<16} {r['family']:<8} {params:>8}  weights: {r['weights']:<17} {r['description']}{mark}")
+        print(
+            f"{r['name']:<16} {r['family']:<{family_width}} {params:>8}  weights: {r['weights']:<17} {r['description']}{mark}"
+        )
     return 0
 
 

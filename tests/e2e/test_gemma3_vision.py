@@ -103,7 +103,9 @@ def gemma3_checkpoint(tmp_path_factory) -> Path:
     model = transformers.Gemma3ForConditionalGeneration(config).eval()
     with torch.no_grad():
         for name, p in model.named_parameters():
-            p.normal_(0, 0.1) if "norm" not in name else p.normal_(0.0, 0.2)  # Gemma's norms scale by 1 + w
+            # Gemma's norms scale by 1 + w; a smaller token table (scaled by sqrt(64) on the way in) keeps
+            # the tied head from answering the last prompt token again and again
+            p.normal_(0, 0.05 if "embed_tokens" in name else 0.1) if "norm" not in name else p.normal_(0.0, 0.2)
     model.save_pretrained(folder, safe_serialization=True)
     (folder / "generation_config.json").write_text(json.dumps({"bos_token_id": BOS, "eos_token_id": [EOS, END_OF_TURN]}))
     (folder / "chat_template.jinja").write_text(GEMMA_VISION)
@@ -234,7 +236,7 @@ def test_gemma3_program_matches_transformers_and_executorch_multimodal_runner(
     ids = ours["prompt_tokens"]
     assert ours["image_tokens"] == TOKENS
     expected_tokens = hf_greedy(gemma3_reference, ids, pixel_values([frame]), NEW_TOKENS)
-    assert len(expected_tokens) >= 3 and ours["tokens"] == expected_tokens
+    assert len(set(expected_tokens)) > 1 and ours["tokens"] == expected_tokens
 
     # the program's prefill logits (image rows flagged by its own methods) and the eager session's, against transformers'
     program, eager = MultimodalSession(gemma3_program), EagerMultimodalSession(gemma3_ours[0], IMAGE_ID, TOKENS)
