@@ -242,7 +242,9 @@ def _pan_and_scan(image: np.ndarray, p: ImageProcessing) -> tuple[list[np.ndarra
     crop_h, crop_w = math.ceil(height / rows), math.ceil(width / cols)
     if min(crop_h, crop_w) < p.min_crop_size:
         return [], 0, 0
-    crops = [image[r * crop_h : (r + 1) * crop_h, c * crop_w : (c + 1) * crop_w] for r in range(rows) for c in range(cols)]
+    crops = [
+        image[r * crop_h : (r + 1) * crop_h, c * crop_w : (c + 1) * crop_w] for r in range(rows) for c in range(cols)
+    ]
     return crops, rows, cols
 
 

@@ -773,7 +773,11 @@ class Decoder(nn.Module):
         return h
 
     def forward_embeddings(
-        self, h: torch.Tensor, input_pos: torch.Tensor, last_only: bool = False, image_tokens: torch.Tensor | None = None
+        self,
+        h: torch.Tensor,
+        input_pos: torch.Tensor,
+        last_only: bool = False,
+        image_tokens: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """image_tokens [1, T]: 1 where a row is an image's, whose rows then see each other both ways
         (image_block_masks; Gemma 3); None: causal."""

@@ -107,7 +107,9 @@ def gemma3_checkpoint(tmp_path_factory) -> Path:
             # the tied head from answering the last prompt token again and again
             p.normal_(0, 0.05 if "embed_tokens" in name else 0.1) if "norm" not in name else p.normal_(0.0, 0.2)
     model.save_pretrained(folder, safe_serialization=True)
-    (folder / "generation_config.json").write_text(json.dumps({"bos_token_id": BOS, "eos_token_id": [EOS, END_OF_TURN]}))
+    (folder / "generation_config.json").write_text(
+        json.dumps({"bos_token_id": BOS, "eos_token_id": [EOS, END_OF_TURN]})
+    )
     (folder / "chat_template.jinja").write_text(GEMMA_VISION)
     # Google's layout: the image processor's settings in preprocessor_config.json (pan-and-scan null:
     # the processor's default, off), the image's token count in processor_config.json
@@ -255,7 +257,9 @@ def test_gemma3_program_matches_transformers_and_executorch_multimodal_runner(
     capfd.readouterr()
     stats = []
     MultimodalRunner(str(gemma3_program / "multimodal.pte"), str(gemma3_program / "tokenizer.json")).generate(
-        inputs, GenerationConfig(echo=False, max_new_tokens=len(ours["tokens"]), temperature=0.0), stats_callback=stats.append
+        inputs,
+        GenerationConfig(echo=False, max_new_tokens=len(ours["tokens"]), temperature=0.0),
+        stats_callback=stats.append,
     )
     printed = capfd.readouterr().out
     tok = Tokenizer.from_file(str(gemma3_program / "tokenizer.json"))
