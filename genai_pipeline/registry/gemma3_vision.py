@@ -19,22 +19,13 @@ from genai_pipeline.models.decoder import DecoderConfig, LinearRopeScaling
 from genai_pipeline.models.vision import VisionConfig
 from genai_pipeline.registry.gemma import GEMMA3_KEY_MAP, gemma3_config_from_hf
 from genai_pipeline.registry.hf_config import text_config, unsupported
-from genai_pipeline.registry.multimodal import VisionSpec
+from genai_pipeline.registry.multimodal import VisionSpec, composite_text_key_map
 from genai_pipeline.registry.spec import ModelSpec
 
 BILINEAR = 2  # PIL.Image.Resampling.BILINEAR: Gemma3ImageProcessor's
 VISION_ACTIVATIONS = {"gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu"}
 
-# Both on-disk layouts: transformers 4.x (`language_model.model.*`) and 5.x (`model.language_model.*`).
-TEXT_KEY_MAP = tuple(
-    (
-        pattern.replace(r"model\.", r"(?:language_model\.model|model\.language_model)\.", 1)
-        if pattern.startswith(r"model\.")
-        else r"(?:language_model\.)?" + pattern,
-        f"decoder.{ours}",
-    )
-    for pattern, ours in GEMMA3_KEY_MAP
-)
+TEXT_KEY_MAP = composite_text_key_map(GEMMA3_KEY_MAP)
 _TOWER = r"(?:model\.)?vision_tower\.(?:vision_model\.)?"
 _PROJECTOR = r"(?:model\.)?multi_modal_projector\."
 VISION_KEY_MAP: tuple[tuple[str, str], ...] = (

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from test_vision import export_program, photo, printable, run, write_ppm
+from test_vision import export_program, photo, printable, run, tokenizer, write_ppm
 
 from genai_pipeline.checkpoints.multimodal import load_multimodal
 from genai_pipeline.image_processing import expand_prompt, image_frames
@@ -39,29 +39,12 @@ NEW_TOKENS = 10
 PROMPT = "<start_of_turn>user\nLook: <start_of_image> What is it?<end_of_turn>\n<start_of_turn>model\n"
 
 
-def tokenizer(path: Path) -> None:
-    """Byte-level BPE with Gemma's special tokens as ids 0..7 (ExecuTorch's runner reads it)."""
-    import pydoc_data.topics
-
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=VOCAB, special_tokens=SPECIALS, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
-    )
-    tok.train_from_iterator(["\n".join(sorted(pydoc_data.topics.topics.values()))[:60_000]], trainer)
-    tok.post_processor = processors.TemplateProcessing(single="<bos> $A", special_tokens=[("<bos>", BOS)])
-    tok.save(str(path))
-
-
 @pytest.fixture(scope="session")
 def gemma3_checkpoint(tmp_path_factory) -> Path:
     import transformers
 
     folder = tmp_path_factory.mktemp("gemma3-vision")
-    tokenizer(folder / "tokenizer.json")
+    tokenizer(folder / "tokenizer.json", SPECIALS, VOCAB, bos="<bos>")  # ids 0..7: Gemma's special tokens
     config = transformers.Gemma3Config(
         vision_config=dict(
             model_type="siglip_vision_model",

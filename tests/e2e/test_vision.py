@@ -38,8 +38,9 @@ PROMPT = "Describe the picture:"
 NEW_TOKENS = 12
 
 
-def tokenizer(path: Path) -> None:
-    """Byte-level BPE with the family's special tokens as contiguous ids 0..41 (as ExecuTorch's runner needs)."""
+def tokenizer(path: Path, specials: list[str] = SPECIALS, vocab: int = VOCAB, bos: str = "<|im_start|>") -> None:
+    """Byte-level BPE with the family's special tokens as contiguous ids from 0 (as ExecuTorch's runner
+    needs), `bos` put before every text."""
     import pydoc_data.topics
 
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
@@ -48,10 +49,10 @@ def tokenizer(path: Path) -> None:
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=VOCAB, special_tokens=SPECIALS, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+        vocab_size=vocab, special_tokens=specials, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
     )
     tok.train_from_iterator(["\n".join(sorted(pydoc_data.topics.topics.values()))[:100_000]], trainer)
-    tok.post_processor = processors.TemplateProcessing(single="<|im_start|> $A", special_tokens=[("<|im_start|>", 1)])
+    tok.post_processor = processors.TemplateProcessing(single=f"{bos} $A", special_tokens=[(bos, specials.index(bos))])
     tok.save(str(path))
 
 
