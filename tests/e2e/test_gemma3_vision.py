@@ -94,6 +94,7 @@ def gemma3_checkpoint(tmp_path_factory) -> Path:
         json.dumps({"bos_token_id": BOS, "eos_token_id": [EOS, END_OF_TURN]})
     )
     (folder / "chat_template.jinja").write_text(GEMMA_VISION)
+    (folder / "tokenizer_config.json").write_text(json.dumps({"bos_token": "<bos>", "eos_token": "<eos>"}))
     # Google's layout: the image processor's settings in preprocessor_config.json (pan-and-scan null:
     # the processor's default, off), the image's token count in processor_config.json
     (folder / "preprocessor_config.json").write_text(
@@ -223,7 +224,17 @@ def test_gemma3_program_matches_transformers_and_executorch_multimodal_runner(
     expected_tokens = hf_greedy(gemma3_reference, ids, pixel_values([frame]), NEW_TOKENS)
     assert len(set(expected_tokens)) > 1 and ours["tokens"] == expected_tokens
 
-    # the program's prefill logits (image rows flagged by its own methods) and the eager session's, against transformers'
+    # the program's image features, its image-flag column, and its prefill logits (image rows flagged
+    # by its own methods) against transformers'
+    from executorch.runtime import Runtime
+
+    methods = Runtime.get().load_program(str(gemma3_program / "multimodal.pte"))
+    features = methods.load_method("vision_encoder").execute([torch.from_numpy(frame).unsqueeze(0)])[0]
+    text = methods.load_method("token_embedding").execute([torch.tensor([ids[:3]])])[0]
+    with torch.no_grad():
+        expected = gemma3_reference.model.get_image_features(pixel_values([frame])).pooler_output
+    assert features.shape == (1, TOKENS, 65) and (features[..., :-1] - expected).abs().max() <= 1e-3
+    assert (features[..., -1] == 1).all() and (text[..., -1] == 0).all()
     program, eager = MultimodalSession(gemma3_program), EagerMultimodalSession(gemma3_ours[0], IMAGE_ID, TOKENS)
     with torch.no_grad():
         expected = hf_logits(gemma3_reference, ids, pixel_values([frame]))
@@ -291,6 +302,54 @@ def test_gemma3_prompt_and_pan_and_scan_equal_transformers_processor(gemma3_ours
     assert len(ours.pixels) == len(out["pixel_values"]) == frames  # the whole image, then its crops
     got = (np.stack(ours.pixels) / 255.0 - 0.5) / 0.5
     assert np.abs(got - np.asarray(out["pixel_values"])).max() <= 1e-5
+
+
+def test_gemma3_chat_with_an_image_is_what_transformers_processor_makes_of_it(gemma3_ours, gemma3_checkpoint, tmp_path):
+    """`genai run --chat` / serve's ids for a conversation with an image (the checkpoint's chat template,
+    its image part expanded) against Gemma3Processor.apply_chat_template with the same template."""
+    import transformers
+    from transformers.models.gemma3.image_processing_pil_gemma3 import Gemma3ImageProcessorPil
+
+    from genai_pipeline.chat_template import read_chat_template
+    from genai_pipeline.messages import ContentPart, Message
+    from genai_pipeline.runtime.chat import conversation_ids
+    from genai_pipeline.tokenizer import Tokenizer
+
+    _, processing = gemma3_ours
+    image = photo(40, 90, seed=3)
+    path = write_ppm(tmp_path / "wide.ppm", image)
+    template = read_chat_template(gemma3_checkpoint)
+    assert template.source == GEMMA_VISION and template.bos_token == "<bos>"
+    ours = conversation_ids(
+        Tokenizer.from_folder(gemma3_checkpoint, bos_id=BOS),
+        template,
+        (
+            Message("system", "Be brief."),
+            Message("user", (ContentPart("image", image=path), ContentPart("text", " What? "))),
+        ),
+        (image_frames(image, processing),),
+        processing,
+    )
+    hf = transformers.Gemma3Processor(
+        image_processor=Gemma3ImageProcessorPil(size={"height": IMAGE, "width": IMAGE}, resample=2),
+        tokenizer=transformers.PreTrainedTokenizerFast(
+            tokenizer_file=str(gemma3_checkpoint / "tokenizer.json"),
+            bos_token="<bos>",
+            extra_special_tokens={
+                "boi_token": "<start_of_image>",
+                "eoi_token": "<end_of_image>",
+                "image_token": "<image_soft_token>",
+            },
+        ),
+        image_seq_length=TOKENS,
+        chat_template=template.source,
+    )
+    messages = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": [{"type": "image", "path": str(path)}, {"type": "text", "text": " What? "}]},
+    ]
+    expected = hf.apply_chat_template(messages, tokenize=True, return_dict=True, add_generation_prompt=True)
+    assert ours.count(IMAGE_ID) == TOKENS and ours == list(expected["input_ids"][0])
 
 
 # google/gemma-3-4b-it's config.json as published: only what differs from transformers' defaults
