@@ -29,10 +29,11 @@ def _all_specs() -> dict[str, ModelSpec]:
         qwen,
         smollm,
         smolvlm,
+        voxtral,
     )
 
     text = (llama, qwen, smollm, granite, olmo, mistral, lfm2, phi, gemma, llama2c)
-    families = (*text, smolvlm, llava, internvl, gemma3_vision)
+    families = (*text, smolvlm, llava, internvl, gemma3_vision, voxtral)
     specs = [spec for family in families for spec in family.SPECS]
     names = [spec.name for spec in specs]
     duplicates = sorted({n for n in names if names.count(n) > 1})

@@ -233,12 +233,15 @@ def test_eager_logits_and_greedy_tokens_match_transformers(ours, reference, chec
     assert (got - expected).abs().max() <= 1e-4
 
 
-def hf_greedy(reference, ids: list[int], pixel_values: torch.Tensor, n: int, eos: int) -> list[int]:
-    """transformers' model, greedy, the whole sequence each step (tiny model: cheap and plain)."""
+def hf_greedy(
+    reference, ids: list[int], pixel_values: torch.Tensor, n: int, eos: int, media: str = "pixel_values"
+) -> list[int]:
+    """transformers' model, greedy, the whole sequence each step (tiny model: cheap and plain);
+    `media`: the argument `pixel_values` goes in as (a speech model's: `input_features`)."""
     ids, out = list(ids), []
     with torch.no_grad():
         for _ in range(n):
-            token = int(reference(input_ids=torch.tensor([ids]), pixel_values=pixel_values).logits[0, -1].argmax())
+            token = int(reference(input_ids=torch.tensor([ids]), **{media: pixel_values}).logits[0, -1].argmax())
             if token == eos:
                 break
             out.append(token)

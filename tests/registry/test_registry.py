@@ -441,6 +441,7 @@ def test_every_family_reads_a_model_type():
         "llava": ("llava",),
         "internvl": ("internvl",),
         "gemma3-vision": ("gemma3",),
+        "voxtral": ("voxtral",),
     }
 
 
@@ -545,7 +546,7 @@ def test_chat_models_carry_a_fallback_template():
 
 
 # Formats whose user turn ends in the marker that opens the answer: the generation prompt adds nothing.
-OPEN_AFTER_USER = (chat_templates.MISTRAL,)
+OPEN_AFTER_USER = (chat_templates.MISTRAL, get_spec("voxtral-mini-3b").chat_template)
 
 
 @pytest.mark.parametrize("spec", CHAT_ENTRIES, ids=lambda s: s.name)
