@@ -352,6 +352,20 @@ def test_gemma3_chat_with_an_image_is_what_transformers_processor_makes_of_it(ge
     assert ours.count(IMAGE_ID) == TOKENS and ours == list(expected["input_ids"][0])
 
 
+def test_what_would_cut_an_images_tokens_apart_is_refused_in_one_line(gemma3_checkpoint, tmp_path):
+    import genai_pipeline
+    from genai_pipeline.errors import InputError
+    from genai_pipeline.names import Mode
+    from genai_pipeline.options import PrepareOptions, QuantOptions
+    from genai_pipeline.quantize.multimodal import check_vision_language_quant
+
+    options = PrepareOptions(checkpoint=gemma3_checkpoint, split=True, mode=Mode.HYBRID, max_seq_len=MAX_SEQ)
+    with pytest.raises(InputError, match="chunked prefill"):
+        genai_pipeline.export(out=tmp_path / "split", prepare=options)
+    with pytest.raises(InputError, match="both ways"):
+        check_vision_language_quant(QuantOptions(recipe="8a8w"), image_attention_both_ways=True)
+
+
 # google/gemma-3-4b-it's config.json as published: only what differs from transformers' defaults
 GEMMA3_4B_CONFIG = {
     "architectures": ["Gemma3ForConditionalGeneration"],
