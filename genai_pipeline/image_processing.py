@@ -238,6 +238,8 @@ def _pan_and_scan(image: np.ndarray, p: ImageProcessing) -> tuple[list[np.ndarra
         return [], 0, 0
     n = min(int(math.floor(long / short + 0.5)), int(math.floor(long / p.min_crop_size)))  # half rounds up
     n = min(p.max_tiles, max(2, n))
+    if n < 1:  # a cap of no crops (transformers divides by it)
+        return [], 0, 0
     rows, cols = (1, n) if width >= height else (n, 1)
     crop_h, crop_w = math.ceil(height / rows), math.ceil(width / cols)
     if min(crop_h, crop_w) < p.min_crop_size:
