@@ -30,7 +30,7 @@ from genai_pipeline.sweep.tasks import (
     attempts,
     bench_memory_bytes,
     bench_stage,
-    check_evaluations,
+    check_models,
     export_memory_bytes,
     export_stage,
     model_params,
@@ -45,11 +45,11 @@ BENCH_ENV = {"OMP_NUM_THREADS": "1"}  # as the CLI sets for `genai bench` (cli.o
 
 def run_sweep(spec: Spec, out: Path, storage: Path | None = None, address: str | None = None) -> dict:
     """Run every task of `spec` not finished before; write OUT/sweep.json and OUT/report.html and
-    return the sweep's result (what sweep.json holds). SpecError, before anything starts, where a
-    model's evaluation is missing from the spec."""
+    return the sweep's result (what sweep.json holds). SpecError, before anything starts, where the spec
+    does not fit its models (tasks.check_models)."""
     import ray
 
-    check_evaluations(spec)
+    check_models(spec)
     out = Path(out).resolve()
     storage = Path(storage).resolve() if storage else out / "exports"
     (out / "tasks").mkdir(parents=True, exist_ok=True)

@@ -4,8 +4,8 @@ errors are told together, so a user fixes them in one pass. SPEC_EXAMPLE shows t
 docs/sweep.md describes every key.
 
 Whether each model's evaluation is given (eval.text for a text model, eval.images for a
-vision-language one) depends on what its checkpoint holds: tasks.check_evaluations tells that,
-still before any work, once the models can be read.
+vision-language one, and a variant's vision_recipe for vision-language models only) depends on what
+its checkpoint holds: tasks.check_models tells that, still before any work, once the models are read.
 """
 
 from __future__ import annotations
@@ -57,6 +57,7 @@ VARIANT_KEYS = (
     "overrides",
     "size_budget",
     "block_size",
+    "vision_recipe",
     "calib",
     "calib_limit",
     "calib_seq_len",
@@ -227,7 +228,7 @@ def _variant(item: dict, where: str, error, base: Path) -> Variant | None:
     if not NAME.fullmatch(name):
         error(f"{where}.name", f"'{name}' is not a name: letters, digits, '.', '_' and '-' only (it names folders)")
         return None
-    quant = {k: item[k] for k in ("recipe", "group_size", "embedding", "size_budget", "block_size") if k in item}
+    quant = {k: item[k] for k in ("recipe", "group_size", "embedding", "size_budget", "block_size", "vision_recipe") if k in item}
     try:
         overrides = item.get("overrides", [])
         quant["overrides"] = tuple(parse_override(str(o)) for o in _strings(overrides, "overrides"))

@@ -112,11 +112,11 @@ def _readable_vlm(model: Model) -> bool:
         return False  # its task fails with the line of reading it (run.py)
 
 
-def check_evaluations(spec: Spec) -> None:
-    """SpecError, a line each, where the spec's evaluation does not fit its models: a text model with
-    no eval.text, a vision-language model with no eval.images, image questions no model answers or
-    that cannot be read. Before any work (a model whose checkpoint cannot be read is left to its
-    tasks, which fail with that line)."""
+def check_models(spec: Spec) -> None:
+    """SpecError, a line each, where the spec does not fit its models: a text model with no
+    eval.text, a vision-language model with no eval.images, image questions no model answers or that
+    cannot be read, a variant's vision_recipe beside a text model. Before any work (a model whose
+    checkpoint cannot be read is left to its tasks, which fail with that line)."""
     errors, kinds = [], []
     for i, model in enumerate(spec.models):
         try:
@@ -134,6 +134,12 @@ def check_evaluations(spec: Spec) -> None:
                 f"{where}: {model.name} is a text model and eval gives image questions only: "
                 "give eval.text (the text genai eval --text scores) to evaluate it"
             )
+        for j, variant in enumerate(spec.variants):
+            if not kinds[-1] and variant.quant.vision_recipe is not None:
+                errors.append(
+                    f"{spec.source}: variants[{j}].vision_recipe: {model.name} is a text model (no image tower): "
+                    "sweep vision-language models with such variants in a spec of their own"
+                )
     if spec.images is not None and len(kinds) == len(spec.models) and not any(kinds):
         errors.append(
             f"{spec.source}: eval.images: no model of the spec is a vision-language model: "

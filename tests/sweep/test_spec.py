@@ -126,16 +126,25 @@ eval: {{text: heldout.txt, images: {VLM_QUESTIONS}, limit: 3}}
 
 
 def test_a_spec_with_image_questions_gives_them_to_the_vision_language_models_only(tmp_path):
-    from genai_pipeline.sweep.tasks import check_evaluations, tasks_of
+    from genai_pipeline.sweep.tasks import check_models, tasks_of
 
     spec = read_spec(write(tmp_path, MIXED))
     assert spec.images.images == VLM_QUESTIONS and spec.images.limit == 3 and spec.eval.text == tmp_path / "heldout.txt"
-    check_evaluations(spec)  # each model has its evaluation
+    check_models(spec)  # each model has its evaluation
     text, vlm = tasks_of(spec)
     assert (text.eval, text.images) == (spec.eval, None) and (vlm.eval, vlm.images) == (spec.eval, spec.images)
     # the image questions are inputs of the vision-language tasks only: the text task's key ignores them
     only_text = read_spec(write(tmp_path, MIXED.replace(f", images: {VLM_QUESTIONS}, limit: 3", "")))
     assert tasks_of(only_text)[0].key() == text.key() and tasks_of(only_text)[0].images is None
+    # a variant's tower recipe: for vision-language models only
+    tower = read_spec(write(tmp_path, MIXED.replace("recipe: fp32}", "recipe: 8da8w, vision_recipe: fp32}")))
+    assert tower.variants[0].quant.vision_recipe == "fp32"
+    with pytest.raises(SpecError) as e:
+        check_models(tower)
+    assert str(e.value) == (
+        f"{tmp_path / 'spec.yaml'}: variants[0].vision_recipe: reference is a text model (no image tower): "
+        "sweep vision-language models with such variants in a spec of their own"
+    )
 
 
 @pytest.mark.parametrize(
