@@ -73,13 +73,13 @@ class Task:
         inputs = {
             "export": self.export_key(),
             "eval": dataclasses.asdict(self.eval) if self.eval else None,
-            "images": dataclasses.asdict(self.images) if self.images else None,
             "bench": dataclasses.asdict(self.bench),
         }
         files = [self.eval.text] if self.eval else []
-        if self.images is not None:
+        if self.images is not None:  # (a text task's key is what it was before image questions)
             from genai_pipeline.evaluate.images import read_questions
 
+            inputs["images"] = dataclasses.asdict(self.images)
             files += [self.images.images, *(q.image for q in read_questions(self.images.images, self.images.limit))]
         inputs["files"] = [_fingerprint(f) for f in files]
         return _hash(inputs)
