@@ -228,7 +228,11 @@ def _variant(item: dict, where: str, error, base: Path) -> Variant | None:
     if not NAME.fullmatch(name):
         error(f"{where}.name", f"'{name}' is not a name: letters, digits, '.', '_' and '-' only (it names folders)")
         return None
-    quant = {k: item[k] for k in ("recipe", "group_size", "embedding", "size_budget", "block_size", "vision_recipe") if k in item}
+    quant = {
+        k: item[k]
+        for k in ("recipe", "group_size", "embedding", "size_budget", "block_size", "vision_recipe")
+        if k in item
+    }
     try:
         overrides = item.get("overrides", [])
         quant["overrides"] = tuple(parse_override(str(o)) for o in _strings(overrides, "overrides"))
