@@ -88,64 +88,69 @@ class Task:
 def tasks_of(spec: Spec) -> list[Task]:
     """Every (model, variant): a vision-language model's tasks take the spec's image questions."""
     return [
-        Task(m, v, spec.prepare_for(m, v), spec.eval, spec.bench, spec.images if _readable_vlm(m) else None)
+        Task(m, v, spec.prepare_for(m, v), spec.eval, spec.bench, spec.images if _kind(m) == VLM else None)
         for m in spec.models
         for v in spec.variants
     ]
 
 
+TEXT, VLM, SPEECH = "text", "vision-language", "speech"
+
+
 @functools.cache
-def vision_language(model: Model) -> bool:
-    """Whether `model` has an image tower: its registry entry's, else its checkpoint's (a GenAIError
-    where neither can be read)."""
+def model_kind(model: Model) -> str:
+    """TEXT, VLM (an image tower) or SPEECH (an audio tower): its registry entry's, else its
+    checkpoint's (a GenAIError where neither can be read)."""
     from genai_pipeline.checkpoints import infer_checkpoint_spec
     from genai_pipeline.registry import get_spec
 
     spec = get_spec(model.registry) if model.registry else infer_checkpoint_spec(model.checkpoint)[0]
-    return spec.vision is not None
+    return VLM if spec.vision is not None else SPEECH if spec.audio is not None else TEXT
 
 
-def _readable_vlm(model: Model) -> bool:
+def _kind(model: Model) -> str | None:
     try:
-        return vision_language(model)
+        return model_kind(model)
     except GenAIError:
-        return False  # its task fails with the line of reading it (run.py)
+        return None  # its task fails with the line of reading it (run.py)
 
 
 def check_models(spec: Spec) -> None:
     """SpecError, a line each, where the spec does not fit its models: a text model with no
-    eval.text, a vision-language model with no eval.images, image questions no model answers or that
-    cannot be read, a variant's vision_recipe beside a text model. Before any work (a model whose
-    checkpoint cannot be read is left to its tasks, which fail with that line)."""
-    errors, kinds = [], []
-    for i, model in enumerate(spec.models):
-        try:
-            kinds.append(vision_language(model))
-        except GenAIError:
-            continue
+    eval.text, a vision-language model with no eval.images, a speech model (genai eval and bench do
+    not measure one yet), image questions no model answers or that cannot be read, a variant's
+    vision_recipe beside a text model. Before any work (a model whose checkpoint cannot be read is
+    left to its tasks, which fail with that line)."""
+    errors, kinds = [], [_kind(model) for model in spec.models]
+    for i, (model, kind) in enumerate(zip(spec.models, kinds)):
         where = f"{spec.source}: models[{i}]"
-        if kinds[-1] and spec.images is None:
+        if kind == SPEECH:
+            errors.append(
+                f"{where}: {model.name} is a speech model: genai eval and genai bench measure text and "
+                "vision-language exports so far, and so does a sweep"
+            )
+        if kind == VLM and spec.images is None:
             errors.append(
                 f"{where}: {model.name} is a vision-language model: give eval.images, its image questions "
                 "(a .jsonl as genai eval --images reads), to evaluate it"
             )
-        if not kinds[-1] and spec.eval is None:
+        if kind == TEXT and spec.eval is None:
             errors.append(
                 f"{where}: {model.name} is a text model and eval gives image questions only: "
                 "give eval.text (the text genai eval --text scores) to evaluate it"
             )
         for j, variant in enumerate(spec.variants):
-            if not kinds[-1] and variant.quant.vision_recipe is not None:
+            if kind == TEXT and variant.quant.vision_recipe is not None:
                 errors.append(
                     f"{spec.source}: variants[{j}].vision_recipe: {model.name} is a text model (no image tower): "
                     "sweep vision-language models with such variants in a spec of their own"
                 )
-    if spec.images is not None and len(kinds) == len(spec.models) and not any(kinds):
+    if spec.images is not None and VLM not in kinds and None not in kinds:
         errors.append(
             f"{spec.source}: eval.images: no model of the spec is a vision-language model: "
             "remove the image questions or add such a model"
         )
-    elif spec.images is not None and any(kinds):
+    elif spec.images is not None and VLM in kinds:
         from genai_pipeline.evaluate.images import read_questions
 
         try:

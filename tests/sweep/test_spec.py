@@ -166,8 +166,10 @@ def test_a_spec_with_image_questions_gives_them_to_the_vision_language_models_on
         (["reference"], f"{{text: heldout.txt, images: {VLM_QUESTIONS}}}", ["eval.images: no model of the spec is"]),
         # questions whose file is not what genai eval --images reads: told before any export
         (["reference-vlm"], "{images: bad.jsonl}", ["eval.images: ", "bad.jsonl:2: image ", "does not exist"]),
+        # a speech model: genai eval and genai bench refuse its exports, so its tasks would only fail
+        (["voxtral-mini-3b"], "{text: heldout.txt}", ["models[0]: voxtral-mini-3b is a speech model: genai eval"]),
     ],
-    ids=["text-model-images-only", "vlm-text-only", "images-no-vlm", "bad-questions"],
+    ids=["text-model-images-only", "vlm-text-only", "images-no-vlm", "bad-questions", "speech"],
 )
 def test_a_model_without_its_evaluation_is_a_spec_error_before_any_work(tmp_path, capsys, models, evaluation, expected):
     (tmp_path / "bad.jsonl").write_text(
