@@ -3,9 +3,9 @@ spec's errors answer at once). Every error is one line naming the file and the k
 errors are told together, so a user fixes them in one pass. SPEC_EXAMPLE shows the format;
 docs/sweep.md describes every key.
 
-Whether each model's evaluation is given (eval.text for a text model, eval.images for a
-vision-language one, and a variant's vision_recipe for vision-language models only) depends on what
-its checkpoint holds: tasks.check_models tells that, still before any work, once the models are read.
+Whether the spec fits its models (eval.text for a text model, eval.images for a vision-language
+one, a variant's vision_recipe for vision-language models only, no speech model) depends on what
+their checkpoints hold: tasks.check_models tells that, still before any work, once they are read.
 """
 
 from __future__ import annotations

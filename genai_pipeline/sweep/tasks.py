@@ -4,13 +4,15 @@
 A task runs in two stages, each in a fresh worker process (run.py makes them Ray tasks):
 `export_stage` (export through genai_pipeline.export, which verifies a quantized program, then
 evaluate) and `bench_stage` (alone on its node). A vision-language model is evaluated on the spec's
-image questions (`genai eval --images`) and on its text where the spec gives one, and benchmarked
-as `genai bench` does a vision-language program (image encode, time to first token, prefill, decode). Their figures are returned as small dicts; the
-export folder itself stays in the storage folder, `STORAGE/<task>/export`, which every node sees.
+image questions (`genai eval --images`) and on its text where the spec gives one, and benchmarked as
+`genai bench` does a vision-language program (image encode, time to first token, prefill, decode).
+Their figures are returned as small dicts; the export folder itself stays in the storage folder,
+`STORAGE/<task>/export`, which every node sees.
 
-A task is keyed by the content of its inputs (checkpoint files, options, evaluation text and
-image questions, tool versions): run.py skips a task whose finished row has the same key, and the export stage reuses an
-export whose export key matches (after a failure in evaluation or bench, only those run again).
+A task is keyed by the content of its inputs (checkpoint files, options, evaluation text and image
+questions, tool versions): run.py skips a task whose finished row has the same key, and the export
+stage reuses an export whose export key matches (after a failure in evaluation or bench, only those
+run again).
 """
 
 from __future__ import annotations
