@@ -26,6 +26,11 @@ Families (switches on the config, not on names):
   block of patches (the tokens run block by block, as Qwen2VLImageProcessor orders them):
   RMSNorm, then linear, GeLU, linear over the block's concatenated features. The input size is
   fixed per program (transformers takes any multiple of 28 px: see image_processing.py).
+- SigLIP as Gemma 3 uses it: Idefics3's tower at 896 px; its connector average-pools `pool_kernel`²
+  neighbouring patches into one token (64 x 64 patches -> 16 x 16 tokens), then Gemma's RMSNorm
+  (scale 1 + weight) and a bias-free linear (`connector="rms_norm_linear"`). Its text decoder lets the
+  tokens of one image see each other both ways (`bidirectional_image_attention`): the program's
+  embeddings then carry one more column saying which rows are an image's (`with_image_flag`).
 """
 
 from __future__ import annotations
@@ -45,7 +50,7 @@ def quick_gelu(x: torch.Tensor) -> torch.Tensor:
 
 
 ACTIVATIONS = {"gelu_tanh": gelu_tanh, "gelu": F.gelu, "quick_gelu": quick_gelu, "silu": F.silu}
-CONNECTORS = ("linear", "mlp", "merger")
+CONNECTORS = ("linear", "mlp", "rms_norm_linear", "merger")
 NORMS = ("layer", "rms")
 MLPS = ("fc", "gated")
 
@@ -62,7 +67,12 @@ class VisionConfig:
     norm_eps: float = 1e-6
     activation: str = "gelu_tanh"
     scale_factor: int = 1  # pixel shuffle: scale_factor x scale_factor patches become one token
-    connector: str = "linear"  # "linear": bias-free projection (Idefics3); "mlp": linear, GeLU, linear (LLaVA)
+    # "linear": bias-free projection (Idefics3); "mlp": linear, GeLU, linear (LLaVA);
+    # "rms_norm_linear": Gemma's RMSNorm, then a bias-free projection (Gemma 3)
+    connector: str = "linear"
+    pool_kernel: int = 1  # average pool: pool_kernel x pool_kernel patches become one token (Gemma 3)
+    # the text decoder's tokens of one image attend to each other both ways in prefill (Gemma 3)
+    bidirectional_image_attention: bool = False
     patch_bias: bool = True  # the patch conv has a bias (not in CLIP)
     class_token: bool = False  # a learned class embedding before the patches (CLIP)
     drop_class_token: bool = False  # ... and left out of the image's embeddings (LLaVA's "default" strategy)
@@ -95,14 +105,16 @@ class VisionConfig:
             "text_dim",
             "scale_factor",
             "temporal_patch_size",
+            "pool_kernel",
         ):
             if getattr(self, name) <= 0:
                 raise ValueError(f"VisionConfig.{name} must be positive, got {getattr(self, name)}")
         if self.dim % self.n_heads:
             raise ValueError(f"VisionConfig.dim ({self.dim}) must be a multiple of n_heads ({self.n_heads})")
-        if self.patches_per_side % self.scale_factor:
+        if self.patches_per_side % (self.scale_factor * self.pool_kernel):
             raise ValueError(
-                f"{self.patches_per_side} patches per side do not divide into scale_factor {self.scale_factor}"
+                f"{self.patches_per_side} patches per side do not divide into scale_factor {self.scale_factor} "
+                f"x pool_kernel {self.pool_kernel}"
             )
         if self.activation not in ACTIVATIONS:
             raise ValueError(
@@ -141,7 +153,7 @@ class VisionConfig:
     @property
     def tokens_per_image(self) -> int:
         class_token = self.class_token and not self.drop_class_token
-        return (self.patches_per_side // self.scale_factor) ** 2 + class_token
+        return (self.patches_per_side // (self.scale_factor * self.pool_kernel)) ** 2 + class_token
 
     @property
     def num_params(self) -> int:
@@ -153,12 +165,12 @@ class VisionConfig:
         layer = 4 * (d * d + d) + mlp + 2 * norm + 2 * d * self.layer_scale - 3 * d * (not self.qkv_bias)
         norms = 2 * d * (self.pre_norm + self.post_norm)
         shuffled = d * self.scale_factor**2
-        if self.connector == "linear":
-            connector = shuffled * t
-        elif self.connector == "mlp":
-            connector = shuffled * t + t + t * t + t + 2 * shuffled * self.projector_norm
-        else:
-            connector = d + shuffled * shuffled + shuffled + shuffled * t + t
+        connector = {
+            "linear": shuffled * t,
+            "rms_norm_linear": shuffled + shuffled * t,
+            "mlp": shuffled * t + t + t * t + t + 2 * shuffled * self.projector_norm,
+            "merger": d + shuffled * shuffled + shuffled + shuffled * t + t,
+        }[self.connector]
         return embed + self.n_layers * layer + norms + connector
 
     @classmethod
@@ -361,6 +373,28 @@ class MLPProjector(nn.Module):
         return self.linear_2(F.gelu(self.linear_1(self.layer_norm(x))))
 
 
+class RMSNormLinearProjector(nn.Module):
+    """Gemma 3's connector: RMSNorm with scale (1 + weight) (`mm_soft_emb_norm`), then a bias-free
+    linear (`mm_input_projection_weight`, which checkpoints store transposed)."""
+
+    def __init__(self, config: VisionConfig):
+        super().__init__()
+        self.norm = RMSNorm(config.dim, config.norm_eps, unit_offset=True)
+        self.linear = nn.Linear(config.dim, config.text_dim, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear(self.norm(x))
+
+
+def average_pool(x: torch.Tensor, kernel: int) -> torch.Tensor:
+    """[1, n*n, d] -> [1, (n / kernel)², d]: each kernel x kernel square of the patch grid averaged
+    into one token, row-major, as Gemma 3's projector pools."""
+    b, seq, d = x.shape
+    n = int(seq**0.5)
+    grid = x.transpose(1, 2).reshape(b, d, n, n)
+    return F.avg_pool2d(grid, kernel).flatten(2).transpose(1, 2)
+
+
 def pixel_shuffle(x: torch.Tensor, scale: int) -> torch.Tensor:
     """[1, n*n, d] -> [1, n*n / scale², d * scale²], as Idefics3's connector orders the features."""
     b, seq, d = x.shape
@@ -383,6 +417,8 @@ class VisionEncoder(nn.Module):
         self.post_layernorm = norm_layer(config, config.dim) if config.post_norm else nn.Identity()
         if config.connector == "linear":
             self.projection = nn.Linear(config.dim * config.scale_factor**2, config.text_dim, bias=False)
+        elif config.connector == "rms_norm_linear":
+            self.projection = RMSNormLinearProjector(config)
         elif config.connector == "mlp":
             self.projection = MLPProjector(config)
         else:
@@ -414,6 +450,8 @@ class VisionEncoder(nn.Module):
             h = h[:, 1:]
         if self.config.scale_factor > 1 and self.config.connector != "merger":
             h = pixel_shuffle(h, self.config.scale_factor)
+        if self.config.pool_kernel > 1:
+            h = average_pool(h, self.config.pool_kernel)
         return self.projection(h)
 
     def reset_buffers(self) -> None:
@@ -435,47 +473,59 @@ def unused_tower_tensor(name: str, config: VisionConfig) -> bool:
 
 
 class MRopeCursor(nn.Module):
-    """M-RoPE positions inside a program whose methods are called as ExecuTorch's MultimodalRunner
-    calls them: the image's `vision_encoder` call, then `text_decoder` on that image's embeddings
-    alone (its own call), text runs in calls of their own. Two mutable buffers, shared by the
-    methods (one program, `share_mutable_buffers`): `image_pending`, set by the encoder and cleared
-    by the next decoder call, which it marks as an image's; `rope_shift`, per cache row, how far
-    the M-RoPE position of the text after that row lags its cache position (an image of g x g
-    tokens advances the positions by g, not g²). Kept by row, written as the KV cache is, so a call
-    at any position (a new conversation at 0, a rewind) reads the shift of the rows before it."""
+    """M-RoPE positions inside the program, from what `text_decoder` is given: the embeddings'
+    image-flag column (with_image_flag) says which rows are an image's, each image a run of g x g
+    rows, whole within a call (ExecuTorch's MultimodalRunner feeds each image in a call of its own;
+    our runtime puts them in the prompt's call). An image's rows sit at one temporal position with
+    their rows and columns counted from it, and the text after it continues g positions later, not
+    g² (transformers' `get_rope_index`). `rope_shift`, per cache row, is how far the M-RoPE
+    position of the text after that row lags its cache position: a mutable buffer of text_decoder
+    alone, written as the KV cache is, so a call at any position (a new conversation at 0, a
+    rewind) reads the shift of the rows before it. Tensor ops only: one trace serves every call."""
 
     def __init__(self, max_seq_len: int, grid: int):
         super().__init__()
         import executorch.extension.llm.custom_ops.custom_ops  # noqa: F401  (llama.update_cache)
 
         self.grid = grid  # an image's tokens per side
-        self.register_buffer("image_pending", torch.zeros(1), persistent=False)
         self.register_buffer("rope_shift", torch.zeros(1, max_seq_len, 1, 1), persistent=False)
 
-    def mark_image(self) -> None:
-        self.image_pending.copy_(torch.ones(1))
-
-    def forward(self, input_pos: torch.Tensor, seq_len: int) -> torch.Tensor:
-        """The [3, seq_len] positions of a call at cache position input_pos[0]; records its shift."""
+    def forward(self, input_pos: torch.Tensor, image_rows: torch.Tensor) -> torch.Tensor:
+        """The [3, T] positions of a call at cache position input_pos[0] whose rows are an image's
+        where image_rows [1, T] is 1; records the shift after each row."""
+        seq_len = image_rows.size(1)
         start = input_pos[0].item()
         torch._check(start >= 0)
         torch._check(start + seq_len <= self.rope_shift.size(1))
+        g, n = self.grid, self.grid * self.grid
         before = torch.clamp(input_pos - 1, min=0)
-        shift = torch.index_select(self.rope_shift.view(-1), 0, before) * (input_pos > 0)  # [1]
-        base = input_pos - shift.to(torch.long)  # the call's first M-RoPE position
-        i = torch.arange(seq_len)
-        text = (base + i).expand(3, -1)
-        image = torch.stack([base.expand(seq_len), base + i // self.grid, base + i % self.grid])
-        pending = self.image_pending
-        positions = torch.where(pending > 0, image, text)
-        after = shift + pending * (seq_len - self.grid)  # an image: its g² tokens took g positions
-        torch.ops.llama.update_cache(after.view(1, 1, 1, 1).expand(1, seq_len, 1, 1), self.rope_shift, start)
-        self.image_pending.copy_(torch.zeros(1))
+        shift = (torch.index_select(self.rope_shift.view(-1), 0, before) * (input_pos > 0)).to(torch.long)  # [1]
+        flags = (image_rows[0] > 0.5).to(torch.long)  # [T]
+        seen = torch.cumsum(flags, 0) - flags  # image rows before each row, in this call
+        index = (seen % n) * flags  # a row's place in its image; 0 for text
+        images_before = seen // n
+        base = input_pos + torch.arange(seq_len) - index - shift - images_before * (n - g)
+        positions = torch.stack([base, base + index // g, base + index % g])
+        after = shift + ((seen + flags) // n) * (n - g)  # the shift of the text after each row
+        torch.ops.llama.update_cache(after.to(torch.float32).view(1, -1, 1, 1), self.rope_shift, start)
         return positions
 
     def reset_buffers(self) -> None:
-        self.image_pending = torch.zeros(1)
         self.rope_shift = torch.zeros(self.rope_shift.shape)
+
+
+def with_image_flag(h: torch.Tensor, image: bool) -> torch.Tensor:
+    """Embeddings [1, T, D] -> [1, T, D + 1], the last column 1 for an image's rows and 0 for text's.
+    ExecuTorch's MultimodalRunner passes `text_decoder` two inputs, the embeddings and the position,
+    and feeds each image as a call of its own: a decoder that lets an image's tokens see each other
+    both ways (bidirectional_image_attention) learns which rows are an image's from this column,
+    which `token_embedding` and `vision_encoder` write and `text_decoder` takes off (split_image_flag)."""
+    return torch.cat([h, torch.full_like(h[..., :1], float(image))], dim=-1)
+
+
+def split_image_flag(h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """[1, T, D + 1] -> (embeddings [1, T, D], image flags [1, T]): with_image_flag undone."""
+    return h[..., :-1], h[..., -1]
 
 
 class VisionLanguageModel(nn.Module):
@@ -489,12 +539,25 @@ class VisionLanguageModel(nn.Module):
         grid = vision.config.patches_per_side // vision.config.scale_factor
         self.mrope = MRopeCursor(decoder.max_seq_len, grid) if decoder.config.mrope_section else None
 
-    def encode_image(self, pixels: torch.Tensor) -> torch.Tensor:
-        """The tower's embeddings of an image; with M-RoPE, the next decoder call is marked as its."""
-        if self.mrope is not None:
-            self.mrope.mark_image()
-        return self.vision(pixels)
+    def image_flagged(self) -> bool:
+        """Whether the program's embeddings carry the image-flag column (with_image_flag): its
+        text decoder must know an image's rows, for their masks (Gemma 3) or positions (M-RoPE)."""
+        return self.vision.config.bidirectional_image_attention or self.mrope is not None
 
-    def decode(self, embeddings: torch.Tensor, input_pos: torch.Tensor, last_only: bool = True) -> torch.Tensor:
-        positions = None if self.mrope is None else self.mrope(input_pos, embeddings.size(1))
-        return self.decoder.forward_embeddings(embeddings, input_pos, last_only, rope_positions=positions)
+    def decode(
+        self,
+        embeddings: torch.Tensor,
+        input_pos: torch.Tensor,
+        last_only: bool = True,
+        image_tokens: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """The decoder on embeddings [1, T, D] whose rows are an image's where image_tokens [1, T]
+        is 1 (None: none are): that decides Gemma 3's masks, or the M-RoPE positions."""
+        positions = None
+        if self.mrope is not None:
+            rows = image_tokens if image_tokens is not None else embeddings.new_zeros(embeddings.shape[:2])
+            positions = self.mrope(input_pos, rows)
+        masks = image_tokens if self.vision.config.bidirectional_image_attention else None
+        return self.decoder.forward_embeddings(
+            embeddings, input_pos, last_only, image_tokens=masks, rope_positions=positions
+        )

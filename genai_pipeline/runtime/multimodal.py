@@ -61,8 +61,6 @@ class MultimodalSession(CacheCursor):
             self.tokens_per_frame = self.processing.tokens_per_chunk
             self.encoder = GraphName.AUDIO_ENCODER
         self.split = vision is not None and vision["layout"] == SPLIT
-        # M-RoPE (Qwen2.5-VL): each frame encoded just before its embeddings' own text_decoder call
-        self.image_call_alone = vision is not None and bool(vision.get("image_call_alone", False))
         self.mode = self.manifest.mode if self.split else Mode.DYNAMIC
         self.prefill_len = self.manifest.prefill_len
         keys = (
@@ -188,8 +186,6 @@ class MultimodalSession(CacheCursor):
             raise InputError(
                 f"the prompt holds {len(slots)} {self.modality} token(s) for {len(self.frames)} {self.modality} input(s) of {n} each"
             )
-        if self.image_call_alone:
-            return self._prefill_by_run(embeddings, slots)
         start = time.perf_counter()
         for k, frame in enumerate(self.frames):
             features = self._execute(self.encoder, [torch.from_numpy(frame).unsqueeze(0)])
@@ -198,22 +194,6 @@ class MultimodalSession(CacheCursor):
         self.vision_seconds = time.perf_counter() - start
         self.frames = []
         return self._decode(embeddings)
-
-    def _prefill_by_run(self, embeddings: torch.Tensor, slots: list[int]) -> torch.Tensor:
-        """As ExecuTorch's MultimodalRunner feeds a program: text runs and each image's embeddings
-        in calls of their own, the image's encoder call just before its decoder call (MRopeCursor)."""
-        n, frames, self.frames, self.vision_seconds = self.tokens_per_frame, self.frames, [], 0.0
-        starts = [slots[k * n] for k in range(len(frames))]
-        cuts = sorted({0, embeddings.shape[1], *starts, *(s + n for s in starts)})
-        for a, b in zip(cuts, cuts[1:]):
-            run = embeddings[:, a:b]
-            if a in starts:
-                begin = time.perf_counter()
-                run = self._execute(self.encoder, [torch.from_numpy(frames[starts.index(a)]).unsqueeze(0)])
-                self.vision_seconds += time.perf_counter() - begin
-                self.vision_calls += 1
-            logits = self._decode(run)
-        return logits
 
     def step(self, token: int) -> torch.Tensor:
         self._check_room(1)
@@ -239,11 +219,16 @@ class EagerMultimodalSession(CacheCursor):
         self.pos = 0
 
     @torch.no_grad()
-    def _decode(self, embeddings: torch.Tensor, last_only: bool = True) -> torch.Tensor:
-        """The logits after the last row of `embeddings`, or after every row, [rows, vocab]."""
+    def _decode(
+        self, embeddings: torch.Tensor, last_only: bool = True, image_tokens: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """The logits after the last row of `embeddings`, or after every row, [rows, vocab];
+        `image_tokens` [1, rows]: which rows are an image's (see Decoder.forward_embeddings)."""
         self._check_room(embeddings.shape[1])
         with native_logs_hidden():  # ExecuTorch's custom ops log from C++ in eager mode too
-            logits = self.model.decode(embeddings, torch.tensor([self.pos]), last_only=last_only)
+            logits = self.model.decode(
+                embeddings, torch.tensor([self.pos]), last_only=last_only, image_tokens=image_tokens
+            )
         self.pos += embeddings.shape[1]
         return logits.reshape(-1, logits.shape[-1])
 
@@ -252,19 +237,13 @@ class EagerMultimodalSession(CacheCursor):
         embeddings = self.model.decoder.embed(torch.tensor([tokens]))
         slots = [i for i, t in enumerate(tokens) if t == self.image_token_id]
         n = self.tokens_per_image
-        if self.model.mrope is not None:  # as MultimodalSession._prefill_by_run: each image in a call of its own
-            starts, frames, self.frames = [slots[k * n] for k in range(len(self.frames))], self.frames, []
-            cuts = sorted({0, len(tokens), *starts, *(s + n for s in starts)})
-            for a, b in zip(cuts, cuts[1:]):
-                run = embeddings[:, a:b]
-                if a in starts:
-                    run = self.model.encode_image(torch.from_numpy(frames[starts.index(a)]).unsqueeze(0))
-                logits = self._decode(run)
-            return logits[-1]
         for k, frame in enumerate(self.frames):
             embeddings[0, slots[k * n : (k + 1) * n]] = self.model.vision(torch.from_numpy(frame).unsqueeze(0))[0]
         self.frames = []
-        return self._decode(embeddings)[-1]
+        image_tokens = None
+        if self.model.image_flagged():  # as the program's image-flag column says
+            image_tokens = (torch.tensor([tokens]) == self.image_token_id).to(embeddings.dtype)
+        return self._decode(embeddings, image_tokens=image_tokens)[-1]
 
     @torch.no_grad()
     def step(self, token: int) -> torch.Tensor:

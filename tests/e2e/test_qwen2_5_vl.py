@@ -1,8 +1,8 @@
 """Qwen2.5-VL (ViT with 2D RoPE and window attention, 2 x 2 patch merger, Qwen2 decoder with M-RoPE)
 on a tiny random checkpoint saved by transformers: loader, eager parity of the tower and of the
 logits with an image (M-RoPE positions) and without (plain RoPE); one exported program: its
-logits and `genai run --image` greedy tokens against transformers; ExecuTorch's MultimodalRunner,
-exact on text, which cannot carry an image's M-RoPE positions (see its test)."""
+logits and `genai run --image` greedy tokens against transformers, ExecuTorch's MultimodalRunner
+(each image in a call of its own, its rows told by the image-flag column), chat, eval --images."""
 
 from __future__ import annotations
 
@@ -135,22 +135,23 @@ def prompt_ids(checkpoint: Path, processing, text: str = PROMPT) -> list[int]:
     return Tokenizer.from_file(str(checkpoint / "tokenizer.json")).encode(expanded).ids
 
 
-def eager_logits(model, ids: list[int], frame: np.ndarray | None) -> torch.Tensor:
-    """As a program is fed (MRopeCursor): the image's embeddings in a call of their own, right after
-    its encoding; the text before and after in calls of their own. Logits at every position."""
-    cuts = [0, len(ids)]
-    if frame is not None:
-        first = ids.index(IMAGE_ID)
-        cuts = [0, first, first + TOKENS, len(ids)]
-    logits = []
+def eager_logits(model, ids: list[int], frame: np.ndarray | None, calls: int = 1) -> torch.Tensor:
+    """Logits at every position, the image's rows flagged (as the program's embeddings are): in one
+    call (our runtime) or, `calls=3`, the text before, the image, the text after (ExecuTorch's
+    MultimodalRunner)."""
+    rows = torch.tensor([ids]) == IMAGE_ID
     with torch.no_grad():
-        for a, b in zip(cuts, cuts[1:]):
-            if frame is not None and a == cuts[1]:
-                h = model.encode_image(torch.from_numpy(frame).unsqueeze(0))
-            else:
-                h = model.decoder.embed(torch.tensor([ids[a:b]]))
-            logits.append(model.decode(h, torch.tensor([a]), last_only=False)[0])
-    return torch.cat(logits)
+        h = model.decoder.embed(torch.tensor([ids]))
+        if frame is not None:
+            h[rows] = model.vision(torch.from_numpy(frame).unsqueeze(0))[0]
+        first = ids.index(IMAGE_ID) if frame is not None else 0
+        cuts = [0, len(ids)] if calls == 1 else [0, first, first + TOKENS, len(ids)]
+        return torch.cat(
+            [
+                model.decode(h[:, a:b], torch.tensor([a]), last_only=False, image_tokens=rows[:, a:b].float())[0]
+                for a, b in zip(cuts, cuts[1:])
+            ]
+        )
 
 
 def test_qwen_vl_loads_as_its_family_and_its_tower_matches_transformers(qwen_vl_ours, qwen_vl_reference):
@@ -175,8 +176,9 @@ def test_qwen_vl_logits_with_an_image_follow_mrope_and_without_equal_plain_rope(
     assert ids.count(IMAGE_ID) == TOKENS and ids[first - 1] == QWEN_SPECIALS.index("<|vision_start|>")
     frame = image_frames(photo(IMAGE, IMAGE), processing).pixels[0]
     expected = hf_logits(qwen_vl_reference, ids, frame)
-    got = eager_logits(model, ids, frame)
-    assert expected.abs().max() > 0.5 and (got - expected).abs().max() <= 1e-4
+    for calls in (1, 3):
+        got = eager_logits(model, ids, frame, calls)
+        assert expected.abs().max() > 0.5 and (got - expected).abs().max() <= 1e-4
     # plain RoPE at the image's tokens would be another model: M-RoPE is what makes them equal
     with torch.no_grad():
         h = model.decoder.embed(torch.tensor([ids]))
@@ -214,7 +216,7 @@ def test_qwen_vl_program_matches_transformers(qwen_vl_program, qwen_vl_reference
     image = write_ppm(tmp_path / "photo.ppm", photo(IMAGE, IMAGE))
     frame = photo(IMAGE, IMAGE).transpose(2, 0, 1).copy()
     manifest = json.loads((qwen_vl_program / "manifest.json").read_text())
-    assert manifest["vision"]["image_call_alone"] and manifest["vision"]["tokens_per_image"] == TOKENS
+    assert manifest["vision"]["tokens_per_image"] == TOKENS
 
     session = MultimodalSession(qwen_vl_program)
     ids = session.encode_prompt(Tokenizer(qwen_vl_program / "tokenizer.json"), PROMPT, [image])
@@ -250,54 +252,30 @@ def text_of(program: Path, tokens: list[int]) -> str:
     return printable(tok.decode(tokens, skip_special_tokens=False))
 
 
-def eager_greedy_unmarked(model, ids: list[int], frame: np.ndarray, n: int) -> list[int]:
-    """Greedy tokens when the decoder is never told a call is an image's: the image's tokens then
-    get text positions, one per token, and so does the text after them."""
-    first, out, pos = ids.index(IMAGE_ID), [], 0
-    with torch.no_grad():
-        runs = [
-            model.decoder.embed(torch.tensor([ids[:first]])),
-            model.vision(torch.from_numpy(frame).unsqueeze(0)),  # no encode_image: nothing marked
-            model.decoder.embed(torch.tensor([ids[first + TOKENS :]])),
-        ]
-        for h in runs:
-            logits = model.decode(h, torch.tensor([pos]))
-            pos += h.shape[1]
-        for _ in range(n):
-            token = int(logits.reshape(-1, logits.shape[-1])[-1].argmax())
-            if token == EOS:
-                break
-            out.append(token)
-            logits = model.decode(model.decoder.embed(torch.tensor([[token]])), torch.tensor([pos]))
-            pos += 1
-    return out
-
-
-def test_qwen_vl_program_in_executorch_multimodal_runner(qwen_vl_program, qwen_vl_ours, qwen_vl_checkpoint, capfd):
-    """ExecuTorch's MultimodalRunner builds its Module without `share_memory_arenas`, so no buffer
-    crosses methods there: `vision_encoder` marks its image in its own copy of `image_pending`, and
-    `text_decoder`, whose inputs (embeddings, a start position) do not say what they are, takes the
-    image's embeddings as text. Text-only prompts are exact; with an image it runs the model as if
-    M-RoPE were plain RoPE, which is what this test pins down."""
+def test_qwen_vl_program_in_executorch_multimodal_runner(qwen_vl_program, qwen_vl_checkpoint, qwen_vl_ours, capfd):
+    """The stock runner feeds each image in a call of its own and passes text_decoder only embeddings
+    and a start position: the image-flag column tells the image's rows, the positions follow. Its
+    greedy tokens are ours (which are transformers', above), with and without an image."""
     from executorch.extension.llm.runner import make_image_input, make_token_input
 
-    model, processing = qwen_vl_ours
-    ours = run(str(qwen_vl_program), "--prompt", PROMPT.replace("<image>", ""), "--max-new-tokens", "8")
-    text = ours["prompt_tokens"]
-    assert IMAGE_ID not in text and len(ours["tokens"]) == 8
-    got = stock_runner_text(qwen_vl_program, [make_token_input(text)], 8, capfd)
-    assert got.strip() == text_of(qwen_vl_program, ours["tokens"]).strip()
-
+    _, processing = qwen_vl_ours
     ids = prompt_ids(qwen_vl_checkpoint, processing)
     first = ids.index(IMAGE_ID)
     frame = photo(IMAGE, IMAGE).transpose(2, 0, 1).copy()
+    image = write_ppm(qwen_vl_program.parent / "runner.ppm", photo(IMAGE, IMAGE))
+    ours = run(str(qwen_vl_program), "--image", str(image), "--prompt", PROMPT, "--max-new-tokens", "8")
     inputs = [
         make_token_input(ids[:first]),
         make_image_input(torch.from_numpy(frame)),
         make_token_input(ids[first + TOKENS :]),
     ]
     got = stock_runner_text(qwen_vl_program, inputs, 8, capfd)
-    assert got.strip() == text_of(qwen_vl_program, eager_greedy_unmarked(model, ids, frame, 8)).strip()
+    assert got.strip() == text_of(qwen_vl_program, ours["tokens"]).strip()
+
+    ours = run(str(qwen_vl_program), "--prompt", PROMPT.replace("<image>", ""), "--max-new-tokens", "8")
+    assert IMAGE_ID not in ours["prompt_tokens"] and len(ours["tokens"]) == 8
+    got = stock_runner_text(qwen_vl_program, [make_token_input(ours["prompt_tokens"])], 8, capfd)
+    assert got.strip() == text_of(qwen_vl_program, ours["tokens"]).strip()
 
 
 # Qwen2-VL's chat template as the Qwen2.5-VL checkpoints carry it, the image and text parts only.
