@@ -119,6 +119,7 @@ def _export(
             split=options.split,
             target=target,
             image_attention_both_ways=spec.vision.config.bidirectional_image_attention,
+            mrope=bool(spec.config.mrope_section),
         )
         if options.long_prefill_len:
             raise InputError(

@@ -59,11 +59,16 @@ def resolved(options: QuantOptions) -> QuantOptions:
 
 
 def check_vision_language_quant(
-    options: QuantOptions, split: bool = False, target=None, image_attention_both_ways: bool = False
+    options: QuantOptions,
+    split: bool = False,
+    target=None,
+    image_attention_both_ways: bool = False,
+    mrope: bool = False,
 ) -> None:
     """Refuse, before any work, what a vision-language export cannot do yet. `target`: a
     targets.Target (its recipes are checked by targets.check_recipe); `image_attention_both_ways`:
-    the model's image tokens see each other both ways (Gemma 3)."""
+    the model's image tokens see each other both ways (Gemma 3); `mrope`: its text decoder takes
+    M-RoPE positions (Qwen2.5-VL)."""
     if options.size_budget is not None:
         raise InputError(
             "--size-budget chooses the layers of a text decoder; vision-language models take --recipe and --vision-recipe"
@@ -79,6 +84,11 @@ def check_vision_language_quant(
         raise InputError(
             f"--recipe {options.recipe} is not built for a model whose image tokens attend to each other both ways "
             "(Gemma 3); use --recipe 8da4w or 8da8w"
+        )
+    if mrope:  # multimodal_static.py calibrates the decoder with plain positions (DecoderOnEmbeddings)
+        raise InputError(
+            f"--recipe {options.recipe} is not built for a text decoder with M-RoPE positions (Qwen2.5-VL); "
+            "use --recipe 8da4w or 8da8w"
         )
     if target is not None and target.cache_io:
         raise InputError(

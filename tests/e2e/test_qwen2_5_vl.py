@@ -346,3 +346,13 @@ def test_qwen_vl_eval_images_float_and_program_agree(qwen_vl_program, tmp_path, 
     assert result["questions"] == 2 and result["answers_agree"] == 1.0
     float_ppl, program_ppl = result["answer_perplexity"]["float"], result["answer_perplexity"]["program"]
     assert abs(float_ppl - program_ppl) <= 1e-4 * float_ppl
+
+
+def test_qwen_vl_static_recipe_is_refused_before_any_work():
+    from genai_pipeline.errors import InputError
+    from genai_pipeline.options import QuantOptions
+    from genai_pipeline.quantize.multimodal import check_vision_language_quant
+
+    with pytest.raises(InputError, match="M-RoPE"):
+        check_vision_language_quant(QuantOptions(recipe="8a8w"), mrope=True)
+    check_vision_language_quant(QuantOptions(recipe="8da4w"), mrope=True)  # dynamic recipes are not refused
