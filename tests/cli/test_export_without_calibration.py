@@ -2,6 +2,7 @@
 recipe without calibration, said on one line; a checkpoint without a tokenizer is refused before
 any work, naming --no-calibration."""
 
+import dataclasses
 import json
 
 import pytest
@@ -13,24 +14,27 @@ from genai_pipeline.errors import InputError
 from genai_pipeline.options import CalibrationOptions, QuantOptions, quant_options_from
 from genai_pipeline.quantize.calibration import calibrating, calibration_free
 from genai_pipeline.quantize.recipes import linear_recipes
-from genai_pipeline.registry import get_spec
+from genai_pipeline.registry import SPECS, get_spec
 
 
-def test_a_registry_name_without_a_checkpoint_exports_the_default_recipe(capsys, tmp_path):
-    """`genai export stories15m --recipe 8da4w` (random weights, no tokenizer): GPTQ and SmoothQuant
-    dropped, said on one line naming the fix; the program's layers are the calibrated recipe's."""
+def test_a_registry_name_without_a_checkpoint_exports_the_default_recipe(capsys, tmp_path, monkeypatch):
+    """`genai export NAME --recipe 8da4w` for an entry without shipped weights (random weights, no
+    tokenizer): GPTQ and SmoothQuant dropped, said on one line naming the fix; the program's layers
+    are the calibrated recipe's. The entry: the reference model's sizes without its weights (a
+    real entry such as stories15m costs three times as long to lower)."""
+    spec = dataclasses.replace(get_spec("reference"), name="reference-unshipped", checkpoint=None)
+    monkeypatch.setitem(SPECS, spec.name, spec)
     out = tmp_path / "out"
-    argv = ["export", "stories15m", "--recipe", "8da4w", "--mode", "kv", "--max-seq-len", "32", "--out", str(out)]
+    argv = ["export", spec.name, "--recipe", "8da4w", "--mode", "kv", "--max-seq-len", "32", "--out", str(out)]
     assert main(argv) == 0
     said = [line for line in capsys.readouterr().err.splitlines() if "no tokenizer to calibrate with" in line]
     assert len(said) == 1, said
     assert "without GPTQ or SmoothQuant" in said[0] and "--checkpoint DIR" in said[0] and "--no-calibration" in said[0]
     manifest = json.loads((out / "manifest.json").read_text())
     quant = quant_options_from(manifest["quantization"])
-    assert (quant.weight_rule, quant.smooth, quant.rotate) == ("mse", None, True)
+    assert (manifest["weights"], quant.weight_rule, quant.smooth, quant.rotate) == ("random", "mse", None, True)
     assert manifest["recipe"].startswith("8da4w-g32-mse-rot+")
     # the same linears at the same widths as the full recipe (GPTQ's head at 4 bits too): its size and speed
-    spec = get_spec("stories15m")
     decoder = random_decoder(spec.config, 32, 0)
     assert linear_recipes(decoder, quant) == linear_recipes(decoder, QuantOptions(recipe="8da4w"))
     assert sorted(manifest["files"]) == ["quant_report.html", "text_decoder.pte"]
