@@ -174,9 +174,10 @@ def _chosen(artifact: Artifact) -> tuple[str, ...]:
 
 def compile_artifacts(prepared: PreparedModel, target: Target, out: Path, release: bool = False) -> ArtifactSet:
     """Writes `<artifact>.pte` (+ `<artifact>.qdq.pt2` when calibrated), the tokenizer, and the
-    manifest last, into `out`; what the quantize stage chose for `genai eval` (int4 weights,
-    smoothing factors) goes to the QDQ cache under the program's digest, not into `out`: a new or empty folder (`genai export` passes its staging folder, see
-    export_folder.publish), since the manifest lists every file there. Where the target cannot lower on
+    manifest last, into `out`: a new or empty folder (`genai export` passes its staging folder, see
+    export_folder.publish), since the manifest lists every file there. What the quantize stage chose
+    for `genai eval` (int4 weights, smoothing factors) goes to the QDQ cache under the program's
+    digest (quantize/qdq_cache.py), not into `out`. Where the target cannot lower on
     this host (no vendor SDK), the QDQ models and a manifest with status `qdq-only` are written,
     then ExportError says why. `release`: each artifact's eager weights are let go once lowered
     (the prepared model cannot run after; `genai export` has no more use for it)."""
