@@ -63,6 +63,7 @@ class PreparedModel:
     quantization: Mapping[str, Any] = field(default_factory=dict)  # the QuantOptions applied, as data
     # The manifest's optional sections, as the stage that owns each writes it (manifest.Manifest):
     vision: Mapping[str, Any] | None = None  # a vision-language model's components, image size, preprocessing
+    audio: Mapping[str, Any] | None = None  # a speech-language model's components and audio preprocessing
     decoder_form: str | None = None  # "cache-io": the program takes its KV cache as I/O ...
     cache_io: Mapping[str, Any] | None = None  # ... by this contract
     # checkpoints.block_loader.BlockLoader: the text decoder's weights still in the checkpoint (its

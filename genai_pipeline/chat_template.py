@@ -268,7 +268,11 @@ def _as_json(message: Message) -> dict:
     if isinstance(message.content, str):
         return {"role": message.role, "content": message.content}
     parts = [
-        {"type": "text", "text": p.text} if p.type == "text" else {"type": "image", "image": str(p.image)}
+        {"type": "text", "text": p.text}
+        if p.type == "text"
+        else {"type": "image", "image": str(p.image)}
+        if p.type == "image"
+        else {"type": "audio", "audio": str(p.audio)}
         for p in message.content
     ]
     return {"role": message.role, "content": parts}

@@ -254,6 +254,7 @@ def compile_artifacts(prepared: PreparedModel, target: Target, out: Path, releas
             for key, artifact in prepared.artifacts.items()
         },
         vision=prepared.vision,
+        audio=prepared.audio,
         decoder_form=prepared.decoder_form,
         cache_io=prepared.cache_io,
         files=files,

@@ -28,7 +28,7 @@ from genai_pipeline.heap import trim
 from genai_pipeline.manifest import Manifest
 from genai_pipeline.options import DEFAULT_MODEL, PrepareOptions, QuantOptions
 from genai_pipeline.prepare import prepare
-from genai_pipeline.quantize import quantize
+from genai_pipeline.quantize import check_speech_quant, quantize
 from genai_pipeline.quantize.calibration import calibrating, calibration_free, with_default_data
 from genai_pipeline.quantize.multimodal import check_vision_language_quant
 from genai_pipeline.registry import ModelSpec, get_spec
@@ -112,7 +112,9 @@ def _export(
     host (a complete QDQ-only export, to be published before the error is told)."""
     spec = _spec(model, options.checkpoint)
     check_recipe(target, quant)  # refused before any work starts
-    if spec.vision is not None:
+    if spec.audio is not None:
+        check_speech_quant(quant)
+    elif spec.vision is not None:
         check_vision_language_quant(quant, split=options.split, target=target)
         if options.long_prefill_len:
             raise InputError(

@@ -168,8 +168,8 @@ def inspect_program(path: Path) -> dict:
 # `forward`, else `prefill`, a prompt longer than get_max_seq_len in chunks of it, in one call each
 # when enable_dynamic_shape, else token by token; it decodes through `decode`, else the same method,
 # and gives each method arenas of its own (a KV cache shared by two methods is then two caches).
-# MultimodalRunner sends each text or image input through `token_embedding` / `vision_encoder`,
-# then `text_decoder`, whole.
+# MultimodalRunner sends each text, image or preprocessed-audio input through `token_embedding` /
+# `vision_encoder` / `audio_encoder` (float32 [batch, n_bins, n_frames]), then `text_decoder`, whole.
 STOCK_RUNNERS = ("TextLLMRunner", "MultimodalRunner")
 
 
@@ -222,6 +222,17 @@ def _multimodal_runner(methods: dict, metadata: dict) -> str | None:
         and not (len(image["inputs"]) == 1 and image["inputs"][0].get("dtype") in ("byte", "float", "bfloat16"))
     ):
         return "`vision_encoder` does not take one uint8 or float image"
+    audio = methods.get("audio_encoder")
+    if (
+        problem is None
+        and audio is not None
+        and not (
+            len(audio["inputs"]) == 1
+            and audio["inputs"][0].get("dtype") == "float"
+            and len(audio["inputs"][0].get("shape", ())) == 3
+        )
+    ):
+        return "`audio_encoder` does not take one float32 [batch, n_bins, n_frames] spectrogram"
     return problem
 
 

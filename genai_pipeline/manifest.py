@@ -17,9 +17,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from genai_pipeline.errors import ProgramError
+from genai_pipeline.audio_processing import AudioProcessing
+from genai_pipeline.errors import InputError, ProgramError
 from genai_pipeline.export_folder import MANIFEST, atomic_write, recover_interrupted, sha256
 from genai_pipeline.image_processing import ImageProcessing
+from genai_pipeline.models.audio import AudioConfig
 from genai_pipeline.models.cache_io import FORM, CacheIOContract
 from genai_pipeline.models.decoder import DecoderConfig
 from genai_pipeline.models.vision import VisionConfig
@@ -80,6 +82,7 @@ class Manifest:
     special_tokens: Mapping[str, Any] | None = None  # the ids and the files each came from
     status: str = COMPLETE
     vision: Mapping[str, Any] | None = None  # a vision-language program's components, image size, preprocessing
+    audio: Mapping[str, Any] | None = None  # a speech-language program's components, audio preprocessing
     decoder_form: str | None = None  # "cache-io": the KV cache is method I/O, described by `cache_io`
     cache_io: Mapping[str, Any] | None = None
     export_seconds: float | None = None
@@ -155,6 +158,7 @@ class Manifest:
                 for key, a in self.artifacts.items()
             },
             "vision": self.vision,
+            "audio": self.audio,
             "decoder_form": self.decoder_form,
             "cache_io": self.cache_io,
             "files": {name: {"bytes": f.bytes, "sha256": f.sha256} for name, f in self.files.items()},
@@ -164,6 +168,14 @@ class Manifest:
             "export_stages": self.export_stages,
         }
         return {k: v for k, v in data.items() if v is not None or k not in _SECTIONS}
+
+    def refuse_speech(self, folder: Path, command: str) -> None:
+        """One line for a command not built for speech exports (they run with `genai run` and `inspect`)."""
+        if self.audio is not None:
+            raise InputError(
+                f"'{folder}' holds a speech model: {command} is built for text and vision-language exports so far; "
+                "`genai run --audio` runs it"
+            )
 
     def write(self, folder: Path) -> None:
         """Into `folder`, whole or not at all."""
@@ -223,7 +235,7 @@ def _config_json(config: DecoderConfig) -> dict:
     return {k: v for k, v in dataclasses.asdict(config).items() if k not in _LATER_CONFIG_FIELDS or v != defaults[k]}
 
 
-_SECTIONS = ("compile_spec", "vision", "decoder_form", "cache_io", "verification", "export_stages")
+_SECTIONS = ("compile_spec", "vision", "audio", "decoder_form", "cache_io", "verification", "export_stages")
 
 
 class _Malformed(Exception):
@@ -268,6 +280,7 @@ def _parse(data) -> Manifest:
     if status not in (COMPLETE, QDQ_ONLY):
         raise _Malformed(f"status '{status[:20]}'")
     vision = _vision(_value(data, "vision", (dict,)))
+    audio = _audio(_value(data, "audio", (dict,)))
     decoder_form, cache_io = _value(data, "decoder_form", (str,)), _value(data, "cache_io", (dict,))
     if decoder_form is not None and (decoder_form != FORM or not _contract(cache_io)):
         raise _Malformed(f"decoder_form '{decoder_form[:20]}' without its cache_io contract")
@@ -283,7 +296,7 @@ def _parse(data) -> Manifest:
         mode=Mode(mode),
         max_seq_len=max_seq_len,
         prefill_len=prefill_len,
-        artifacts=_artifacts(artifacts, listed, status, vision),
+        artifacts=_artifacts(artifacts, listed, status, vision, audio),
         files=listed,
         family=_value(data, "family", (str,)),
         checkpoint=checkpoint,
@@ -297,6 +310,7 @@ def _parse(data) -> Manifest:
         special_tokens=_value(data, "special_tokens", (dict,)),
         status=status,
         vision=vision,
+        audio=audio,
         decoder_form=decoder_form,
         cache_io=cache_io,
         export_seconds=_value(data, "export_seconds", (int, float)),
@@ -324,7 +338,7 @@ def _file(name: str, entry) -> FileEntry:
     return FileEntry(entry["bytes"], entry["sha256"])
 
 
-def _artifacts(artifacts: dict, files: dict, status: str, vision) -> dict[ArtifactKey, ArtifactEntry]:
+def _artifacts(artifacts: dict, files: dict, status: str, vision, audio) -> dict[ArtifactKey, ArtifactEntry]:
     entries = {}
     for key, artifact in artifacts.items():
         if (
@@ -359,7 +373,7 @@ def _artifacts(artifacts: dict, files: dict, status: str, vision) -> dict[Artifa
         )
     needed = (
         (ArtifactKey.MULTIMODAL,)
-        if vision is not None and vision["layout"] != SPLIT
+        if audio is not None or vision is not None and vision["layout"] != SPLIT
         else (ArtifactKey.TOKEN_EMBEDDING, ArtifactKey.TEXT_DECODER, ArtifactKey.VISION_ENCODER)
         if vision is not None
         else (ArtifactKey.TEXT_DECODER,)
@@ -391,6 +405,20 @@ def _vision(vision: dict | None) -> dict | None:
         except (TypeError, ValueError) as e:
             raise _Malformed(f"vision {key}: {' '.join(str(e).split())[:60]}") from None
     return vision
+
+
+def _audio(audio: dict | None) -> dict | None:
+    """The checks the readers of `audio` rely on: its audio token and the two configs they rebuild."""
+    if audio is None:
+        return None
+    if not _whole(audio.get("audio_token_id")):
+        raise _Malformed("audio without its audio token id")
+    for key, kind in (("preprocessing", AudioProcessing), ("config", AudioConfig)):
+        try:
+            kind.from_dict(audio.get(key))
+        except (TypeError, ValueError) as e:
+            raise _Malformed(f"audio {key}: {' '.join(str(e).split())[:60]}") from None
+    return audio
 
 
 def _fingerprint(checkpoint: dict) -> None:

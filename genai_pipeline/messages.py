@@ -25,17 +25,20 @@ IMAGE_KEYS = ("image", "path", "url")
 
 @dataclass(frozen=True)
 class ContentPart:
-    type: Literal["text", "image"]
+    type: Literal["text", "image", "audio"]
     text: str | None = None  # type "text"
     image: Path | None = None  # type "image"
+    audio: Path | None = None  # type "audio" (a speech model's chat)
 
     def __post_init__(self):
-        if self.type not in ("text", "image"):
-            raise ValueError(f"content part type must be 'text' or 'image', got {self.type!r}")
+        if self.type not in ("text", "image", "audio"):
+            raise ValueError(f"content part type must be 'text', 'image' or 'audio', got {self.type!r}")
         if self.type == "text" and not isinstance(self.text, str):
             raise ValueError("a text part needs text")
         if self.type == "image" and not isinstance(self.image, Path):
             raise ValueError("an image part needs an image path")
+        if self.type == "audio" and not isinstance(self.audio, Path):
+            raise ValueError("an audio part needs an audio file's path")
 
 
 @dataclass(frozen=True)
@@ -57,8 +60,14 @@ class Message:
         return tuple(p.image for p in parts if p.type == "image")
 
     @property
+    def media(self) -> tuple[Path, ...]:
+        """The files of the image and audio parts, in order."""
+        parts = () if isinstance(self.content, str) else self.content
+        return tuple(p.image if p.type == "image" else p.audio for p in parts if p.type != "text")
+
+    @property
     def text(self) -> str:
-        """The content's text, image parts left out."""
+        """The content's text, image and audio parts left out."""
         if isinstance(self.content, str):
             return self.content
         return "".join(p.text for p in self.content if p.type == "text")

@@ -10,7 +10,8 @@ class ArtifactKey(str, Enum):
     TEXT_DECODER = "text_decoder"
     TOKEN_EMBEDDING = "token_embedding"
     VISION_ENCODER = "vision_encoder"
-    # The default multimodal layout: the three components above as methods of one program.
+    # The default multimodal layout: the components (an encoder, token_embedding, text_decoder) as
+    # methods of one program.
     MULTIMODAL = "multimodal"
 
 
@@ -28,6 +29,7 @@ class GraphName(str, Enum):
     TOKEN_EMBEDDING = "token_embedding"  # ids [1, T] -> embeddings [1, T, D]
     TEXT_DECODER = "text_decoder"  # embeddings [1, T, D] + input_pos [1] -> next-token logits [1, V]
     VISION_ENCODER = "vision_encoder"  # uint8 RGB [1, 3, S, S] -> image embeddings [1, N, D]
+    AUDIO_ENCODER = "audio_encoder"  # float32 log-mel [1, n_mels, frames] -> audio embeddings [1, N, D]
     VERIFY = "verify"  # optional (`--verify-len`): logits after every token, for lookahead decoding
 
 

@@ -43,6 +43,7 @@ SHARED_BY_MODULE = (
     "test_app_images",
     "test_vision",
     "test_sweep",
+    "test_speech",
 )
 # A module whose tests take their exports from another module's builder joins that module's group:
 # test_vision.once builds the tiny SmolVLM's one program and its two split layouts once per worker.

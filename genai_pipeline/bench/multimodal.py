@@ -21,6 +21,7 @@ from genai_pipeline.bench.host import current_rss_mb, peak_rss_mb
 from genai_pipeline.bench.text import timed_decode
 from genai_pipeline.errors import InputError
 from genai_pipeline.image_processing import Frames, expand_prompt
+from genai_pipeline.manifest import Manifest
 from genai_pipeline.options import BenchOptions
 from genai_pipeline.runtime.generate import greedy_token
 from genai_pipeline.runtime.multimodal import MultimodalSession
@@ -39,6 +40,7 @@ def _prompt(folder: Path, session: MultimodalSession, frame, text_len: int) -> l
 def bench_multimodal(folder: Path, options: BenchOptions) -> dict:
     from genai_pipeline.evaluate.text import report_image
 
+    Manifest.read(Path(folder)).refuse_speech(Path(folder), "genai bench")
     if options.lookahead or options.prompt_file is not None:
         raise InputError(
             "--lookahead and --prompt-file are for text programs; a vision-language bench takes --prompt-len text ids"

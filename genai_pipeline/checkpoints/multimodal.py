@@ -1,6 +1,7 @@
-"""Vision-language checkpoints (Hugging Face folders): text decoder, image tower and connector
-read through the entry's key map into one model built on the meta device, each tensor assigned
-once (one copy of the weights in memory, as checkpoints/hf.py does for text models)."""
+"""Vision-language and speech-language checkpoints (Hugging Face folders): text decoder, image or
+audio tower and connector read through the entry's key map into one model built on the meta
+device, each tensor assigned once (one copy of the weights in memory, as checkpoints/hf.py does
+for text models)."""
 
 from __future__ import annotations
 
@@ -10,9 +11,11 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
+from genai_pipeline.audio_processing import AudioProcessing
 from genai_pipeline.checkpoints.hf import _as_ours, decoder_config, read_config, refuse_non_finite, safetensors_files
 from genai_pipeline.errors import CheckpointError
 from genai_pipeline.image_processing import ImageProcessing
+from genai_pipeline.models.audio import AudioConfig, AudioEncoder, AudioLanguageModel
 from genai_pipeline.models.decoder import Decoder, DecoderConfig
 from genai_pipeline.models.vision import VisionConfig, VisionEncoder, VisionLanguageModel, unused_tower_tensor
 from genai_pipeline.registry import ModelSpec
@@ -25,14 +28,7 @@ def vision_config(
 ) -> VisionConfig:
     """The checkpoint's image tower (the entry's without one), normalising as its processor does;
     `processing_origin` says where the processor's settings were read (processor.ProcessorFiles)."""
-    config = spec.vision.config
-    if folder is not None:
-        try:
-            config = spec.vision.config_from_checkpoint(read_config(folder))
-        except (KeyError, TypeError, ValueError) as e:
-            raise CheckpointError(
-                f"'{folder}/config.json' does not describe a {spec.family} image tower: {e!r}"
-            ) from None
+    config = spec.vision.config if folder is None else _tower(spec, spec.vision, folder, "image tower")
     if processing.tile_size != config.image_size:
         tower_origin = "config.json's vision_config.image_size" if folder is not None else "the entry"
         raise CheckpointError(
@@ -48,11 +44,42 @@ def vision_config(
     )
 
 
-def build(text: DecoderConfig, vision: VisionConfig, max_seq_len: int) -> VisionLanguageModel:
-    return VisionLanguageModel(Decoder(text, max_seq_len), VisionEncoder(vision))
+def _tower(spec: ModelSpec, side, folder: Path, what: str):
+    """`side` (a VisionSpec or AudioSpec) read from the checkpoint's config.json."""
+    try:
+        return side.config_from_checkpoint(read_config(folder))
+    except (KeyError, TypeError, ValueError) as e:
+        raise CheckpointError(f"'{folder}/config.json' does not describe a {spec.family} {what}: {e!r}") from None
 
 
-def load_multimodal(spec: ModelSpec, folder: Path, max_seq_len: int, vision: VisionConfig) -> VisionLanguageModel:
+def audio_config(
+    spec: ModelSpec, folder: Path | None, processing: AudioProcessing, processing_origin: str
+) -> AudioConfig:
+    """The checkpoint's audio tower (the entry's without one), checked against its feature extractor:
+    the encoder's input is one chunk of the extractor's features."""
+    config = spec.audio.config if folder is None else _tower(spec, spec.audio, folder, "audio tower")
+    made, taken = (processing.feature_size, processing.chunk_frames), (config.n_mels, config.frames)
+    if made != taken:
+        tower_origin = "config.json's audio_config" if folder is not None else "the entry"
+        raise CheckpointError(
+            f"the feature extractor makes chunks of {made[0]} mel bins x {made[1]} frames ({processing_origin}) but the "
+            f"audio tower takes {taken[0]} x {taken[1]} ({tower_origin}); fix the one that does not describe the model"
+        )
+    return config
+
+
+Tower = VisionConfig | AudioConfig
+MultimodalModel = VisionLanguageModel | AudioLanguageModel
+
+
+def build(text: DecoderConfig, tower: Tower, max_seq_len: int) -> MultimodalModel:
+    if isinstance(tower, AudioConfig):
+        return AudioLanguageModel(Decoder(text, max_seq_len), AudioEncoder(tower))
+    return VisionLanguageModel(Decoder(text, max_seq_len), VisionEncoder(tower))
+
+
+def load_multimodal(spec: ModelSpec, folder: Path, max_seq_len: int, vision: Tower) -> MultimodalModel:
+    """`vision`: the image tower's config, or a speech model's audio tower's."""
     folder = Path(folder)
     with torch.device("meta"):
         model = build(decoder_config(spec, folder), vision, max_seq_len)
@@ -71,12 +98,13 @@ def load_multimodal(spec: ModelSpec, folder: Path, max_seq_len: int, vision: Vis
     model.load_state_dict(state, strict=False, assign=True)
     model.decoder.tie_weights()
     model.decoder.reset_buffers()
-    model.vision.reset_buffers()
+    if isinstance(model, VisionLanguageModel):
+        model.vision.reset_buffers()
     return model.eval().requires_grad_(False)
 
 
 def _read_file(
-    spec: ModelSpec, file: Path, expected: dict[str, tuple[int, ...]], tower: VisionConfig
+    spec: ModelSpec, file: Path, expected: dict[str, tuple[int, ...]], tower: Tower
 ) -> dict[str, torch.Tensor]:
     state = {}
     try:
@@ -85,7 +113,7 @@ def _read_file(
                 ours = spec.map_key(key)
                 if ours == (TIED_HEAD,) and TIED_HEAD not in expected:
                     continue  # a tied head saved anyway: the embedding is the head
-                if len(ours) == 1 and unused_tower_tensor(ours[0], tower):
+                if len(ours) == 1 and isinstance(tower, VisionConfig) and unused_tower_tensor(ours[0], tower):
                     continue  # e.g. LLaVA's last CLIP layer: the connector reads the one before
                 if len(ours) != 1 or ours[0] not in expected:
                     raise CheckpointError(
@@ -102,9 +130,7 @@ def _read_file(
     return state
 
 
-def random_multimodal(
-    text: DecoderConfig, vision: VisionConfig, max_seq_len: int, seed: int = 0
-) -> VisionLanguageModel:
+def random_multimodal(text: DecoderConfig, vision: Tower, max_seq_len: int, seed: int = 0) -> MultimodalModel:
     """Random weights (std 0.02; norms at one, biases at zero), reproducible from the seed."""
     torch.manual_seed(seed)
     model = build(text, vision, max_seq_len)

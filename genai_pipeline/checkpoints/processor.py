@@ -7,8 +7,13 @@ checkpoints, have the image processor's settings flat in preprocessor_config.jso
 processor_config.json with the processor's own, if any). With both, processor_config.json's
 `image_processor` wins, as in transformers' `ImageProcessingMixin.get_image_processor_dict`.
 
-This is the one reader of those files for every vision family: what they state overrides the
-registry entry's `ImageProcessing` defaults (`image_processing`)."""
+A speech processor's feature extractor (transformers' `WhisperFeatureExtractor`) is laid out the
+same way: nested under `feature_extractor` in processor_config.json (5.x), or flat in
+preprocessor_config.json, where its `feature_extractor_type` says what it is.
+
+This is the one reader of those files for every vision and speech family: what they state
+overrides the registry entry's `ImageProcessing` defaults (`image_processing`) or
+`AudioProcessing` defaults (`audio_processing`)."""
 
 from __future__ import annotations
 
@@ -17,6 +22,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from genai_pipeline.audio_processing import AudioProcessing
 from genai_pipeline.errors import CheckpointError
 from genai_pipeline.image_processing import ImageProcessing
 
@@ -32,6 +38,8 @@ class ProcessorFiles:
     image: dict  # the image processor's settings; {}: none stated, the entry's defaults stand
     origin: str  # where they were read, for messages
     tokens_per_image: int | None  # `<image>` tokens per frame, if processor_config.json states it
+    audio: dict = dataclasses.field(default_factory=dict)  # the feature extractor's settings; {}: none stated
+    audio_origin: str = "the entry's defaults (no checkpoint)"
 
     @classmethod
     def read(cls, folder: Path | None) -> ProcessorFiles:
@@ -51,7 +59,58 @@ class ProcessorFiles:
             origin = f"'{folder / IMAGE_PROCESSOR_FILE}'"
         else:
             origin = f"the entry's defaults ('{folder}' has no {IMAGE_PROCESSOR_FILE} and no image_processor in {PROCESSOR_FILE})"
-        return cls(image, origin, _stated_tokens(processor, image, folder / PROCESSOR_FILE))
+        audio, audio_origin = _feature_extractor(folder, processor)
+        return cls(image, origin, _stated_tokens(processor, image, folder / PROCESSOR_FILE), audio, audio_origin)
+
+
+def _feature_extractor(folder: Path, processor: dict) -> tuple[dict, str]:
+    """The audio feature extractor's settings and where they were read."""
+    if "feature_extractor" in processor:
+        audio = processor["feature_extractor"]
+        if not isinstance(audio, dict):
+            raise CheckpointError(
+                f"'{folder / PROCESSOR_FILE}': feature_extractor is a {type(audio).__name__}, "
+                f"not the feature extractor's settings; {RESAVE}"
+            )
+        return audio, f"'{folder / PROCESSOR_FILE}' (feature_extractor)"
+    flat = _read_json(folder / IMAGE_PROCESSOR_FILE)
+    if "feature_extractor_type" in flat:
+        return flat, f"'{folder / IMAGE_PROCESSOR_FILE}'"
+    return {}, f"the entry's defaults ('{folder}' states no audio feature extractor)"
+
+
+# WhisperFeatureExtractor's names -> AudioProcessing's
+AUDIO_SETTINGS = {
+    "sampling_rate": "sampling_rate",
+    "feature_size": "feature_size",
+    "n_fft": "n_fft",
+    "hop_length": "hop_length",
+    "chunk_length": "chunk_length",
+    "padding_value": "padding_value",
+}
+
+
+def audio_processing(defaults: AudioProcessing, files: ProcessorFiles) -> AudioProcessing:
+    """The entry's audio defaults overridden by what the files state. A feature extractor other than
+    Whisper's, or one that normalises or dithers its input, is refused: this runtime would not match it."""
+    stated = files.audio
+    kind = stated.get("feature_extractor_type", "WhisperFeatureExtractor")
+    if kind != "WhisperFeatureExtractor" or stated.get("do_normalize") or stated.get("dither"):
+        raise CheckpointError(
+            f"{files.audio_origin} asks for a {kind} (do_normalize {stated.get('do_normalize')}, dither "
+            f"{stated.get('dither')}); this pipeline computes Whisper's log-mel features, unnormalised and undithered"
+        )
+    try:
+        found = {
+            ours: type(getattr(defaults, ours))(stated[theirs])
+            for theirs, ours in AUDIO_SETTINGS.items()
+            if theirs in stated
+        }
+        return dataclasses.replace(defaults, **found)
+    except (TypeError, ValueError) as e:
+        raise CheckpointError(
+            f"{files.audio_origin} holds audio settings this pipeline cannot read ({e}); {RESAVE}"
+        ) from None
 
 
 def _stated_tokens(processor: dict, image: dict, path: Path) -> int | None:

@@ -49,7 +49,8 @@ def cmd_models(args) -> int:
         {
             "name": s.name,
             "family": s.family,
-            "params": s.config.num_params + (s.vision.config.num_params if s.vision else 0),  # a VLM's image tower too
+            # a VLM's image tower, a speech model's audio tower too
+            "params": s.config.num_params + sum(t.config.num_params for t in (s.vision, s.audio) if t is not None),
             "weights": "shipped" if s.checkpoint else "--checkpoint DIR",
             "default": s.name == DEFAULT_MODEL,
             "description": s.description,

@@ -29,6 +29,8 @@ def chat(args, session, tokenizer, sampler, lookahead) -> int:
     )
     for image in args.image:  # --image with --chat: for the first message
         chat.attach_image(Path(image), args.max_tiles)
+    for audio in args.audio:  # --audio likewise
+        chat.attach_audio(Path(audio))
     interactive = sys.stdin.isatty()
     if interactive:
         import readline  # noqa: F401  line editing and history for input()
@@ -36,7 +38,11 @@ def chat(args, session, tokenizer, sampler, lookahead) -> int:
         log.info(
             "chat with %s: %s/reset clears the conversation, /exit or Ctrl-D quits",
             session.manifest.model,
-            "/image PATH attaches an image to your next message, " if chat.takes_images else "",
+            "/image PATH attaches an image to your next message, "
+            if chat.takes_images
+            else "/audio PATH attaches a WAV or FLAC file to your next message, "
+            if chat.takes_audio
+            else "",
         )
     for text in _user_messages(args.prompt, interactive):
         if text.strip() == "/exit":
@@ -45,12 +51,16 @@ def chat(args, session, tokenizer, sampler, lookahead) -> int:
             chat.reset()
             log.info("conversation cleared")
             continue
-        if text.strip().split(maxsplit=1)[:1] == ["/image"]:
-            path = text.strip()[len("/image") :].strip()
+        command = text.strip().split(maxsplit=1)[:1]
+        if command in (["/image"], ["/audio"]):
+            path = text.strip()[len(command[0]) :].strip()
             try:
                 if not path:
-                    raise InputError("/image needs a path: /image PATH")
-                chat.attach_image(Path(path), args.max_tiles)
+                    raise InputError(f"{command[0]} needs a path: {command[0]} PATH")
+                if command == ["/image"]:
+                    chat.attach_image(Path(path), args.max_tiles)
+                else:
+                    chat.attach_audio(Path(path))
             except InputError as e:  # a bad file: one line, the conversation goes on
                 log.warning("%s", e)
                 continue

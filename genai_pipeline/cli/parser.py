@@ -195,7 +195,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="a conversation through the folder's chat template: user messages from stdin, "
         "/image PATH attaches an image to the next message (vision-language models; --image: to the first), "
-        "/reset clears it, /exit or end of input quits",
+        "/audio PATH a WAV or FLAC file (speech models; --audio: to the first), /reset clears it, /exit or end of input quits",
     )
     p.add_argument("--system", help="with --chat: the system message")
     p.add_argument("--max-new-tokens", type=int, default=128, help="tokens to generate at most")
@@ -215,6 +215,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=[],
         metavar="PATH",
         help="an image for a vision-language model (repeatable): each <image> in the prompt takes the next; none: images first",
+    )
+    p.add_argument(
+        "--audio",
+        action="append",
+        default=[],
+        metavar="PATH",
+        help="a WAV or FLAC file for a speech model (repeatable): each <audio> in the prompt takes the next; none: audio first",
     )
     p.add_argument(
         "--max-tiles",

@@ -28,16 +28,19 @@ def cmd_run(args) -> int:
     if not args.chat and args.system is not None:
         raise InputError("--system needs --chat")
     sampling = SamplingOptions(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
-    images = [Path(p) for p in args.image]
+    images, audio = [Path(p) for p in args.image], [Path(p) for p in args.audio]
     session = open_session(Path(args.folder), verify=not args.no_verify)
-    if images and not isinstance(session, MultimodalSession):
-        raise InputError(f"'{args.folder}' holds a text-only model: it cannot take --image")
+    modality = session.modality if isinstance(session, MultimodalSession) else "text"
+    kinds = {"text": "text-only", "image": "vision-language", "audio": "speech"}
+    for given, flag, wanted in ((images, "--image", "image"), (audio, "--audio", "audio")):
+        if given and modality != wanted:
+            raise InputError(f"'{args.folder}' holds a {kinds[modality]} model: it cannot take {flag}")
     tokenizer = session.manifest.tokenizer(Path(args.folder))
     lookahead = lookahead_options(args.lookahead, session)
     if args.chat:
         return chat(args, session, tokenizer, Sampler(sampling), lookahead)
     if isinstance(session, MultimodalSession):
-        prompt = session.encode_prompt(tokenizer, args.prompt, images, args.max_tiles)
+        prompt = session.encode_prompt(tokenizer, args.prompt, images or audio, args.max_tiles)
     else:
         prompt = tokenizer.encode(args.prompt)
     if len(prompt) >= session.max_seq_len:
@@ -70,8 +73,10 @@ def cmd_run(args) -> int:
                     "tokens_per_call": round(result.tokens_per_call, 3),
                     **(
                         {
-                            "image_tokens": prompt.count(session.image_token_id),
-                            "vision_encoder_ms": round(session.vision_seconds * 1e3, 2),
+                            f"{session.modality}_tokens": prompt.count(session.media_token_id),
+                            f"{'vision' if session.modality == 'image' else 'audio'}_encoder_ms": round(
+                                session.vision_seconds * 1e3, 2
+                            ),
                         }
                         if isinstance(session, MultimodalSession)
                         else {}

@@ -95,6 +95,7 @@ def evaluate_images(folder: Path, options: ImageEvalOptions, progress: bool = Tr
 
     folder = Path(folder)
     manifest = Manifest.read(folder)
+    manifest.refuse_speech(folder, "genai eval --images")
     if not is_multimodal(manifest):
         raise InputError(f"'{folder}' holds a text-only model: --images needs a vision-language export (use --text)")
     questions = read_questions(options.images, options.limit)

@@ -253,6 +253,7 @@ def evaluate(folder: Path, options: EvalOptions, progress: bool = True, qdq: boo
     """The program of the export in `folder` (and its QDQ model: `qdq`, or where there is no program)
     scored against its float model on options.text."""
     manifest = Manifest.read(folder)
+    manifest.refuse_speech(folder, "genai eval")
     check_weights(manifest.checkpoint)  # the float model must be the one the program was made from
     max_seq_len = manifest.max_seq_len
     tokenizer = manifest.tokenizer(folder)

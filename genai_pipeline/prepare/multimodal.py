@@ -63,9 +63,9 @@ class VisionEncoderGraph(nn.Module):
         return self.model.vision(pixels)
 
 
-def multimodal_graphs(model: VisionLanguageModel, max_seq_len: int) -> dict[GraphName, GraphBundle]:
+def text_graphs(model: nn.Module, max_seq_len: int) -> dict[GraphName, GraphBundle]:
+    """`token_embedding` and `text_decoder` of any multimodal model (one with a `decoder`)."""
     seq = Dim("seq_len", min=1, max=max_seq_len)
-    size = model.vision.config.image_size
     dim = model.decoder.config.dim
     return {
         GraphName.TOKEN_EMBEDDING: GraphBundle(
@@ -81,6 +81,13 @@ def multimodal_graphs(model: VisionLanguageModel, max_seq_len: int) -> dict[Grap
             (torch.zeros((1, 2, dim)), torch.tensor([0], dtype=torch.long)),
             dynamic_shapes=({1: seq}, None),
         ),
+    }
+
+
+def multimodal_graphs(model: VisionLanguageModel, max_seq_len: int) -> dict[GraphName, GraphBundle]:
+    size = model.vision.config.image_size
+    return {
+        **text_graphs(model, max_seq_len),
         GraphName.VISION_ENCODER: GraphBundle(
             GraphName.VISION_ENCODER,
             VisionEncoderGraph(model),
@@ -203,6 +210,43 @@ def read_processing(spec: ModelSpec, checkpoint: Path | None) -> tuple[ImageProc
     return dataclasses.replace(processing, tokens_per_image=vision.tokens_per_image), vision
 
 
+def load_model_and_tokens(spec: ModelSpec, options, checkpoint: Path | None, tower):
+    """A multimodal model with its `tower` (VisionConfig or AudioConfig): the checkpoint's weights,
+    else random ones (said loudly); its tokenizer file, special tokens and the count of ids a stock
+    runner samples from. Returns (spec with the checkpoint's sizes and special ids, model, weights,
+    tokenizer file, special tokens, runner vocabulary)."""
+    if checkpoint is not None:
+        log.info("loading %s from %s", spec.name, checkpoint)
+        model = load_multimodal(spec, checkpoint, options.max_seq_len, tower)
+        if checkpoint != spec.checkpoint:
+            spec = sized_as(spec, model.decoder.config)
+        weights = str(checkpoint)
+    else:
+        log.warning(
+            "%s: no checkpoint given, using RANDOM weights (seed %d); pass --checkpoint DIR for real weights",
+            spec.name,
+            options.seed,
+        )
+        model = random_multimodal(spec.config, tower, options.max_seq_len, options.seed)
+        weights = "random"
+    tokenizer = find_tokenizer_file(checkpoint) if checkpoint is not None else None
+    template = read_chat_template(checkpoint) if tokenizer is not None else None
+    special = read_special_tokens(
+        checkpoint if tokenizer else None,
+        template.source if template else spec.chat_template,
+        spec.bos_id,
+        spec.eos_ids,
+    )
+    spec = dataclasses.replace(spec, bos_id=special.bos_id, eos_ids=special.eos_ids)
+    runner_vocab = runner_vocab_size(tokenizer)
+    check_sampleable(
+        {**{f"eos[{i}]": e for i, e in enumerate(spec.eos_ids)}, "bos": spec.bos_id},
+        runner_vocab,
+        model.decoder.config.vocab_size,
+    )
+    return spec, model, weights, tokenizer, special, runner_vocab
+
+
 def prepare_multimodal(spec: ModelSpec, options) -> PreparedModel:
     """`options`: options.PrepareOptions. In one program the text decoder runs with a dynamic
     length (the runner's convention), whatever --mode says; split, it takes --mode dynamic or hybrid."""
@@ -217,43 +261,17 @@ def prepare_multimodal(spec: ModelSpec, options) -> PreparedModel:
         options = dataclasses.replace(options, mode=Mode.DYNAMIC)
     checkpoint = Path(options.checkpoint) if options.checkpoint else spec.checkpoint  # shipped weights (reference-vlm)
     processing, vision = read_processing(spec, checkpoint)
-    if checkpoint is not None:
-        log.info("loading %s from %s", spec.name, checkpoint)
-        model = load_multimodal(spec, checkpoint, options.max_seq_len, vision)
-        if checkpoint != spec.checkpoint:
-            spec = sized_as(spec, model.decoder.config)
-        weights = str(checkpoint)
-    else:
-        log.warning(
-            "%s: no checkpoint given, using RANDOM weights (seed %d); pass --checkpoint DIR for real weights",
-            spec.name,
-            options.seed,
-        )
-        model = random_multimodal(spec.config, vision, options.max_seq_len, options.seed)
-        weights = "random"
+    spec, model, weights, tokenizer, special, runner_vocab = load_model_and_tokens(spec, options, checkpoint, vision)
     config = model.decoder.config
-    tokenizer = find_tokenizer_file(checkpoint) if checkpoint is not None else None
-    template = read_chat_template(checkpoint) if tokenizer is not None else None
-    special = read_special_tokens(
-        checkpoint if tokenizer else None,
-        template.source if template else spec.chat_template,
-        spec.bos_id,
-        spec.eos_ids,
-    )
     # Idefics3 names it image_token_id, LLaVA image_token_index
     image_token_id = int(
-        _read_config_value(
+        read_config_value(
             checkpoint,
             "image_token_id",
-            _read_config_value(checkpoint, "image_token_index", spec.vision.image_token_id),
+            read_config_value(checkpoint, "image_token_index", spec.vision.image_token_id),
         )
     )
     _check_image_token(tokenizer, processing.image_token, image_token_id)
-    spec = dataclasses.replace(spec, bos_id=special.bos_id, eos_ids=special.eos_ids)
-    runner_vocab = runner_vocab_size(tokenizer)
-    check_sampleable(
-        {**{f"eos[{i}]": e for i, e in enumerate(spec.eos_ids)}, "bos": spec.bos_id}, runner_vocab, config.vocab_size
-    )
     constants = decoder_constants(spec, config, options.max_seq_len, options.max_seq_len)
     params = {
         ArtifactKey.VISION_ENCODER: vision.num_params,
@@ -326,7 +344,7 @@ def _image_token_ids(tokenizer: Path | None, processing: ImageProcessing) -> dic
     return {t: i for t, i in ids.items() if i is not None}
 
 
-def _read_config_value(folder: Path | None, key: str, default):
+def read_config_value(folder: Path | None, key: str, default):
     if folder is None:
         return default
     from genai_pipeline.checkpoints.hf import read_config

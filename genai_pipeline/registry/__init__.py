@@ -28,9 +28,25 @@ def _all_specs() -> dict[str, ModelSpec]:
         qwen,
         smollm,
         smolvlm,
+        voxtral,
     )
 
-    families = (llama, qwen, smollm, granite, olmo, mistral, lfm2, phi, gemma, llama2c, smolvlm, llava, internvl)
+    families = (
+        llama,
+        qwen,
+        smollm,
+        granite,
+        olmo,
+        mistral,
+        lfm2,
+        phi,
+        gemma,
+        llama2c,
+        smolvlm,
+        llava,
+        internvl,
+        voxtral,
+    )
     specs = [spec for family in families for spec in family.SPECS]
     names = [spec.name for spec in specs]
     duplicates = sorted({n for n in names if names.count(n) > 1})

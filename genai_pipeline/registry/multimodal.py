@@ -1,12 +1,15 @@
-"""What a multimodal entry adds to a text one: its image tower, how a checkpoint names its weights,
-and its processor's defaults (the checkpoint's own processor files win; see image_processing.py)."""
+"""What a multimodal entry adds to a text one: its image or audio tower, how a checkpoint describes
+it, and its processor's defaults (the checkpoint's own processor files win; see image_processing.py
+and audio_processing.py)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from genai_pipeline.audio_processing import AudioProcessing
 from genai_pipeline.image_processing import ImageProcessing
+from genai_pipeline.models.audio import AudioConfig
 from genai_pipeline.models.vision import VisionConfig
 
 
@@ -17,3 +20,12 @@ class VisionSpec:
     config_from_checkpoint: Callable[[dict], VisionConfig]
     preprocessing: ImageProcessing  # defaults for a checkpoint without processor files
     image_token_id: int  # the id of `<image>`, whose positions take the image's embeddings
+
+
+@dataclass(frozen=True)
+class AudioSpec:
+    config: AudioConfig
+    # config.json (the whole composite one) -> the encoder's config
+    config_from_checkpoint: Callable[[dict], AudioConfig]
+    preprocessing: AudioProcessing  # defaults for a checkpoint without processor files
+    audio_token_id: int  # the id of `[AUDIO]`, whose positions take the audio's embeddings

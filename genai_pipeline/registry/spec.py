@@ -44,6 +44,9 @@ class ModelSpec:
     # A vision-language model's image side (registry.multimodal.VisionSpec); None: text only. Its
     # key_map then names tensors of `models.vision.VisionLanguageModel` (decoder.*, vision.*).
     vision: object | None = None
+    # A speech-language model's audio side (registry.multimodal.AudioSpec); None: no audio. Its
+    # key_map then names tensors of `models.audio.AudioLanguageModel` (decoder.*, audio.*).
+    audio: object | None = None
 
     def __post_init__(self):
         if not self.entry:

@@ -27,6 +27,7 @@ from typing import Literal, Protocol
 
 import torch
 
+from genai_pipeline.audio_processing import AudioClip, AudioProcessing, expand_rendered_audio_chat
 from genai_pipeline.chat_template import ChatTemplate, render_chat
 from genai_pipeline.errors import ChatTemplateError, ContextFullError, InputError
 from genai_pipeline.image_processing import Frames, ImageProcessing, expand_rendered_chat
@@ -68,14 +69,14 @@ def drop_oldest_turns(
 ) -> tuple[tuple[Message, ...], tuple, int]:
     """(messages, images, turns dropped): the oldest whole turns after the first `keep` messages (the
     system message) dropped until `fits(messages, images)` or only the last message is left. A
-    turn is a user message and the messages up to the next one; its images (in order, one entry
-    per image part) go with it."""
+    turn is a user message and the messages up to the next one; its images or audio clips (in
+    order, one entry per image or audio part) go with it."""
     dropped = 0
     while not fits(messages, images) and len(messages) - keep > 1:
         end = keep + 1
         while end < len(messages) - 1 and messages[end].role != "user":
             end += 1
-        images = images[sum(len(m.images) for m in messages[keep:end]) :]
+        images = images[sum(len(m.media) for m in messages[keep:end]) :]
         messages, dropped = messages[:keep] + messages[end:], dropped + 1
     return messages, images, dropped
 
@@ -125,12 +126,12 @@ def conversation_ids(
     tokenizer: ChatTokenizer,
     template: ChatTemplate,
     messages: tuple[Message, ...],
-    images: tuple[Frames, ...] = (),
-    processing: ImageProcessing | None = None,
+    images: tuple[Frames | AudioClip, ...] = (),
+    processing: ImageProcessing | AudioProcessing | None = None,
 ) -> list[int]:
     """The conversation's ids up to the opening of the assistant's next turn; `images`: the
-    conversation's images, in order, expanded where the template marks them (`processing`: the
-    model's image processing)."""
+    conversation's images (or a speech model's audio clips), in order, expanded where the template
+    marks them (`processing`: the model's image or audio processing)."""
     try:
         text = render_chat(
             messages,
@@ -142,7 +143,8 @@ def conversation_ids(
     except ChatTemplateError as e:
         raise ChatTemplateError(f"'{template.origin}': {e}" if template.origin else str(e)) from None
     if images:
-        text = expand_rendered_chat(text, list(images), processing)
+        expand = expand_rendered_audio_chat if isinstance(processing, AudioProcessing) else expand_rendered_chat
+        text = expand(text, list(images), processing)
     return tokenizer.encode(text, add_special_tokens=False)
 
 
@@ -161,12 +163,13 @@ def keep_cached(session: Session, cached: list[int], ids: list[int], images: tup
 def _stage_frames(session: MultimodalSession, ids: list[int], reused: int, images: tuple[Frames, ...]) -> int:
     """Stages for the session's prefill the frames whose image tokens are not in the cache; a
     frame whose run of tokens the cache holds only in part is fed whole. Returns where feeding starts."""
-    n = session.processing.tokens_per_image
-    frames = [frame for f in images for frame in f.pixels]
-    slots = [i for i, t in enumerate(ids) if t == session.image_token_id]
+    n = session.tokens_per_frame
+    frames = [frame for f in images for frame in session.encoder_inputs(f)]
+    slots = [i for i, t in enumerate(ids) if t == session.media_token_id]
     if len(slots) != n * len(frames):
         raise InputError(
-            f"the conversation holds {len(slots)} image token(s) for {len(frames)} image frame(s) of {n} each"
+            f"the conversation holds {len(slots)} {session.modality} token(s) for {len(frames)} "
+            f"{session.modality} input(s) of {n} each"
         )
     runs = [slots[k * n : (k + 1) * n] for k in range(len(frames))]
     for run in runs:
@@ -199,31 +202,41 @@ class Chat:
         self.stop_ids = stop_ids
         self.max_new_tokens = max_new_tokens
         self.lookahead = lookahead
-        self.takes_images = isinstance(session, MultimodalSession)
+        self.takes_images = isinstance(session, MultimodalSession) and session.modality == "image"
+        self.takes_audio = isinstance(session, MultimodalSession) and session.modality == "audio"
         self.first_messages = (self._message("system", system),) if system else ()
         self.reset()
 
     def reset(self) -> None:
         """Forget the conversation and any attached image (the system message stays)."""
         self.messages: tuple[Message, ...] = self.first_messages
-        self.images: tuple[Frames, ...] = ()  # the conversation's images, in order
-        self.attached: tuple[tuple[Path, Frames], ...] = ()  # images for the next user message
+        self.images: tuple[Frames | AudioClip, ...] = ()  # the conversation's images (audio clips), in order
+        self.attached: tuple[tuple[Path, Frames | AudioClip], ...] = ()  # images (audio) for the next user message
         self.cached: list[int] = []  # the ids whose keys and values the cache holds, from position 0
         self.session.reset()
 
     def attach_image(self, path: Path, max_tiles: int = 0) -> None:
         """An image for the next user message, read and preprocessed now (a bad file is told at once)."""
         if not self.takes_images:
-            raise InputError("this is a text-only model: it cannot take images")
+            raise InputError(f"this is a {'speech' if self.takes_audio else 'text-only'} model: it cannot take images")
         self.attached = (*self.attached, (Path(path), self.session.read_frames(Path(path), max_tiles)))
 
-    def _message(self, role: str, text: str, images: tuple[Path, ...] = ()) -> Message:
-        if not self.takes_images:
-            return Message(role, text)
-        return Message(role, (*(ContentPart("image", image=p) for p in images), ContentPart("text", text=text)))
+    def attach_audio(self, path: Path) -> None:
+        """An audio file for the next user message, read and preprocessed now (a bad file is told at once)."""
+        if not self.takes_audio:
+            raise InputError(
+                f"this is a {'vision-language' if self.takes_images else 'text-only'} model: it cannot take audio"
+            )
+        self.attached = (*self.attached, (Path(path), self.session.read_audio(Path(path))))
 
-    def render(self, messages: tuple[Message, ...], images: tuple[Frames, ...] = ()) -> list[int]:
-        processing = self.session.processing if self.takes_images else None
+    def _message(self, role: str, text: str, media: tuple[Path, ...] = ()) -> Message:
+        if not (self.takes_images or self.takes_audio):
+            return Message(role, text)
+        kind = "image" if self.takes_images else "audio"
+        return Message(role, (*(ContentPart(kind, **{kind: p}) for p in media), ContentPart("text", text=text)))
+
+    def render(self, messages: tuple[Message, ...], images: tuple[Frames | AudioClip, ...] = ()) -> list[int]:
+        processing = self.session.processing if self.takes_images or self.takes_audio else None
         return conversation_ids(self.tokenizer, self.template, messages, images, processing)
 
     def send(self, text: str, on_token: Callable[[int], None] | None = None) -> Reply:

@@ -1,11 +1,13 @@
 """A multimodal export behind the Session protocol (runtime/session.py), so the same generation
 loop drives it. Two layouts: one program with methods `token_embedding`, `text_decoder` and
-`vision_encoder` (ExecuTorch's MultimodalRunner's), or `--split`: `vision_encoder.pte` and
-`token_embedding.pte` (method `forward`) and `text_decoder.pte` (`forward`, or `prefill_chunk` + `decode_token`).
+`vision_encoder` or `audio_encoder` (ExecuTorch's MultimodalRunner's), or `--split` (vision only):
+`vision_encoder.pte` and `token_embedding.pte` (method `forward`) and `text_decoder.pte`
+(`forward`, or `prefill_chunk` + `decode_token`).
 
-The prompt is token ids in which each image stands as a run of `tokens_per_image` `<image>` ids
-(the Hugging Face processor's expansion). `prefill` embeds the ids, puts the next staged frame's
-embeddings where its run is (transformers' `masked_scatter`), and runs the decoder.
+The prompt is token ids in which each encoder input (an image's frame, an audio clip's 30 s chunk)
+stands as a run of `tokens_per_frame` media token ids (`<image>`, `[AUDIO]`: the Hugging Face
+processor's expansion). `prefill` embeds the ids, puts the next staged input's embeddings where its
+run is (transformers' `masked_scatter`), and runs the decoder.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from genai_pipeline.audio_files import read_audio
+from genai_pipeline.audio_processing import AudioClip, AudioProcessing, audio_clip, expand_audio_prompt
 from genai_pipeline.errors import InputError
 from genai_pipeline.image_files import read_image
 from genai_pipeline.image_processing import Frames, ImageProcessing, expand_prompt, image_frames
@@ -28,7 +32,7 @@ from genai_pipeline.upstream.executorch_logs import native_logs_hidden
 
 
 def is_multimodal(manifest: Manifest) -> bool:
-    return manifest.vision is not None
+    return manifest.vision is not None or manifest.audio is not None
 
 
 class MultimodalSession(CacheCursor):
@@ -42,11 +46,21 @@ class MultimodalSession(CacheCursor):
         if not is_multimodal(self.manifest):
             raise InputError(f"'{folder}' holds a text-only model; open it with open_session")
         check_runnable(folder, self.manifest)
-        vision = self.manifest.vision
+        vision, audio = self.manifest.vision, self.manifest.audio
         self.max_seq_len = self.manifest.max_seq_len
-        self.processing = ImageProcessing.from_dict(vision["preprocessing"])
-        self.image_token_id = vision["image_token_id"]
-        self.split = vision["layout"] == SPLIT
+        # what the prompt's media are: images (frames) or audio (log-mel chunks)
+        self.modality = "image" if vision is not None else "audio"
+        if vision is not None:
+            self.processing = ImageProcessing.from_dict(vision["preprocessing"])
+            self.image_token_id = self.media_token_id = vision["image_token_id"]
+            self.tokens_per_frame = self.processing.tokens_per_image
+            self.encoder = GraphName.VISION_ENCODER
+        else:
+            self.processing = AudioProcessing.from_dict(audio["preprocessing"])
+            self.image_token_id, self.media_token_id = None, audio["audio_token_id"]
+            self.tokens_per_frame = self.processing.tokens_per_chunk
+            self.encoder = GraphName.AUDIO_ENCODER
+        self.split = vision is not None and vision["layout"] == SPLIT
         self.mode = self.manifest.mode if self.split else Mode.DYNAMIC
         self.prefill_len = self.manifest.prefill_len
         keys = (
@@ -75,11 +89,12 @@ class MultimodalSession(CacheCursor):
             else:
                 self._methods = {
                     g: programs[ArtifactKey.MULTIMODAL].load_method(g.value)
-                    for g in (GraphName.TOKEN_EMBEDDING, GraphName.TEXT_DECODER, GraphName.VISION_ENCODER)
+                    for g in (GraphName.TOKEN_EMBEDDING, GraphName.TEXT_DECODER, self.encoder)
                 }
-        self.frames: list[np.ndarray] = []  # uint8 [3, S, S] each, in prompt order: the next prefill's
-        self.vision_seconds = 0.0  # the last prefill's time in the vision encoder
-        self.vision_calls = 0  # frames encoded since the session was made
+        # the encoder's inputs (uint8 [3, S, S] frames, float32 [n_mels, frames] chunks), in prompt order: the next prefill's
+        self.frames: list[np.ndarray] = []
+        self.vision_seconds = 0.0  # the last prefill's time in the encoder (vision or audio)
+        self.vision_calls = 0  # encoder inputs encoded since the session was made
         self.pos = 0
 
     def read_frames(self, path: Path, max_tiles: int = 0) -> Frames:
@@ -87,18 +102,43 @@ class MultimodalSession(CacheCursor):
         processing = dataclasses.replace(self.processing, max_tiles=max_tiles) if max_tiles else self.processing
         return image_frames(read_image(Path(path)), processing)
 
-    def encode_prompt(self, tokenizer, prompt: str, image_paths: list[Path], max_tiles: int = 0) -> list[int]:
-        """The prompt's ids with every image expanded as the family's processor does; the images'
-        frames are staged for `prefill`."""
-        images = [self.read_frames(p, max_tiles) for p in image_paths]
-        ids = tokenizer.encode(expand_prompt(prompt, images, self.processing))
-        n_image = sum(len(f.pixels) for f in images) * self.processing.tokens_per_image
+    def read_audio(self, path: Path) -> AudioClip:
+        """A WAV or FLAC file as the encoder's log-mel chunks, as the family's processor makes them."""
+        p = self.processing
+        chunks = self.max_seq_len // self.tokens_per_frame  # what the context could hold, the prompt aside
+        why = (
+            f"the program's context is {self.max_seq_len} tokens, {p.tokens_per_chunk} per {p.chunk_length} s of audio: "
+            f"at most {chunks * p.chunk_length} s fit; pass a shorter file, or re-export with a larger --max-seq-len"
+        )
+        return audio_clip(read_audio(Path(path), p.sampling_rate, chunks * p.chunk_length, why), p)
+
+    def read_media(self, path: Path, max_tiles: int = 0) -> Frames | AudioClip:
+        return self.read_frames(path, max_tiles) if self.modality == "image" else self.read_audio(path)
+
+    @staticmethod
+    def encoder_inputs(media: Frames | AudioClip) -> tuple[np.ndarray, ...]:
+        return media.pixels if isinstance(media, Frames) else media.chunks
+
+    def encode_prompt(self, tokenizer, prompt: str, paths: list[Path], max_tiles: int = 0) -> list[int]:
+        """The prompt's ids with every image (or audio clip) expanded as the family's processor
+        does; their encoder inputs are staged for `prefill`."""
+        media = [self.read_media(p, max_tiles) for p in paths]
+        if self.modality == "image":
+            ids = tokenizer.encode(expand_prompt(prompt, media, self.processing))
+        else:
+            ids = tokenizer.encode(expand_audio_prompt(prompt, media, self.processing))
+        inputs = [x for m in media for x in self.encoder_inputs(m)]
         if len(ids) >= self.max_seq_len:
-            raise InputError(
-                f"the prompt is {len(ids)} tokens ({n_image} of them for {len(image_paths)} image(s)) but the program's context "
-                f"is {self.max_seq_len}; use fewer or smaller images (--max-tiles), or re-export with a larger --max-seq-len"
+            what, fix = (
+                ("image(s)", "fewer or smaller images (--max-tiles)")
+                if self.modality == "image"
+                else ("audio file(s)", "fewer or shorter audio files")
             )
-        self.frames = [frame for f in images for frame in f.pixels]
+            raise InputError(
+                f"the prompt is {len(ids)} tokens ({len(inputs) * self.tokens_per_frame} of them for {len(paths)} {what}) "
+                f"but the program's context is {self.max_seq_len}; use {fix}, or re-export with a larger --max-seq-len"
+            )
+        self.frames = inputs
         return ids
 
     def _execute(self, graph: GraphName, inputs: list[torch.Tensor]) -> torch.Tensor:
@@ -134,21 +174,21 @@ class MultimodalSession(CacheCursor):
         return logits.reshape(-1, logits.shape[-1])[-1]
 
     def prefill(self, tokens: list[int]) -> torch.Tensor:
-        """The staged frames go where the image tokens of `tokens` are, in order: each frame is
-        encoded here, once; image tokens already in the cache are not fed again."""
+        """The staged encoder inputs go where the media tokens of `tokens` are, in order: each is
+        encoded here, once; media tokens already in the cache are not fed again."""
         if not tokens:
             raise InputError("the prompt is empty")
         self._check_room(len(tokens))
         embeddings = self._execute(GraphName.TOKEN_EMBEDDING, [torch.tensor([tokens], dtype=torch.long)])
-        slots = [i for i, t in enumerate(tokens) if t == self.image_token_id]
-        n = self.processing.tokens_per_image
+        slots = [i for i, t in enumerate(tokens) if t == self.media_token_id]
+        n = self.tokens_per_frame
         if len(slots) != n * len(self.frames):
             raise InputError(
-                f"the prompt holds {len(slots)} image token(s) for {len(self.frames)} image frame(s) of {n} each"
+                f"the prompt holds {len(slots)} {self.modality} token(s) for {len(self.frames)} {self.modality} input(s) of {n} each"
             )
         start = time.perf_counter()
         for k, frame in enumerate(self.frames):
-            features = self._execute(GraphName.VISION_ENCODER, [torch.from_numpy(frame).unsqueeze(0)])
+            features = self._execute(self.encoder, [torch.from_numpy(frame).unsqueeze(0)])
             self.vision_calls += 1
             embeddings[0, slots[k * n : (k + 1) * n]] = features[0]
         self.vision_seconds = time.perf_counter() - start

@@ -175,6 +175,7 @@ class Engine:
         for limit in (REQUEST_BYTES, REQUEST_MESSAGES, REQUEST_PARTS, REQUEST_IMAGES, QUEUED_REQUESTS):
             limit.value()  # a malformed variable stops the server at its start, not at a request
         manifest = Manifest.read(folder)
+        manifest.refuse_speech(folder, "genai serve")
         self.multimodal = is_multimodal(manifest)
         # Only the first session checks the program's sha256: the others load the same file.
         sessions = [open_session(folder, verify and i == 0) for i in range(parallel)]

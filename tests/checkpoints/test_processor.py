@@ -214,3 +214,46 @@ def test_no_processor_files_keep_the_entrys_defaults(tmp_path):
     assert files.image == {} and files.tokens_per_image is None and "entry's defaults" in files.origin
     spec = get_spec("internvl3-1b")
     assert image_processing(spec.vision.preprocessing, files) == spec.vision.preprocessing
+
+
+def save_feature_extractor(layout: str, folder: Path, **settings) -> Path:
+    """Whisper's feature extractor as transformers writes it: flat (its own `save_pretrained`), or
+    nested under `feature_extractor` (a 5.x processor's: WhisperProcessor, which needs no Mistral
+    tokenizer as VoxtralProcessor does)."""
+    import transformers
+    from tokenizers import Tokenizer, models
+
+    extractor = transformers.WhisperFeatureExtractor(**settings)
+    if layout == "preprocessor_config.json":
+        extractor.save_pretrained(folder)
+        return folder
+    vocab = Tokenizer(models.BPE(vocab={"a": 0, "<unk>": 1}, merges=[], unk_token="<unk>"))
+    tokenizer = transformers.PreTrainedTokenizerFast(tokenizer_object=vocab)
+    transformers.WhisperProcessor(feature_extractor=extractor, tokenizer=tokenizer).save_pretrained(folder)
+    assert "feature_extractor" in json.loads((folder / "processor_config.json").read_text())
+    return folder
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_audio_feature_extractor_read_in_both_layouts(layout, tmp_path):
+    from genai_pipeline.checkpoints.processor import audio_processing
+
+    files = ProcessorFiles.read(save_feature_extractor(layout, tmp_path, feature_size=80, chunk_length=2))
+    defaults = get_spec("voxtral-mini-3b").audio.preprocessing
+    processing = audio_processing(defaults, files)
+    assert (processing.feature_size, processing.chunk_length, processing.chunk_frames) == (80, 2, 200)
+    assert (defaults.feature_size, defaults.chunk_frames) == (128, 3000) and layout in files.audio_origin
+
+
+def test_a_feature_extractor_this_pipeline_would_not_match_is_refused(tmp_path):
+    from genai_pipeline.checkpoints.processor import audio_processing
+    from genai_pipeline.errors import CheckpointError
+
+    defaults = get_spec("voxtral-mini-3b").audio.preprocessing
+    for stated in (
+        {"feature_extractor_type": "WhisperFeatureExtractor", "do_normalize": True},
+        {"feature_extractor_type": "SeamlessM4TFeatureExtractor"},
+    ):
+        (tmp_path / "preprocessor_config.json").write_text(json.dumps(stated))
+        with pytest.raises(CheckpointError, match="Whisper's log-mel features"):
+            audio_processing(defaults, ProcessorFiles.read(tmp_path))

@@ -38,7 +38,7 @@ PROMPT = "Describe the picture:"
 NEW_TOKENS = 12
 
 
-def tokenizer(path: Path) -> None:
+def tokenizer(path: Path, specials: list[str] = SPECIALS, vocab: int = VOCAB, bos: str = "<|im_start|>") -> None:
     """Byte-level BPE with the family's special tokens as contiguous ids 0..41 (as ExecuTorch's runner needs)."""
     import pydoc_data.topics
 
@@ -48,10 +48,10 @@ def tokenizer(path: Path) -> None:
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=VOCAB, special_tokens=SPECIALS, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+        vocab_size=vocab, special_tokens=specials, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
     )
     tok.train_from_iterator(["\n".join(sorted(pydoc_data.topics.topics.values()))[:100_000]], trainer)
-    tok.post_processor = processors.TemplateProcessing(single="<|im_start|> $A", special_tokens=[("<|im_start|>", 1)])
+    tok.post_processor = processors.TemplateProcessing(single=f"{bos} $A", special_tokens=[(bos, specials.index(bos))])
     tok.save(str(path))
 
 
@@ -232,12 +232,15 @@ def test_eager_logits_and_greedy_tokens_match_transformers(ours, reference, chec
     assert (got - expected).abs().max() <= 1e-4
 
 
-def hf_greedy(reference, ids: list[int], pixel_values: torch.Tensor, n: int, eos: int) -> list[int]:
-    """transformers' model, greedy, the whole sequence each step (tiny model: cheap and plain)."""
+def hf_greedy(
+    reference, ids: list[int], pixel_values: torch.Tensor, n: int, eos: int, media: str = "pixel_values"
+) -> list[int]:
+    """transformers' model, greedy, the whole sequence each step (tiny model: cheap and plain);
+    `media`: the argument `pixel_values` goes in as (a speech model's: `input_features`)."""
     ids, out = list(ids), []
     with torch.no_grad():
         for _ in range(n):
-            token = int(reference(input_ids=torch.tensor([ids]), pixel_values=pixel_values).logits[0, -1].argmax())
+            token = int(reference(input_ids=torch.tensor([ids]), **{media: pixel_values}).logits[0, -1].argmax())
             if token == eos:
                 break
             out.append(token)

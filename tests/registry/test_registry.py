@@ -440,6 +440,7 @@ def test_every_family_reads_a_model_type():
         "smolvlm": ("idefics3", "smolvlm"),
         "llava": ("llava",),
         "internvl": ("internvl",),
+        "voxtral": ("voxtral",),
     }
 
 
@@ -544,7 +545,7 @@ def test_chat_models_carry_a_fallback_template():
 
 
 # Formats whose user turn ends in the marker that opens the answer: the generation prompt adds nothing.
-OPEN_AFTER_USER = (chat_templates.MISTRAL,)
+OPEN_AFTER_USER = (chat_templates.MISTRAL, get_spec("voxtral-mini-3b").chat_template)
 
 
 @pytest.mark.parametrize("spec", CHAT_ENTRIES, ids=lambda s: s.name)
