@@ -15,7 +15,8 @@ from genai_pipeline.export_folder import int4_file, smoothing_file
 from genai_pipeline.manifest import Manifest
 from genai_pipeline.names import ArtifactKey
 from genai_pipeline.options import PrepareOptions, quant_options_from
-from genai_pipeline.quantize import qdq_cache
+from genai_pipeline.prepare import prepare
+from genai_pipeline.quantize import qdq_cache, quantize
 from genai_pipeline.quantize.qdq_cache import Chosen
 from genai_pipeline.quantize.weights import load_int4
 from genai_pipeline.registry import get_spec
@@ -64,9 +65,6 @@ def chosen_values(folder: Path, manifest: Manifest, key: ArtifactKey) -> Chosen:
 def _chosen_again(manifest: Manifest, key: ArtifactKey, checkpoint: Path | None) -> Chosen:
     """The export's quantize stage run again on its checkpoint, with the options it recorded (its
     rules, its calibration data): GPTQ and smoothing give the same values on the same inputs."""
-    from genai_pipeline.prepare import prepare
-    from genai_pipeline.quantize import quantize
-
     options = PrepareOptions(
         mode=manifest.mode,
         max_seq_len=manifest.max_seq_len,
