@@ -115,7 +115,12 @@ def _export(
     if spec.audio is not None:
         check_speech_quant(quant)
     elif spec.vision is not None:
-        check_vision_language_quant(quant, split=options.split, target=target)
+        check_vision_language_quant(
+            quant,
+            split=options.split,
+            target=target,
+            image_attention_both_ways=spec.vision.config.bidirectional_image_attention,
+        )
         if options.long_prefill_len:
             raise InputError(
                 "--long-prefill-len applies to text models; a vision-language program prefills in --prefill-len chunks"

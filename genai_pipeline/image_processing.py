@@ -10,6 +10,14 @@ they cover under twice the image's area), the image resized onto it (BICUBIC) an
 plus the whole image at S x S when there is more than one tile; the prompt's `<image>` becomes
 `<img>`, N `<IMG_CONTEXT>` per frame, `</img>`.
 
+Gemma 3 (`Gemma3ImageProcessor`, `kind="gemma3"`): RGB, resized to S x S (BILINEAR). With
+pan-and-scan (`do_pan_and_scan`): an image whose long edge is at least `min_crop_ratio` times its
+short one is also cut along the long edge into 2 to `max_tiles` equal crops (about one per aspect
+ratio unit, each at least `min_crop_size` px, else none), each resized to S x S after the whole
+image. The prompt's `<start_of_image>` becomes `\n\n<start_of_image>`, N `<image_soft_token>`,
+`<end_of_image>\n\n`; with crops, "Here is the original image" before the whole image's and "and
+here are some crops to help you see better" before the crops', as Gemma3Processor writes them.
+
 Idefics3 / SmolVLM (`Idefics3ImageProcessor`, PIL backend), step by step:
 1. RGB: an image with alpha (or a transparency key) is composited onto white, anything else
    (grayscale, palette, CMYK, 16-bit) converted by Pillow, as transformers' `convert_to_rgb`.
@@ -49,16 +57,19 @@ class ImageProcessing:
     tile_size: int  # S: the encoder's input, `max_image_size.longest_edge` (CLIP: `crop_size`)
     longest_edge: int  # `size.longest_edge`: the first resize (Idefics3)
     tokens_per_image: int  # N: `<image>` tokens per frame (processor `image_seq_len`)
-    kind: str = "idefics3"  # which processor: "idefics3", "clip" or "internvl"
+    kind: str = "idefics3"  # which processor: "idefics3", "clip", "internvl" or "gemma3"
     shortest_edge: int = 0  # CLIP: `size.shortest_edge`, the resize before the centre crop
     do_resize: bool = True
-    do_image_splitting: bool = True
+    do_image_splitting: bool = True  # InternVL: `crop_to_patches`; Gemma 3: `do_pan_and_scan`
     resample: int = LANCZOS
     image_mean: tuple[float, float, float] = (0.5, 0.5, 0.5)
     image_std: tuple[float, float, float] = (0.5, 0.5, 0.5)
     rescale_factor: float = 1 / 255
     max_tiles: int = 0  # Idefics3: 0 no cap beyond `longest_edge`, else the first resize shrinks until tiles fit; InternVL: `max_patches`
     min_tiles: int = 1  # InternVL: `min_patches`
+    # Gemma 3's pan-and-scan (`max_tiles`: `pan_and_scan_max_num_crops`, the crops besides the whole image)
+    min_crop_size: int = 0  # `pan_and_scan_min_crop_size`: px of a crop's shorter edge, at least
+    min_crop_ratio: float = 0.0  # `pan_and_scan_min_ratio_to_activate`: the aspect ratio that starts cropping
     placeholder: str = "<image>"  # what marks an image's place in a user's prompt
     image_token: str = "<image>"  # the token whose positions take the image's embeddings
     image_start: str = ""  # InternVL: `<img>` before an image's tokens, `</img>` after
@@ -67,12 +78,15 @@ class ImageProcessing:
     global_image_token: str = "<global-img>"
 
     def __post_init__(self):
-        if self.kind not in ("idefics3", "clip", "internvl"):
-            raise ValueError(f"ImageProcessing.kind must be idefics3, clip or internvl, got '{self.kind}'")
-        first_resize = {"idefics3": ("longest_edge",), "clip": ("shortest_edge",), "internvl": ()}[self.kind]
+        first_resize = {"idefics3": ("longest_edge",), "clip": ("shortest_edge",), "internvl": (), "gemma3": ()}
+        if self.kind not in first_resize:
+            raise ValueError(f"ImageProcessing.kind must be one of {', '.join(first_resize)}, got '{self.kind}'")
+        first_resize = first_resize[self.kind]
         for name in ("tile_size", "tokens_per_image", *first_resize):
             if getattr(self, name) <= 0:
                 raise ValueError(f"ImageProcessing.{name} must be positive, got {getattr(self, name)}")
+        if self.kind == "gemma3" and self.do_image_splitting and self.min_crop_size <= 0:
+            raise ValueError(f"pan-and-scan needs a positive minimum crop size, got {self.min_crop_size}")
         if self.max_tiles < 0:
             raise InputError(f"--max-tiles must be >= 0, got {self.max_tiles}")
         for name in ("image_mean", "image_std"):
@@ -166,6 +180,9 @@ def image_frames(image: np.ndarray, p: ImageProcessing) -> Frames:
         )
     if p.kind == "internvl":
         return _internvl_frames(image, p)
+    if p.kind == "gemma3":
+        crops, rows, cols = _pan_and_scan(image, p) if p.do_image_splitting else ([], 0, 0)
+        return Frames(tuple(_chw(resize(i, s, s, p.resample)) for i in [image, *crops]), rows, cols)
     if p.do_resize:
         image = resize(image, *_first_resize(*image.shape[:2], p), p.resample)
     if not p.do_image_splitting:
@@ -213,6 +230,26 @@ def _internvl_frames(image: np.ndarray, p: ImageProcessing) -> Frames:
     return Frames(tuple(_chw(t) for t in tiles), rows, cols)
 
 
+def _pan_and_scan(image: np.ndarray, p: ImageProcessing) -> tuple[list[np.ndarray], int, int]:
+    """transformers' Gemma3ImageProcessor.pan_and_scan: (crops row-major, rows, columns); no crops: 0, 0."""
+    height, width = image.shape[:2]
+    long, short = max(height, width), min(height, width)
+    if long / short < p.min_crop_ratio:
+        return [], 0, 0
+    n = min(int(math.floor(long / short + 0.5)), int(math.floor(long / p.min_crop_size)))  # half rounds up
+    n = min(p.max_tiles, max(2, n))
+    if n < 1:  # a cap of no crops (transformers divides by it)
+        return [], 0, 0
+    rows, cols = (1, n) if width >= height else (n, 1)
+    crop_h, crop_w = math.ceil(height / rows), math.ceil(width / cols)
+    if min(crop_h, crop_w) < p.min_crop_size:
+        return [], 0, 0
+    crops = [
+        image[r * crop_h : (r + 1) * crop_h, c * crop_w : (c + 1) * crop_w] for r in range(rows) for c in range(cols)
+    ]
+    return crops, rows, cols
+
+
 def _shortest_edge_size(height: int, width: int, shortest: int) -> tuple[int, int]:
     """transformers' `get_resize_output_image_size(..., default_to_square=False)`."""
     if width <= height:
@@ -242,6 +279,12 @@ def image_prompt(frames: Frames, p: ImageProcessing) -> str:
         return run
     if p.kind == "internvl":
         return f"{p.image_start}{run * len(frames.pixels)}{p.image_end}"
+    if p.kind == "gemma3":
+        one = f"\n\n{p.image_start}{run}{p.image_end}\n\n"
+        if len(frames.pixels) == 1:
+            return one
+        crops = " ".join([one] * (len(frames.pixels) - 1))
+        return f"Here is the original image {one} and here are some crops to help you see better {crops}"
     whole = f"{p.fake_image_token}{p.global_image_token}{run}{p.fake_image_token}"
     if frames.rows == 0 and frames.cols == 0:
         return whole

@@ -96,3 +96,39 @@ def test_real_photos_give_transformers_frames(model, photo):
     assert np.abs(got - expected).max() <= 1e-5
     if model == "smolvlm-256m":  # the tile grid too: it decides the prompt's <row_r_col_c> marks
         assert (frames.rows, frames.cols) == (out["rows"][0][0], out["cols"][0][0])
+
+
+@pytest.mark.parametrize(
+    "photo,min_crop,max_crops", [(p, 256, 4) for p in (*PHOTO_NAMES, "coffee-portrait")] + [("chelsea", 128, 3)]
+)
+def test_real_photos_give_gemma3_pan_and_scan_frames(photo, min_crop, max_crops):
+    """google/gemma-3-4b-it's processor (896 px, BILINEAR, mean = std = 0.5) with pan-and-scan on:
+    the processor's default crop settings, and smaller crops (which cut chelsea too). coffee-portrait
+    is coffee turned on its side (the crops stacked, not side by side)."""
+    import dataclasses
+
+    from PIL import Image
+    from transformers.models.gemma3.image_processing_pil_gemma3 import Gemma3ImageProcessorPil
+
+    portrait = photo.endswith("-portrait")
+    rgb = read_image(PHOTOS / f"{photo.removesuffix('-portrait')}.png")
+    rgb = np.ascontiguousarray(rgb.transpose(1, 0, 2)) if portrait else rgb
+    processor = Gemma3ImageProcessorPil(size={"height": 896, "width": 896}, resample=2)
+    out = processor.preprocess(
+        Image.fromarray(rgb),
+        do_pan_and_scan=True,
+        pan_and_scan_min_crop_size=min_crop,
+        pan_and_scan_max_num_crops=max_crops,
+        pan_and_scan_min_ratio_to_activate=1.2,
+    )
+    expected = np.asarray(out["pixel_values"])
+
+    processing = dataclasses.replace(
+        get_spec("gemma3-4b").vision.preprocessing, do_image_splitting=True, min_crop_size=min_crop, max_tiles=max_crops
+    )
+    frames = image_frames(rgb, processing)
+    got = (np.stack(frames.pixels) / 255.0 - 0.5) / 0.5
+    assert len(frames.pixels) == 1 + out["num_crops"][0]
+    assert got.shape == expected.shape and np.abs(got - expected).max() <= 1e-5
+    if photo in ("coffee", "coffee-portrait") or min_crop == 128:  # 600 x 400, 451 x 300: two crops
+        assert (frames.rows, frames.cols) == ((2, 1) if portrait else (1, 2))

@@ -1,12 +1,13 @@
 """bench, for a vision-language program: image encode time, time to first token with one image,
-decode speed, peak memory.
+prefill and decode speed, peak memory.
 
 The image is one frame of the encoder's input size (evaluate.report_image: no resizing, no tiles),
 expanded in the prompt as the family's processor expands an image, followed by `prompt_len` text
 ids (seeded random ids, none of them the image token). Each round after one warm-up round:
 `vision_encoder` on the frame (image encode), the whole prompt through `token_embedding` + image
 splice + `text_decoder` (time to first token: encode included), then `gen_len` greedy decode steps.
-Medians over `repeats` rounds.
+Prefill speed: the prompt's tokens (the image's included) over the time to first token less the
+encode's, as a text program's prefill (token embedding and decoder). Medians over `repeats` rounds.
 """
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ def bench_multimodal(folder: Path, options: BenchOptions) -> dict:
             f"the image's {len(prompt) - options.prompt_len} tokens + --prompt-len {options.prompt_len} + "
             f"--gen-len {options.gen_len} = {len(prompt) + options.gen_len} exceed the program's context {session.max_seq_len}"
         )
-    encode, first_token, decode = [], [], []
+    encode, first_token, prefill, decode = [], [], [], []
     for _ in range(options.repeats + 1):  # the first round warms up
         session.reset()
         session.frames = [frame]
@@ -67,6 +68,7 @@ def bench_multimodal(folder: Path, options: BenchOptions) -> dict:
         token = greedy_token(session.prefill(prompt))
         first_token.append(time.perf_counter() - t)
         encode.append(session.vision_seconds)
+        prefill.append(len(prompt) / (first_token[-1] - encode[-1]))
         decode.append(timed_decode(session, token, options.gen_len))
     peak_rss = peak_rss_mb()
     return {
@@ -81,6 +83,7 @@ def bench_multimodal(folder: Path, options: BenchOptions) -> dict:
         "load_s": round(load_s, 3),
         "image_encode_ms": round(1e3 * statistics.median(encode[1:]), 2),
         "time_to_first_token_ms": round(1e3 * statistics.median(first_token[1:]), 2),
+        "prefill_tokens_per_s": round(statistics.median(prefill[1:]), 1),
         "decode_tokens_per_s": round(statistics.median(decode[1:]), 1),
         "peak_rss_mb": round(peak_rss, 1),
         "rss_before_load_mb": round(rss_before_load_mb, 1),

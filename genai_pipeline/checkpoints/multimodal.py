@@ -6,6 +6,7 @@ for text models)."""
 from __future__ import annotations
 
 import dataclasses
+import re
 from pathlib import Path
 
 import torch
@@ -106,6 +107,7 @@ def load_multimodal(spec: ModelSpec, folder: Path, max_seq_len: int, vision: Tow
 def _read_file(
     spec: ModelSpec, file: Path, expected: dict[str, tuple[int, ...]], tower: Tower
 ) -> dict[str, torch.Tensor]:
+    transposed = spec.vision.transposed_keys if spec.vision is not None else ()  # stored [in, out]
     state = {}
     try:
         with safe_open(str(file), framework="pt") as f:
@@ -120,6 +122,8 @@ def _read_file(
                         f"unexpected tensor '{key}' in '{file.name}' for a {spec.family} model with this config.json"
                     )
                 tensor = f.get_tensor(key)
+                if any(re.fullmatch(p, key) for p in transposed):
+                    tensor = tensor.t().contiguous()
                 if tensor.dim() > len(expected[ours[0]]) and tensor.squeeze().shape == torch.Size(expected[ours[0]]):
                     tensor = tensor.reshape(expected[ours[0]])  # e.g. InternVL's class token [1, 1, d]: the same values
                 state.update(_as_ours(tensor, key, file.name, {ours[0]: expected[ours[0]]}))

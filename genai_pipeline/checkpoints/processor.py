@@ -169,6 +169,8 @@ def _stated(pre: dict, kind: str) -> dict:
         for ours, theirs in (("min_tiles", "min_patches"), ("max_tiles", "max_patches")):
             if theirs in pre:
                 found[ours] = int(pre[theirs])
+    if kind == "gemma3":
+        found.update(_stated_pan_and_scan(pre, size))
     for key in ("do_resize", "do_image_splitting"):
         if key in pre:
             found[key] = bool(pre[key])
@@ -182,6 +184,24 @@ def _stated(pre: dict, kind: str) -> dict:
         found["resample"] = int(pre["resample"])
     if "rescale_factor" in pre:
         found["rescale_factor"] = float(pre["rescale_factor"])
+    return found
+
+
+# Gemma3ImageProcessor's names -> ours; Google's files write null for "the processor's default"
+PAN_AND_SCAN = {
+    "do_pan_and_scan": ("do_image_splitting", bool),
+    "pan_and_scan_min_crop_size": ("min_crop_size", int),
+    "pan_and_scan_max_num_crops": ("max_tiles", int),
+    "pan_and_scan_min_ratio_to_activate": ("min_crop_ratio", float),
+}
+
+
+def _stated_pan_and_scan(pre: dict, size: dict) -> dict:
+    found = {ours: kind(pre[theirs]) for theirs, (ours, kind) in PAN_AND_SCAN.items() if pre.get(theirs) is not None}
+    if "height" in size:  # Gemma 3 resizes to exactly this size: the encoder's input
+        if size["height"] != size.get("width", size["height"]):
+            raise ValueError(f"a non-square size {size}")
+        found["tile_size"] = int(size["height"])
     return found
 
 

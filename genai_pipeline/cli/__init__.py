@@ -60,10 +60,13 @@ def cmd_models(args) -> int:
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
+    family_width = max(len(r["family"]) for r in rows)
     for r in rows:
         params = f"{r['params'] / 1e6:.1f}M" if r["params"] < 1e9 else f"{r['params'] / 1e9:.2f}B"
         mark = " (default)" if r["default"] else ""
-        print(f"{r['name']:<16} {r['family']:<8} {params:>8}  weights: {r['weights']:<17} {r['description']}{mark}")
+        print(
+            f"{r['name']:<16} {r['family']:<{family_width}} {params:>8}  weights: {r['weights']:<17} {r['description']}{mark}"
+        )
     return 0
 
 
@@ -247,7 +250,10 @@ def _bench_multimodal(args, options) -> int:
         f"image encode {r['image_encode_ms']:.1f} ms ({r['image_size']} px, {r['image_tokens']} tokens); "
         f"time to first token {r['time_to_first_token_ms']:.1f} ms ({r['prompt_len']} prompt tokens, the image's included)"
     )
-    print(f"decode {r['decode_tokens_per_s']:.1f} tok/s ({r['gen_len']} tokens); medians of {r['repeats']} runs")
+    print(
+        f"prefill {r['prefill_tokens_per_s']:.1f} tok/s (the first token's time less the encode), "
+        f"decode {r['decode_tokens_per_s']:.1f} tok/s ({r['gen_len']} tokens); medians of {r['repeats']} runs"
+    )
     return 0
 
 

@@ -326,8 +326,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser(
         "sweep",
         help="export, verify, evaluate and benchmark every (model, variant) of a YAML spec as tasks on Ray",
-        description="Export, verify, evaluate (genai eval --text) and benchmark (genai bench) every (model, variant) "
-        "of SPEC.yaml as tasks on Ray,\nthen write DIR/sweep.json (a row per task) and DIR/report.html (the Pareto "
+        description="Export, verify, evaluate (genai eval --text; a vision-language model: --images on eval.images) "
+        "and benchmark (genai bench) every (model, variant) of SPEC.yaml as tasks on Ray,\nthen write DIR/sweep.json (a row per task) and DIR/report.html (the Pareto "
         "chart, the table, a recommendation per size class).\nA re-run skips finished tasks and retries failed ones. "
         "The spec is YAML (docs/sweep.md), for example:",
         epilog=SPEC_EXAMPLE,

@@ -36,7 +36,8 @@ Family switches (all off by default: a Llama config is unchanged by them):
   the loader, so the decoder keeps separate wq/wk/wv and w1/w3.
 - Gemma 3: `scale_embeddings`, `activation="gelu_tanh"`, `norm_unit_offset`, `sandwich_norms`,
   `qk_norm`, `attention_scale`, sliding-window layers with their own `rope_local_theta`,
-  `final_logit_softcap`.
+  `final_logit_softcap`; `LinearRopeScaling` (4B and up). Gemma 3 with images: the tokens of one
+  image see each other both ways in prefill (`forward_embeddings(..., image_tokens=...)`).
 """
 
 from __future__ import annotations
@@ -85,6 +86,25 @@ class RopeScaling:
         blended = (1 - smooth) * scaled / self.factor + smooth * scaled
         medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
         return torch.where(medium, blended, scaled)
+
+
+@dataclass(frozen=True)
+class LinearRopeScaling:
+    """Position interpolation (`rope_type: linear`): every frequency divided by `factor` (Gemma 3's
+    global layers from 4B up)."""
+
+    factor: float
+
+    def __post_init__(self):
+        if not self.factor > 0:
+            raise ValueError(f"linear RoPE factor must be positive, got {self.factor}")
+
+    @property
+    def attention_factor(self) -> float:
+        return 1.0
+
+    def scale(self, inv_freq: torch.Tensor, max_seq_len: int) -> torch.Tensor:
+        return inv_freq / self.factor
 
 
 @dataclass(frozen=True)
@@ -145,7 +165,7 @@ class DecoderConfig:
     sandwich_norms: bool = False  # also normalise the attention and MLP outputs before the residual add (Gemma)
     pre_norms: bool = True  # normalise the attention and MLP inputs; False: their outputs only (OLMo 2)
     rope_theta: float = 10000.0
-    rope_scaling: RopeScaling | LongRopeScaling | None = None
+    rope_scaling: RopeScaling | LongRopeScaling | LinearRopeScaling | None = None
     rope_dim: int = 0  # dims of each head that RoPE rotates, the first ones; 0: all (Phi: partial_rotary_factor)
     nope_layers: tuple[int, ...] = ()  # layers without RoPE (SmolLM3)
     conv_layers: tuple[int, ...] = ()  # layers with a gated short convolution instead of attention (LFM2)
@@ -254,7 +274,9 @@ class DecoderConfig:
         data = dict(data)
         scaling = data.get("rope_scaling")
         if scaling:
-            data["rope_scaling"] = (LongRopeScaling if "short_factor" in scaling else RopeScaling)(**scaling)
+            kinds = {"short_factor": LongRopeScaling, "low_freq_factor": RopeScaling}
+            kind = next((k for key, k in kinds.items() if key in scaling), LinearRopeScaling)
+            data["rope_scaling"] = kind(**scaling)
         for name in ("nope_layers", "sliding_window_layers", "conv_layers"):
             if name in data:
                 data[name] = tuple(data[name])
@@ -355,6 +377,33 @@ def sliding_window_mask(start, seq_len: int, cache_len: int, window: int, dtype:
     rows = torch.arange(cache_len).unsqueeze(0)
     visible = (rows <= pos) & (rows > pos - window)
     return torch.zeros(seq_len, cache_len, dtype=dtype).masked_fill(~visible, float("-inf"))
+
+
+def image_block_masks(
+    image_tokens: torch.Tensor, start, seq_len: int, cache_len: int, window: int | None, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Additive masks [seq_len, cache_len] for a call holding images (Gemma 3's token_type_ids mask):
+    causal as usual, and a token of an image also sees the tokens of the same image after it. An
+    image is a run of consecutive image tokens of this call (`image_tokens` [1, seq_len], 1 where a
+    token is an image's, else 0); a run split across calls is two images. Returns (the full-attention
+    layers' mask, the sliding-window layers' mask or None): transformers' OR(causal, same image), and
+    AND(window, OR(causal, same image)). Tensor ops only, as sliding_window_mask."""
+    is_image = image_tokens[0] > 0.5
+    # Two image tokens are of one image when no text token lies between them: when as many text
+    # tokens come before each (no shifted copy of the flags, which would pin the length at export)
+    image = torch.where(is_image, torch.cumsum((~is_image).to(torch.int32), dim=0), -1)  # -1: text
+    pos = torch.arange(seq_len) + start
+    rows = torch.arange(cache_len)
+    at = pos.unsqueeze(1) == rows.unsqueeze(0)  # [seq_len, cache_len]: where this call's tokens land
+    row_image = (at.to(torch.int32) * (image + 2).unsqueeze(1)).sum(0) - 2  # each cache row's; -2: not this call's
+    same_image = (image.unsqueeze(1) == row_image.unsqueeze(0)) & (image.unsqueeze(1) >= 0)
+    visible = (rows.unsqueeze(0) <= pos.unsqueeze(1)) | same_image
+
+    def additive(seen: torch.Tensor) -> torch.Tensor:
+        return torch.zeros(seq_len, cache_len, dtype=dtype).masked_fill(~seen, float("-inf"))
+
+    windowed = None if window is None else additive(visible & (rows.unsqueeze(0) > pos.unsqueeze(1) - window))
+    return additive(visible), windowed
 
 
 class KVCache(nn.Module):
@@ -529,7 +578,8 @@ class Attention(nn.Module):
         self, x: torch.Tensor, start, rope: tuple | None, mask: torch.Tensor | None, rows: CacheRows | None = None
     ) -> torch.Tensor:
         """rope: (cos, sin) at this chunk's positions, None for a layer without RoPE;
-        mask: the sliding-window mask, None for causal attention over the whole prefix.
+        mask: an additive mask over the whole cache (sliding window, an image's tokens), None for
+        causal attention over the whole prefix.
         rows: the cache-I/O form (start and mask unused: the cache and mask are in `rows`)."""
         b, s, _ = x.shape
         q, k, v = self.project(x, rope)
@@ -539,7 +589,7 @@ class Attention(nn.Module):
         k_cache, v_cache = self.kv_cache.k_cache, self.kv_cache.v_cache
         if mask is None:  # causal from `start`: token i attends to cache rows [0, start + i]. GQA is native.
             y = torch.ops.llama.custom_sdpa(q, k_cache, v_cache, start, None, 0.0, True, self.scale)
-        else:  # the mask spans the whole cache and hides the rows past each token too
+        else:  # the mask spans the whole cache and hides the rows past each token (but an image's own)
             y = torch.ops.llama.custom_sdpa(q, k_cache, v_cache, start, mask, 0.0, False, self.scale)
         return self.wo(y.reshape(b, -1, self.n_heads * self.head_dim))
 
@@ -733,10 +783,20 @@ class Decoder(nn.Module):
             h = h * self.config.embedding_multiplier
         return h
 
-    def forward_embeddings(self, h: torch.Tensor, input_pos: torch.Tensor, last_only: bool = False) -> torch.Tensor:
-        return self.head(self.forward_blocks(h, input_pos), last_only)
+    def forward_embeddings(
+        self,
+        h: torch.Tensor,
+        input_pos: torch.Tensor,
+        last_only: bool = False,
+        image_tokens: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """image_tokens [1, T]: 1 where a row is an image's, whose rows then see each other both ways
+        (image_block_masks; Gemma 3); None: causal."""
+        return self.head(self.forward_blocks(h, input_pos, image_tokens=image_tokens), last_only)
 
-    def forward_blocks(self, h: torch.Tensor, input_pos: torch.Tensor, first: int = 0) -> torch.Tensor:
+    def forward_blocks(
+        self, h: torch.Tensor, input_pos: torch.Tensor, first: int = 0, image_tokens: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """h [1, T, dim] at positions input_pos[0] ... through blocks `first` to the last: the hidden
         states the head takes (size_budget.py resumes at a block to measure a change after it)."""
         seq_len = h.size(1)
@@ -744,11 +804,14 @@ class Decoder(nn.Module):
         torch._check(start >= 0)
         torch._check(start + seq_len <= self.max_seq_len)
         ropes = self._rope_at(start, seq_len)
-        mask = None
-        if any(self.layer_windowed):
-            mask = sliding_window_mask(start, seq_len, self.max_seq_len, self.config.sliding_window, h.dtype)
+        masks = (None, None)  # (full-attention layers', sliding-window layers'); None: causal from start
+        window = self.config.sliding_window if any(self.layer_windowed) else None
+        if image_tokens is not None:
+            masks = image_block_masks(image_tokens, start, seq_len, self.max_seq_len, window, h.dtype)
+        elif window is not None:
+            masks = (None, sliding_window_mask(start, seq_len, self.max_seq_len, window, h.dtype))
         for layer, rope, windowed in zip(self.layers[first:], self.layer_rope[first:], self.layer_windowed[first:]):
-            h = layer(h, start, ropes.get(rope), mask if windowed else None)  # rope None: no RoPE
+            h = layer(h, start, ropes.get(rope), masks[windowed])  # rope None: no RoPE
         return h
 
     def forward_block(self, i: int, h: torch.Tensor, start: int = 0) -> torch.Tensor:

@@ -18,6 +18,11 @@ Families (switches on the config, not on names):
 - InternViT as InternVL uses it: CLIP's layout with a biased patch conv, per-channel layer scale on
   both residual branches (`layer_scale`), no final norm; its connector pixel-shuffles like Idefics3,
   then LayerNorm, linear, GeLU, linear (`connector="mlp"`, `projector_norm`).
+- SigLIP as Gemma 3 uses it: Idefics3's tower at 896 px; its connector average-pools `pool_kernel`²
+  neighbouring patches into one token (64 x 64 patches -> 16 x 16 tokens), then Gemma's RMSNorm
+  (scale 1 + weight) and a bias-free linear (`connector="rms_norm_linear"`). Its text decoder lets the
+  tokens of one image see each other both ways (`bidirectional_image_attention`): the program's
+  embeddings then carry one more column saying which rows are an image's (`with_image_flag`).
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from genai_pipeline.models.decoder import gelu_tanh
+from genai_pipeline.models.decoder import RMSNorm, gelu_tanh
 
 
 def quick_gelu(x: torch.Tensor) -> torch.Tensor:
@@ -37,7 +42,7 @@ def quick_gelu(x: torch.Tensor) -> torch.Tensor:
 
 
 ACTIVATIONS = {"gelu_tanh": gelu_tanh, "gelu": F.gelu, "quick_gelu": quick_gelu}
-CONNECTORS = ("linear", "mlp")
+CONNECTORS = ("linear", "mlp", "rms_norm_linear")
 
 
 @dataclass(frozen=True)
@@ -52,7 +57,12 @@ class VisionConfig:
     norm_eps: float = 1e-6
     activation: str = "gelu_tanh"
     scale_factor: int = 1  # pixel shuffle: scale_factor x scale_factor patches become one token
-    connector: str = "linear"  # "linear": bias-free projection (Idefics3); "mlp": linear, GeLU, linear (LLaVA)
+    # "linear": bias-free projection (Idefics3); "mlp": linear, GeLU, linear (LLaVA);
+    # "rms_norm_linear": Gemma's RMSNorm, then a bias-free projection (Gemma 3)
+    connector: str = "linear"
+    pool_kernel: int = 1  # average pool: pool_kernel x pool_kernel patches become one token (Gemma 3)
+    # the text decoder's tokens of one image attend to each other both ways in prefill (Gemma 3)
+    bidirectional_image_attention: bool = False
     patch_bias: bool = True  # the patch conv has a bias (not in CLIP)
     class_token: bool = False  # a learned class embedding before the patches (CLIP)
     drop_class_token: bool = False  # ... and left out of the image's embeddings (LLaVA's "default" strategy)
@@ -76,14 +86,16 @@ class VisionConfig:
             "hidden_dim",
             "text_dim",
             "scale_factor",
+            "pool_kernel",
         ):
             if getattr(self, name) <= 0:
                 raise ValueError(f"VisionConfig.{name} must be positive, got {getattr(self, name)}")
         if self.dim % self.n_heads:
             raise ValueError(f"VisionConfig.dim ({self.dim}) must be a multiple of n_heads ({self.n_heads})")
-        if self.patches_per_side % self.scale_factor:
+        if self.patches_per_side % (self.scale_factor * self.pool_kernel):
             raise ValueError(
-                f"{self.patches_per_side} patches per side do not divide into scale_factor {self.scale_factor}"
+                f"{self.patches_per_side} patches per side do not divide into scale_factor {self.scale_factor} "
+                f"x pool_kernel {self.pool_kernel}"
             )
         if self.activation not in ACTIVATIONS:
             raise ValueError(
@@ -108,7 +120,7 @@ class VisionConfig:
     @property
     def tokens_per_image(self) -> int:
         class_token = self.class_token and not self.drop_class_token
-        return (self.patches_per_side // self.scale_factor) ** 2 + class_token
+        return (self.patches_per_side // (self.scale_factor * self.pool_kernel)) ** 2 + class_token
 
     @property
     def num_params(self) -> int:
@@ -118,11 +130,11 @@ class VisionConfig:
         layer += 2 * d * self.layer_scale - 3 * d * (not self.qkv_bias)
         norms = 2 * d * (self.pre_norm + self.post_norm)
         shuffled = d * self.scale_factor**2
-        connector = (
-            shuffled * t
-            if self.connector == "linear"
-            else shuffled * t + t + t * t + t + 2 * shuffled * self.projector_norm
-        )
+        connector = {
+            "linear": shuffled * t,
+            "rms_norm_linear": shuffled + shuffled * t,
+            "mlp": shuffled * t + t + t * t + t + 2 * shuffled * self.projector_norm,
+        }[self.connector]
         return embed + self.n_layers * layer + norms + connector
 
     @classmethod
@@ -231,6 +243,28 @@ class MLPProjector(nn.Module):
         return self.linear_2(F.gelu(self.linear_1(self.layer_norm(x))))
 
 
+class RMSNormLinearProjector(nn.Module):
+    """Gemma 3's connector: RMSNorm with scale (1 + weight) (`mm_soft_emb_norm`), then a bias-free
+    linear (`mm_input_projection_weight`, which checkpoints store transposed)."""
+
+    def __init__(self, config: VisionConfig):
+        super().__init__()
+        self.norm = RMSNorm(config.dim, config.norm_eps, unit_offset=True)
+        self.linear = nn.Linear(config.dim, config.text_dim, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear(self.norm(x))
+
+
+def average_pool(x: torch.Tensor, kernel: int) -> torch.Tensor:
+    """[1, n*n, d] -> [1, (n / kernel)², d]: each kernel x kernel square of the patch grid averaged
+    into one token, row-major, as Gemma 3's projector pools."""
+    b, seq, d = x.shape
+    n = int(seq**0.5)
+    grid = x.transpose(1, 2).reshape(b, d, n, n)
+    return F.avg_pool2d(grid, kernel).flatten(2).transpose(1, 2)
+
+
 def pixel_shuffle(x: torch.Tensor, scale: int) -> torch.Tensor:
     """[1, n*n, d] -> [1, n*n / scale², d * scale²], as Idefics3's connector orders the features."""
     b, seq, d = x.shape
@@ -253,6 +287,8 @@ class VisionEncoder(nn.Module):
         self.post_layernorm = nn.LayerNorm(config.dim, eps=config.norm_eps) if config.post_norm else nn.Identity()
         if config.connector == "linear":
             self.projection = nn.Linear(config.dim * config.scale_factor**2, config.text_dim, bias=False)
+        elif config.connector == "rms_norm_linear":
+            self.projection = RMSNormLinearProjector(config)
         else:
             self.projection = MLPProjector(config)
 
@@ -269,6 +305,8 @@ class VisionEncoder(nn.Module):
             h = h[:, 1:]
         if self.config.scale_factor > 1:
             h = pixel_shuffle(h, self.config.scale_factor)
+        if self.config.pool_kernel > 1:
+            h = average_pool(h, self.config.pool_kernel)
         return self.projection(h)
 
     def reset_buffers(self) -> None:
@@ -284,6 +322,20 @@ def unused_tower_tensor(name: str, config: VisionConfig) -> bool:
     return (layer is not None and int(layer[1]) >= config.n_layers) or (
         not config.post_norm and name.startswith("vision.post_layernorm.")
     )
+
+
+def with_image_flag(h: torch.Tensor, image: bool) -> torch.Tensor:
+    """Embeddings [1, T, D] -> [1, T, D + 1], the last column 1 for an image's rows and 0 for text's.
+    ExecuTorch's MultimodalRunner passes `text_decoder` two inputs, the embeddings and the position,
+    and feeds each image as a call of its own: a decoder that lets an image's tokens see each other
+    both ways (bidirectional_image_attention) learns which rows are an image's from this column,
+    which `token_embedding` and `vision_encoder` write and `text_decoder` takes off (split_image_flag)."""
+    return torch.cat([h, torch.full_like(h[..., :1], float(image))], dim=-1)
+
+
+def split_image_flag(h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """[1, T, D + 1] -> (embeddings [1, T, D], image flags [1, T]): with_image_flag undone."""
+    return h[..., :-1], h[..., -1]
 
 
 class VisionLanguageModel(nn.Module):

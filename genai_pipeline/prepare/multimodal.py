@@ -7,6 +7,10 @@ The text decoder is the same `Decoder` the text path exports, entered through it
 same tensors and the program stores each weight once (the token embedding and a tied head too).
 A split program's graphs wrap only their component, so each program holds only its tensors: a
 tied head's table is then stored twice, in token_embedding.pte and in text_decoder.pte.
+
+A family whose image tokens attend to each other both ways (Gemma 3: `bidirectional_image_attention`)
+has one more column in the embeddings its programs pass around, 1 on an image's rows
+(models/vision.py's `with_image_flag`): the two inputs of ExecuTorch's runner stay the same.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ from genai_pipeline.checkpoints.special_tokens import read_special_tokens
 from genai_pipeline.errors import CheckpointError, InputError
 from genai_pipeline.image_processing import ImageProcessing
 from genai_pipeline.models.decoder import Decoder
-from genai_pipeline.models.vision import VisionConfig, VisionLanguageModel
+from genai_pipeline.models.vision import VisionConfig, VisionLanguageModel, split_image_flag, with_image_flag
 from genai_pipeline.names import ArtifactKey, GraphName, Mode
 from genai_pipeline.prepare.common import decoder_constants
 from genai_pipeline.registry import ModelSpec, sized_as
@@ -37,47 +41,64 @@ log = logging.getLogger(__name__)
 
 
 class TokenEmbeddingGraph(nn.Module):
-    def __init__(self, model: VisionLanguageModel):
+    """`flagged`: the embeddings carry the image-flag column (0 here)."""
+
+    def __init__(self, model: VisionLanguageModel, flagged: bool = False):
         super().__init__()
-        self.model = model
+        self.model, self.flagged = model, flagged
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        return self.model.decoder.embed(tokens)
+        h = self.model.decoder.embed(tokens)
+        return with_image_flag(h, image=False) if self.flagged else h
 
 
 class TextDecoderGraph(nn.Module):
-    def __init__(self, model: VisionLanguageModel):
+    """`flagged`: the embeddings carry the image-flag column, which the decoder's masks read."""
+
+    def __init__(self, model: VisionLanguageModel, flagged: bool = False):
         super().__init__()
-        self.model = model
+        self.model, self.flagged = model, flagged
 
     def forward(self, embeddings: torch.Tensor, input_pos: torch.Tensor) -> torch.Tensor:
-        return self.model.decoder.forward_embeddings(embeddings, input_pos, last_only=True)
+        image_tokens = None
+        if self.flagged:
+            embeddings, image_tokens = split_image_flag(embeddings)
+        return self.model.decoder.forward_embeddings(embeddings, input_pos, last_only=True, image_tokens=image_tokens)
 
 
 class VisionEncoderGraph(nn.Module):
-    def __init__(self, model: VisionLanguageModel):
+    """`flagged`: the embeddings carry the image-flag column (1 here)."""
+
+    def __init__(self, model: VisionLanguageModel, flagged: bool = False):
         super().__init__()
-        self.model = model
+        self.model, self.flagged = model, flagged
 
     def forward(self, pixels: torch.Tensor) -> torch.Tensor:
-        return self.model.vision(pixels)
+        h = self.model.vision(pixels)
+        return with_image_flag(h, image=True) if self.flagged else h
 
 
-def text_graphs(model: nn.Module, max_seq_len: int) -> dict[GraphName, GraphBundle]:
-    """`token_embedding` and `text_decoder` of any multimodal model (one with a `decoder`)."""
+def image_flagged(model: VisionLanguageModel) -> bool:
+    """Whether the program's embeddings carry the image-flag column (see the module doc)."""
+    return model.vision.config.bidirectional_image_attention
+
+
+def text_graphs(model: nn.Module, max_seq_len: int, flagged: bool = False) -> dict[GraphName, GraphBundle]:
+    """`token_embedding` and `text_decoder` of any multimodal model (one with a `decoder`); `flagged`:
+    with the image-flag column."""
     seq = Dim("seq_len", min=1, max=max_seq_len)
-    dim = model.decoder.config.dim
+    dim = model.decoder.config.dim + flagged
     return {
         GraphName.TOKEN_EMBEDDING: GraphBundle(
             GraphName.TOKEN_EMBEDDING,
-            TokenEmbeddingGraph(model),
+            TokenEmbeddingGraph(model, flagged),
             (torch.zeros((1, 2), dtype=torch.long),),
             dynamic_shapes=({1: seq},),
         ),
         GraphName.TEXT_DECODER: GraphBundle(
             # input_pos [1]: MultimodalRunner then passes the start position, not a range
             GraphName.TEXT_DECODER,
-            TextDecoderGraph(model),
+            TextDecoderGraph(model, flagged),
             (torch.zeros((1, 2, dim)), torch.tensor([0], dtype=torch.long)),
             dynamic_shapes=({1: seq}, None),
         ),
@@ -85,12 +106,12 @@ def text_graphs(model: nn.Module, max_seq_len: int) -> dict[GraphName, GraphBund
 
 
 def multimodal_graphs(model: VisionLanguageModel, max_seq_len: int) -> dict[GraphName, GraphBundle]:
-    size = model.vision.config.image_size
+    size, flagged = model.vision.config.image_size, image_flagged(model)
     return {
-        **text_graphs(model, max_seq_len),
+        **text_graphs(model, max_seq_len, flagged),
         GraphName.VISION_ENCODER: GraphBundle(
             GraphName.VISION_ENCODER,
-            VisionEncoderGraph(model),
+            VisionEncoderGraph(model, flagged),
             (torch.zeros((1, 3, size, size), dtype=torch.uint8),),
         ),
     }
@@ -122,14 +143,15 @@ def split_artifacts(model: VisionLanguageModel, options, constants: dict) -> dic
     `prefill_chunk` (a static chunk of embeddings) + `decode_token` (one embedding), sharing weights and KV cache."""
     seq = Dim("seq_len", min=1, max=options.max_seq_len)
     size = model.vision.config.image_size
-    dim = model.decoder.config.dim
+    flagged = image_flagged(model)
+    dim = model.decoder.config.dim + flagged
     pos = torch.tensor([0], dtype=torch.long)
     holders = {
         ArtifactKey.VISION_ENCODER: _alone(vision=model.vision),
         ArtifactKey.TOKEN_EMBEDDING: _alone(decoder=TokenEmbeddingAlone(model.decoder)),
         ArtifactKey.TEXT_DECODER: _alone(decoder=model.decoder),
     }
-    decoder = TextDecoderGraph(holders[ArtifactKey.TEXT_DECODER])
+    decoder = TextDecoderGraph(holders[ArtifactKey.TEXT_DECODER], flagged)
     decoder_graphs = {
         GraphName.FORWARD: GraphBundle(
             GraphName.FORWARD, decoder, (torch.zeros((1, 2, dim)), pos), dynamic_shapes=({1: seq}, None)
@@ -146,14 +168,14 @@ def split_artifacts(model: VisionLanguageModel, options, constants: dict) -> dic
         ArtifactKey.VISION_ENCODER: {
             GraphName.FORWARD: GraphBundle(
                 GraphName.FORWARD,
-                VisionEncoderGraph(holders[ArtifactKey.VISION_ENCODER]),
+                VisionEncoderGraph(holders[ArtifactKey.VISION_ENCODER], flagged),
                 (torch.zeros((1, 3, size, size), dtype=torch.uint8),),
             )
         },
         ArtifactKey.TOKEN_EMBEDDING: {
             GraphName.FORWARD: GraphBundle(
                 GraphName.FORWARD,
-                TokenEmbeddingGraph(holders[ArtifactKey.TOKEN_EMBEDDING]),
+                TokenEmbeddingGraph(holders[ArtifactKey.TOKEN_EMBEDDING], flagged),
                 (torch.zeros((1, 2), dtype=torch.long),),
                 dynamic_shapes=({1: seq},),
             )
@@ -252,6 +274,11 @@ def prepare_multimodal(spec: ModelSpec, options) -> PreparedModel:
     length (the runner's convention), whatever --mode says; split, it takes --mode dynamic or hybrid."""
     if options.split and options.mode is Mode.KV:
         raise InputError("--split takes --mode dynamic (one forward method) or hybrid (prefill + decode)")
+    if options.split and options.mode is Mode.HYBRID and spec.vision.config.bidirectional_image_attention:
+        raise InputError(
+            f"{spec.name}'s image tokens attend to each other both ways, which a chunked prefill would cut "
+            "apart; use --split --mode dynamic (or no --split)"
+        )
     if not options.split and options.mode is not Mode.DYNAMIC:
         log.info(
             "the text decoder of a vision-language model has one dynamic-length method (ExecuTorch's runner convention); "

@@ -13,8 +13,9 @@ functions (the text path's, not copies).
   not built yet.
 - `--calib` chats with images for GPTQ are refused (it would see `<image>` tokens without the
   image's embeddings).
-- static `8a8w` (xnnpack): multimodal_static.py. QNN's static recipes need the decoder's cache-I/O
-  form, which the vision-language path does not have yet: refused.
+- static `8a8w` (xnnpack): multimodal_static.py; not for Gemma 3, whose image tokens attend both
+  ways (refused). QNN's static recipes need the decoder's cache-I/O form, which the
+  vision-language path does not have yet: refused.
 
 Each component's rules (layer_rules.Rule, first match wins) are recorded in the manifest: the
 decoder's as a text model's (`rules`), the tower's as `vision_rules`; `genai eval` applies them again.
@@ -57,9 +58,12 @@ def resolved(options: QuantOptions) -> QuantOptions:
     )
 
 
-def check_vision_language_quant(options: QuantOptions, split: bool = False, target=None) -> None:
+def check_vision_language_quant(
+    options: QuantOptions, split: bool = False, target=None, image_attention_both_ways: bool = False
+) -> None:
     """Refuse, before any work, what a vision-language export cannot do yet. `target`: a
-    targets.Target (its recipes are checked by targets.check_recipe)."""
+    targets.Target (its recipes are checked by targets.check_recipe); `image_attention_both_ways`:
+    the model's image tokens see each other both ways (Gemma 3)."""
     if options.size_budget is not None:
         raise InputError(
             "--size-budget chooses the layers of a text decoder; vision-language models take --recipe and --vision-recipe"
@@ -71,6 +75,11 @@ def check_vision_language_quant(options: QuantOptions, split: bool = False, targ
         )
     if not options.is_static:
         return
+    if image_attention_both_ways:  # multimodal_static.py calibrates the causal decoder (DecoderOnEmbeddings)
+        raise InputError(
+            f"--recipe {options.recipe} is not built for a model whose image tokens attend to each other both ways "
+            "(Gemma 3); use --recipe 8da4w or 8da8w"
+        )
     if target is not None and target.cache_io:
         raise InputError(
             f"--target {target.name}'s static recipes need the text decoder's cache-I/O form, which vision-language "

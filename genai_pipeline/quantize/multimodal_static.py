@@ -134,7 +134,9 @@ def quantize_static(prepared: PreparedModel, options: QuantOptions, target) -> P
     from genai_pipeline.data import iterate_with_progress
     from genai_pipeline.upstream.executorch_logs import native_logs_hidden
 
-    check_vision_language_quant(options, target=target)
+    check_vision_language_quant(
+        options, target=target, image_attention_both_ways=prepared.vision["config"]["bidirectional_image_attention"]
+    )
     artifact = prepared.artifacts[ArtifactKey.MULTIMODAL]
     model = artifact.module.requires_grad_(
         False

@@ -16,6 +16,7 @@ from genai_pipeline.registry.spec import CHECKPOINT_FORMATS, ModelSpec  # noqa: 
 def _all_specs() -> dict[str, ModelSpec]:
     from genai_pipeline.registry import (
         gemma,
+        gemma3_vision,
         granite,
         internvl,
         lfm2,
@@ -31,22 +32,8 @@ def _all_specs() -> dict[str, ModelSpec]:
         voxtral,
     )
 
-    families = (
-        llama,
-        qwen,
-        smollm,
-        granite,
-        olmo,
-        mistral,
-        lfm2,
-        phi,
-        gemma,
-        llama2c,
-        smolvlm,
-        llava,
-        internvl,
-        voxtral,
-    )
+    text = (llama, qwen, smollm, granite, olmo, mistral, lfm2, phi, gemma, llama2c)
+    families = (*text, smolvlm, llava, internvl, gemma3_vision, voxtral)
     specs = [spec for family in families for spec in family.SPECS]
     names = [spec.name for spec in specs]
     duplicates = sorted({n for n in names if names.count(n) > 1})

@@ -33,6 +33,21 @@ GEMMA = (
     "{%- if add_generation_prompt %}{{- '<start_of_turn>model\\n' }}{%- endif %}"
 )
 
+# Gemma 3 with images (as google's gemma-3-*-it template): an image part is written `<start_of_image>`,
+# which the processor expands; text parts trimmed, the system message (before the first user turn) not.
+GEMMA_VISION = (
+    "{{- bos_token }}"
+    "{%- macro content(c) %}{%- if c is string %}{{- c | trim }}{%- else %}{%- for part in c %}"
+    "{{- '<start_of_image>' if part['type'] == 'image' else part['text'] | trim }}{%- endfor %}{%- endif %}{%- endmacro %}"
+    "{%- set first = messages[0]['content'] if messages and messages[0]['role'] == 'system' else none %}"
+    "{%- set system = (first if first is string else first[0]['text']) + '\\n\\n' if first is not none else '' %}"
+    "{%- for message in messages if message['role'] != 'system' %}"
+    "{%- set role = 'model' if message['role'] == 'assistant' else message['role'] %}"
+    "{{- '<start_of_turn>' + role + '\\n' + (system if loop.first else '') + content(message['content']) + '<end_of_turn>\\n' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<start_of_turn>model\\n' }}{%- endif %}"
+)
+
 PHI = (
     "{%- for message in messages %}"
     "{{- '<|' + message['role'] + '|>' + message['content'] + '<|end|>' }}"

@@ -9,11 +9,11 @@ from __future__ import annotations
 import math
 
 from genai_pipeline.errors import CheckpointError
-from genai_pipeline.models.decoder import LongRopeScaling, RopeScaling
+from genai_pipeline.models.decoder import LinearRopeScaling, LongRopeScaling, RopeScaling
 
 # config.json activation names -> DecoderConfig.activation
 ACTIVATIONS = {"silu": "silu", "swish": "silu", "gelu_pytorch_tanh": "gelu_tanh"}
-ROPE_TYPES = ("default", "llama3", "longrope")
+ROPE_TYPES = ("default", "linear", "llama3", "longrope")
 
 
 def unsupported(what: str) -> CheckpointError:
@@ -63,10 +63,12 @@ def rope_fields(hf: dict, params: dict | None = None) -> dict:
     )
 
 
-def rope_scaling(hf: dict, params: dict) -> RopeScaling | LongRopeScaling | None:
+def rope_scaling(hf: dict, params: dict) -> RopeScaling | LongRopeScaling | LinearRopeScaling | None:
     kind = params.get("rope_type", params.get("type", "default"))
     if kind == "default":
         return None
+    if kind == "linear":
+        return LinearRopeScaling(factor=float(params["factor"]))
     if kind == "llama3":
         return RopeScaling(
             factor=float(params["factor"]),

@@ -11,23 +11,14 @@ from genai_pipeline.models.decoder import DecoderConfig
 from genai_pipeline.models.vision import VisionConfig
 from genai_pipeline.registry.hf_config import text_config, unsupported
 from genai_pipeline.registry.llama import HF_KEY_MAP, config_from_hf
-from genai_pipeline.registry.multimodal import VisionSpec
+from genai_pipeline.registry.multimodal import VisionSpec, composite_text_key_map
 from genai_pipeline.registry.spec import ModelSpec
 
 CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
 CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
 BICUBIC = 3  # PIL.Image.Resampling.BICUBIC
 
-# Both on-disk layouts: transformers 4.x / llava-hf (`language_model.model.*`) and 5.x (`model.language_model.*`).
-TEXT_KEY_MAP = tuple(
-    (
-        pattern.replace(r"model\.", r"(?:language_model\.model|model\.language_model)\.", 1)
-        if pattern.startswith(r"model\.")
-        else r"(?:language_model\.)?" + pattern,
-        f"decoder.{ours}",
-    )
-    for pattern, ours in HF_KEY_MAP
-)
+TEXT_KEY_MAP = composite_text_key_map(HF_KEY_MAP)
 _TOWER = r"(?:model\.)?vision_tower\.(?:vision_model\.)?"
 VISION_KEY_MAP: tuple[tuple[str, str], ...] = (
     (

@@ -20,6 +20,23 @@ class VisionSpec:
     config_from_checkpoint: Callable[[dict], VisionConfig]
     preprocessing: ImageProcessing  # defaults for a checkpoint without processor files
     image_token_id: int  # the id of `<image>`, whose positions take the image's embeddings
+    # checkpoint tensors (regex) stored [in, out], transposed into our nn.Linear's [out, in] on load
+    transposed_keys: tuple[str, ...] = ()
+
+
+def composite_text_key_map(key_map: tuple[tuple[str, str], ...]) -> tuple[tuple[str, str], ...]:
+    """A text family's key map for its decoder inside a vision-language checkpoint, in both layouts:
+    transformers 4.x (`language_model.model.*`, `language_model.lm_head`) and 5.x
+    (`model.language_model.*`, `lm_head`); ours under `decoder.`."""
+    return tuple(
+        (
+            pattern.replace(r"model\.", r"(?:language_model\.model|model\.language_model)\.", 1)
+            if pattern.startswith(r"model\.")
+            else r"(?:language_model\.)?" + pattern,
+            f"decoder.{ours}",
+        )
+        for pattern, ours in key_map
+    )
 
 
 @dataclass(frozen=True)

@@ -219,11 +219,16 @@ class EagerMultimodalSession(CacheCursor):
         self.pos = 0
 
     @torch.no_grad()
-    def _decode(self, embeddings: torch.Tensor, last_only: bool = True) -> torch.Tensor:
-        """The logits after the last row of `embeddings`, or after every row, [rows, vocab]."""
+    def _decode(
+        self, embeddings: torch.Tensor, last_only: bool = True, image_tokens: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """The logits after the last row of `embeddings`, or after every row, [rows, vocab];
+        `image_tokens` [1, rows]: which rows are an image's (see Decoder.forward_embeddings)."""
         self._check_room(embeddings.shape[1])
         with native_logs_hidden():  # ExecuTorch's custom ops log from C++ in eager mode too
-            logits = self.model.decoder.forward_embeddings(embeddings, torch.tensor([self.pos]), last_only=last_only)
+            logits = self.model.decoder.forward_embeddings(
+                embeddings, torch.tensor([self.pos]), last_only=last_only, image_tokens=image_tokens
+            )
         self.pos += embeddings.shape[1]
         return logits.reshape(-1, logits.shape[-1])
 
@@ -235,7 +240,10 @@ class EagerMultimodalSession(CacheCursor):
         for k, frame in enumerate(self.frames):
             embeddings[0, slots[k * n : (k + 1) * n]] = self.model.vision(torch.from_numpy(frame).unsqueeze(0))[0]
         self.frames = []
-        return self._decode(embeddings)[-1]
+        image_tokens = None
+        if self.model.vision.config.bidirectional_image_attention:  # as the program's image-flag column says
+            image_tokens = (torch.tensor([tokens]) == self.image_token_id).to(embeddings.dtype)
+        return self._decode(embeddings, image_tokens=image_tokens)[-1]
 
     @torch.no_grad()
     def step(self, token: int) -> torch.Tensor:

@@ -23,13 +23,14 @@ import uuid
 from pathlib import Path
 
 from genai_pipeline.errors import GenAIError
-from genai_pipeline.sweep.report import write_report
+from genai_pipeline.sweep.report import ANSWERS, PERPLEXITY, write_report
 from genai_pipeline.sweep.spec import Spec
 from genai_pipeline.sweep.tasks import (
     Task,
     attempts,
     bench_memory_bytes,
     bench_stage,
+    check_models,
     export_memory_bytes,
     export_stage,
     model_params,
@@ -44,9 +45,11 @@ BENCH_ENV = {"OMP_NUM_THREADS": "1"}  # as the CLI sets for `genai bench` (cli.o
 
 def run_sweep(spec: Spec, out: Path, storage: Path | None = None, address: str | None = None) -> dict:
     """Run every task of `spec` not finished before; write OUT/sweep.json and OUT/report.html and
-    return the sweep's result (what sweep.json holds)."""
+    return the sweep's result (what sweep.json holds). SpecError, before anything starts, where the spec
+    does not fit its models (tasks.check_models)."""
     import ray
 
+    check_models(spec)
     out = Path(out).resolve()
     storage = Path(storage).resolve() if storage else out / "exports"
     (out / "tasks").mkdir(parents=True, exist_ok=True)
@@ -240,12 +243,8 @@ class _Sweep:
         if failed:
             log.warning("sweep: %s failed: %s", task.name, row["error"])
         else:
-            log.info(
-                "sweep: %s done: %.2f MB, perplexity %+.2f %%",
-                task.name,
-                row["program_mb"],
-                row["perplexity_change_pct"],
-            )
+            changes = [f"{a.name} {row[a.key]:+.{a.digits}f} %" for a in (PERPLEXITY, ANSWERS) if a.key in row]
+            log.info("sweep: %s done: %.2f MB, %s", task.name, row["program_mb"], ", ".join(changes))
 
     def _progress(self) -> None:
         running = sum(1 for task, stage in self.pending.values() if attempts(task, self.storage, self.run_id, stage))

@@ -2,6 +2,10 @@
 spec's errors answer at once). Every error is one line naming the file and the key; all of a spec's
 errors are told together, so a user fixes them in one pass. SPEC_EXAMPLE shows the format;
 docs/sweep.md describes every key.
+
+Whether the spec fits its models (eval.text for a text model, eval.images for a vision-language
+one, a variant's vision_recipe for vision-language models only, no speech model) depends on what
+their checkpoints hold: tasks.check_models tells that, still before any work, once they are read.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from genai_pipeline.options import (
     BenchOptions,
     CalibrationOptions,
     EvalOptions,
+    ImageEvalOptions,
     PrepareOptions,
     QuantOptions,
     parse_override,
@@ -27,13 +32,14 @@ models:                                   # each exported once per variant
   - name: smollm2                         # the report's name for it
     checkpoint: SmolLM2-135M-Instruct.Q4_1.gguf   # relative to the spec: HF folder, llama2.c folder or GGUF
   - registry: reference                   # or a registry entry (genai models) with its shipped weights
+  - registry: reference-vlm               # a vision-language model: answers eval.images' questions
 variants:                                 # genai export's recipe flags, and target / mode
   - {name: fp32, recipe: fp32}
   - {name: 8da4w, recipe: 8da4w}
   - {name: 8da4w-80MB, recipe: 8da4w, size_budget: 80}
   - {name: q8-head, recipe: 8da4w, overrides: ["output=8da8w"], group_size: 64}
 export: {mode: kv, max_seq_len: 512}     # every export's options (genai export's flags)
-eval: {text: heldout.txt, max_tokens: 2048}           # genai eval --text
+eval: {text: heldout.txt, max_tokens: 2048, images: questions.jsonl}   # genai eval --text / --images
 bench: {prompt_len: 128, gen_len: 64, repeats: 3}     # genai bench
 report: {max_perplexity_change: 5, size_classes_mb: [100, 200]}
 """
@@ -51,12 +57,15 @@ VARIANT_KEYS = (
     "overrides",
     "size_budget",
     "block_size",
+    "vision_recipe",
     "calib",
     "calib_limit",
     "calib_seq_len",
 )
 EXPORT_KEYS = ("mode", "max_seq_len", "prefill_len", "long_prefill_len", "verify_len", "seed", "cache_io")
-EVAL_KEYS = ("text", "max_tokens", "window")
+TEXT_EVAL_KEYS = ("text", "max_tokens", "window")  # genai eval --text's
+IMAGE_EVAL_KEYS = ("images", "limit")  # genai eval --images'
+EVAL_KEYS = TEXT_EVAL_KEYS + IMAGE_EVAL_KEYS
 BENCH_KEYS = ("prompt_len", "gen_len", "repeats", "threads")
 
 
@@ -88,9 +97,10 @@ class Spec:
     models: tuple[Model, ...]
     variants: tuple[Variant, ...]
     prepare: PrepareOptions
-    eval: EvalOptions
+    eval: EvalOptions | None  # None: no text to score (every model is a vision-language one)
     bench: BenchOptions
     report: Report = Report()
+    images: ImageEvalOptions | None = None  # the image questions of the vision-language models
 
     def prepare_for(self, model: Model, variant: Variant) -> PrepareOptions:
         mode = variant.mode or self.prepare.mode
@@ -136,12 +146,32 @@ def parse_spec(data: Any, source: Path) -> Spec:
         for name in sorted({n for n in names if names.count(n) > 1}):
             error(what, f"the name '{name}' is given twice; names must differ")
     prepare = _options(data.get("export", {}), "export", PrepareOptions, EXPORT_KEYS, error, base)
-    evaluation = _options(data.get("eval"), "eval", EvalOptions, EVAL_KEYS, error, base, paths=("text",))
+    evaluation, images = _evaluations(data.get("eval"), error, base)
     bench = _options(data.get("bench", {}), "bench", BenchOptions, BENCH_KEYS, error, base)
     report = _options(data.get("report", {}), "report", Report, ("max_perplexity_change", "size_classes_mb"), error)
     if errors:
         raise SpecError("\n".join(errors))
-    return Spec(source, tuple(models), tuple(variants), prepare, evaluation, bench, report)
+    return Spec(source, tuple(models), tuple(variants), prepare, evaluation, bench, report, images)
+
+
+def _evaluations(section, error, base: Path) -> tuple[EvalOptions | None, ImageEvalOptions | None]:
+    """eval's text options (genai eval --text) and image options (genai eval --images), either one
+    None where its file is not given; at least one of the files is."""
+    if section is not None and not isinstance(section, dict):
+        return _options(section, "eval", EvalOptions, EVAL_KEYS, error), None  # its one line
+    if not section or ("text" not in section and "images" not in section):
+        error("eval", "required: `text: FILE` (genai eval --text), `images: FILE.jsonl` (genai eval --images), or both")
+        return None, None
+    for key in section:
+        if key not in EVAL_KEYS:
+            error(f"eval.{key}", f"unknown key; known: {', '.join(EVAL_KEYS)}")
+    parts = []
+    for cls, keys in ((EvalOptions, TEXT_EVAL_KEYS), (ImageEvalOptions, IMAGE_EVAL_KEYS)):
+        given = {k: v for k, v in section.items() if k in keys}
+        if given and keys[0] not in given:
+            error(f"eval.{next(iter(given))}", f"goes with `{keys[0]}: FILE`, which is not given")
+        parts.append(_options(given, "eval", cls, keys, error, base, paths=keys[:1]) if keys[0] in given else None)
+    return parts[0], parts[1]
 
 
 def _list(data: dict, section: str, error, parse, base: Path) -> list:
@@ -198,7 +228,11 @@ def _variant(item: dict, where: str, error, base: Path) -> Variant | None:
     if not NAME.fullmatch(name):
         error(f"{where}.name", f"'{name}' is not a name: letters, digits, '.', '_' and '-' only (it names folders)")
         return None
-    quant = {k: item[k] for k in ("recipe", "group_size", "embedding", "size_budget", "block_size") if k in item}
+    quant = {
+        k: item[k]
+        for k in ("recipe", "group_size", "embedding", "size_budget", "block_size", "vision_recipe")
+        if k in item
+    }
     try:
         overrides = item.get("overrides", [])
         quant["overrides"] = tuple(parse_override(str(o)) for o in _strings(overrides, "overrides"))

@@ -3,17 +3,22 @@
 
 A task runs in two stages, each in a fresh worker process (run.py makes them Ray tasks):
 `export_stage` (export through genai_pipeline.export, which verifies a quantized program, then
-evaluate) and `bench_stage` (alone on its node). Their figures are returned as small dicts; the
-export folder itself stays in the storage folder, `STORAGE/<task>/export`, which every node sees.
+evaluate) and `bench_stage` (alone on its node). A vision-language model is evaluated on the spec's
+image questions (`genai eval --images`) and on its text where the spec gives one, and benchmarked as
+`genai bench` does a vision-language program (image encode, time to first token, prefill, decode).
+Their figures are returned as small dicts; the export folder itself stays in the storage folder,
+`STORAGE/<task>/export`, which every node sees.
 
-A task is keyed by the content of its inputs (checkpoint files, options, evaluation text, tool
-versions): run.py skips a task whose finished row has the same key, and the export stage reuses an
-export whose export key matches (after a failure in evaluation or bench, only those run again).
+A task is keyed by the content of its inputs (checkpoint files, options, evaluation text and image
+questions, tool versions): run.py skips a task whose finished row has the same key, and the export
+stage reuses an export whose export key matches (after a failure in evaluation or bench, only those
+run again).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import os
@@ -22,9 +27,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from genai_pipeline.errors import GenAIError
-from genai_pipeline.options import BenchOptions, EvalOptions, PrepareOptions
-from genai_pipeline.sweep.spec import Model, Spec, Variant
+from genai_pipeline.errors import GenAIError, InputError
+from genai_pipeline.options import BenchOptions, EvalOptions, ImageEvalOptions, PrepareOptions
+from genai_pipeline.sweep.spec import Model, Spec, SpecError, Variant
 
 EXPORT_RECORD = "export.json"  # the key of the export beside it
 WORKERS = "workers.jsonl"  # a line per stage started: which process, on which host, in which run
@@ -35,8 +40,9 @@ class Task:
     model: Model
     variant: Variant
     prepare: PrepareOptions
-    eval: EvalOptions
+    eval: EvalOptions | None  # genai eval --text; None: not scored on text (a vision-language model)
     bench: BenchOptions
+    images: ImageEvalOptions | None = None  # genai eval --images: a vision-language model's questions
 
     @property
     def name(self) -> str:
@@ -68,15 +74,93 @@ class Task:
         """The export key, and what evaluation and bench depend on."""
         inputs = {
             "export": self.export_key(),
-            "eval": dataclasses.asdict(self.eval),
+            "eval": dataclasses.asdict(self.eval) if self.eval else None,
             "bench": dataclasses.asdict(self.bench),
         }
-        inputs["files"] = [_fingerprint(self.eval.text)]
+        files = [self.eval.text] if self.eval else []
+        if self.images is not None:  # (a text task's key is what it was before image questions)
+            from genai_pipeline.evaluate.images import read_questions
+
+            inputs["images"] = dataclasses.asdict(self.images)
+            files += [self.images.images, *(q.image for q in read_questions(self.images.images, self.images.limit))]
+        inputs["files"] = [_fingerprint(f) for f in files]
         return _hash(inputs)
 
 
 def tasks_of(spec: Spec) -> list[Task]:
-    return [Task(m, v, spec.prepare_for(m, v), spec.eval, spec.bench) for m in spec.models for v in spec.variants]
+    """Every (model, variant): a vision-language model's tasks take the spec's image questions."""
+    return [
+        Task(m, v, spec.prepare_for(m, v), spec.eval, spec.bench, spec.images if _kind(m) == VLM else None)
+        for m in spec.models
+        for v in spec.variants
+    ]
+
+
+TEXT, VLM, SPEECH = "text", "vision-language", "speech"
+
+
+@functools.cache
+def model_kind(model: Model) -> str:
+    """TEXT, VLM (an image tower) or SPEECH (an audio tower): its registry entry's, else its
+    checkpoint's (a GenAIError where neither can be read)."""
+    from genai_pipeline.checkpoints import infer_checkpoint_spec
+    from genai_pipeline.registry import get_spec
+
+    spec = get_spec(model.registry) if model.registry else infer_checkpoint_spec(model.checkpoint)[0]
+    return VLM if spec.vision is not None else SPEECH if spec.audio is not None else TEXT
+
+
+def _kind(model: Model) -> str | None:
+    try:
+        return model_kind(model)
+    except GenAIError:
+        return None  # its task fails with the line of reading it (run.py)
+
+
+def check_models(spec: Spec) -> None:
+    """SpecError, a line each, where the spec does not fit its models: a text model with no
+    eval.text, a vision-language model with no eval.images, a speech model (genai eval and bench do
+    not measure one yet), image questions no model answers or that cannot be read, a variant's
+    vision_recipe beside a text model. Before any work (a model whose checkpoint cannot be read is
+    left to its tasks, which fail with that line)."""
+    errors, kinds = [], [_kind(model) for model in spec.models]
+    for i, (model, kind) in enumerate(zip(spec.models, kinds)):
+        where = f"{spec.source}: models[{i}]"
+        if kind == SPEECH:
+            errors.append(
+                f"{where}: {model.name} is a speech model: genai eval and genai bench measure text and "
+                "vision-language exports so far, and so does a sweep"
+            )
+        if kind == VLM and spec.images is None:
+            errors.append(
+                f"{where}: {model.name} is a vision-language model: give eval.images, its image questions "
+                "(a .jsonl as genai eval --images reads), to evaluate it"
+            )
+        if kind == TEXT and spec.eval is None:
+            errors.append(
+                f"{where}: {model.name} is a text model and eval gives image questions only: "
+                "give eval.text (the text genai eval --text scores) to evaluate it"
+            )
+        for j, variant in enumerate(spec.variants):
+            if kind == TEXT and variant.quant.vision_recipe is not None:
+                errors.append(
+                    f"{spec.source}: variants[{j}].vision_recipe: {model.name} is a text model (no image tower): "
+                    "sweep vision-language models with such variants in a spec of their own"
+                )
+    if spec.images is not None and VLM not in kinds and None not in kinds:
+        errors.append(
+            f"{spec.source}: eval.images: no model of the spec is a vision-language model: "
+            "remove the image questions or add such a model"
+        )
+    elif spec.images is not None and VLM in kinds:
+        from genai_pipeline.evaluate.images import read_questions
+
+        try:
+            read_questions(spec.images.images, spec.images.limit)
+        except InputError as e:
+            errors.append(f"{spec.source}: eval.images: {e}")
+    if errors:
+        raise SpecError("\n".join(errors))
 
 
 def model_params(model: Model) -> int:
@@ -122,22 +206,22 @@ def export_stage(task: Task, storage: Path, run_id: str) -> dict:
 def bench_stage(task: Task, storage: Path, run_id: str, threads: int = 0) -> dict:
     """`genai bench` of the task's export with the spec's threads, else `threads` (the CPUs the
     stage was given: every core of its node; 0: one per core of this machine, as `genai bench`)."""
-    from genai_pipeline.bench import bench
+    from genai_pipeline.bench import bench, bench_multimodal
+    from genai_pipeline.manifest import Manifest
+    from genai_pipeline.runtime.multimodal import is_multimodal
 
     folder = task.folder(storage)
     _started(folder, "bench", run_id)
     options = task.bench if task.bench.threads else dataclasses.replace(task.bench, threads=threads)
     try:
-        result = bench(folder / "export", options)
+        # as `genai bench` chooses: a vision-language program's bench times its image too
+        multimodal = is_multimodal(Manifest.read(folder / "export"))
+        result = (bench_multimodal if multimodal else bench)(folder / "export", options)
     except GenAIError as e:
         return {"error": str(e)}
-    return {
-        "bench": result,
-        "decode_tokens_per_s": result["decode_tokens_per_s"],
-        "prefill_tokens_per_s": result["prefill_tokens_per_s"],
-        "peak_rss_mb": result["peak_rss_mb"],
-        "machine": machine(options.threads),
-    }
+    speeds = ("image_encode_ms", "time_to_first_token_ms") if multimodal else ()
+    speeds += ("prefill_tokens_per_s", "decode_tokens_per_s", "peak_rss_mb")
+    return {"bench": result, **{key: result[key] for key in speeds}, "machine": machine(options.threads)}
 
 
 def _export(task: Task, out: Path, record: Path) -> dict:
@@ -168,9 +252,32 @@ def _export(task: Task, out: Path, record: Path) -> dict:
 
 
 def _evaluate(task: Task, out: Path) -> dict:
+    """`genai eval --text` where the task has a text, `genai eval --images` where it has image questions."""
+    row = _evaluate_text(task.eval, out) if task.eval is not None else {}
+    if task.images is not None:
+        row.update(_evaluate_images(task.images, out))
+    return row
+
+
+def _evaluate_images(options: ImageEvalOptions, out: Path) -> dict:
+    from genai_pipeline.evaluate import evaluate_images
+
+    result = evaluate_images(out, options, progress=False)
+    ppl = result["answer_perplexity"]
+    return {
+        "images": result,
+        "exact_match": result["exact_match"]["program"],
+        "float_exact_match": result["exact_match"]["float"],
+        "answers_agree": result["answers_agree"],
+        "answer_perplexity": ppl["program"],
+        "answer_perplexity_change_pct": round(100 * (ppl["program"] / ppl["float"] - 1), 3),
+    }
+
+
+def _evaluate_text(options: EvalOptions, out: Path) -> dict:
     from genai_pipeline.evaluate import evaluate
 
-    result = evaluate(out, task.eval, progress=False)
+    result = evaluate(out, options, progress=False)
     ppl = result["perplexity"]
     scored = ppl["program"] if ppl["program"] is not None else ppl["qdq"]
     return {

@@ -168,7 +168,8 @@ BOUNDS = {"8da4w": 0.08, "8da8w": 0.006}
 
 @pytest.mark.parametrize("recipe", sorted(BOUNDS))
 def test_default_recipe_meets_its_perplexity_bound(smollm2_default, recipe):
-    folder = smollm2_default(recipe)
+    # 8da4w: the stock-runner test's hybrid program (one calibrated export fewer in the suite)
+    folder = smollm2_default(recipe, mode="hybrid" if recipe == "8da4w" else "kv")
     code, out, err = cli(
         "eval",
         folder,

@@ -39,7 +39,8 @@ NEW_TOKENS = 12
 
 
 def tokenizer(path: Path, specials: list[str] = SPECIALS, vocab: int = VOCAB, bos: str = "<|im_start|>") -> None:
-    """Byte-level BPE with the family's special tokens as contiguous ids 0..41 (as ExecuTorch's runner needs)."""
+    """Byte-level BPE with the family's special tokens as contiguous ids from 0 (as ExecuTorch's runner
+    needs), `bos` put before every text."""
     import pydoc_data.topics
 
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers

@@ -286,11 +286,13 @@ def test_eval_images_bad_input(quantized_vlm, questions, export_tiny, tmp_path, 
 # ---------------------------------------------------------------- genai bench
 
 
-def test_bench_reports_image_encode_first_token_and_decode(quantized_vlm, capsys):
+def test_bench_reports_image_encode_first_token_prefill_and_decode(quantized_vlm, capsys):
     assert main(["bench", str(quantized_vlm), "--prompt-len", "8", "--gen-len", "4", "--repeats", "2", "--json"]) == 0
     r = json.loads(capsys.readouterr().out)
     assert r["image_tokens"] == 4 and r["prompt_len"] > 4 + 8 and r["image_size"] == IMAGE
     assert 0 < r["image_encode_ms"] < r["time_to_first_token_ms"]  # the encode is part of the first token's time
+    # prefill: the prompt over the first token's time less the encode, faster than over the whole of it
+    assert r["prefill_tokens_per_s"] > r["prompt_len"] / (r["time_to_first_token_ms"] / 1e3)
     assert r["decode_tokens_per_s"] > 0 and r["peak_rss_mb"] > r["rss_before_load_mb"] > 0
 
 

@@ -440,6 +440,7 @@ def test_every_family_reads_a_model_type():
         "smolvlm": ("idefics3", "smolvlm"),
         "llava": ("llava",),
         "internvl": ("internvl",),
+        "gemma3-vision": ("gemma3",),
         "voxtral": ("voxtral",),
     }
 

@@ -1,5 +1,6 @@
 """A sweep's spec: read into the option classes, every error told on its own line, torch-free."""
 
+import json
 import subprocess
 import sys
 
@@ -111,3 +112,87 @@ def test_the_help_shows_the_spec_format_without_loading_torch():
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.startswith("False False")
     assert SPEC_EXAMPLE in result.stdout and "docs/sweep.md" in result.stdout
+
+
+VLM_QUESTIONS = REFERENCE.parent / "reference-vlm" / "heldout.jsonl"
+MIXED = f"""
+models:
+  - registry: reference
+  - registry: reference-vlm
+variants:
+  - {{name: fp32, recipe: fp32}}
+eval: {{text: heldout.txt, images: {VLM_QUESTIONS}, limit: 3}}
+"""
+
+
+def test_a_spec_with_image_questions_gives_them_to_the_vision_language_models_only(tmp_path):
+    from genai_pipeline.sweep.tasks import check_models, tasks_of
+
+    spec = read_spec(write(tmp_path, MIXED))
+    assert spec.images.images == VLM_QUESTIONS and spec.images.limit == 3 and spec.eval.text == tmp_path / "heldout.txt"
+    check_models(spec)  # each model has its evaluation
+    text, vlm = tasks_of(spec)
+    assert (text.eval, text.images) == (spec.eval, None) and (vlm.eval, vlm.images) == (spec.eval, spec.images)
+    # the image questions are inputs of the vision-language tasks only: the text task's key ignores them
+    only_text = read_spec(write(tmp_path, MIXED.replace(f", images: {VLM_QUESTIONS}, limit: 3", "")))
+    assert tasks_of(only_text)[0].key() == text.key() and tasks_of(only_text)[0].images is None
+    # a variant's tower recipe: for vision-language models only
+    tower = read_spec(write(tmp_path, MIXED.replace("recipe: fp32}", "recipe: 8da8w, vision_recipe: fp32}")))
+    assert tower.variants[0].quant.vision_recipe == "fp32"
+    with pytest.raises(SpecError) as e:
+        check_models(tower)
+    assert str(e.value) == (
+        f"{tmp_path / 'spec.yaml'}: variants[0].vision_recipe: reference is a text model (no image tower): "
+        "sweep vision-language models with such variants in a spec of their own"
+    )
+
+
+@pytest.mark.parametrize(
+    "models, evaluation, expected",
+    [
+        # a text model with image questions only: nothing would score it
+        (
+            ["reference", "reference-vlm"],
+            f"{{images: {VLM_QUESTIONS}}}",
+            ["models[0]: reference is a text model and eval gives image questions only: give eval.text"],
+        ),
+        # a vision-language model without its questions: its tower would go unmeasured
+        (
+            ["reference-vlm"],
+            "{text: heldout.txt}",
+            ["models[0]: reference-vlm is a vision-language model: give eval.images"],
+        ),
+        # image questions that no model answers
+        (["reference"], f"{{text: heldout.txt, images: {VLM_QUESTIONS}}}", ["eval.images: no model of the spec is"]),
+        # questions whose file is not what genai eval --images reads: told before any export
+        (["reference-vlm"], "{images: bad.jsonl}", ["eval.images: ", "bad.jsonl:2: image ", "does not exist"]),
+        # a speech model: genai eval and genai bench refuse its exports, so its tasks would only fail
+        (["voxtral-mini-3b"], "{text: heldout.txt}", ["models[0]: voxtral-mini-3b is a speech model: genai eval"]),
+    ],
+    ids=["text-model-images-only", "vlm-text-only", "images-no-vlm", "bad-questions", "speech"],
+)
+def test_a_model_without_its_evaluation_is_a_spec_error_before_any_work(tmp_path, capsys, models, evaluation, expected):
+    (tmp_path / "bad.jsonl").write_text(
+        json.dumps({"image": str(VLM_QUESTIONS.parent / "heldout/0000.png"), "prompt": "p", "answer": "a"})
+        + "\n"
+        + json.dumps({"image": "missing.png", "prompt": "p", "answer": "a"})
+        + "\n"
+    )
+    listed = "\n".join(f"  - registry: {m}" for m in models)
+    path = write(tmp_path, f"models:\n{listed}\nvariants: [{{name: fp32, recipe: fp32}}]\neval: {evaluation}\n")
+    assert main(["sweep", str(path), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {path}: ") and len(err.splitlines()) == 1 and "Traceback" not in err
+    assert all(part in err for part in expected), err
+    assert not (tmp_path / "out").exists()  # nothing started
+
+
+def test_the_eval_section_needs_a_text_or_image_questions(tmp_path):
+    with pytest.raises(SpecError) as e:
+        read_spec(write(tmp_path, GOOD.replace("eval: {text: heldout.txt, max_tokens: 256}", "eval: {limit: 3}")))
+    assert [line.split(": ", 1)[1] for line in str(e.value).splitlines()] == [
+        "eval: required: `text: FILE` (genai eval --text), `images: FILE.jsonl` (genai eval --images), or both"
+    ]
+    with pytest.raises(SpecError) as e:
+        read_spec(write(tmp_path, GOOD.replace("eval: {text: heldout.txt, ", f"eval: {{images: {VLM_QUESTIONS}, ")))
+    assert str(e.value).split(": ", 1)[1] == "eval.max_tokens: goes with `text: FILE`, which is not given"

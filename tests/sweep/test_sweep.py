@@ -1,12 +1,15 @@
 """genai sweep on a local Ray (2 CPUs) with the shipped reference model: its rows are what `genai
 eval` and `genai bench` give for the same folders, a bad variant fails alone, a re-run skips what is
-finished, and a killed worker is retried. Small programs (kv mode, 64 positions) and few tokens."""
+finished, and a killed worker is retried. Small programs (kv mode, 64 positions) and few tokens.
+The shipped reference-vlm likewise: its rows are what `genai eval --images`, `genai eval --text` and
+`genai bench` of a vision-language program give."""
 
 import contextlib
 import dataclasses
 import io
 import json
 import os
+import shutil
 import signal
 import threading
 import time
@@ -17,7 +20,7 @@ from conftest import REFERENCE
 from genai_pipeline.cli import main
 from genai_pipeline.sweep.run import run_sweep
 from genai_pipeline.sweep.spec import read_spec
-from genai_pipeline.sweep.tasks import WORKERS, machine
+from genai_pipeline.sweep.tasks import EXPORT_RECORD, WORKERS, machine, tasks_of
 
 ray = pytest.importorskip("ray")
 
@@ -160,3 +163,87 @@ def test_an_export_no_node_can_hold_fails_at_once(local_ray, tmp_path):
     errors = {r["error"] for r in result["rows"]}
     assert len(errors) == 1 and next(iter(errors)).startswith("an export of reference declares 100000.0 GB")
     assert not (tmp_path / "out" / "exports" / "reference--fp32").exists()
+
+
+# ---------------------------------------------------------------- a vision-language model
+
+VLM_QUESTIONS = REFERENCE.parent / "reference-vlm" / "heldout.jsonl"
+VLM_SPEC = f"""
+models:
+  - registry: reference-vlm
+variants:
+  - {{name: fp32, recipe: fp32}}
+  - {{name: 8da8w, recipe: 8da8w}}
+export: {{max_seq_len: 128}}
+eval: {{images: {VLM_QUESTIONS}, limit: 4, text: {REFERENCE / "heldout.txt"}, max_tokens: 48}}
+bench: {{prompt_len: 16, gen_len: 8, repeats: 1}}
+"""
+VLM_TASKS = ("reference-vlm--fp32", "reference-vlm--8da8w")
+
+
+@pytest.fixture(scope="module")
+def vlm_run(local_ray, export_reference_vlm, tmp_path_factory):
+    """`genai sweep` of reference-vlm in fp32 and 8da8w: (DIR, sweep.json, what it printed). The fp32
+    task's export is the session's (the same options: its export key), the 8da8w one is made here."""
+    folder = tmp_path_factory.mktemp("sweep_vlm")
+    (folder / "spec.yaml").write_text(VLM_SPEC)
+    fp32 = tasks_of(read_spec(folder / "spec.yaml"))[0]
+    shutil.copytree(export_reference_vlm, fp32.folder(folder / "out" / "exports") / "export")
+    (fp32.folder(folder / "out" / "exports") / EXPORT_RECORD).write_text(json.dumps({"key": fp32.export_key()}))
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        assert main(["sweep", str(folder / "spec.yaml"), "--out", str(folder / "out")]) == 0
+    return folder / "out", json.loads((folder / "out" / "sweep.json").read_text()), printed.getvalue()
+
+
+def test_a_vision_language_sweep_gives_the_figures_of_genai_eval_images_and_genai_bench(vlm_run, capsys):
+    out, result, printed = vlm_run
+    assert printed.splitlines()[0].split() == [
+        "task", "program", "MB", "perplexity", "answer", "ppl", "exact", "match", "decode", "tok/s", "status"
+    ]  # fmt: skip
+    assert [line.split()[0] for line in printed.splitlines()[1:]] == list(VLM_TASKS)
+    for task in VLM_TASKS:
+        row = rows(result)[task]
+        folder = out / "exports" / task / "export"
+        assert row["status"] == "done" and row["attempts"] == {"export": 1, "bench": 1}
+        assert row["exported"] == (task != "reference-vlm--fp32")  # the session's fp32 export is reused
+        answered = cli_json(capsys, "eval", str(folder), "--images", str(VLM_QUESTIONS), "--limit", "4", "--json")
+        assert row["images"]["questions"] == answered["questions"] == 4
+        assert {k: row["images"][k] for k in ("exact_match", "answers_agree", "answer_tokens", "recipe")} == {
+            k: answered[k] for k in ("exact_match", "answers_agree", "answer_tokens", "recipe")
+        }
+        for name, ppl in answered["answer_perplexity"].items():
+            assert row["images"]["answer_perplexity"][name] == pytest.approx(ppl, rel=1e-6)
+        ppl = answered["answer_perplexity"]
+        assert row["answer_perplexity_change_pct"] == pytest.approx(100 * (ppl["program"] / ppl["float"] - 1), abs=1e-3)
+        assert (row["exact_match"], row["answers_agree"]) == (
+            answered["exact_match"]["program"],
+            answered["answers_agree"],
+        )
+        # its text decoder scored on the text, as `genai eval --text` scores it
+        scored = cli_json(
+            capsys, "eval", str(folder), "--text", str(REFERENCE / "heldout.txt"), "--max-tokens", "48", "--json"
+        )
+        assert row["eval"]["tokens"] == scored["tokens"] and row["top1_agreement"] == scored["top1_agreement"]
+        assert row["perplexity"] == pytest.approx(scored["perplexity"]["program"], rel=1e-5)
+        # speed: `genai bench` of a vision-language program, the same figures in the same units
+        benched = cli_json(capsys, "bench", str(folder), *BENCH_FLAGS, "--json")
+        assert row["bench"].keys() == benched.keys() and "image_encode_ms" in benched
+        assert (row["bench"]["image_tokens"], row["bench"]["prompt_len"]) == (
+            benched["image_tokens"],
+            benched["prompt_len"],
+        )
+        assert 0 < row["image_encode_ms"] < row["time_to_first_token_ms"]
+        assert row["prefill_tokens_per_s"] > 0 and row["decode_tokens_per_s"] > 0 and row["peak_rss_mb"] > 0
+        assert row["program_mb"] == pytest.approx((folder / "multimodal.pte").stat().st_size / 1e6, abs=1e-3)
+        assert row["machine"] == machine()
+    assert rows(result)["reference-vlm--fp32"]["answer_perplexity_change_pct"] == pytest.approx(0, abs=1e-3)
+
+
+def test_a_vision_language_models_report_charts_and_judges_its_answers(vlm_run):
+    out, result, _ = vlm_run
+    page = (out / "report.html").read_text()
+    assert page.count("<circle") == 2 and "answer perplexity change (%)</text>" in page
+    assert "<th>exact match %<th>= float %" in page and "smallest program within +5 % answer perplexity: " in page
+    # the smaller program is on the Pareto front whatever its answers
+    assert "<tr class=pareto><td>8da8w<" in page

@@ -1,6 +1,14 @@
 """The report's choices on rows made by hand: the Pareto front, the size classes, the recommendations."""
 
-from genai_pipeline.sweep.report import pareto, recommendations, render, size_classes
+from genai_pipeline.sweep.report import (
+    ANSWERS,
+    PERPLEXITY,
+    accuracy_of,
+    pareto,
+    recommendations,
+    render,
+    size_classes,
+)
 from genai_pipeline.sweep.spec import Report
 
 
@@ -55,3 +63,43 @@ def test_the_chart_colours_points_by_decode_speed():
         page.count("class=pareto") == 3
         and "AMD EPYC (family 25, model 17) (avx512f), 2 threads on 2 cores (vm)" in page
     )
+
+
+def vlm_row(variant, mb, answer_change, exact, text_change):
+    """A vision-language model's row: judged by its answers to the image questions."""
+    r = row(variant, mb, text_change, 3000.0) | {"task": f"v--{variant}", "model": "v"}
+    return r | {"answer_perplexity_change_pct": answer_change, "exact_match": exact, "float_exact_match": 0.9}
+
+
+# by its text perplexity 8da4w would beat 8da8w; by its answers (tower and decoder) it does not
+VLM_ROWS = [
+    vlm_row("fp32", 20, 0.0, 0.9, 0.0),
+    vlm_row("8da8w", 5.3, 0.01, 0.92, 1.2),
+    vlm_row("8da4w", 4.0, 0.8, 0.88, 0.5),
+]
+
+
+def test_a_vision_language_model_is_judged_by_its_answers_beside_a_text_model():
+    assert accuracy_of(VLM_ROWS) is ANSWERS and accuracy_of(ROWS) is PERPLEXITY
+    assert pareto(VLM_ROWS, ANSWERS) == {"v--fp32", "v--8da8w", "v--8da4w"}
+    assert recommendations(VLM_ROWS, Report(max_perplexity_change=0.5, size_classes_mb=(5,)), ANSWERS) == [
+        "smallest program within +0.5 % answer perplexity: 8da8w (5.3 MB, +0.010 %, exact match 92.0 % "
+        "(float 90.0 %), 3000.0 tok/s decode)",
+        "up to 5 MB: lowest answer perplexity change: 8da4w (4.0 MB, +0.800 %, exact match 88.0 % (float 90.0 %), "
+        "3000.0 tok/s decode)",
+    ]
+    # a text model and a vision-language one in one sweep: a section each, each by its own accuracy
+    full = [
+        r
+        | {"recipe": "r", "mode": "kv", "perplexity": 20.0, "kl_divergence": 0.01, "top1_agreement": 0.9}
+        | {"prefill_tokens_per_s": 1.0, "peak_rss_mb": 1.0, "export_minutes": 1.0, "export_peak_rss_mb": 1.0}
+        | ({"answer_perplexity": 1.07, "answers_agree": 0.97, "image_encode_ms": 0.8} if r["model"] == "v" else {})
+        for r in ROWS + [VLM_ROWS[0], VLM_ROWS[2] | {"perplexity_change_pct": None}]
+    ]
+    page = render({"spec": "s.yaml", "rows": full, "ran": 6, "skipped": 0, "seconds": 60, "machines": []}, Report())
+    text, vlm = page.split("<h2>")[1:]
+    assert "perplexity change (%)</text>" in text and "<th>top-1 %" in text and "answer" not in text
+    assert "answer perplexity change (%)</text>" in vlm and "<th>exact match %<th>= float %" in vlm
+    assert "<td class=num>90.0 (float 90.0)" in vlm and "<td class=num>n/a" in vlm  # 8da4w: no text scored
+    assert "smallest program within +5 % answer perplexity: 8da4w (4.0 MB, +0.800 %" in vlm
+    assert "Answer perplexity change (a vision-language model" in page
