@@ -44,7 +44,7 @@ class Artifact:
     qdq: Any = None
     qdq_key: str | None = None  # hash of everything its calibration depended on
     # int4 weights chosen by calibration (gptq) or taken from the checkpoint (a GGUF's Q4_0):
-    # {linear weight name: (values, scales)}, kept beside the program for `genai eval`
+    # {linear weight name: (values, scales)}, kept in the QDQ cache (quantize/qdq_cache.py) for `genai eval`
     int4: Any = None
     # smoothing factors folded into the float weights before quantization (quantize.smooth): {site: factors}
     smoothing: Any = None

@@ -16,16 +16,14 @@ from genai_pipeline.errors import ExportError
 from genai_pipeline.export_folder import (
     MANIFEST,
     atomic_write,
-    int4_file,
     sha256,
-    smoothing_file,
     tool_versions,
     weights_fingerprint,
 )
 from genai_pipeline.heap import trim
 from genai_pipeline.manifest import COMPLETE, QDQ_ONLY, ArtifactEntry, FileEntry, Manifest
 from genai_pipeline.names import GraphName
-from genai_pipeline.quantize.weights import save_int4
+from genai_pipeline.quantize import qdq_cache
 from genai_pipeline.stages import stage
 from genai_pipeline.targets import Target
 from genai_pipeline.upstream.executorch_program_manager import store_shared_bytes_once
@@ -168,10 +166,18 @@ def _qdq_manifest(key, qdq):
     return files[None] if None in files else {graph.value: file for graph, file in files.items()}
 
 
+def _chosen(artifact: Artifact) -> tuple[str, ...]:
+    """What the quantize stage chose for `artifact` that its program alone does not give back: int4
+    weights (GPTQ's, a GGUF's) and smoothing factors, which `genai eval` rebuilds its QDQ model with."""
+    return tuple(name for name, value in (("int4", artifact.int4), ("smoothing", artifact.smoothing)) if value)
+
+
 def compile_artifacts(prepared: PreparedModel, target: Target, out: Path, release: bool = False) -> ArtifactSet:
     """Writes `<artifact>.pte` (+ `<artifact>.qdq.pt2` when calibrated), the tokenizer, and the
     manifest last, into `out`: a new or empty folder (`genai export` passes its staging folder, see
-    export_folder.publish), since the manifest lists every file there. Where the target cannot lower on
+    export_folder.publish), since the manifest lists every file there. What the quantize stage chose
+    for `genai eval` (int4 weights, smoothing factors) goes to the QDQ cache under the program's
+    digest (quantize/qdq_cache.py), not into `out`. Where the target cannot lower on
     this host (no vendor SDK), the QDQ models and a manifest with status `qdq-only` are written,
     then ExportError says why. `release`: each artifact's eager weights are let go once lowered
     (the prepared model cannot run after; `genai export` has no more use for it)."""
@@ -193,10 +199,6 @@ def compile_artifacts(prepared: PreparedModel, target: Target, out: Path, releas
                 tmp.replace(out / file)
             if artifact.qdq_key:  # lets a re-run reuse it
                 atomic_write(out / f".{key.value}.qdq.key", artifact.qdq_key)
-        if artifact.int4:  # int4 weights chosen by calibration or taken from a GGUF, for `genai eval`
-            save_int4(int4_file(out, key.value), artifact.int4)
-        if artifact.smoothing:  # for `genai eval`: the float model smoothed as the program's was
-            atomic_write(smoothing_file(out, key.value), lambda f, scales=artifact.smoothing: torch.save(scales, f))
     blocked = target.lowering_blocked()
     programs = {} if blocked else _lower_all(prepared, target, out, release)
     if prepared.tokenizer_file is not None:  # tokenizer.json or tokenizer.model, under its own name
@@ -213,6 +215,9 @@ def compile_artifacts(prepared: PreparedModel, target: Target, out: Path, releas
         for path in sorted(out.iterdir())
         if path.is_file() and not path.name.startswith(".") and path.name != MANIFEST
     }
+    for key, artifact in prepared.artifacts.items():
+        if key in programs and _chosen(artifact):  # for `genai eval`, outside the folder (qdq_cache.py)
+            qdq_cache.store(files[programs[key].name].sha256, qdq_cache.Chosen(artifact.int4, artifact.smoothing))
     options = prepared.options
     manifest = Manifest(
         model=prepared.spec.name,
@@ -244,6 +249,7 @@ def compile_artifacts(prepared: PreparedModel, target: Target, out: Path, releas
                     g.value for g, graph in artifact.graphs.items() if graph.dynamic_shapes is not None
                 ),
                 constant_methods=dict(artifact.constant_methods),
+                chosen=_chosen(artifact) if key in programs else (),
             )
             for key, artifact in prepared.artifacts.items()
         },

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from genai_pipeline.artifacts import ArtifactSet
 from genai_pipeline.checkpoints import infer_checkpoint_spec
+from genai_pipeline.checkpoints.gguf import gguf_file
 from genai_pipeline.compile import compile_artifacts
 from genai_pipeline.data import calibration_tokens
 from genai_pipeline.errors import ExportError, InputError
@@ -28,12 +29,12 @@ from genai_pipeline.manifest import Manifest
 from genai_pipeline.options import DEFAULT_MODEL, PrepareOptions, QuantOptions
 from genai_pipeline.prepare import prepare
 from genai_pipeline.quantize import check_speech_quant, quantize
-from genai_pipeline.quantize.calibration import with_default_data
+from genai_pipeline.quantize.calibration import calibrating, calibration_free, with_default_data
 from genai_pipeline.quantize.multimodal import check_vision_language_quant
 from genai_pipeline.registry import ModelSpec, get_spec
 from genai_pipeline.stages import peak_rss_so_far_mb, recording, stage
 from genai_pipeline.targets import Target, check_recipe, get_target
-from genai_pipeline.tokenizer import Tokenizer
+from genai_pipeline.tokenizer import Tokenizer, find_tokenizer_file
 
 log = logging.getLogger(__name__)
 
@@ -129,6 +130,7 @@ def _export(
         raise InputError(f"--vision-recipe applies to vision-language models; {spec.name} is a text model")
     if target.cache_io and not options.cache_io:
         options = dataclasses.replace(options, cache_io=True)  # the form this target lowers
+    quant = _calibration_checked(spec, options, quant)
     log.info("prepare %s (%s mode, max_seq_len %d)", spec.name, options.mode.value, options.max_seq_len)
     # A calibrated QDQ model of the previous export in `out` is reused when its key matches;
     # compile writes it into the staging folder with the rest.
@@ -161,6 +163,43 @@ def _export(
     with stage("report"):
         write_quant_report(staging, *report_tokens, verification=verification)  # before the swap: part of the folder
     return blocked
+
+
+def _calibration_checked(spec: ModelSpec, options: PrepareOptions, quant: QuantOptions) -> QuantOptions:
+    """`quant`, or where the weights have no tokenizer to calibrate with, decided before any work:
+    random weights (a registry name without a checkpoint, for speed studies) take the recipe
+    without calibration, said on one line; a checkpoint without one is refused, naming the fix."""
+    wants = calibrating(quant)
+    checkpoint = options.checkpoint or spec.checkpoint
+    if not wants or (checkpoint is not None and _has_tokenizer(Path(checkpoint))):
+        return quant
+    if checkpoint is not None:
+        raise InputError(
+            f"--recipe {quant.recipe} calibrates on text ({', '.join(wants)}), and the checkpoint '{checkpoint}' has "
+            "no tokenizer.json or tokenizer.model to encode it: add the model's tokenizer there, or pass --no-calibration"
+        )
+    if quant.calibration.datasets or quant.size_budget is not None:
+        flag = "--calib" if quant.calibration.datasets else "--size-budget"
+        raise InputError(
+            f"{flag} measures on calibration text, and {spec.name} without a checkpoint has random weights and no "
+            "tokenizer: pass --checkpoint DIR, or drop it"
+        )
+    instead = " (4-bit weights by mse, the same 8-bit layers)" if "GPTQ" in wants else ""
+    log.warning(
+        "%s has random weights and no tokenizer to calibrate with: %s without %s%s, as --no-calibration gives; "
+        "pass --checkpoint DIR for the full recipe",
+        spec.name,
+        quant.recipe,
+        " or ".join(wants),
+        instead,
+    )
+    return calibration_free(quant)
+
+
+def _has_tokenizer(checkpoint: Path) -> bool:
+    """A checkpoint's tokenizer, found as prepare finds it (a GGUF carries its vocabulary); a
+    checkpoint that does not exist passes, for prepare to say so."""
+    return not checkpoint.exists() or gguf_file(checkpoint) is not None or find_tokenizer_file(checkpoint) is not None
 
 
 def _verify(staging: Path, recipe: str, quant: QuantOptions) -> Verification:

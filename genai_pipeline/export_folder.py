@@ -209,12 +209,13 @@ def _exchange(a: Path, b: Path) -> bool:
 
 
 def int4_file(folder: Path, artifact_key: str) -> Path:
-    """Where an export keeps the int4 weights it computed (gptq), for `genai eval` to rebuild its QDQ model."""
+    """Where an export of an earlier version kept the int4 weights it chose (gptq, a GGUF's), for
+    `genai eval`; they now go to the QDQ cache (quantize/qdq_cache.py), outside the folder."""
     return Path(folder) / f"{artifact_key}.int4.pt"
 
 
 def smoothing_file(folder: Path, artifact_key: str) -> Path:
-    """Where an export keeps the smoothing factors it folded into the float weights, for `genai eval`."""
+    """Where an export of an earlier version kept its smoothing factors (see int4_file)."""
     return Path(folder) / f"{artifact_key}.smoothing.pt"
 
 
@@ -240,6 +241,11 @@ def check_weights(fingerprint: Mapping[str, Any] | None) -> None:
     if not fingerprint:
         return
     folder = Path(fingerprint["path"])
+    if not folder.exists():
+        raise InputError(
+            f"the checkpoint {folder} the export was made from is gone (its float model is rebuilt from it): "
+            "put it back there, or re-export"
+        )
     now = {p.name: p for p in ([folder] if folder.is_file() else [p for g in WEIGHT_FILES for p in folder.glob(g)])}
     for name, want in fingerprint["files"].items():
         path = now.pop(name, None)

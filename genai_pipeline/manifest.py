@@ -50,6 +50,10 @@ class ArtifactEntry:
     dynamic_methods: tuple[str, ...] = ()
     constant_methods: Mapping[str, Any] = field(default_factory=dict)
     qdq: str | Mapping[str, str] | None = None  # a file name; a vision-language program's: {graph: file name}
+    # What the export chose that its QDQ model is rebuilt from beside the checkpoint: "int4" (GPTQ's or a
+    # GGUF's 4-bit weights), "smoothing" (SmoothQuant's factors); kept in the QDQ cache under the
+    # program's sha256, outside the folder (quantize/qdq_cache.py)
+    chosen: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -149,6 +153,7 @@ class Manifest:
                     "methods": list(a.methods),
                     "dynamic_methods": list(a.dynamic_methods),
                     "constant_methods": a.constant_methods,
+                    **({"chosen": list(a.chosen)} if a.chosen else {}),
                 }
                 for key, a in self.artifacts.items()
             },
@@ -359,9 +364,14 @@ def _artifacts(artifacts: dict, files: dict, status: str, vision, audio) -> dict
             artifact.get("constant_methods", {}),
             artifact.get("qdq"),
         )
+        chosen = artifact.get("chosen", [])
         if not _strings(dynamic) or not isinstance(constants, dict) or not isinstance(qdq, (str, dict, type(None))):
             raise _Malformed(f"artifact '{key[:20]}' has malformed dynamic methods, constants or QDQ files")
-        entries[ArtifactKey(key)] = ArtifactEntry(file, tuple(artifact["methods"]), tuple(dynamic), constants, qdq)
+        if not _strings(chosen) or not set(chosen) <= {"int4", "smoothing"}:
+            raise _Malformed(f"artifact '{key[:20]}' has a malformed list of chosen values")
+        entries[ArtifactKey(key)] = ArtifactEntry(
+            file, tuple(artifact["methods"]), tuple(dynamic), constants, qdq, tuple(chosen)
+        )
     needed = (
         (ArtifactKey.MULTIMODAL,)
         if audio is not None or vision is not None and vision["layout"] != SPLIT

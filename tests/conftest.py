@@ -54,6 +54,18 @@ JOINS_MODULE = {"test_vision_split": "test_vision", "test_vision_chat": "test_vi
 LONG = ("smollm2_default", "smollm2_fp32")
 
 
+@pytest.fixture(scope="session", autouse=True)
+def qdq_cache_of_the_session(tmp_path_factory) -> Path:
+    """What exports choose for `genai eval` (quantize/qdq_cache.py) goes to a folder of the session,
+    not the user's cache; child processes (`genai` run as a command) inherit it."""
+    from genai_pipeline.quantize.qdq_cache import CACHE_VARIABLE
+
+    folder = tmp_path_factory.mktemp("genai-pipeline-cache")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(CACHE_VARIABLE, str(folder))
+        yield folder
+
+
 def pytest_configure(config) -> None:
     # `make test`'s workers fill the cores: with a thread per core each (torch's default, and
     # ExecuTorch's threadpool's) twice as many threads as cores compete, OpenMP's spinning on the

@@ -87,6 +87,10 @@ def cmd_export(args) -> int:
         vision_recipe=args.vision_recipe,
         size_budget=args.size_budget,
     )
+    if args.no_calibration:
+        from genai_pipeline.quantize.calibration import calibration_free
+
+        quant = calibration_free(quant)
     options = PrepareOptions(
         mode=args.mode,
         max_seq_len=args.max_seq_len,

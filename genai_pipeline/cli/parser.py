@@ -121,6 +121,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--block-size", type=int, default=default(quant, "block_size"), help="16a4w_block block size")
     p.add_argument(
+        "--no-calibration",
+        action="store_true",
+        help="dynamic recipes without calibration text: 4-bit weights by least squares (mse) instead of GPTQ, no "
+        "SmoothQuant, the same 8-bit layers; for a checkpoint without a tokenizer (random weights get it by themselves)",
+    )
+    p.add_argument(
         "--calib",
         action="append",
         default=[],

@@ -28,7 +28,8 @@ from genai_pipeline.checkpoints import open_decoder
 from genai_pipeline.checkpoints.block_loader import offload
 from genai_pipeline.checkpoints.hf import random_decoder
 from genai_pipeline.errors import InputError, ProgramError
-from genai_pipeline.export_folder import check_weights, int4_file, smoothing_file
+from genai_pipeline.evaluate.chosen import chosen_values
+from genai_pipeline.export_folder import check_weights
 from genai_pipeline.limits import read_input_text
 from genai_pipeline.manifest import COMPLETE, Manifest
 from genai_pipeline.models.cache_io import CacheIOContract, eager_runner
@@ -38,7 +39,6 @@ from genai_pipeline.names import ArtifactKey, GraphName, Mode
 from genai_pipeline.options import EvalOptions, quant_options_from
 from genai_pipeline.quantize.rotation import unrotated
 from genai_pipeline.quantize.streaming import quantize_blocks
-from genai_pipeline.quantize.weights import load_int4
 from genai_pipeline.registry import get_spec
 from genai_pipeline.runtime.cache_io import CacheIOSession
 from genai_pipeline.runtime.open import open_session
@@ -228,22 +228,14 @@ def quantized_model(folder: Path, manifest: Manifest, reference: Decoder, in_pla
         from genai_pipeline.quantize.multimodal import quantize_model
 
         model = reference if in_place else copy.deepcopy(reference)
-        computed = int4_file(folder, ArtifactKey.MULTIMODAL.value)
-        quantize_model(model, quant, load_int4(computed) if computed.is_file() else None)
+        quantize_model(model, quant, chosen_values(folder, manifest, ArtifactKey.MULTIMODAL).int4)
         return model
-    computed = int4_file(folder, "text_decoder")  # int4 weights the export calibrated (gptq)
-    scales = smoothing_file(folder, "text_decoder")
+    chosen = chosen_values(folder, manifest, ArtifactKey.TEXT_DECODER)
     if getattr(reference, "offloaded", False):  # a fresh decoder, quantized as it loads: no float model held
         model, loader = open_decoder(get_spec(manifest.entry), manifest.checkpoint_path, manifest.max_seq_len)
     else:
         model, loader = reference if in_place else copy.deepcopy(reference), None
-    quantize_blocks(
-        model,
-        loader,
-        quant,
-        given=load_int4(computed) if computed.is_file() else None,
-        scales=torch.load(scales, weights_only=True) if scales.is_file() else None,
-    )
+    quantize_blocks(model, loader, quant, given=chosen.int4, scales=chosen.smoothing)
     return model
 
 

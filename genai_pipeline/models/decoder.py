@@ -662,17 +662,14 @@ class Block(nn.Module):
         pre_norm = norm if config.pre_norms else nn.Identity
         post_norm = norm if config.sandwich_norms else nn.Identity
         self.norm_readers = NORM_READERS if config.pre_norms else {}  # no pre-norm: no scale to move
-        # the linears reading and writing the residual stream (quantize/rotation.py)
-        self.residual_readers = sum(NORM_READERS.values(), ())
+        # the linears writing the residual stream (quantize/rotation.py)
         self.residual_writers = ("attention.wo", "feed_forward.w2")
         self.attention_norm = pre_norm()
         self.attention: Attention | None = None
         self.conv: ShortConv | None = None
         if conv:
             self.conv = ShortConv(config, max_seq_len)
-            if config.pre_norms:
-                self.norm_readers = {**self.norm_readers, "attention_norm": ("conv.in_proj",)}
-            self.residual_readers = ("conv.in_proj", *NORM_READERS["ffn_norm"])
+            self.norm_readers = {**self.norm_readers, "attention_norm": ("conv.in_proj",)}
             self.residual_writers = ("conv.out_proj", "feed_forward.w2")
         else:
             self.attention = Attention(config, max_seq_len)
@@ -680,25 +677,17 @@ class Block(nn.Module):
         self.ffn_norm = pre_norm()
         self.feed_forward = FeedForward(config)
         self.ffn_post_norm = post_norm()
-        # Set by rotation.rotate for sandwich norms: Q^T diag(g) Q after each post-norm, whose scale g
-        # cannot move into a linear (quantize/rotation.py); None: not rotated, or no post-norms
-        self.attention_post_rotation: nn.Linear | None = None
-        self.ffn_post_rotation: nn.Linear | None = None
         self.residual_multiplier = config.residual_multiplier
 
     def forward(
         self, x: torch.Tensor, start, rope: tuple | None, mask: torch.Tensor | None, rows: CacheRows | None = None
     ) -> torch.Tensor:
         mixer = self.attention if self.conv is None else self.conv
-        h = self.attention_post_norm(mixer(self.attention_norm(x), start, rope, mask, rows))
-        x = x + self._residual(h, self.attention_post_rotation)
-        h = self.ffn_post_norm(self.feed_forward(self.ffn_norm(x)))
-        return x + self._residual(h, self.ffn_post_rotation)
+        x = x + self._residual(self.attention_post_norm(mixer(self.attention_norm(x), start, rope, mask, rows)))
+        return x + self._residual(self.ffn_post_norm(self.feed_forward(self.ffn_norm(x))))
 
-    def _residual(self, h: torch.Tensor, rotation: nn.Linear | None) -> torch.Tensor:
-        # branches on the config and the rotation, not on data: the graph is as before without them
-        if rotation is not None:
-            h = rotation(h)
+    def _residual(self, h: torch.Tensor) -> torch.Tensor:
+        # a branch on the config, not on data: a multiplier of 1 leaves the graph as it was
         return h if self.residual_multiplier == 1.0 else h * self.residual_multiplier
 
 

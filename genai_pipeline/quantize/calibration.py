@@ -16,6 +16,7 @@ from genai_pipeline.artifacts import PreparedModel
 from genai_pipeline.chat_template import read_chat_template
 from genai_pipeline.errors import InputError
 from genai_pipeline.options import CalibrationOptions, QuantOptions
+from genai_pipeline.quantize.recipes import head_recipe
 
 log = logging.getLogger(__name__)
 
@@ -79,8 +80,8 @@ def _calibration_split(prepared: PreparedModel, options: QuantOptions) -> tuple[
     checkpoint = prepared.tokenizer_file.parent if prepared.tokenizer_file else None
     if checkpoint is None:
         raise InputError(
-            "--recipe 8da4w calibrates its 4-bit weights (gptq) on text, and the checkpoint has no tokenizer; "
-            "pass a checkpoint with one, or set the weight rule to mse"
+            f"--recipe {options.recipe} calibrates on text (GPTQ, SmoothQuant), and the checkpoint has no tokenizer; "
+            "pass a checkpoint with one, or --no-calibration"
         )
     tokenizer = Tokenizer.from_folder(checkpoint, bos_id=prepared.spec.bos_id)
     if options.calibration.datasets:
@@ -146,6 +147,41 @@ class InputStatistics:
                 self.hessians[name].add_(xtx)  # in place: no third n x n while the sum is made
             else:
                 self.hessians[name] = xtx
+
+
+def calibrating(options: QuantOptions) -> tuple[str, ...]:
+    """What a dynamic recipe measures on calibration text ("GPTQ", "SmoothQuant", "the size
+    budget"), as its options ask for it; a static or float recipe: nothing here."""
+    if options.is_static or options.is_float:
+        return ()
+    int4 = {options.recipe, *(r for _, r in options.overrides), *(r.recipe for r in options.rules or ())}
+    wants = {
+        "GPTQ": options.weight_rule == "gptq" and "8da4w" in int4,
+        "SmoothQuant": options.smooth is not None,
+        "the size budget": options.size_budget is not None,
+    }
+    return tuple(name for name, on in wants.items() if on)
+
+
+def calibration_free(options: QuantOptions) -> QuantOptions:
+    """`options` without what reads calibration text (`--no-calibration`; a model without a
+    tokenizer): 4-bit weights by the least-squares scale search (mse) instead of GPTQ, no
+    SmoothQuant. The LM head keeps the recipe the calibrated options give it, so that the
+    program holds the same layers at the same widths (its size and speed are the full recipe's)."""
+    if options.is_static or options.is_float:
+        raise InputError(
+            f"--no-calibration goes with the dynamic recipes (8da4w, 8da8w); --recipe {options.recipe} "
+            + ("calibrates by definition" if options.is_static else "quantizes nothing")
+        )
+    if options.calibration.datasets or options.size_budget is not None:
+        flag = "--calib" if options.calibration.datasets else "--size-budget"
+        raise InputError(f"{flag} measures on calibration text, and --no-calibration reads none: drop one of them")
+    free = dataclasses.replace(options, weight_rule="mse" if options.weight_rule == "gptq" else options.weight_rule)
+    free = dataclasses.replace(free, smooth=None)
+    head = head_recipe(options) or options.recipe
+    if (head_recipe(free) or free.recipe) != head:
+        free = dataclasses.replace(free, head=head)
+    return free
 
 
 def with_default_data(calibration: CalibrationOptions) -> CalibrationOptions:

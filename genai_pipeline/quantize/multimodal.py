@@ -239,7 +239,7 @@ def quantize_vision_language(prepared: PreparedModel, options: QuantOptions, tar
     vision["components"] = {k: {**v, **recipes[k]} for k, v in vision["components"].items()}
     return dataclasses.replace(
         prepared,
-        # compile writes the GPTQ weights beside the program: eval and the report rebuild the quantized model from them
+        # compile keeps the GPTQ weights in the QDQ cache: eval and the report rebuild the quantized model from them
         artifacts={artifact.key: dataclasses.replace(artifact, int4=computed)},
         recipe=describe(options),
         quantization=dataclasses.asdict(options),

@@ -59,11 +59,7 @@ def recipe_rules(options: QuantOptions, n_layers: int, given: Iterable[str] = ()
     rules. A static recipe has none: the target's quantizer annotates every layer (targets/)."""
     if options.is_static:
         return ()
-    rules = [
-        Rule(r"^head_rotation$", "fp32"),  # rotation's float d x d before a tied head (rotation.py)
-        # rotation's d x d after a sandwich norm, two a block (rotation.py): 8 bits, a quarter of fp32's bytes
-        Rule(r"^layers\.\d+\.(attention|ffn)_post_rotation$", "8da8w"),
-    ]
+    rules = [Rule(r"^head_rotation$", "fp32")]  # rotation's float d x d before a tied head (rotation.py)
     if options.recipe == "8da4w":
         rules += [Rule(p, "8da8w") for p in eight_bit_patterns(options)]
         if options.size_budget is None:  # a size budget measures instead (size_budget.py)

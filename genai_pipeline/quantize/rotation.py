@@ -14,13 +14,6 @@ before it, `Decoder.head_rotation` = Q^T diag(g) Q, turns x_hat Q into (x_hat * 
 product with (E Q)^T is the original logits. It stays float: at 8 bits it cost SmolLM2-135M more
 than the rotation gave (docs/decisions/0017).
 
-Sandwich norms (Gemma 2/3 and OLMo 2 normalise each block's attention and MLP outputs before the
-residual add) cannot pass their scale to a linear: the norm's input comes from wo / w2, its output
-goes to the residual stream. Around them: wo and w2 write y Q as every writer does (the norm, now
-without its scale, keeps y Q's length, so it gives y_hat Q), and a d x d linear after it,
-`Block.attention_post_rotation` / `ffn_post_rotation` = Q^T diag(g) Q, turns y_hat Q into
-(y_hat * g) Q. Two d x d linears a block at run time: the price of rotating such a family.
-
 Q is a randomized Hadamard matrix (random signs times H_{2^k} (x) a random orthogonal matrix of the
 odd part of d), seeded: `genai eval` rebuilds the same quantized model from the float one.
 """
@@ -51,15 +44,17 @@ def random_hadamard(dim: int, seed: int = SEED) -> torch.Tensor:
 
 
 def can_rotate(decoder: nn.Module) -> bool:
-    """A text decoder of ours (models.decoder.Decoder): every norm layout rotates (see the module doc)."""
-    return getattr(decoder, "config", None) is not None and hasattr(decoder, "layers")
+    """A text decoder whose norms all sit before a linear: a sandwich norm (Gemma 2/3) normalises
+    a block's output before the residual add, where no linear follows to take its scale."""
+    config = getattr(decoder, "config", None)
+    return config is not None and hasattr(decoder, "layers") and not config.sandwich_norms
 
 
 @torch.no_grad()
 def rotate(decoder: nn.Module, seed: int = SEED) -> None:
     """Rotate `decoder` (a models.decoder.Decoder) in place; see the module doc."""
     if not can_rotate(decoder):
-        raise InputError("only a text decoder's residual stream can be rotated: quantize this model without rotation")
+        raise InputError("this decoder cannot be rotated (sandwich norms): quantize it without rotation")
     q = random_hadamard(decoder.config.dim, seed)
     for block in decoder.layers:
         rotate_block(block, q)
@@ -70,23 +65,14 @@ def rotate(decoder: nn.Module, seed: int = SEED) -> None:
 
 @torch.no_grad()
 def rotate_block(block: nn.Module, q: torch.Tensor) -> None:
-    """One block's part of `rotate`: its pre-norms' scales folded into their readers, W Q for the
-    linears reading the residual stream, Q^T W for those writing it, and a post-norm's scale into
-    the d x d linear after it."""
-    scales = {}
+    """One block's part of `rotate`: its norms' scales folded into their readers, W Q for the
+    linears reading the residual stream, Q^T W for those writing it."""
     for norm, readers in block.norm_readers.items():
         g = _take_scale(getattr(block, norm))
-        scales.update(dict.fromkeys(readers, g))
-    for name in block.residual_readers:
-        linear = block.get_submodule(name)
-        w = linear.weight.double()
-        _set(linear, (w if name not in scales else w * scales[name]) @ q)
+        for linear in map(block.get_submodule, readers):
+            _set(linear, linear.weight.double() * g @ q)
     for linear in map(block.get_submodule, block.residual_writers):
         _set(linear, q.T @ linear.weight.double())
-    dtype = block.get_submodule(block.residual_writers[0]).weight.dtype
-    for norm, rotation in (("attention_post_norm", "attention_post_rotation"), ("ffn_post_norm", "ffn_post_rotation")):
-        if not isinstance(getattr(block, norm), nn.Identity):
-            setattr(block, rotation, _scaled_rotation(q, _take_scale(getattr(block, norm)), dtype))
 
 
 @torch.no_grad()
@@ -106,15 +92,9 @@ def rotate_head(decoder: nn.Module, q: torch.Tensor) -> None:
         decoder.output.weight.mul_(g.to(decoder.output.weight.dtype))
         _times(decoder.output.weight, q)
     else:
-        decoder.head_rotation = _scaled_rotation(q, g, decoder.tok_embeddings.weight.dtype)
-
-
-def _scaled_rotation(q: torch.Tensor, g: torch.Tensor, dtype: torch.dtype) -> nn.Linear:
-    """The d x d linear Q^T diag(g) Q: x_hat Q -> (x_hat * g) Q, after a norm whose scale g cannot
-    move into a linear."""
-    linear = nn.Linear(q.shape[0], q.shape[0], bias=False, dtype=dtype)
-    _set(linear, q.T @ torch.diag(g) @ q)  # symmetric: its own transpose
-    return linear
+        pre = nn.Linear(q.shape[0], q.shape[0], bias=False, dtype=decoder.tok_embeddings.weight.dtype)
+        _set(pre, q.T @ torch.diag(g) @ q)  # symmetric: its own transpose
+        decoder.head_rotation = pre
 
 
 def _take_scale(norm) -> torch.Tensor:

@@ -86,7 +86,7 @@ def quantize_text(
 def _quantize_dynamic(prepared: PreparedModel, artifact, options: QuantOptions, given):
     """A dynamic recipe on the text decoder, block by block (streaming.py); with a size budget, its
     choice of 8-bit layers made on the whole model after. The artifact with its chosen int4 weights
-    and smoothing scales (compile writes them beside the program), and the options with the rules
+    and smoothing scales (compile keeps them in the QDQ cache, qdq_cache.py), and the options with the rules
     applied (the manifest records them; `genai eval` applies them again)."""
     decoder = artifact.module
     gptq = options.weight_rule == "gptq" and not given and bool(gptq_names(decoder, options))

@@ -163,22 +163,28 @@ def wmse_qparams(w: torch.Tensor, group_size: int, importance: torch.Tensor, bit
     return torch.cat(qs).reshape(w.shape), torch.cat(ds)
 
 
-def save_int4(path: Path, given: Mapping[str, tuple[torch.Tensor, torch.Tensor]]) -> None:
+def packed_int4(given: Mapping[str, tuple[torch.Tensor, torch.Tensor]]) -> dict:
+    """int4 values [out, in] in [-8, 7] and their scales, two values a byte and bf16 scales (as
+    XNNPACK stores them): what the QDQ cache keeps (qdq_cache.py)."""
     packed = {}
     for name, (q, d) in given.items():
         u = (q.to(torch.int16) + 8).to(torch.uint8).reshape(-1)
         packed[name] = {"shape": tuple(q.shape), "nibbles": u[1::2] << 4 | u[::2], "scale": d.to(torch.bfloat16)}
-    tmp = path.with_name(path.name + ".partial")
-    torch.save(packed, tmp)
-    tmp.replace(path)
+    return packed
 
 
-def load_int4(path: Path) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+def unpacked_int4(packed: Mapping[str, dict]) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """The inverse of packed_int4."""
     out = {}
-    for name, p in torch.load(path, weights_only=True).items():
+    for name, p in packed.items():
         u = torch.stack([p["nibbles"] & 15, p["nibbles"] >> 4], dim=1).reshape(p["shape"])
         out[name] = (u.to(torch.int16) - 8).to(torch.int8), p["scale"].float()
     return out
+
+
+def load_int4(path: Path) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """The int4 weights an export of an earlier version kept in its folder (`<artifact>.int4.pt`)."""
+    return unpacked_int4(torch.load(path, weights_only=True))
 
 
 RULES = {

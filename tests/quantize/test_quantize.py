@@ -5,7 +5,6 @@ import operator
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -369,9 +368,9 @@ def test_4bit_rules_give_xnnpack_scales(rule):
 
 
 def test_gptq_beats_round_to_nearest_on_the_layer_output_and_round_trips():
-    from genai_pipeline.export_folder import int4_file
+    from genai_pipeline.quantize import qdq_cache
     from genai_pipeline.quantize.gptq import gptq_qparams
-    from genai_pipeline.quantize.weights import load_int4, mse_qparams, save_int4
+    from genai_pipeline.quantize.weights import mse_qparams
 
     g = torch.Generator().manual_seed(0)
     x = torch.randn(2048, 128, generator=g) @ torch.randn(128, 128, generator=g) * 0.1  # correlated inputs
@@ -381,9 +380,8 @@ def test_gptq_beats_round_to_nearest_on_the_layer_output_and_round_trips():
         assert (d > 0).all() and int(q.min()) >= -8 and int(q.max()) <= 7
         errors[name] = (x @ (q * d.repeat_interleave(32, 1)).T - x @ w.T).pow(2).mean()
     assert errors["gptq"] < 0.7 * errors["mse"], errors
-    path = int4_file(Path(__import__("tempfile").mkdtemp()), "text_decoder")
-    save_int4(path, {"a.weight": (q, d)})
-    q2, d2 = load_int4(path)["a.weight"]
+    qdq_cache.store("0" * 64, qdq_cache.Chosen({"a.weight": (q, d)}))  # the session's cache (conftest)
+    q2, d2 = qdq_cache.load("0" * 64).int4["a.weight"]
     assert torch.equal(q2, q) and torch.equal(d2, d)
 
 
