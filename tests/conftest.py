@@ -347,12 +347,11 @@ def smollm2_fp32(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def smollm2_default(tmp_path_factory):
     """smollm2_default(recipe, mode="kv") -> folder: the real SmolLM2-135M-Instruct exported with a
-    recipe's defaults (no other flag but the mode: `kv` unless asked, its one method lowers faster),
-    once per session."""
-    import io
-    import sys
-
-    from genai_pipeline.cli import main
+    recipe's defaults (no other option but the mode: `kv` unless asked, its one method lowers faster),
+    once per session. Without the export's own verification and report: the tests score the program
+    themselves (`genai eval` on 1022 tokens), and the two would rebuild the float and QDQ models again."""
+    import genai_pipeline
+    from genai_pipeline.options import PrepareOptions, QuantOptions
 
     if not SMOLLM2_GGUF.is_file():
         pytest.skip(f"{SMOLLM2_GGUF} is fetched by `make test`")
@@ -361,25 +360,13 @@ def smollm2_default(tmp_path_factory):
     def build(recipe: str, mode: str = "kv") -> Path:
         if (recipe, mode) not in built:
             out = tmp_path_factory.mktemp("smollm2") / f"{recipe}-{mode}"
-            err = io.StringIO()
-            with pytest.MonkeyPatch.context() as mp:
-                mp.setattr(sys, "stderr", err)
-                code = main(
-                    [
-                        "export",
-                        "--checkpoint",
-                        str(SMOLLM2_GGUF),
-                        "--recipe",
-                        recipe,
-                        "--mode",
-                        mode,
-                        "--max-seq-len",
-                        "512",
-                        "--out",
-                        str(out),
-                    ]
-                )
-            assert code == 0, err.getvalue()
+            genai_pipeline.export(
+                out=out,
+                checkpoint=SMOLLM2_GGUF,
+                prepare=PrepareOptions(mode=mode, max_seq_len=512),
+                quant=QuantOptions(recipe=recipe),
+                verify=False,
+            )
             built[recipe, mode] = out
         return built[recipe, mode]
 
