@@ -26,6 +26,10 @@ What llama.cpp's convert_hf_to_gguf.py changed, undone here, per architecture (`
   llama.cpp's by weight); our decoder applies 1 + weight itself, so 1 is subtracted.
 - phi3: q/k/v are one `attn_qkv` tensor and gate/up one `ffn_up` tensor, as in Hugging Face's
   Phi-3; split along the output dim as `hf.py` splits them.
+- lfm2: the KV head count is written per layer, 0 for a short-convolution layer (which gives the
+  layer kinds); the final norm is `token_embd_norm` (Hugging Face's `embedding_norm`); the
+  convolution's weight is stored without its unit middle dimension; the MLP width is the one the
+  model uses (transformers' adjustment already applied).
 """
 
 from __future__ import annotations
@@ -74,6 +78,13 @@ TENSOR_MAP: tuple[tuple[str, tuple[str, ...]], ...] = (
 PHI3_TENSOR_MAP = (
     (r"blk\.(\d+)\.ffn_up\.weight", (r"layers.\1.feed_forward.w1.weight", r"layers.\1.feed_forward.w3.weight")),
 )
+# LFM2's own tensor names (llama.cpp's `shortconv.*`; no output_norm: token_embd_norm is the final norm).
+LFM2_TENSOR_MAP = (
+    (r"token_embd_norm\.weight", ("norm.weight",)),
+    (r"blk\.(\d+)\.shortconv\.conv\.weight", (r"layers.\1.conv.conv_weight",)),
+    (r"blk\.(\d+)\.shortconv\.in_proj\.weight", (r"layers.\1.conv.in_proj.weight",)),
+    (r"blk\.(\d+)\.shortconv\.out_proj\.weight", (r"layers.\1.conv.out_proj.weight",)),
+)
 # Tensors llama.cpp derives from the config (RoPE frequency factors); our decoder computes its own.
 DERIVED_TENSORS = re.compile(r"rope_freqs\.weight|rope_factors_(long|short)\.weight")
 
@@ -119,6 +130,7 @@ ARCHS: dict[str, Arch] = {
     # base of 10000, query_pre_attn_scalar = head_dim (but 27B); see _gemma3_config.
     "gemma3": Arch("gemma3_text", norm_shift=1.0, defaults=(("hidden_activation", "gelu_pytorch_tanh"),)),
     "phi3": Arch("phi3", tensor_map=PHI3_TENSOR_MAP),
+    "lfm2": Arch("lfm2", tensor_map=LFM2_TENSOR_MAP, config_keys=(("shortconv.l_cache", "conv_L_cache"),)),
 }
 
 # GGUF `{arch}.` metadata keys -> config.json keys, every architecture.
@@ -210,6 +222,9 @@ def config_dict(reader, file: Path) -> dict:
     config_keys = {**CONFIG_KEYS, **dict(arch.config_keys)}
     for key, ours in config_keys.items():
         value = metadata(reader, f"{name}.{key}")
+        if name == "lfm2" and key == "attention.head_count_kv" and isinstance(value, list):
+            config["layer_types"] = ["full_attention" if heads else "conv" for heads in value]
+            value = max(value, default=0)  # the attention layers' count (0: a convolution layer)
         if isinstance(value, list):  # per-layer values (some files): ours are uniform
             if len(set(map(repr, value))) != 1:
                 raise CheckpointError(
@@ -230,6 +245,8 @@ def config_dict(reader, file: Path) -> dict:
     _rope_config(reader, name, config, tensors, file)
     if name == "gemma3":
         _gemma3_config(reader, config)
+    if name == "lfm2":  # the width the MLP uses, and LFM2's name for the norms' epsilon
+        config.update(block_auto_adjust_ff_dim=False, norm_eps=config.get("rms_norm_eps", 1e-5))
     for key, ours in TOKEN_ID_KEYS.items():
         value = metadata(reader, f"tokenizer.ggml.{key}")
         if value is not None:
@@ -356,6 +373,8 @@ def our_tensors(
         )
     shapes = [expected[n] for n in names]
     want = (sum(s[0] for s in shapes), *shapes[0][1:])
+    if names[0].endswith(".conv.conv_weight") and values.dim() == 2:
+        values = values.unsqueeze(1)  # llama.cpp squeezes the depthwise convolution's unit dimension
     if tuple(values.shape) != want:
         raise CheckpointError(
             f"tensor '{tensor_name}' in '{file.name}' has shape {tuple(values.shape)}, but its metadata imply {want}"

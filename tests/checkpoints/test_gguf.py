@@ -61,6 +61,20 @@ ARCH_NAMES = {
         "post_attention_layernorm.weight": "post_attention_norm.weight",
         "post_feedforward_layernorm.weight": "post_ffw_norm.weight",
     },
+    "lfm2": {
+        "model.embedding_norm.weight": "token_embd_norm.weight",
+        "operator_norm.weight": "attn_norm.weight",
+        "ffn_norm.weight": "ffn_norm.weight",
+        "self_attn.out_proj.weight": "attn_output.weight",
+        "self_attn.q_layernorm.weight": "attn_q_norm.weight",
+        "self_attn.k_layernorm.weight": "attn_k_norm.weight",
+        "conv.conv.weight": "shortconv.conv.weight",
+        "conv.in_proj.weight": "shortconv.in_proj.weight",
+        "conv.out_proj.weight": "shortconv.out_proj.weight",
+        "feed_forward.w1.weight": "ffn_gate.weight",
+        "feed_forward.w3.weight": "ffn_up.weight",
+        "feed_forward.w2.weight": "ffn_down.weight",
+    },
 }
 # Architectures whose q/k rows llama.cpp's converter permutes (its LlamaModel and subclasses).
 PERMUTED = ("llama", "smollm3", "granite")
@@ -137,10 +151,15 @@ def write_gguf(path: Path, arch: str, model, types: list[Q], tokenizer_json: Pat
     writer.add_context_length(c.max_position_embeddings)
     writer.add_embedding_length(c.hidden_size)
     writer.add_block_count(c.num_hidden_layers)
-    writer.add_feed_forward_length(c.intermediate_size)
+    if arch == "lfm2":  # LFM2Model.set_gguf_parameters: the MLP's width as used, KV heads per layer (0: conv)
+        writer.add_feed_forward_length(model.model.layers[0].feed_forward.w1.out_features)
+        writer.add_head_count_kv([c.num_key_value_heads if k == "full_attention" else 0 for k in c.layer_types])
+        writer.add_shortconv_l_cache(c.conv_L_cache)
+    else:
+        writer.add_feed_forward_length(c.intermediate_size)
+        writer.add_head_count_kv(c.num_key_value_heads)
     writer.add_head_count(c.num_attention_heads)
-    writer.add_head_count_kv(c.num_key_value_heads)
-    writer.add_layer_norm_rms_eps(c.rms_norm_eps)
+    writer.add_layer_norm_rms_eps(c.norm_eps if arch == "lfm2" else c.rms_norm_eps)
     if arch != "gemma3":
         writer.add_rope_freq_base(c.rope_parameters["rope_theta"])
     head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
@@ -179,11 +198,14 @@ def write_gguf(path: Path, arch: str, model, types: list[Q], tokenizer_json: Pat
             if name == "lm_head.weight" and c.tie_word_embeddings:
                 continue  # llama.cpp stores a tied head once, as token_embd
             values = tensor.float().numpy().copy()
+            if name.endswith("conv.conv.weight"):
+                values = values.squeeze(1)  # LFM2Model.modify_tensors: the conv op takes 2-D
             if arch in PERMUTED and name.endswith(("q_proj.weight", "k_proj.weight")):
                 heads = c.num_attention_heads if "q_proj" in name else c.num_key_value_heads
                 values = llama_cpp_permute(values, heads)
-            kind = types[n % len(types)] if values.ndim == 2 else Q.F32
-            n += values.ndim == 2
+            quantizable = values.ndim == 2 and values.shape[1] % 32 == 0  # llama.cpp keeps short rows in F32
+            kind = types[n % len(types)] if quantizable else Q.F32
+            n += quantizable
             if arch == "gemma3" and name.endswith("norm.weight"):
                 values = values + 1  # llama.cpp's converter: its RMSNorm scales by weight, Gemma's by 1 + weight
             stored, dequantized = quantized(values, kind)
@@ -227,6 +249,7 @@ def random_model(model_type: str, **config):
         "smollm3": (transformers.SmolLM3Config, transformers.SmolLM3ForCausalLM),
         "granite": (transformers.GraniteConfig, transformers.GraniteForCausalLM),
         "olmo2": (transformers.Olmo2Config, transformers.Olmo2ForCausalLM),
+        "lfm2": (transformers.Lfm2Config, transformers.Lfm2ForCausalLM),
     }
     config_cls, model_cls = classes[model_type]
     defaults = dict(
@@ -365,6 +388,17 @@ def test_granite_multipliers_from_scales(tmp_path, tokenizer_json):
 def test_olmo2_post_norms_and_whole_projection_qk_norms(tmp_path, tokenizer_json):
     file, model = tiny(tmp_path, tokenizer_json, "olmo2", "olmo2", [Q.Q5_1, Q.F16])
     assert infer_checkpoint_spec(file)[0].family == "olmo2"
+    assert_same_logits(file, model)
+
+
+def test_lfm2_convolution_layers_from_per_layer_kv_heads(tmp_path, tokenizer_json):
+    kinds = ["conv", "full_attention", "conv"]
+    file, model = tiny(
+        tmp_path, tokenizer_json, "lfm2", "lfm2", [Q.Q8_0, Q.F16], num_hidden_layers=3, layer_types=kinds
+    )
+    spec, _ = infer_checkpoint_spec(file)
+    config = load_decoder(spec, file, TINY_MAX_SEQ).config
+    assert spec.family == "lfm2" and config.conv_layers == (0, 2) and config.n_kv_heads == 2
     assert_same_logits(file, model)
 
 
