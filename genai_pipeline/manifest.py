@@ -17,14 +17,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from genai_pipeline.audio_processing import AudioProcessing
 from genai_pipeline.errors import InputError, ProgramError
 from genai_pipeline.export_folder import MANIFEST, atomic_write, recover_interrupted, sha256
-from genai_pipeline.image_processing import ImageProcessing
-from genai_pipeline.models.audio import AudioConfig
-from genai_pipeline.models.cache_io import FORM, CacheIOContract
+from genai_pipeline.manifest_checks import (
+    Malformed,
+    check_fingerprint,
+    checked_audio,
+    checked_vision,
+    has_contract,
+    strings,
+    typed_value,
+    whole,
+)
+from genai_pipeline.models.cache_io import FORM
 from genai_pipeline.models.decoder import DecoderConfig
-from genai_pipeline.models.vision import VisionConfig
 from genai_pipeline.names import ArtifactKey, Mode
 
 SCHEMA_VERSION = 2
@@ -118,7 +124,7 @@ class Manifest:
             )
         try:
             return _parse(data)
-        except _Malformed as e:
+        except Malformed as e:
             raise ProgramError(
                 f"'{source}' is not a manifest `genai export` writes ({e}); re-export with this version"
             ) from None
@@ -239,59 +245,43 @@ def _config_json(config: DecoderConfig) -> dict:
 _SECTIONS = ("compile_spec", "vision", "audio", "decoder_form", "cache_io", "verification", "export_stages")
 
 
-class _Malformed(Exception):
-    """What is wrong with a manifest's shape."""
-
-
-def _value(data: dict, key: str, types: tuple[type, ...], required: bool = False):
-    """data[key] when it has one of `types` (a bool is no number); None where an optional key is
-    absent or null."""
-    value = data.get(key)
-    if value is None and not required:
-        return None
-    if not isinstance(value, types) or isinstance(value, bool) and bool not in types:
-        raise _Malformed(f"'{key}' is {json.dumps(value)[:40]}" if key in data else f"no '{key}'")
-    return value
-
-
-def _whole(value, least: int = 0) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= least
-
-
 def _parse(data) -> Manifest:
     if not isinstance(data, dict):
-        raise _Malformed(f"a JSON {type(data).__name__}, not an object")
-    if not _whole(data.get("schema", 1), 1):
-        raise _Malformed(f"schema {json.dumps(data['schema'])[:20]}")
-    model, weights = _value(data, "model", (str,), True), _value(data, "weights", (str,), True)
-    config = _value(data, "config", (dict,), True)
-    mode = _value(data, "mode", (str,), True)
-    max_seq_len, prefill_len = _value(data, "max_seq_len", (int,), True), _value(data, "prefill_len", (int,), True)
-    artifacts, files = _value(data, "artifacts", (dict,), True), _value(data, "files", (dict,), True)
+        raise Malformed(f"a JSON {type(data).__name__}, not an object")
+    if not whole(data.get("schema", 1), 1):
+        raise Malformed(f"schema {json.dumps(data['schema'])[:20]}")
+    model, weights = typed_value(data, "model", (str,), True), typed_value(data, "weights", (str,), True)
+    config = typed_value(data, "config", (dict,), True)
+    mode = typed_value(data, "mode", (str,), True)
+    max_seq_len, prefill_len = (
+        typed_value(data, "max_seq_len", (int,), True),
+        typed_value(data, "prefill_len", (int,), True),
+    )
+    artifacts, files = typed_value(data, "artifacts", (dict,), True), typed_value(data, "files", (dict,), True)
     if max_seq_len < 1 or prefill_len < 1:
-        raise _Malformed("a length below 1")
+        raise Malformed("a length below 1")
     if mode not in {m.value for m in Mode}:
-        raise _Malformed(f"mode '{mode[:20]}'")
+        raise Malformed(f"mode '{mode[:20]}'")
     config = _decoder_config(config)
     bos_id, eos_ids = data.get("bos_id"), data.get("eos_ids")
     ids = [bos_id, *(eos_ids if isinstance(eos_ids, list) else [None, "x"])]
-    if any(i is not None and not (_whole(i) and i < config.vocab_size) for i in ids):
-        raise _Malformed("special token ids that are not ids of its vocabulary")
-    status = _value(data, "status", (str,)) or COMPLETE
+    if any(i is not None and not (whole(i) and i < config.vocab_size) for i in ids):
+        raise Malformed("special token ids that are not ids of its vocabulary")
+    status = typed_value(data, "status", (str,)) or COMPLETE
     if status not in (COMPLETE, QDQ_ONLY):
-        raise _Malformed(f"status '{status[:20]}'")
-    vision = _vision(_value(data, "vision", (dict,)))
-    audio = _audio(_value(data, "audio", (dict,)))
-    decoder_form, cache_io = _value(data, "decoder_form", (str,)), _value(data, "cache_io", (dict,))
-    if decoder_form is not None and (decoder_form != FORM or not _contract(cache_io)):
-        raise _Malformed(f"decoder_form '{decoder_form[:20]}' without its cache_io contract")
-    checkpoint = _value(data, "checkpoint", (dict,))
+        raise Malformed(f"status '{status[:20]}'")
+    vision = checked_vision(typed_value(data, "vision", (dict,)))
+    audio = checked_audio(typed_value(data, "audio", (dict,)))
+    decoder_form, cache_io = typed_value(data, "decoder_form", (str,)), typed_value(data, "cache_io", (dict,))
+    if decoder_form is not None and (decoder_form != FORM or not has_contract(cache_io)):
+        raise Malformed(f"decoder_form '{decoder_form[:20]}' without its cache_io contract")
+    checkpoint = typed_value(data, "checkpoint", (dict,))
     if checkpoint is not None:
-        _fingerprint(checkpoint)
+        check_fingerprint(checkpoint)
     listed = {name: _file(name, entry) for name, entry in files.items()}
     return Manifest(
         model=model,
-        entry=_value(data, "entry", (str,)) or model,
+        entry=typed_value(data, "entry", (str,)) or model,
         weights=weights,
         config=config,
         mode=Mode(mode),
@@ -299,43 +289,43 @@ def _parse(data) -> Manifest:
         prefill_len=prefill_len,
         artifacts=_artifacts(artifacts, listed, status, vision, audio),
         files=listed,
-        family=_value(data, "family", (str,)),
+        family=typed_value(data, "family", (str,)),
         checkpoint=checkpoint,
-        recipe=_value(data, "recipe", (str,)) or "fp32",
-        quantization=_value(data, "quantization", (dict,)) or {},
-        seed=_value(data, "seed", (int,)) or 0,
-        target=_value(data, "target", (str,)) or "xnnpack",
-        compile_spec=_value(data, "compile_spec", (dict,)),
+        recipe=typed_value(data, "recipe", (str,)) or "fp32",
+        quantization=typed_value(data, "quantization", (dict,)) or {},
+        seed=typed_value(data, "seed", (int,)) or 0,
+        target=typed_value(data, "target", (str,)) or "xnnpack",
+        compile_spec=typed_value(data, "compile_spec", (dict,)),
         bos_id=bos_id,
         eos_ids=tuple(eos_ids),
-        special_tokens=_value(data, "special_tokens", (dict,)),
+        special_tokens=typed_value(data, "special_tokens", (dict,)),
         status=status,
         vision=vision,
         audio=audio,
         decoder_form=decoder_form,
         cache_io=cache_io,
-        export_seconds=_value(data, "export_seconds", (int, float)),
-        versions=_value(data, "versions", (dict,)) or {},
-        verification=_value(data, "verification", (dict,)),
-        export_stages=_value(data, "export_stages", (dict,)),
+        export_seconds=typed_value(data, "export_seconds", (int, float)),
+        versions=typed_value(data, "versions", (dict,)) or {},
+        verification=typed_value(data, "verification", (dict,)),
+        export_stages=typed_value(data, "export_stages", (dict,)),
     )
 
 
 def _decoder_config(config: dict) -> DecoderConfig:
     for key in ("vocab_size", "dim", "n_layers", "n_heads", "n_kv_heads"):
-        if not _whole(config.get(key), 1):
-            raise _Malformed(f"config {key} {json.dumps(config.get(key))[:20]}")
+        if not whole(config.get(key), 1):
+            raise Malformed(f"config {key} {json.dumps(config.get(key))[:20]}")
     try:
         return DecoderConfig.from_dict(config)
     except (TypeError, ValueError) as e:
-        raise _Malformed(f"config: {' '.join(str(e).split())[:60]}") from None
+        raise Malformed(f"config: {' '.join(str(e).split())[:60]}") from None
 
 
 def _file(name: str, entry) -> FileEntry:
     if Path(name).name != name:
-        raise _Malformed(f"a file outside the folder, '{name[:40]}'")
-    if not isinstance(entry, dict) or not _whole(entry.get("bytes")) or not isinstance(entry.get("sha256"), str):
-        raise _Malformed(f"file '{name[:40]}' without its size and sha256")
+        raise Malformed(f"a file outside the folder, '{name[:40]}'")
+    if not isinstance(entry, dict) or not whole(entry.get("bytes")) or not isinstance(entry.get("sha256"), str):
+        raise Malformed(f"file '{name[:40]}' without its size and sha256")
     return FileEntry(entry["bytes"], entry["sha256"])
 
 
@@ -344,31 +334,29 @@ def _artifacts(artifacts: dict, files: dict, status: str, vision, audio) -> dict
     for key, artifact in artifacts.items():
         if (
             not isinstance(artifact, dict)
-            or not _strings(artifact.get("methods"))
+            or not strings(artifact.get("methods"))
             or not isinstance(artifact.get("file"), (str, type(None)))
         ):
-            raise _Malformed(f"artifact '{key[:20]}' has no file name and method list")
+            raise Malformed(f"artifact '{key[:20]}' has no file name and method list")
         file = artifact["file"]
         if file is not None and Path(file).name != file:
-            raise _Malformed(f"artifact '{key[:20]}' names a file outside the folder, '{file[:40]}'")
+            raise Malformed(f"artifact '{key[:20]}' names a file outside the folder, '{file[:40]}'")
         if file is None if status == COMPLETE else file is not None:
-            raise _Malformed(
-                f"artifact '{key[:20]}' {'without' if file is None else 'with'} a program, status {status}"
-            )
+            raise Malformed(f"artifact '{key[:20]}' {'without' if file is None else 'with'} a program, status {status}")
         if file is not None and file not in files:
-            raise _Malformed(f"artifact '{key[:20]}' names a file the manifest does not list, '{file[:40]}'")
+            raise Malformed(f"artifact '{key[:20]}' names a file the manifest does not list, '{file[:40]}'")
         if key not in {k.value for k in ArtifactKey}:
-            raise _Malformed(f"an artifact genai does not export, '{key[:20]}'")
+            raise Malformed(f"an artifact genai does not export, '{key[:20]}'")
         dynamic, constants, qdq = (
             artifact.get("dynamic_methods", []),
             artifact.get("constant_methods", {}),
             artifact.get("qdq"),
         )
         chosen = artifact.get("chosen", [])
-        if not _strings(dynamic) or not isinstance(constants, dict) or not isinstance(qdq, (str, dict, type(None))):
-            raise _Malformed(f"artifact '{key[:20]}' has malformed dynamic methods, constants or QDQ files")
-        if not _strings(chosen) or not set(chosen) <= {"int4", "smoothing"}:
-            raise _Malformed(f"artifact '{key[:20]}' has a malformed list of chosen values")
+        if not strings(dynamic) or not isinstance(constants, dict) or not isinstance(qdq, (str, dict, type(None))):
+            raise Malformed(f"artifact '{key[:20]}' has malformed dynamic methods, constants or QDQ files")
+        if not strings(chosen) or not set(chosen) <= {"int4", "smoothing"}:
+            raise Malformed(f"artifact '{key[:20]}' has a malformed list of chosen values")
         entries[ArtifactKey(key)] = ArtifactEntry(
             file, tuple(artifact["methods"]), tuple(dynamic), constants, qdq, tuple(chosen)
         )
@@ -381,59 +369,5 @@ def _artifacts(artifacts: dict, files: dict, status: str, vision, audio) -> dict
     )
     missing = [key.value for key in needed if key not in entries]
     if missing:
-        raise _Malformed(f"no {' and no '.join(missing)} artifact")
+        raise Malformed(f"no {' and no '.join(missing)} artifact")
     return entries
-
-
-def _contract(cache_io: dict | None) -> bool:
-    """Whether `cache_io` holds what CacheIOContract.from_manifest reads."""
-    return cache_io is not None and all(f.name in cache_io for f in dataclasses.fields(CacheIOContract))
-
-
-def _strings(value) -> bool:
-    return isinstance(value, list) and all(isinstance(v, str) for v in value)
-
-
-def _vision(vision: dict | None) -> dict | None:
-    """The checks the readers of `vision` rely on: its layout, image token and the two configs they rebuild."""
-    if vision is None:
-        return None
-    if not isinstance(vision.get("layout"), str) or not _whole(vision.get("image_token_id")):
-        raise _Malformed("vision without its layout and image token id")
-    for key, kind in (("preprocessing", ImageProcessing), ("config", VisionConfig)):
-        try:
-            kind.from_dict(vision.get(key))
-        except (TypeError, ValueError) as e:
-            raise _Malformed(f"vision {key}: {' '.join(str(e).split())[:60]}") from None
-    return vision
-
-
-def _audio(audio: dict | None) -> dict | None:
-    """The checks the readers of `audio` rely on: its audio token and the two configs they rebuild."""
-    if audio is None:
-        return None
-    if not _whole(audio.get("audio_token_id")):
-        raise _Malformed("audio without its audio token id")
-    for key, kind in (("preprocessing", AudioProcessing), ("config", AudioConfig)):
-        try:
-            kind.from_dict(audio.get(key))
-        except (TypeError, ValueError) as e:
-            raise _Malformed(f"audio {key}: {' '.join(str(e).split())[:60]}") from None
-    return audio
-
-
-def _fingerprint(checkpoint: dict) -> None:
-    """The checks export_folder.check_weights relies on."""
-    files = checkpoint.get("files")
-    if (
-        not isinstance(checkpoint.get("path"), str)
-        or not isinstance(files, dict)
-        or not all(
-            isinstance(f, dict)
-            and _whole(f.get("bytes"))
-            and _whole(f.get("mtime_ns"))
-            and isinstance(f.get("sha256"), str)
-            for f in files.values()
-        )
-    ):
-        raise _Malformed("a checkpoint fingerprint without its path, sizes, times and sha256")
