@@ -25,6 +25,7 @@ from dataclasses import dataclass, fields
 import numpy as np
 
 from genai_pipeline.errors import InputError
+from genai_pipeline.media_placeholders import expand_placeholders
 
 KINDS = ("whisper",)
 
@@ -142,16 +143,9 @@ def audio_prompt(clip: AudioClip, p: AudioProcessing) -> str:
 def expand_audio_prompt(prompt: str, clips: list[AudioClip], p: AudioProcessing) -> str:
     """Each `<audio>` of the prompt replaced by the next clip's text; with none in the prompt, the
     clips go first. More or fewer placeholders than clips is an error."""
-    placeholders = prompt.count(p.placeholder)
-    if placeholders == 0:
-        return "".join(audio_prompt(c, p) for c in clips) + prompt
-    if placeholders != len(clips):
-        raise InputError(
-            f"the prompt has {placeholders} {p.placeholder} placeholder(s) but {len(clips)} audio file(s) were given; "
-            f"pass one --audio per {p.placeholder}, or none in the prompt to put the audio first"
-        )
-    pieces = prompt.split(p.placeholder)
-    return pieces[0] + "".join(audio_prompt(c, p) + rest for c, rest in zip(clips, pieces[1:]))
+    return expand_placeholders(
+        prompt, [audio_prompt(c, p) for c in clips], p.placeholder, "audio file(s)", "--audio", "the audio"
+    )
 
 
 def expand_rendered_audio_chat(text: str, clips: list[AudioClip], p: AudioProcessing) -> str:

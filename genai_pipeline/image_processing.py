@@ -52,6 +52,7 @@ import numpy as np
 
 from genai_pipeline.errors import InputError
 from genai_pipeline.image_files import pillow
+from genai_pipeline.media_placeholders import expand_placeholders
 
 MAX_IMAGE_SIZE = 4096  # transformers' Idefics3 cap on either edge after the first resize
 LANCZOS = 1  # PIL.Image.Resampling.LANCZOS, the value processor configs store as `resample`
@@ -323,16 +324,9 @@ def image_prompt(frames: Frames, p: ImageProcessing) -> str:
 def expand_prompt(prompt: str, images: list[Frames], p: ImageProcessing) -> str:
     """Each `<image>` of the prompt replaced by the next image's text; with none in the prompt,
     the images go first. More or fewer placeholders than images is an error."""
-    placeholders = prompt.count(p.placeholder)
-    if placeholders == 0:
-        return "".join(image_prompt(f, p) for f in images) + prompt
-    if placeholders != len(images):
-        raise InputError(
-            f"the prompt has {placeholders} {p.placeholder} placeholder(s) but {len(images)} image(s) were given; "
-            f"pass one --image per {p.placeholder}, or none in the prompt to put the images first"
-        )
-    pieces = prompt.split(p.placeholder)
-    return pieces[0] + "".join(image_prompt(f, p) + rest for f, rest in zip(images, pieces[1:]))
+    return expand_placeholders(
+        prompt, [image_prompt(f, p) for f in images], p.placeholder, "image(s)", "--image", "the images"
+    )
 
 
 def expand_rendered_chat(text: str, images: list[Frames], p: ImageProcessing) -> str:
