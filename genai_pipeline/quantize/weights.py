@@ -146,18 +146,20 @@ def torchao_qparams(w: torch.Tensor, group_size: int, bits: int = 4, bf16: bool 
     return q.reshape(w.shape).to(torch.int8), d.squeeze(-1)
 
 
-def wmse_qparams(w: torch.Tensor, group_size: int, importance: torch.Tensor, bits: int = 4, rows: int = 2048):
+def wmse_qparams(w: torch.Tensor, group_size: int, importance: torch.Tensor, bits: int = 4, elements: int = 1 << 20):
     """mse_qparams with each input column's squared error weighted by `importance` [in] (the mean
-    squared activation it meets: llama.cpp's importance matrix)."""
+    squared activation it meets: llama.cpp's importance matrix). Every candidate scale is weighed at
+    once, for a band of rows at a time (at most `elements` values of all candidates together: a
+    128k-row head at once would take GBs)."""
     qmax = (1 << (bits - 1)) - 1
+    divisors = torch.linspace(qmax - 1.5, qmax + 1.5, 31)[:, None, None, None]
     iw = importance.float().reshape(1, -1, group_size)
+    rows = max(1, elements // (len(divisors) * w.shape[1]))
     qs, ds = [], []
-    for g in groups(w, group_size).split(rows):  # a band of rows at a time: a 128k-row head at once takes GBs
-        amax, best, best_d = g.abs().amax(-1, keepdim=True), None, None
-        for c in torch.linspace(qmax - 1.5, qmax + 1.5, 31).tolist():
-            d = _round_scale(amax / c)
-            err = ((torch.clamp(torch.round(g / d), -qmax - 1, qmax) * d - g).pow(2) * iw).sum(-1, keepdim=True)
-            best, best_d = (err, d) if best is None else (torch.minimum(err, best), torch.where(err < best, d, best_d))
+    for g in groups(w, group_size).split(rows):
+        d = _round_scale(g.abs().amax(-1, keepdim=True) / divisors)  # [candidates, rows, groups, 1]
+        err = torch.div(g, d).round_().clamp_(-qmax - 1, qmax).mul_(d).sub_(g).square_().mul_(iw).sum(-1)
+        best_d = d.squeeze(-1).gather(0, err.argmin(0, keepdim=True))[0, ..., None]  # the first of equal errors
         qs.append(torch.clamp(torch.round(g / best_d), -qmax - 1, qmax).to(torch.int8))
         ds.append(best_d.squeeze(-1))
     return torch.cat(qs).reshape(w.shape), torch.cat(ds)

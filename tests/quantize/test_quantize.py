@@ -385,6 +385,62 @@ def test_gptq_beats_round_to_nearest_on_the_layer_output_and_round_trips():
     assert torch.equal(q2, q) and torch.equal(d2, d)
 
 
+def _reference_gptq(w: torch.Tensor, hessian: torch.Tensor, group_size: int, damp: float = 0.01):
+    """GPTQ as the paper writes it, in float64: one column at a time, its error spread over every
+    later column at once; a group's scale by the same weighted search, from the weights so far."""
+    from genai_pipeline.quantize.weights import wmse_qparams
+
+    W, H = w.double().clone(), hessian.double().clone()
+    n = W.shape[1]
+    H += damp * H.diag().mean() * torch.eye(n, dtype=torch.float64)
+    importance = H.diag().float()
+    U = torch.linalg.cholesky(torch.linalg.inv(H), upper=True)
+    Q, D = torch.zeros(W.shape, dtype=torch.int8), torch.zeros(W.shape[0], n // group_size)
+    for j in range(n):
+        if j % group_size == 0:
+            d = wmse_qparams(W[:, j : j + group_size].float(), group_size, importance[j : j + group_size])[1][:, 0]
+            D[:, j // group_size] = d
+        q = torch.clamp(torch.round(W[:, j] / d.double()), -8, 7)
+        Q[:, j] = q.to(torch.int8)
+        W[:, j:] -= ((W[:, j] - q * d.double()) / U[j, j])[:, None] * U[j, j:][None, :]
+    return Q, D
+
+
+@pytest.mark.parametrize("n", [96, 320])  # one block of columns and a part block; blocks of 128 and a part
+def test_gptq_rounds_as_the_textbook_loop(n):
+    """The blocked loop (groups within blocks, each block's columns as rows) is GPTQ: on
+    well-conditioned inputs it rounds as the one-column-at-a-time loop in float64 does."""
+    from genai_pipeline.quantize.gptq import gptq_qparams
+
+    g = torch.Generator().manual_seed(n)
+    x = torch.randn(4 * n, n, generator=g) @ (torch.eye(n) + 0.3 * torch.randn(n, n, generator=g) / n**0.5)
+    x = x * (0.5 + torch.rand(n, generator=g))  # correlated inputs of uneven scales
+    w = torch.randn(64, n, generator=g) * 0.05
+    (q, d), (want_q, want_d) = gptq_qparams(w, x.T @ x, 32), _reference_gptq(w, x.T @ x, 32)
+    assert (q != want_q).float().mean() < 1e-3 and (d != want_d).float().mean() < 1e-2
+    wq, want_wq = q * d.repeat_interleave(32, 1), want_q * want_d.repeat_interleave(32, 1)
+    assert torch.allclose(wq, want_wq, rtol=0, atol=float(d.max()) * 1.01)  # at most one step apart, anywhere
+    out_err = lambda v: (x @ (v - w).T).pow(2).sum()  # noqa: E731
+    assert abs(out_err(wq) - out_err(want_wq)) < 1e-3 * out_err(want_wq)
+
+
+def test_weighted_mse_weighs_every_candidate_as_one_at_a_time():
+    """The 31 candidate scales weighed at once choose what weighing them one by one chooses."""
+    from genai_pipeline.quantize.weights import _round_scale, wmse_qparams
+
+    g = torch.Generator().manual_seed(0)
+    w, importance = torch.randn(300, 128, generator=g), torch.rand(128, generator=g) * 3
+    q, d = wmse_qparams(w, 32, importance, elements=31 * 128 * 64)  # bands of 64 rows
+    groups, iw = w.reshape(300, 4, 32), importance.reshape(1, 4, 32)
+    best, best_d = None, None
+    for c in torch.linspace(5.5, 8.5, 31).tolist():
+        dc = _round_scale(groups.abs().amax(-1, keepdim=True) / c)
+        err = ((torch.clamp(torch.round(groups / dc), -8, 7) * dc - groups).pow(2) * iw).sum(-1, keepdim=True)
+        best, best_d = (err, dc) if best is None else (torch.minimum(err, best), torch.where(err < best, dc, best_d))
+    assert (d != best_d.squeeze(-1)).float().mean() < 1e-3
+    assert torch.equal(q, torch.clamp(torch.round(groups / d[..., None]), -8, 7).reshape(w.shape).to(torch.int8))
+
+
 def test_gptq_solves_together_only_the_layers_that_read_one_input(tiny_eager):
     from torch import nn
 
