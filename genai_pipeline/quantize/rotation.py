@@ -21,6 +21,7 @@ odd part of d), seeded: `genai eval` rebuilds the same quantized model from the 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -30,17 +31,68 @@ from genai_pipeline.errors import InputError
 SEED = 0
 
 
-def random_hadamard(dim: int, seed: int = SEED) -> torch.Tensor:
-    """An orthogonal [dim, dim] float64 matrix that spreads every coordinate over all of them."""
+@dataclass(frozen=True)
+class Hadamard:
+    """Q = diag(signs) (F_1 (x) F_2 (x) ... (x) F_k): orthogonal factors of at most FACTOR rows (the
+    normalised Sylvester Hadamard matrix of the power of two in dim, split; then a random orthogonal
+    matrix of dim's odd part). Applied factor by factor, a product with Q costs dim x (the factors'
+    sizes) multiply-adds per row instead of dim x dim, and no dim x dim matrix is made."""
+
+    signs: torch.Tensor  # [dim], +-1, float64
+    factors: tuple[torch.Tensor, ...]  # float64
+
+    def right(self, x: torch.Tensor) -> torch.Tensor:
+        """x Q over x's last dimension, in float64."""
+        y = x.double() * self.signs
+        shape, before, after = y.shape, y.numel() // y.shape[-1], y.shape[-1]
+        for factor in self.factors:  # y as [before, this factor's axis, after]: F^T contracts the middle axis
+            after //= factor.shape[0]
+            y = y.reshape(-1, factor.shape[0]) @ factor if after == 1 else factor.T @ y.reshape(before, -1, after)
+            before *= factor.shape[0]
+        return y.reshape(shape)
+
+    def left_transposed(self, w: torch.Tensor) -> torch.Tensor:
+        """Q^T w, in float64 (w's rows indexed as Q's)."""
+        return self.right(w.T).T
+
+    def dense(self) -> torch.Tensor:
+        k = torch.ones(1, 1, dtype=torch.float64)
+        for factor in self.factors:
+            k = torch.kron(k, factor)
+        return self.signs[:, None] * k
+
+
+FACTOR = 64
+
+
+def hadamard(dim: int, seed: int = SEED) -> Hadamard:
+    """The seeded Q of dim, as factors (random_hadamard: the same Q as one matrix)."""
     g = torch.Generator().manual_seed(seed)
     power = dim & -dim  # the largest power of two dividing dim
-    h = torch.ones(1, 1, dtype=torch.float64)
-    while h.shape[0] < power:
-        h = torch.cat([torch.cat([h, h], 1), torch.cat([h, -h], 1)], 0)
     odd, r = torch.linalg.qr(torch.randn(dim // power, dim // power, generator=g, dtype=torch.float64))
     odd = (odd * torch.sign(torch.diagonal(r))).contiguous()
     signs = torch.randint(0, 2, (dim,), generator=g).double() * 2 - 1
-    return signs[:, None] * torch.kron(h / math.sqrt(power), odd)
+    factors, left = [], power
+    while left > 1:
+        size = min(left, FACTOR)
+        factors.append(_sylvester(size))
+        left //= size
+    if odd.shape[0] > 1:
+        factors.append(odd)
+    return Hadamard(signs, tuple(factors) or (torch.ones(1, 1, dtype=torch.float64),))
+
+
+def _sylvester(n: int) -> torch.Tensor:
+    """H_n / sqrt(n): H_2n = [[H_n, H_n], [H_n, -H_n]], so H_ab = H_a (x) H_b."""
+    h = torch.ones(1, 1, dtype=torch.float64)
+    while h.shape[0] < n:
+        h = torch.cat([torch.cat([h, h], 1), torch.cat([h, -h], 1)], 0)
+    return h / math.sqrt(n)
+
+
+def random_hadamard(dim: int, seed: int = SEED) -> torch.Tensor:
+    """An orthogonal [dim, dim] float64 matrix that spreads every coordinate over all of them."""
+    return hadamard(dim, seed).dense()
 
 
 def can_rotate(decoder: nn.Module) -> bool:
@@ -55,7 +107,7 @@ def rotate(decoder: nn.Module, seed: int = SEED) -> None:
     """Rotate `decoder` (a models.decoder.Decoder) in place; see the module doc."""
     if not can_rotate(decoder):
         raise InputError("this decoder cannot be rotated (sandwich norms): quantize it without rotation")
-    q = random_hadamard(decoder.config.dim, seed)
+    q = hadamard(decoder.config.dim, seed)
     for block in decoder.layers:
         rotate_block(block, q)
     rotate_embedding(decoder, q)
@@ -64,19 +116,19 @@ def rotate(decoder: nn.Module, seed: int = SEED) -> None:
 
 
 @torch.no_grad()
-def rotate_block(block: nn.Module, q: torch.Tensor) -> None:
+def rotate_block(block: nn.Module, q: Hadamard) -> None:
     """One block's part of `rotate`: its norms' scales folded into their readers, W Q for the
     linears reading the residual stream, Q^T W for those writing it."""
     for norm, readers in block.norm_readers.items():
         g = _take_scale(getattr(block, norm))
         for linear in map(block.get_submodule, readers):
-            _set(linear, linear.weight.double() * g @ q)
+            _set(linear, q.right(linear.weight.double() * g))
     for linear in map(block.get_submodule, block.residual_writers):
-        _set(linear, q.T @ linear.weight.double())
+        _set(linear, q.left_transposed(linear.weight))
 
 
 @torch.no_grad()
-def rotate_embedding(decoder: nn.Module, q: torch.Tensor) -> None:
+def rotate_embedding(decoder: nn.Module, q: Hadamard) -> None:
     """The table E Q (a tied head reads it too)."""
     _times(decoder.tok_embeddings.weight, q)
     if decoder.config.tie_embeddings:
@@ -84,7 +136,7 @@ def rotate_embedding(decoder: nn.Module, q: torch.Tensor) -> None:
 
 
 @torch.no_grad()
-def rotate_head(decoder: nn.Module, q: torch.Tensor) -> None:
+def rotate_head(decoder: nn.Module, q: Hadamard) -> None:
     """The final norm's scale folded into the head: W diag(g) Q untied; tied, the float
     head_rotation Q^T diag(g) Q before the rotated table (see the module doc)."""
     g = _take_scale(decoder.norm)
@@ -92,8 +144,8 @@ def rotate_head(decoder: nn.Module, q: torch.Tensor) -> None:
         decoder.output.weight.mul_(g.to(decoder.output.weight.dtype))
         _times(decoder.output.weight, q)
     else:
-        pre = nn.Linear(q.shape[0], q.shape[0], bias=False, dtype=decoder.tok_embeddings.weight.dtype)
-        _set(pre, q.T @ torch.diag(g) @ q)  # symmetric: its own transpose
+        pre = nn.Linear(g.shape[0], g.shape[0], bias=False, dtype=decoder.tok_embeddings.weight.dtype)
+        _set(pre, q.left_transposed(q.right(torch.diag(g))))  # Q^T diag(g) Q, symmetric: its own transpose
         decoder.head_rotation = pre
 
 
@@ -108,10 +160,10 @@ def _set(linear: nn.Linear, w: torch.Tensor) -> None:
     linear.weight.copy_(w.to(linear.weight.dtype))
 
 
-def _times(w: torch.Tensor, q: torch.Tensor, rows: int = 16384) -> None:
+def _times(w: torch.Tensor, q: Hadamard, rows: int = 16384) -> None:
     """w <- w Q in place, in float64 a block of rows at a time (a 128k-row table at once would take GBs)."""
     for i in range(0, w.shape[0], rows):
-        w[i : i + rows] = (w[i : i + rows].double() @ q).to(w.dtype)
+        w[i : i + rows] = q.right(w[i : i + rows]).to(w.dtype)
 
 
 def unrotated(decoder: nn.Module, x: torch.Tensor) -> torch.Tensor:

@@ -28,7 +28,7 @@ from genai_pipeline.options import QuantOptions
 from genai_pipeline.quantize.calibration import InputStatistics, inputs_recorded
 from genai_pipeline.quantize.gptq import gptq_weights
 from genai_pipeline.quantize.recipes import quantize_embedding, quantize_linears, rules_for
-from genai_pipeline.quantize.rotation import SEED, random_hadamard, rotate_block, rotate_embedding, rotate_head
+from genai_pipeline.quantize.rotation import SEED, hadamard, rotate_block, rotate_embedding, rotate_head
 from genai_pipeline.quantize.smoothing import block_smoothing_scales, smooth, smoothed_hessians, smoothed_inputs
 from genai_pipeline.stages import logged, peak_gb, stage
 
@@ -86,7 +86,7 @@ def quantize_blocks(
     measure = bool(gptq) or measure_smoothing
     chosen_scales = dict(scales or {})
     computed: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
-    q = random_hadamard(decoder.config.dim, SEED) if options.rotate else None
+    q = hadamard(decoder.config.dim, SEED) if options.rotate else None
 
     if loader is not None:
         with stage("load", quiet=True):

@@ -14,7 +14,7 @@ from genai_pipeline.evaluate.text import block_outputs
 from genai_pipeline.models.decoder import Decoder, DecoderConfig
 from genai_pipeline.options import QuantOptions
 from genai_pipeline.quantize.recipes import describe, quantize_module
-from genai_pipeline.quantize.rotation import can_rotate, random_hadamard, rotate
+from genai_pipeline.quantize.rotation import SEED, can_rotate, hadamard, random_hadamard, rotate
 
 
 def _decoder(seed: int = 0, **config) -> Decoder:
@@ -41,6 +41,33 @@ def test_random_hadamard_is_orthogonal_and_spreads_every_coordinate(dim):
     # a one-hot (an outlier channel) comes out spread: no coordinate keeps much of it
     assert q.abs().max() < 4 / dim**0.5
     assert torch.equal(q, random_hadamard(dim))  # seeded: genai eval rebuilds the export's
+
+
+def _dense_hadamard(dim: int) -> torch.Tensor:
+    """Q written out as one matrix, as rotation.py built it before it was factored: the seeded signs
+    times H_power (x) the odd part's random orthogonal matrix (the same draws of the same generator)."""
+    g = torch.Generator().manual_seed(SEED)
+    power = dim & -dim
+    h = torch.ones(1, 1, dtype=torch.float64)
+    while h.shape[0] < power:
+        h = torch.cat([torch.cat([h, h], 1), torch.cat([h, -h], 1)], 0)
+    odd, r = torch.linalg.qr(torch.randn(dim // power, dim // power, generator=g, dtype=torch.float64))
+    odd = (odd * torch.sign(torch.diagonal(r))).contiguous()  # kron needs it
+    signs = torch.randint(0, 2, (dim,), generator=g).double() * 2 - 1
+    return signs[:, None] * torch.kron(h / power**0.5, odd)
+
+
+@pytest.mark.parametrize("dim", [1, 64, 96, 576, 640, 3 * 1024, 4096])
+def test_the_factored_rotation_is_the_dense_product(dim):
+    """Q applied factor by factor (Sylvester blocks of at most 64, then the odd part) gives the
+    product with the whole matrix, on both sides, and the rotation reads what it did dense."""
+    q, dense = hadamard(dim), _dense_hadamard(dim)
+    assert max(f.shape[0] for f in q.factors) <= 64 and len(q.factors) >= (dim > 64) + 1
+    x = torch.randn(5, 3, dim, generator=torch.Generator().manual_seed(1))
+    assert torch.allclose(q.right(x), x.double() @ dense, rtol=0, atol=1e-12)
+    w = torch.randn(dim, 7, generator=torch.Generator().manual_seed(2))
+    assert torch.allclose(q.left_transposed(w), dense.T @ w.double(), rtol=0, atol=1e-12)
+    assert torch.allclose(random_hadamard(dim), dense, rtol=0, atol=1e-12)
 
 
 @pytest.mark.parametrize(
