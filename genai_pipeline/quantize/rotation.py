@@ -33,10 +33,11 @@ SEED = 0
 
 @dataclass(frozen=True)
 class Hadamard:
-    """Q = diag(signs) (F_1 (x) F_2 (x) ... (x) F_k): orthogonal factors of at most FACTOR rows (the
-    normalised Sylvester Hadamard matrix of the power of two in dim, split; then a random orthogonal
-    matrix of dim's odd part). Applied factor by factor, a product with Q costs dim x (the factors'
-    sizes) multiply-adds per row instead of dim x dim, and no dim x dim matrix is made."""
+    """Q = diag(signs) (F_1 (x) F_2 (x) ... (x) F_k): orthogonal factors (the normalised Sylvester
+    Hadamard matrix of the power of two in dim, split in factors of at most FACTOR rows, the last
+    one (x) a random orthogonal matrix of dim's odd part). Applied factor by factor, a product with Q
+    costs dim x (the factors' sizes) multiply-adds per row instead of dim x dim, and no dim x dim
+    matrix is made (up to DENSE_UP_TO, one factor: Q itself)."""
 
     signs: torch.Tensor  # [dim], +-1, float64
     factors: tuple[torch.Tensor, ...]  # float64
@@ -56,17 +57,16 @@ class Hadamard:
         return self.right(w.T).T
 
     def dense(self) -> torch.Tensor:
-        k = torch.ones(1, 1, dtype=torch.float64)
-        for factor in self.factors:
-            k = torch.kron(k, factor)
-        return self.signs[:, None] * k
+        return self.signs[:, None] * _kron(self.factors)
 
 
 FACTOR = 64
+DENSE_UP_TO = 1024  # a smaller Q is applied as one matrix: tiny factors cost more than they save
 
 
 def hadamard(dim: int, seed: int = SEED) -> Hadamard:
-    """The seeded Q of dim, as factors (random_hadamard: the same Q as one matrix)."""
+    """The seeded Q of dim, as factors (random_hadamard: the same Q as one matrix). The odd part joins
+    the last Sylvester factor: a factor of 3 or 5 alone makes products too thin to run fast."""
     g = torch.Generator().manual_seed(seed)
     power = dim & -dim  # the largest power of two dividing dim
     odd, r = torch.linalg.qr(torch.randn(dim // power, dim // power, generator=g, dtype=torch.float64))
@@ -77,9 +77,18 @@ def hadamard(dim: int, seed: int = SEED) -> Hadamard:
         size = min(left, FACTOR)
         factors.append(_sylvester(size))
         left //= size
-    if odd.shape[0] > 1:
-        factors.append(odd)
-    return Hadamard(signs, tuple(factors) or (torch.ones(1, 1, dtype=torch.float64),))
+    factors = factors or [torch.ones(1, 1, dtype=torch.float64)]
+    factors[-1] = torch.kron(factors[-1], odd)
+    if dim <= DENSE_UP_TO:
+        factors = [_kron(factors)]
+    return Hadamard(signs, tuple(factors))
+
+
+def _kron(factors) -> torch.Tensor:
+    k = torch.ones(1, 1, dtype=torch.float64)
+    for factor in factors:
+        k = torch.kron(k, factor)
+    return k
 
 
 def _sylvester(n: int) -> torch.Tensor:
