@@ -44,7 +44,7 @@ class Hadamard:
 
     def right(self, x: torch.Tensor) -> torch.Tensor:
         """x Q over x's last dimension, in float64."""
-        y = x.double() * self.signs
+        y = x.to(torch.float64, copy=True).mul_(self.signs)  # one float64 copy of x, not two
         shape, before, after = y.shape, y.numel() // y.shape[-1], y.shape[-1]
         for factor in self.factors:  # y as [before, this factor's axis, after]: F^T contracts the middle axis
             after //= factor.shape[0]
