@@ -2,8 +2,8 @@
 window attention (full attention in `fullatt_block_indexes`), whose 2 x 2 patch blocks a merger
 MLP projects into a Qwen2 text decoder with M-RoPE (`mrope_section`).
 
-Sizes are those of Qwen/Qwen2.5-VL-3B-Instruct's config.json and preprocessor_config.json as we
-know them (not checked against the Hub here); a checkpoint's own files win. Its tower takes any
+Sizes are those of Qwen/Qwen2.5-VL-3B-Instruct's config.json (checked against a public copy of it,
+not the Hub itself: no network here; 3.75 B parameters); a checkpoint's own files win. Its tower takes any
 multiple of 28 px; a program takes sides up to S (image_processing.py): 448 px here, at most
 32 x 32 patches, 256 image tokens, unless the processor's `max_pixels` asks for less.
 """
