@@ -6,8 +6,9 @@ loop drives it. Two layouts: one program with methods `token_embedding`, `text_d
 
 The prompt is token ids in which each encoder input (an image's frame, an audio clip's 30 s chunk)
 stands as a run of media token ids (`<image>`, `[AUDIO]`: the Hugging Face processor's expansion),
-as many as the encoder makes of it (`tokens_of`: fixed per program, or per image for Qwen2-VL). `prefill` embeds the ids, puts the next staged input's embeddings where its
-run is (transformers' `masked_scatter`), and runs the decoder.
+as many as the encoder makes of it (`tokens_of`: fixed per program, or per image for Qwen2-VL).
+`prefill` embeds the ids, puts the next staged input's embeddings where its run is (transformers'
+`masked_scatter`), and runs the decoder.
 """
 
 from __future__ import annotations
