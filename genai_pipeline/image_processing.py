@@ -10,13 +10,15 @@ they cover under twice the image's area), the image resized onto it (BICUBIC) an
 plus the whole image at S x S when there is more than one tile; the prompt's `<image>` becomes
 `<img>`, N `<IMG_CONTEXT>` per frame, `</img>`.
 
-Qwen2-VL / Qwen2.5-VL (`Qwen2VLImageProcessor`, PIL backend, `kind="qwen2_vl"`): transformers
-resizes each image (BICUBIC) to its `smart_resize` size, multiples of 28 px within
-`shortest_edge` .. `longest_edge` pixels (here pixel counts, its `min_pixels` / `max_pixels`), so
-the grid varies by image. A program's tower takes one S x S grid, S the largest multiple of 28
-whose square fits `max_pixels`, capped by the entry: every image is resized to S x S. That is
-transformers' own result for a square image of at least S px; another aspect ratio would get
-another grid there. The prompt's `<image>` becomes `<|vision_start|>`, N `<|image_pad|>`,
+Qwen2-VL / Qwen2.5-VL (`Qwen2VLImageProcessor`, PIL backend, `kind="qwen2_vl"`): each image
+resized (BICUBIC) to its `smart_resize` size, multiples of 28 px within `shortest_edge` ..
+`longest_edge` pixels (here pixel counts, its `min_pixels` / `max_pixels`), as transformers does:
+the grid, and the image's N = H x W / 28² tokens, follow the image. A program's tower takes any
+such size with sides from 56 px to S (its dynamic shapes' bound: S, the largest multiple of 28 up
+to sqrt(2 x max_pixels), so that every aspect ratio up to 2:1 fits, capped by the entry). A size
+outside that range (a longer aspect ratio, or a max_pixels beyond S²) is scaled, keeping the
+aspect ratio, until its long side is S and its short side at least 56 px: there transformers
+would give more tokens. The prompt's `<image>` becomes `<|vision_start|>`, N `<|image_pad|>`,
 `<|vision_end|>` (the chat template writes the markers itself around one `<|image_pad|>`).
 
 Gemma 3 (`Gemma3ImageProcessor`, `kind="gemma3"`): RGB, resized to S x S (BILINEAR). With
@@ -67,7 +69,9 @@ class ImageProcessing:
 
     tile_size: int  # S: the encoder's input, `max_image_size.longest_edge` (CLIP: `crop_size`)
     longest_edge: int  # `size.longest_edge`: the first resize (Idefics3); Qwen2-VL: max_pixels
-    tokens_per_image: int  # N: `<image>` tokens per frame (processor `image_seq_len`)
+    tokens_per_image: (
+        int  # N: `<image>` tokens per frame (processor `image_seq_len`); Qwen2-VL: an S x S frame's, the most
+    )
     kind: str = "idefics3"  # which processor: "idefics3", "clip", "internvl", "gemma3" or "qwen2_vl"
     shortest_edge: int = 0  # CLIP: `size.shortest_edge`, the resize before the centre crop; Qwen2-VL: min_pixels
     do_resize: bool = True
@@ -198,7 +202,7 @@ def image_frames(image: np.ndarray, p: ImageProcessing) -> Frames:
     if p.kind == "internvl":
         return _internvl_frames(image, p)
     if p.kind == "qwen2_vl":
-        return Frames((_chw(resize(image, s, s, p.resample)),), 0, 0)
+        return Frames((_chw(resize(image, *qwen_size(*image.shape[:2], p), p.resample)),), 0, 0)
     if p.kind == "gemma3":
         crops, rows, cols = _pan_and_scan(image, p) if p.do_image_splitting else ([], 0, 0)
         return Frames(tuple(_chw(resize(i, s, s, p.resample)) for i in [image, *crops]), rows, cols)
@@ -250,9 +254,45 @@ def _internvl_frames(image: np.ndarray, p: ImageProcessing) -> Frames:
 
 
 def qwen_tile_size(max_pixels: int, cap: int) -> int:
-    """Qwen2-VL: the program's square side, the largest multiple of 28 px whose square is at most
-    `max_pixels` (what `smart_resize` makes of a large square image), at most `cap`."""
-    return min(cap, math.isqrt(max_pixels) // QWEN_FACTOR * QWEN_FACTOR)
+    """Qwen2-VL: the program's largest side, the largest multiple of 28 px up to sqrt(2 x
+    `max_pixels`) (the long side `smart_resize` gives a 2:1 image), at most `cap`."""
+    return min(cap, math.isqrt(2 * max_pixels) // QWEN_FACTOR * QWEN_FACTOR)
+
+
+def smart_resize(height: int, width: int, min_pixels: int, max_pixels: int) -> tuple[int, int]:
+    """transformers' Qwen2-VL `smart_resize`: both sides multiples of 28 px, the area within
+    min_pixels .. max_pixels, the aspect ratio kept as closely as that allows."""
+    f = QWEN_FACTOR
+    if max(height, width) / min(height, width) > 200:
+        raise InputError(f"a {width} x {height} image: Qwen2-VL takes aspect ratios up to 200:1")
+    h, w = round(height / f) * f, round(width / f) * f
+    if h * w > max_pixels:
+        beta = math.sqrt(height * width / max_pixels)
+        h, w = max(f, math.floor(height / beta / f) * f), max(f, math.floor(width / beta / f) * f)
+    elif h * w < min_pixels:
+        beta = math.sqrt(min_pixels / (height * width))
+        h, w = math.ceil(height * beta / f) * f, math.ceil(width * beta / f) * f
+    return h, w
+
+
+def qwen_size(height: int, width: int, p: ImageProcessing) -> tuple[int, int]:
+    """The size a Qwen2-VL program's tower takes for an image: `smart_resize`'s, unless a side falls
+    outside 56 .. S px (see the module doc)."""
+    h, w = smart_resize(height, width, p.shortest_edge, p.longest_edge)
+    s, f = p.tile_size, QWEN_FACTOR
+    if h > s and h >= w:
+        h, w = s, w * s // (h * f) * f
+    elif w > s:
+        h, w = h * s // (w * f) * f, s
+    return max(2 * f, h), max(2 * f, w)
+
+
+def frame_tokens(frame: np.ndarray, p: ImageProcessing) -> int:
+    """The tokens the tower makes of one frame, uint8 [3, H, W]: its grid's for Qwen2-VL (28 px
+    each), else the fixed count."""
+    if p.kind == "qwen2_vl":
+        return (frame.shape[1] // QWEN_FACTOR) * (frame.shape[2] // QWEN_FACTOR)
+    return p.tokens_per_image
 
 
 def _pan_and_scan(image: np.ndarray, p: ImageProcessing) -> tuple[list[np.ndarray], int, int]:
@@ -299,7 +339,7 @@ def _chw(image: np.ndarray) -> np.ndarray:
 def image_prompt(frames: Frames, p: ImageProcessing) -> str:
     """The text standing for one image: transformers' `get_image_prompt_string` (Idefics3), or the
     image token N times (LLaVA)."""
-    run = p.image_token * p.tokens_per_image
+    run = p.image_token * (frame_tokens(frames.pixels[0], p) if frames.pixels else p.tokens_per_image)
     if p.kind == "clip":
         return run
     if p.kind in ("internvl", "qwen2_vl"):

@@ -9,7 +9,7 @@ from genai_pipeline.audio_processing import AudioProcessing
 from genai_pipeline.image_processing import ImageProcessing
 from genai_pipeline.models.audio import AudioConfig
 from genai_pipeline.models.cache_io import CacheIOContract
-from genai_pipeline.models.vision import VisionConfig
+from genai_pipeline.models.vision_config import VisionConfig
 
 
 class Malformed(Exception):

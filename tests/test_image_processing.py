@@ -100,38 +100,64 @@ def test_real_photos_give_transformers_frames(model, photo):
         assert (frames.rows, frames.cols) == (out["rows"][0][0], out["cols"][0][0])
 
 
-@pytest.mark.parametrize("photo", PHOTO_NAMES)
-def test_real_photos_give_qwen2_vl_processor_patches(photo):
-    """Qwen2.5-VL: a program takes one S x S grid (image_processing.py), so the photos are cut
-    square and S is the size transformers' smart_resize picks for that square (max_pixels = S²):
-    then its resize, rescale, normalisation and patch order are ours, pixel for pixel."""
-    from PIL import Image
-    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil, smart_resize
+QWEN_MAX_PIXELS = 448 * 336  # every photo's smart_resize size fits a program of 448 px sides
 
-    from genai_pipeline.image_processing import qwen_tile_size
+
+def qwen_patches(frame: np.ndarray, mean, std) -> np.ndarray:
+    """A uint8 [3, H, W] frame as Qwen2VLImageProcessor's pixel_values: normalised patches, each
+    [3 channels, 2 frames, 14, 14], in 2 x 2 merge-block order."""
+    x = (frame / 255.0 - np.reshape(mean, (3, 1, 1))) / np.reshape(std, (3, 1, 1))
+    rows, cols = frame.shape[1] // 14, frame.shape[2] // 14
+    x = x.reshape(3, rows // 2, 2, 14, cols // 2, 2, 14).transpose(1, 4, 2, 5, 0, 3, 6)[:, :, :, :, :, None]
+    return np.broadcast_to(x, (*x.shape[:5], 2, 14, 14)).reshape(rows * cols, -1)
+
+
+@pytest.mark.parametrize("photo", (*PHOTO_NAMES, "coffee-portrait"))
+def test_real_photos_give_qwen2_vl_processor_patches(photo):
+    """Qwen2.5-VL: each photo at its own smart_resize size (square, 2:3, 3:2), as transformers'
+    processor with the same max_pixels gives it: its resize, rescale, normalisation, patch order
+    and grid are ours, pixel for pixel."""
+    from PIL import Image
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+    from genai_pipeline.image_processing import frame_tokens, qwen_tile_size
 
     entry = get_spec("qwen2_5-vl-3b").vision.preprocessing
-    with Image.open(PHOTOS / f"{photo}.png") as image:
-        side = min(image.size)
-        square = image.convert("RGB").crop((0, 0, side, side))
-    s = smart_resize(side, side, 28, entry.shortest_edge, 448 * 448)[0]
-    processing = dataclasses.replace(entry, tile_size=qwen_tile_size(s * s, entry.tile_size))
+    processing = dataclasses.replace(
+        entry, longest_edge=QWEN_MAX_PIXELS, tile_size=qwen_tile_size(QWEN_MAX_PIXELS, entry.tile_size)
+    )
+    rgb = read_image(PHOTOS / f"{photo.removesuffix('-portrait')}.png")
+    rgb = np.ascontiguousarray(rgb.transpose(1, 0, 2)) if photo.endswith("-portrait") else rgb
     theirs = Qwen2VLImageProcessorPil(
         min_pixels=entry.shortest_edge,
-        max_pixels=s * s,
+        max_pixels=QWEN_MAX_PIXELS,
         resample=entry.resample,
         image_mean=entry.image_mean,
         image_std=entry.image_std,
-    ).preprocess(square)
-    assert processing.tile_size == s and theirs["image_grid_thw"].tolist() == [[1, s // 14, s // 14]]
-
-    frame = image_frames(np.asarray(square), processing).pixels[0]
-    x = (frame / 255.0 - np.reshape(entry.image_mean, (3, 1, 1))) / np.reshape(entry.image_std, (3, 1, 1))
-    n = s // 14  # patches per side, in 2 x 2 blocks; each patch [3, 2 frames, 14, 14]
-    x = x.reshape(3, n // 2, 2, 14, n // 2, 2, 14).transpose(1, 4, 2, 5, 0, 3, 6)[:, :, :, :, :, None]
-    got = np.broadcast_to(x, (*x.shape[:5], 2, 14, 14)).reshape(n * n, -1)
+    ).preprocess(Image.fromarray(rgb))
+    frame = image_frames(rgb, processing).pixels[0]
+    _, rows, cols = theirs["image_grid_thw"][0].tolist()
+    assert processing.tile_size == 448 and frame.shape == (3, rows * 14, cols * 14)
+    assert frame_tokens(frame, processing) == rows * cols // 4
     expected = np.asarray(theirs["pixel_values"])
+    got = qwen_patches(frame, entry.image_mean, entry.image_std)
     assert got.shape == expected.shape and np.abs(got - expected).max() <= 1e-5
+
+
+def test_qwen2_vl_sizes_past_the_program_keep_their_aspect_ratio():
+    """transformers' smart_resize where it fits the program's 56 .. S px sides; beyond, the long
+    side S and the aspect ratio kept (the module doc)."""
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_resize
+
+    from genai_pipeline.image_processing import qwen_size
+
+    p = dataclasses.replace(get_spec("qwen2_5-vl-3b").vision.preprocessing, longest_edge=448 * 448)
+    assert p.tile_size == 448
+    for height, width in ((300, 451), (100, 100), (448, 448), (61, 97)):
+        assert qwen_size(height, width, p) == smart_resize(height, width, 28, p.shortest_edge, 448 * 448)
+    assert smart_resize(300, 900, 28, p.shortest_edge, 448 * 448) == (252, 756)
+    assert qwen_size(300, 900, p) == (140, 448) and qwen_size(900, 300, p) == (448, 140)
+    assert qwen_size(40, 1200, p) == (56, 448)  # 28 px rows would be 1 x 2 patches: 56 is the least
 
 
 @pytest.mark.parametrize(

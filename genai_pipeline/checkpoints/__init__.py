@@ -28,9 +28,11 @@ def load_decoder(spec: ModelSpec, folder: Path, max_seq_len: int) -> Decoder:
 
 
 def open_decoder(spec: ModelSpec, folder: Path, max_seq_len: int) -> tuple[Decoder, BlockLoader | None]:
-    """load_decoder, but a Hugging Face folder's weights stay in its memory-mapped files until
-    the BlockLoader reads them (block_loader.py); other formats come loaded (loader None)."""
-    if gguf.gguf_file(Path(folder)) is None and spec.checkpoint_format == "hf":
+    """load_decoder, but a Hugging Face folder's or a GGUF's weights stay in their memory-mapped
+    files until the BlockLoader reads them (block_loader.py); llama2.c's come loaded (loader None)."""
+    if gguf.gguf_file(Path(folder)) is not None:
+        return gguf.open_decoder(spec, Path(folder), max_seq_len)
+    if spec.checkpoint_format == "hf":
         return hf.open_decoder(spec, Path(folder), max_seq_len)
     return load_decoder(spec, folder, max_seq_len), None
 

@@ -9,8 +9,9 @@ Face folder would have given it:
 - `gguf_vocab.checkpoint_folder`: config.json, tokenizer.json, tokenizer_config.json and
   generation_config.json written into a temporary folder (no weights), so special tokens, the
   tokenizer copy and the chat template are read from a normal folder downstream;
-- `load_decoder`: each tensor dequantized to float32 one at a time and assigned into a
-  meta-device decoder (one copy of the weights, as `hf.py` does).
+- `open_decoder`: the decoder on the meta device and a BlockLoader that dequantizes a block's
+  tensors to float32 from the memory-mapped file when asked (block_loader.py), as `hf.py` reads a
+  folder: an export holds one block in float, not the model; `load_decoder` reads them all.
 
 The tensor names and metadata keys of each architecture, and what llama.cpp's converter changed:
 `gguf_archs.py`.
@@ -24,6 +25,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from genai_pipeline.checkpoints.block_loader import BlockLoader
 from genai_pipeline.checkpoints.gguf_archs import (
     ARCHS,
     CONFIG_KEYS,
@@ -33,7 +35,7 @@ from genai_pipeline.checkpoints.gguf_archs import (
     Arch,
 )
 from genai_pipeline.checkpoints.gguf_checks import check_blocks, check_layout, check_metadata, check_token_id, whole
-from genai_pipeline.checkpoints.hf import assign_weights, empty_decoder
+from genai_pipeline.checkpoints.hf import empty_decoder, refuse_non_finite
 from genai_pipeline.checkpoints.llama2c import interleaved_to_halves
 from genai_pipeline.errors import CheckpointError
 from genai_pipeline.models.decoder import Decoder, DecoderConfig
@@ -221,20 +223,26 @@ def require_gguf(path: Path) -> Path:
 # -- tensors -------------------------------------------------------------------------------------
 
 
-def _dequantize(tensor, file: Path) -> np.ndarray:
-    """float32 [rows, cols] (numpy order: GGUF lists shapes innermost first) of one tensor."""
-    import gguf
-
+def _check_type(tensor, file: Path) -> None:
     kind = tensor.tensor_type.name
     if kind not in SUPPORTED_TYPES:
         raise CheckpointError(
             f"tensor '{tensor.name}' in '{file.name}' is {kind}, which this pipeline does not dequantize; "
             f"supported: {', '.join(SUPPORTED_TYPES)}"
         )
+
+
+def _dequantize(tensor, file: Path) -> np.ndarray:
+    """float32 [rows, cols] (numpy order: GGUF lists shapes innermost first) of one tensor."""
+    import gguf
+
+    _check_type(tensor, file)
     try:
         values = gguf.quants.dequantize(tensor.data, tensor.tensor_type)
     except Exception as e:  # a damaged tensor
-        raise CheckpointError(f"cannot dequantize tensor '{tensor.name}' ({kind}) in '{file.name}': {e}") from None
+        raise CheckpointError(
+            f"cannot dequantize tensor '{tensor.name}' ({tensor.tensor_type.name}) in '{file.name}': {e}"
+        ) from None
     shape = tuple(int(n) for n in reversed(tensor.shape.tolist()))
     if np.may_share_memory(values, tensor.data):  # F32 comes back as a view of the memory-mapped file
         values = values.copy()  # the model owns its weights; the file may close
@@ -249,25 +257,37 @@ def _unpermute(name: str, rows: torch.Tensor, config: DecoderConfig) -> torch.Te
     return interleaved_to_halves(flat, heads).reshape(rows.shape)
 
 
-def our_tensors(
-    arch: Arch, tensor_name: str, values: torch.Tensor, config: DecoderConfig, expected: dict, file: Path
-) -> dict[str, torch.Tensor]:
-    """A GGUF tensor (dequantized) as ours: split if fused, norms unshifted, q/k rows unpermuted."""
+def checked_names(arch: Arch, tensor_name: str, shape: tuple[int, ...], expected: dict, file: Path) -> tuple[str, ...]:
+    """Our tensors a GGUF tensor of this (numpy-order) shape holds, refused unless the metadata
+    imply them and that shape; () for a tied head stored anyway."""
     names = arch.map_tensor(tensor_name)
     if names == ("output.weight",) and "output.weight" not in expected:
-        return {}  # a tied head stored anyway: the embedding is the head
+        return ()
     if not names or any(n not in expected for n in names):
         raise CheckpointError(
             f"unexpected tensor '{tensor_name}' in '{file.name}' for a {arch.model_type} model with its metadata"
         )
     shapes = [expected[n] for n in names]
     want = (sum(s[0] for s in shapes), *shapes[0][1:])
-    if names[0].endswith(".conv.conv_weight") and values.dim() == 2:
-        values = values.unsqueeze(1)  # llama.cpp squeezes the depthwise convolution's unit dimension
-    if tuple(values.shape) != want:
+    if names[0].endswith(".conv.conv_weight") and len(shape) == 2:
+        shape = (shape[0], 1, shape[1])  # llama.cpp squeezes the depthwise convolution's unit dimension
+    if tuple(shape) != want:
         raise CheckpointError(
-            f"tensor '{tensor_name}' in '{file.name}' has shape {tuple(values.shape)}, but its metadata imply {want}"
+            f"tensor '{tensor_name}' in '{file.name}' has shape {tuple(shape)}, but its metadata imply {want}"
         )
+    return names
+
+
+def our_tensors(
+    arch: Arch, tensor_name: str, values: torch.Tensor, config: DecoderConfig, expected: dict, file: Path
+) -> dict[str, torch.Tensor]:
+    """A GGUF tensor (dequantized) as ours: split if fused, norms unshifted, q/k rows unpermuted."""
+    names = checked_names(arch, tensor_name, tuple(values.shape), expected, file)
+    if not names:
+        return {}  # a tied head stored anyway: the embedding is the head
+    shapes = [expected[n] for n in names]
+    if values.dim() == 2 and len(shapes[0]) == 3:
+        values = values.unsqueeze(1)  # llama.cpp squeezes the depthwise convolution's unit dimension
     if arch.norm_shift and tensor_name.endswith("norm.weight"):
         values = values - arch.norm_shift
     pieces = values.split([s[0] for s in shapes], dim=0) if len(names) > 1 else (values,)
@@ -290,17 +310,43 @@ def decoder_config(spec: ModelSpec, reader, file: Path) -> DecoderConfig:
 
 
 def load_decoder(spec: ModelSpec, path: Path, max_seq_len: int) -> Decoder:
-    """Build the decoder on the meta device and assign every tensor, dequantized one at a time."""
+    """The decoder with every tensor, dequantized one GGUF tensor at a time."""
+    model, weights = open_decoder(spec, path, max_seq_len)
+    weights.load_all(model)
+    return model
+
+
+def open_decoder(spec: ModelSpec, path: Path, max_seq_len: int) -> tuple[Decoder, BlockLoader]:
+    """The decoder on the meta device and what dequantizes its tensors when asked, a block at a
+    time. Every tensor's name, type and shape are checked here, from the file's header; values
+    when they are read."""
     file = require_gguf(path)
     reader = open_reader(file)
     _, arch = architecture(reader, file)
     config = decoder_config(spec, reader, file)
     check_blocks(arch.model_type, config.n_layers, [t.name for t in reader.tensors], file)
     model, expected = empty_decoder(config, max_seq_len)
-    state: dict[str, torch.Tensor] = {}
+    index = {}  # our tensor -> the GGUF tensor holding it
     for tensor in reader.tensors:
         if DERIVED_TENSORS.fullmatch(tensor.name):
             continue
-        values = torch.from_numpy(_dequantize(tensor, file))
-        state.update(our_tensors(arch, tensor.name, values, config, expected, file))
-    return assign_weights(model, state, expected, file)
+        _check_type(tensor, file)
+        shape = tuple(int(n) for n in reversed(tensor.shape.tolist()))
+        index.update(dict.fromkeys(checked_names(arch, tensor.name, shape, expected, file), tensor))
+    missing = sorted(set(expected) - set(index))
+    if missing:
+        raise CheckpointError(
+            f"checkpoint '{file}' lacks tensor(s) {', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}"
+        )
+
+    def read(names) -> dict[str, torch.Tensor]:
+        state = {}
+        for tensor in {id(index[n]): index[n] for n in names}.values():  # a fused tensor read once
+            values = torch.from_numpy(_dequantize(tensor, file))
+            state.update(our_tensors(arch, tensor.name, values, config, expected, file))
+        state = {n: state[n] for n in names}
+        refuse_non_finite(state, file)
+        return state
+
+    model.reset_buffers()
+    return model.eval().requires_grad_(False), BlockLoader(read)

@@ -18,7 +18,8 @@ from genai_pipeline.errors import CheckpointError
 from genai_pipeline.image_processing import ImageProcessing
 from genai_pipeline.models.audio import AudioConfig, AudioEncoder, AudioLanguageModel
 from genai_pipeline.models.decoder import Decoder, DecoderConfig
-from genai_pipeline.models.vision import VisionConfig, VisionEncoder, VisionLanguageModel, unused_tower_tensor
+from genai_pipeline.models.vision import VisionEncoder, VisionLanguageModel, unused_tower_tensor
+from genai_pipeline.models.vision_config import VisionConfig
 from genai_pipeline.registry import ModelSpec
 
 TIED_HEAD = "decoder.output.weight"

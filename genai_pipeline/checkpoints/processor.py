@@ -152,12 +152,12 @@ def image_processing(defaults: ImageProcessing, files: ProcessorFiles) -> ImageP
 
 
 def _qwen_tile(processing: ImageProcessing, defaults: ImageProcessing, files: ProcessorFiles) -> ImageProcessing:
-    """Qwen2-VL: the program's square side from `max_pixels`, at most the entry's (image_processing.py)."""
+    """Qwen2-VL: the program's largest side from `max_pixels`, at most the entry's (image_processing.py)."""
     side = qwen_tile_size(processing.longest_edge, defaults.tile_size)
     if side < QWEN_FACTOR or processing.shortest_edge > side * side:
         raise CheckpointError(
             f"{files.origin}: min_pixels {processing.shortest_edge} / max_pixels {processing.longest_edge} leave no "
-            f"square image of a multiple of {QWEN_FACTOR} px at most {defaults.tile_size} px; {RESAVE}"
+            f"image of sides a multiple of {QWEN_FACTOR} px up to {defaults.tile_size} px; {RESAVE}"
         )
     return dataclasses.replace(processing, tile_size=side)
 

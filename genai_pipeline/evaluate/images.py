@@ -107,9 +107,7 @@ def evaluate_images(folder: Path, options: ImageEvalOptions, progress: bool = Tr
     eos = manifest.eos_ids
     if not eos:
         raise InputError(f"'{folder}/manifest.json' names no end-of-sequence id: answers could not end")
-    reference = EagerMultimodalSession(
-        float_model(manifest), program.image_token_id, program.processing.tokens_per_image
-    )
+    reference = EagerMultimodalSession(float_model(manifest), program.image_token_id)
     models = {"float": reference, "program": program}
 
     hits = {name: 0 for name in models}

@@ -61,7 +61,7 @@ def float_model(manifest: Manifest):
 
 def _float_vision_language_model(spec, manifest: Manifest):
     from genai_pipeline.checkpoints.multimodal import load_multimodal, random_multimodal
-    from genai_pipeline.models.vision import VisionConfig
+    from genai_pipeline.models.vision_config import VisionConfig
 
     vision = VisionConfig.from_dict(manifest.vision["config"])
     if manifest.weights == "random":

@@ -8,9 +8,9 @@ same tensors and the program stores each weight once (the token embedding and a 
 A split program's graphs wrap only their component, so each program holds only its tensors: a
 tied head's table is then stored twice, in token_embedding.pte and in text_decoder.pte.
 
-A family whose image tokens attend to each other both ways (Gemma 3: `bidirectional_image_attention`)
-has one more column in the embeddings its programs pass around, 1 on an image's rows
-(models/vision.py's `with_image_flag`): the two inputs of ExecuTorch's runner stay the same.
+A family whose text decoder must know an image's rows (Gemma 3's two-way image attention,
+Qwen2.5-VL's M-RoPE) has more columns in the embeddings its programs pass around
+(models/image_rows.py): the two inputs of ExecuTorch's runner stay the same.
 """
 
 from __future__ import annotations
@@ -31,7 +31,9 @@ from genai_pipeline.checkpoints.special_tokens import read_special_tokens
 from genai_pipeline.errors import CheckpointError, InputError
 from genai_pipeline.image_processing import ImageProcessing
 from genai_pipeline.models.decoder import Decoder
-from genai_pipeline.models.vision import VisionConfig, VisionLanguageModel, split_image_flag, with_image_flag
+from genai_pipeline.models.image_rows import COLUMNS, image_columns, split_columns, text_columns
+from genai_pipeline.models.vision import VisionLanguageModel
+from genai_pipeline.models.vision_config import VisionConfig
 from genai_pipeline.names import ArtifactKey, GraphName, Mode
 from genai_pipeline.prepare.common import decoder_constants
 from genai_pipeline.registry import ModelSpec, sized_as
@@ -41,66 +43,73 @@ log = logging.getLogger(__name__)
 
 
 class TokenEmbeddingGraph(nn.Module):
-    """`flagged`: the embeddings carry the image-flag column (0 here)."""
+    """The embeddings of token ids, with the columns of `kind` (models/image_rows.py)."""
 
-    def __init__(self, model: VisionLanguageModel, flagged: bool = False):
+    def __init__(self, model: nn.Module, kind: str = "none"):
         super().__init__()
-        self.model, self.flagged = model, flagged
+        self.model, self.kind = model, kind
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        h = self.model.decoder.embed(tokens)
-        return with_image_flag(h, image=False) if self.flagged else h
+        return text_columns(self.model.decoder.embed(tokens), self.kind)
 
 
 class TextDecoderGraph(nn.Module):
-    """`flagged`: the embeddings carry the image-flag column, which the decoder's masks read."""
+    """The decoder on embeddings with the columns of `kind`, which its masks or positions read."""
 
-    def __init__(self, model: VisionLanguageModel, flagged: bool = False):
+    def __init__(self, model: nn.Module, kind: str = "none"):
         super().__init__()
-        self.model, self.flagged = model, flagged
+        self.model, self.kind = model, kind
 
     def forward(self, embeddings: torch.Tensor, input_pos: torch.Tensor) -> torch.Tensor:
-        image_tokens = None
-        if self.flagged:
-            embeddings, image_tokens = split_image_flag(embeddings)
-        if isinstance(self.model, VisionLanguageModel):  # its masks or M-RoPE positions read the flags
-            return self.model.decode(embeddings, input_pos, last_only=True, image_tokens=image_tokens)
-        return self.model.decoder.forward_embeddings(embeddings, input_pos, last_only=True, image_tokens=image_tokens)
+        if isinstance(self.model, VisionLanguageModel):
+            return self.model.decode(embeddings, input_pos)
+        embeddings, columns = split_columns(embeddings, self.kind)  # a split program: no M-RoPE
+        flags = None if columns is None else columns[..., 0]
+        return self.model.decoder.forward_embeddings(embeddings, input_pos, last_only=True, image_tokens=flags)
 
 
 class VisionEncoderGraph(nn.Module):
-    """`flagged`: the embeddings carry the image-flag column (1 here)."""
+    """An image's embeddings, with the columns of `kind`."""
 
-    def __init__(self, model: VisionLanguageModel, flagged: bool = False):
+    def __init__(self, model: nn.Module, kind: str = "none"):
         super().__init__()
-        self.model, self.flagged = model, flagged
+        self.model, self.kind = model, kind
 
     def forward(self, pixels: torch.Tensor) -> torch.Tensor:
-        h = self.model.vision(pixels)
-        return with_image_flag(h, image=True) if self.flagged else h
+        if isinstance(self.model, VisionLanguageModel):
+            return self.model.image_rows(pixels)
+        return image_columns(self.model.vision(pixels), self.kind, grid_cols=1)  # a split program: no M-RoPE
 
 
-def image_flagged(model: VisionLanguageModel) -> bool:
-    """Whether the program's embeddings carry the image-flag column (see the module doc)."""
-    return model.image_flagged()
+def image_input(vision: VisionConfig) -> tuple[tuple[torch.Tensor], tuple | None]:
+    """The vision encoder's example input, uint8 [1, 3, S, S], and its dynamic shapes: a tower
+    whose grid follows the image (Qwen2.5-VL's merger) takes H and W in multiples of patch x merge
+    px, from two units to S (image_processing.py resizes into that range)."""
+    size = vision.image_size
+    example = (torch.zeros((1, 3, size, size), dtype=torch.uint8),)
+    if vision.connector != "merger":
+        return example, None
+    unit = vision.patch_size * vision.scale_factor
+    rows, cols = Dim("image_rows", min=2, max=size // unit), Dim("image_cols", min=2, max=size // unit)
+    return example, ({2: unit * rows, 3: unit * cols},)
 
 
-def text_graphs(model: nn.Module, max_seq_len: int, flagged: bool = False) -> dict[GraphName, GraphBundle]:
-    """`token_embedding` and `text_decoder` of any multimodal model (one with a `decoder`); `flagged`:
-    with the image-flag column."""
+def text_graphs(model: nn.Module, max_seq_len: int, kind: str = "none") -> dict[GraphName, GraphBundle]:
+    """`token_embedding` and `text_decoder` of any multimodal model (one with a `decoder`), their
+    embeddings with the columns of `kind`."""
     seq = Dim("seq_len", min=1, max=max_seq_len)
-    dim = model.decoder.config.dim + flagged
+    dim = model.decoder.config.dim + COLUMNS[kind]
     return {
         GraphName.TOKEN_EMBEDDING: GraphBundle(
             GraphName.TOKEN_EMBEDDING,
-            TokenEmbeddingGraph(model, flagged),
+            TokenEmbeddingGraph(model, kind),
             (torch.zeros((1, 2), dtype=torch.long),),
             dynamic_shapes=({1: seq},),
         ),
         GraphName.TEXT_DECODER: GraphBundle(
             # input_pos [1]: MultimodalRunner then passes the start position, not a range
             GraphName.TEXT_DECODER,
-            TextDecoderGraph(model, flagged),
+            TextDecoderGraph(model, kind),
             (torch.zeros((1, 2, dim)), torch.tensor([0], dtype=torch.long)),
             dynamic_shapes=({1: seq}, None),
         ),
@@ -108,13 +117,11 @@ def text_graphs(model: nn.Module, max_seq_len: int, flagged: bool = False) -> di
 
 
 def multimodal_graphs(model: VisionLanguageModel, max_seq_len: int) -> dict[GraphName, GraphBundle]:
-    size, flagged = model.vision.config.image_size, image_flagged(model)
+    example, dynamic = image_input(model.vision.config)
     return {
-        **text_graphs(model, max_seq_len, flagged),
+        **text_graphs(model, max_seq_len, model.rows_kind),
         GraphName.VISION_ENCODER: GraphBundle(
-            GraphName.VISION_ENCODER,
-            VisionEncoderGraph(model, flagged),
-            (torch.zeros((1, 3, size, size), dtype=torch.uint8),),
+            GraphName.VISION_ENCODER, VisionEncoderGraph(model, model.rows_kind), example, dynamic_shapes=dynamic
         ),
     }
 
@@ -144,16 +151,15 @@ def split_artifacts(model: VisionLanguageModel, options, constants: dict) -> dic
     text decoder has the text path's methods for the mode: `forward` (dynamic length) or
     `prefill_chunk` (a static chunk of embeddings) + `decode_token` (one embedding), sharing weights and KV cache."""
     seq = Dim("seq_len", min=1, max=options.max_seq_len)
-    size = model.vision.config.image_size
-    flagged = image_flagged(model)
-    dim = model.decoder.config.dim + flagged
+    size, kind = model.vision.config.image_size, model.rows_kind
+    dim = model.decoder.config.dim + COLUMNS[kind]
     pos = torch.tensor([0], dtype=torch.long)
     holders = {
         ArtifactKey.VISION_ENCODER: _alone(vision=model.vision),
         ArtifactKey.TOKEN_EMBEDDING: _alone(decoder=TokenEmbeddingAlone(model.decoder)),
         ArtifactKey.TEXT_DECODER: _alone(decoder=model.decoder),
     }
-    decoder = TextDecoderGraph(holders[ArtifactKey.TEXT_DECODER], flagged)
+    decoder = TextDecoderGraph(holders[ArtifactKey.TEXT_DECODER], kind)
     decoder_graphs = {
         GraphName.FORWARD: GraphBundle(
             GraphName.FORWARD, decoder, (torch.zeros((1, 2, dim)), pos), dynamic_shapes=({1: seq}, None)
@@ -170,14 +176,14 @@ def split_artifacts(model: VisionLanguageModel, options, constants: dict) -> dic
         ArtifactKey.VISION_ENCODER: {
             GraphName.FORWARD: GraphBundle(
                 GraphName.FORWARD,
-                VisionEncoderGraph(holders[ArtifactKey.VISION_ENCODER], flagged),
+                VisionEncoderGraph(holders[ArtifactKey.VISION_ENCODER], kind),
                 (torch.zeros((1, 3, size, size), dtype=torch.uint8),),
             )
         },
         ArtifactKey.TOKEN_EMBEDDING: {
             GraphName.FORWARD: GraphBundle(
                 GraphName.FORWARD,
-                TokenEmbeddingGraph(holders[ArtifactKey.TOKEN_EMBEDDING], flagged),
+                TokenEmbeddingGraph(holders[ArtifactKey.TOKEN_EMBEDDING], kind),
                 (torch.zeros((1, 2), dtype=torch.long),),
                 dynamic_shapes=({1: seq},),
             )

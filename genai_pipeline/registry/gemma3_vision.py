@@ -16,7 +16,7 @@ import math
 import genai_pipeline.registry.chat_templates as chat_templates
 from genai_pipeline.image_processing import ImageProcessing
 from genai_pipeline.models.decoder import DecoderConfig, LinearRopeScaling
-from genai_pipeline.models.vision import VisionConfig
+from genai_pipeline.models.vision_config import VisionConfig
 from genai_pipeline.registry.gemma import GEMMA3_KEY_MAP, gemma3_config_from_hf
 from genai_pipeline.registry.hf_config import text_config, unsupported
 from genai_pipeline.registry.multimodal import VisionSpec, composite_text_key_map

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from genai_pipeline.image_processing import ImageProcessing
 from genai_pipeline.models.decoder import DecoderConfig
-from genai_pipeline.models.vision import VisionConfig
+from genai_pipeline.models.vision_config import VisionConfig
 from genai_pipeline.registry.hf_config import unsupported
 from genai_pipeline.registry.llava import TEXT_KEY_MAP
 from genai_pipeline.registry.multimodal import VisionSpec

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from genai_pipeline.audio_processing import AudioProcessing
 from genai_pipeline.image_processing import ImageProcessing
 from genai_pipeline.models.audio import AudioConfig
-from genai_pipeline.models.vision import VisionConfig
+from genai_pipeline.models.vision_config import VisionConfig
 
 
 @dataclass(frozen=True)

@@ -2,17 +2,17 @@
 window attention (full attention in `fullatt_block_indexes`), whose 2 x 2 patch blocks a merger
 MLP projects into a Qwen2 text decoder with M-RoPE (`mrope_section`).
 
-Sizes are those of Qwen/Qwen2.5-VL-3B-Instruct's config.json and preprocessor_config.json as we
-know them (not checked against the Hub here); a checkpoint's own files win. Its tower takes any
-multiple of 28 px; a program takes one square size (image_processing.py): 448 px here, 32 x 32
-patches, 256 image tokens, unless the processor's `max_pixels` asks for less.
+Sizes are those of Qwen/Qwen2.5-VL-3B-Instruct's config.json (checked against a public copy of it,
+not the Hub itself: no network here; 3.75 B parameters); a checkpoint's own files win. Its tower takes any
+multiple of 28 px; a program takes sides up to S (image_processing.py): 448 px here, at most
+32 x 32 patches, 256 image tokens, unless the processor's `max_pixels` asks for less.
 """
 
 from __future__ import annotations
 
 from genai_pipeline.image_processing import ImageProcessing
 from genai_pipeline.models.decoder import DecoderConfig
-from genai_pipeline.models.vision import VisionConfig
+from genai_pipeline.models.vision_config import VisionConfig
 from genai_pipeline.registry.hf_config import flat_rope_parameters, unsupported
 from genai_pipeline.registry.llama import HF_KEY_MAP
 from genai_pipeline.registry.multimodal import VisionSpec
@@ -22,7 +22,7 @@ from genai_pipeline.registry.spec import ModelSpec
 CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
 CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
 BICUBIC = 3
-IMAGE_SIZE = 448  # the program's square input unless the processor's max_pixels is smaller
+IMAGE_SIZE = 448  # the program's largest side unless the processor's max_pixels asks for less
 MIN_PIXELS, MAX_PIXELS = 3136, 12845056
 
 # Both layouts: the Hub's (transformers 4.x: `model.layers.*`, `visual.*`) and 5.x's

@@ -11,7 +11,7 @@ import dataclasses
 import genai_pipeline.registry.chat_templates as chat_templates
 from genai_pipeline.image_processing import ImageProcessing
 from genai_pipeline.models.decoder import DecoderConfig
-from genai_pipeline.models.vision import VisionConfig
+from genai_pipeline.models.vision_config import VisionConfig
 from genai_pipeline.registry.hf_config import text_config, unsupported
 from genai_pipeline.registry.llama import ASSETS, HF_KEY_MAP, config_from_hf
 from genai_pipeline.registry.multimodal import VisionSpec

@@ -34,7 +34,7 @@ from genai_pipeline.image_processing import Frames, ImageProcessing, expand_rend
 from genai_pipeline.messages import ContentPart, Message
 from genai_pipeline.runtime.generate import generate
 from genai_pipeline.runtime.lookahead import LookaheadOptions
-from genai_pipeline.runtime.multimodal import MultimodalSession
+from genai_pipeline.runtime.multimodal import MultimodalSession, media_runs
 from genai_pipeline.runtime.session import Session
 from genai_pipeline.tokenizer import END_OF_TURN_TOKENS
 
@@ -163,15 +163,9 @@ def keep_cached(session: Session, cached: list[int], ids: list[int], images: tup
 def _stage_frames(session: MultimodalSession, ids: list[int], reused: int, images: tuple[Frames, ...]) -> int:
     """Stages for the session's prefill the frames whose image tokens are not in the cache; a
     frame whose run of tokens the cache holds only in part is fed whole. Returns where feeding starts."""
-    n = session.tokens_per_frame
     frames = [frame for f in images for frame in session.encoder_inputs(f)]
     slots = [i for i, t in enumerate(ids) if t == session.media_token_id]
-    if len(slots) != n * len(frames):
-        raise InputError(
-            f"the conversation holds {len(slots)} {session.modality} token(s) for {len(frames)} "
-            f"{session.modality} input(s) of {n} each"
-        )
-    runs = [slots[k * n : (k + 1) * n] for k in range(len(frames))]
+    runs = media_runs(slots, [session.tokens_of(f) for f in frames], session.modality, "the conversation")
     for run in runs:
         if run[0] < reused <= run[-1]:
             reused = run[0]

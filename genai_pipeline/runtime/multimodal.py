@@ -5,9 +5,10 @@ loop drives it. Two layouts: one program with methods `token_embedding`, `text_d
 (`forward`, or `prefill_chunk` + `decode_token`).
 
 The prompt is token ids in which each encoder input (an image's frame, an audio clip's 30 s chunk)
-stands as a run of `tokens_per_frame` media token ids (`<image>`, `[AUDIO]`: the Hugging Face
-processor's expansion). `prefill` embeds the ids, puts the next staged input's embeddings where its
-run is (transformers' `masked_scatter`), and runs the decoder.
+stands as a run of media token ids (`<image>`, `[AUDIO]`: the Hugging Face processor's expansion),
+as many as the encoder makes of it (`tokens_of`: fixed per program, or per image for Qwen2-VL).
+`prefill` embeds the ids, puts the next staged input's embeddings where its run is (transformers'
+`masked_scatter`), and runs the decoder.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from genai_pipeline.audio_files import read_audio
 from genai_pipeline.audio_processing import AudioClip, AudioProcessing, audio_clip, expand_audio_prompt
 from genai_pipeline.errors import InputError
 from genai_pipeline.image_files import read_image
-from genai_pipeline.image_processing import Frames, ImageProcessing, expand_prompt, image_frames
+from genai_pipeline.image_processing import Frames, ImageProcessing, expand_prompt, frame_tokens, image_frames
 from genai_pipeline.manifest import SPLIT, Manifest
 from genai_pipeline.names import ArtifactKey, GraphName, Mode, method_names
 from genai_pipeline.runtime.program import load_program
@@ -33,6 +34,16 @@ from genai_pipeline.upstream.executorch_logs import native_logs_hidden
 
 def is_multimodal(manifest: Manifest) -> bool:
     return manifest.vision is not None or manifest.audio is not None
+
+
+def media_runs(slots: list[int], counts: list[int], modality: str, where: str = "the prompt") -> list[list[int]]:
+    """The positions `slots` of the media tokens, cut into each encoder input's run (`counts` tokens each)."""
+    if len(slots) != sum(counts):
+        raise InputError(
+            f"{where} holds {len(slots)} {modality} token(s) for {len(counts)} {modality} input(s) that take {sum(counts)}"
+        )
+    ends = np.cumsum([0, *counts])
+    return [slots[a:b] for a, b in zip(ends, ends[1:])]
 
 
 class MultimodalSession(CacheCursor):
@@ -96,6 +107,10 @@ class MultimodalSession(CacheCursor):
         self.vision_seconds = 0.0  # the last prefill's time in the encoder (vision or audio)
         self.vision_calls = 0  # encoder inputs encoded since the session was made
         self.pos = 0
+
+    def tokens_of(self, encoder_input: np.ndarray) -> int:
+        """The media tokens the encoder makes of one input (a frame, an audio chunk)."""
+        return frame_tokens(encoder_input, self.processing) if self.modality == "image" else self.tokens_per_frame
 
     def read_frames(self, path: Path, max_tiles: int = 0) -> Frames:
         """An image file as the encoder's frames, preprocessed as the family's processor does."""
@@ -181,16 +196,12 @@ class MultimodalSession(CacheCursor):
         self._check_room(len(tokens))
         embeddings = self._execute(GraphName.TOKEN_EMBEDDING, [torch.tensor([tokens], dtype=torch.long)])
         slots = [i for i, t in enumerate(tokens) if t == self.media_token_id]
-        n = self.tokens_per_frame
-        if len(slots) != n * len(self.frames):
-            raise InputError(
-                f"the prompt holds {len(slots)} {self.modality} token(s) for {len(self.frames)} {self.modality} input(s) of {n} each"
-            )
+        runs = media_runs(slots, [self.tokens_of(f) for f in self.frames], self.modality)
         start = time.perf_counter()
-        for k, frame in enumerate(self.frames):
+        for frame, run in zip(self.frames, runs):
             features = self._execute(self.encoder, [torch.from_numpy(frame).unsqueeze(0)])
             self.vision_calls += 1
-            embeddings[0, slots[k * n : (k + 1) * n]] = features[0]
+            embeddings[0, run] = features[0]
         self.vision_seconds = time.perf_counter() - start
         self.frames = []
         return self._decode(embeddings)
@@ -212,44 +223,37 @@ class EagerMultimodalSession(CacheCursor):
     protocol, fed as MultimodalSession feeds its program: embeddings of the ids, each staged frame's
     embeddings where its `<image>` run is, the decoder."""
 
-    def __init__(self, model, image_token_id: int, tokens_per_image: int):
-        self.model, self.image_token_id, self.tokens_per_image = model, image_token_id, tokens_per_image
+    def __init__(self, model, image_token_id: int):
+        self.model, self.image_token_id = model, image_token_id
         self.max_seq_len = model.decoder.max_seq_len
         self.frames: list[np.ndarray] = []
         self.pos = 0
 
     @torch.no_grad()
-    def _decode(
-        self, embeddings: torch.Tensor, last_only: bool = True, image_tokens: torch.Tensor | None = None
-    ) -> torch.Tensor:
-        """The logits after the last row of `embeddings`, or after every row, [rows, vocab];
-        `image_tokens` [1, rows]: which rows are an image's (see Decoder.forward_embeddings)."""
-        self._check_room(embeddings.shape[1])
+    def _decode(self, rows: torch.Tensor, last_only: bool = True) -> torch.Tensor:
+        """The logits after the last of `rows` (embeddings with the columns the program's carry), or
+        after every row, [rows, vocab]."""
+        self._check_room(rows.shape[1])
         with native_logs_hidden():  # ExecuTorch's custom ops log from C++ in eager mode too
-            logits = self.model.decode(
-                embeddings, torch.tensor([self.pos]), last_only=last_only, image_tokens=image_tokens
-            )
-        self.pos += embeddings.shape[1]
+            logits = self.model.decode(rows, torch.tensor([self.pos]), last_only=last_only)
+        self.pos += rows.shape[1]
         return logits.reshape(-1, logits.shape[-1])
 
     @torch.no_grad()
     def prefill(self, tokens: list[int]) -> torch.Tensor:
-        embeddings = self.model.decoder.embed(torch.tensor([tokens]))
+        rows = self.model.text_rows(torch.tensor([tokens]))
+        images = [self.model.image_rows(torch.from_numpy(frame).unsqueeze(0))[0] for frame in self.frames]
         slots = [i for i, t in enumerate(tokens) if t == self.image_token_id]
-        n = self.tokens_per_image
-        for k, frame in enumerate(self.frames):
-            embeddings[0, slots[k * n : (k + 1) * n]] = self.model.vision(torch.from_numpy(frame).unsqueeze(0))[0]
+        for image, run in zip(images, media_runs(slots, [len(image) for image in images], "image")):
+            rows[0, run] = image
         self.frames = []
-        image_tokens = None
-        if self.model.image_flagged():  # as the program's image-flag column says
-            image_tokens = (torch.tensor([tokens]) == self.image_token_id).to(embeddings.dtype)
-        return self._decode(embeddings, image_tokens=image_tokens)[-1]
+        return self._decode(rows)[-1]
 
     @torch.no_grad()
     def step(self, token: int) -> torch.Tensor:
-        return self._decode(self.model.decoder.embed(torch.tensor([[token]])))[-1]
+        return self._decode(self.model.text_rows(torch.tensor([[token]])))[-1]
 
     @torch.no_grad()
     def score(self, tokens: list[int]) -> torch.Tensor:
         """Feed `tokens` (text only) at the cursor; the logits after every one, [T, vocab]."""
-        return self._decode(self.model.decoder.embed(torch.tensor([tokens])), last_only=False)
+        return self._decode(self.model.text_rows(torch.tensor([tokens])), last_only=False)

@@ -25,7 +25,7 @@ from typing import Literal
 from genai_pipeline.chat_template import read_chat_template
 from genai_pipeline.errors import InputError
 from genai_pipeline.image_files import decode_image
-from genai_pipeline.image_processing import Frames, image_frames
+from genai_pipeline.image_processing import Frames, frame_tokens, image_frames
 from genai_pipeline.limits import QUEUED_REQUESTS, REQUEST_BYTES, REQUEST_IMAGES, REQUEST_MESSAGES, REQUEST_PARTS
 from genai_pipeline.manifest import Manifest
 from genai_pipeline.messages import Message
@@ -58,15 +58,16 @@ class Job:
     keys: tuple  # the ids as the cache tells prompts apart (cache_keys)
 
 
-def cache_keys(ids: list[int], images: tuple[Frames, ...], image_token_id: int, tokens_per_image: int) -> tuple:
-    """A prompt's ids with each image token standing as (its frame's digest, its place): every image
-    is the same run of ids, so two prompts share a cached prefix only as far as their images are
-    the same pixels too."""
+def cache_keys(ids: list[int], images: tuple[Frames, ...], image_token_id: int, counts: list[int]) -> tuple:
+    """A prompt's ids with each image token standing as (its frame's digest, its place), `counts`
+    the tokens of each frame: every image is the same run of ids, so two prompts share a cached
+    prefix only as far as their images are the same pixels too."""
     digests = [hashlib.blake2b(frame.tobytes(), digest_size=16).digest() for f in images for frame in f.pixels]
+    owners = [digest for digest, n in zip(digests, counts) for _ in range(n)]
     keys, k = [], 0
     for t in ids:
-        if t == image_token_id and k < tokens_per_image * len(digests):
-            keys.append((digests[k // tokens_per_image], k))
+        if t == image_token_id and k < len(owners):
+            keys.append((owners[k], k))
             k += 1
         else:
             keys.append(t)
@@ -215,16 +216,17 @@ class Engine:
         ids = conversation_ids(self.tokenizer, self.template, messages, frames, self.processing)
         keys = tuple(ids)
         if self.multimodal:
-            image_token_id, n = self.slots[0].session.image_token_id, self.processing.tokens_per_image
-            found, frame_count = ids.count(image_token_id), sum(len(f.pixels) for f in frames)
-            if found != n * frame_count:
+            image_token_id = self.slots[0].session.image_token_id
+            counts = [frame_tokens(frame, self.processing) for f in frames for frame in f.pixels]
+            found = ids.count(image_token_id)
+            if found != sum(counts):
                 raise RequestError(
                     400,
-                    f"the conversation holds {found} image tokens for {len(frames)} image(s) of {n} each: "
+                    f"the conversation holds {found} image tokens for {len(frames)} image(s) that take {sum(counts)}: "
                     "images go in image_url parts, not in the text",
                     "messages",
                 )
-            keys = cache_keys(ids, frames, image_token_id, n)
+            keys = cache_keys(ids, frames, image_token_id, counts)
         return self._job(ids, frames, request.decoding, self.chat_stop_ids, keys, "messages")
 
     def _fit(self, messages: tuple[Message, ...], frames: tuple, max_tokens: int | None):

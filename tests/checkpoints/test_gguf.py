@@ -292,6 +292,23 @@ def test_llama_permuted_qk_every_type(tmp_path, tokenizer_json):
     assert_same_logits(file, model)
 
 
+def test_open_decoder_reads_a_block_when_asked(tmp_path, tokenizer_json):
+    """A GGUF opens as the decoder on the meta device and a loader (what the streamed export and
+    the offloaded float model read): a block's tensors are dequantized when it is loaded, equal to
+    the whole model's, and the other blocks stay unread."""
+    from genai_pipeline.checkpoints import open_decoder
+
+    file, _ = tiny(tmp_path, tokenizer_json, "llama", "llama", [Q.Q8_0, Q.Q4_0])
+    spec, _ = infer_checkpoint_spec(file)
+    whole = load_decoder(spec, file, TINY_MAX_SEQ)
+    lazy, loader = open_decoder(spec, file, TINY_MAX_SEQ)
+    assert loader is not None and all(p.is_meta for p in lazy.parameters())
+    block = loader.load_block(lazy, 1)
+    assert all(p.is_meta for p in lazy.layers[0].parameters()) and lazy.tok_embeddings.weight.is_meta
+    for name, p in block.named_parameters():
+        assert not p.is_meta and torch.equal(p, whole.layers[1].get_parameter(name)), name
+
+
 def test_llama_tied_head(tmp_path, tokenizer_json):
     file, model = tiny(tmp_path, tokenizer_json, "llama", "llama", [Q.Q8_0, Q.Q4_0], tie_word_embeddings=True)
     assert ours.read_config(file)["tie_word_embeddings"] is True

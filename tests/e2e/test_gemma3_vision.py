@@ -235,7 +235,7 @@ def test_gemma3_program_matches_transformers_and_executorch_multimodal_runner(
         expected = gemma3_reference.model.get_image_features(pixel_values([frame])).pooler_output
     assert features.shape == (1, TOKENS, 65) and (features[..., :-1] - expected).abs().max() <= 1e-3
     assert (features[..., -1] == 1).all() and (text[..., -1] == 0).all()
-    program, eager = MultimodalSession(gemma3_program), EagerMultimodalSession(gemma3_ours[0], IMAGE_ID, TOKENS)
+    program, eager = MultimodalSession(gemma3_program), EagerMultimodalSession(gemma3_ours[0], IMAGE_ID)
     with torch.no_grad():
         expected = hf_logits(gemma3_reference, ids, pixel_values([frame]))
     for session, tolerance in ((eager, 1e-4), (program, 1e-3)):
@@ -417,3 +417,17 @@ def test_gemma3_4b_entry_reads_its_config_as_transformers_does():
         spec.config.head_dim,
     )
     assert 4.29e9 < spec.config.num_params + spec.vision.config.num_params < 4.31e9  # "4B": 4.30 B parameters
+
+
+def test_gemma3_quantized_per_component(gemma3_checkpoint, tmp_path_factory, capsys):
+    """The default 4-bit decoder and 8-bit tower, the image rows still attending both ways."""
+    from test_vision_quant import check_quantized_vlm, export_quantized
+
+    folder = export_quantized(gemma3_checkpoint, tmp_path_factory.mktemp("gemma3-8da4w") / "export", MAX_SEQ)
+    tmp = folder.parent
+    images = [write_ppm(tmp / f"{seed}.ppm", photo(IMAGE, IMAGE, seed)) for seed in (3, 4)]
+    rows = [
+        {"image": i.name, "prompt": "What is it?", "answer": a, "kind": "x"} for i, a in zip(images, ["red", "blue"])
+    ]
+    (tmp / "q.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    check_quantized_vlm(folder, PROMPT, images, tmp / "q.jsonl", capsys)

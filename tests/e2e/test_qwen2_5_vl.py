@@ -1,8 +1,9 @@
 """Qwen2.5-VL (ViT with 2D RoPE and window attention, 2 x 2 patch merger, Qwen2 decoder with M-RoPE)
 on a tiny random checkpoint saved by transformers: loader, eager parity of the tower and of the
-logits with an image (M-RoPE positions) and without (plain RoPE); one exported program: its
+logits with an image (M-RoPE positions) and without (plain RoPE), at each image's own grid
+(square, wide, tall); one exported program whose tower takes any of them (dynamic shapes): its
 logits and `genai run --image` greedy tokens against transformers, ExecuTorch's MultimodalRunner
-(each image in a call of its own, its rows told by the image-flag column), chat, eval --images."""
+(each image in a call of its own, its rows' M-RoPE columns in its embeddings), chat, eval --images."""
 
 from __future__ import annotations
 
@@ -22,8 +23,12 @@ from genai_pipeline.registry.qwen2_5_vl import CLIP_MEAN, CLIP_STD
 
 QWEN_SPECIALS = SPECIALS + ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|im_end|>"]
 IMAGE = 112  # px: patch 14 -> 8 x 8 patches, merged 2 x 2 -> 4 x 4 = 16 tokens; windows of 56 px: 4
-GRID = 4
-TOKENS = GRID * GRID
+TOKENS = 16
+SIDE = 140  # the program's largest side: max_pixels 112² lets a 2:1 image have 158 px (image_processing.py)
+# (rows, cols) of a photo -> its smart_resize size -> merged grid: 4 x 4; 3 x 5 (windows cut by the
+# right and bottom edges); 5 x 3
+SIZES = {"square": (IMAGE, IMAGE), "wide": (90, 150), "tall": (150, 90)}
+GRIDS = {"square": (4, 4), "wide": (3, 5), "tall": (5, 3)}
 MAX_SEQ = 96
 IMAGE_ID = QWEN_SPECIALS.index("<|image_pad|>")
 EOS = QWEN_SPECIALS.index("<|im_end|>")
@@ -109,15 +114,20 @@ def qwen_vl_ours(qwen_vl_checkpoint):
     return load_multimodal(spec, qwen_vl_checkpoint, MAX_SEQ, vision), processing
 
 
+def frame_of(name: str, processing, seed: int = 0) -> np.ndarray:
+    """A photo of SIZES[name] as our preprocessing makes it, uint8 [3, H, W]."""
+    return image_frames(photo(*SIZES[name], seed), processing).pixels[0]
+
+
 def hf_inputs(frame: np.ndarray) -> dict:
-    """What Qwen2VLImageProcessor makes of an S x S frame: normalised patches, each
-    [3 channels, 2 frames, 14, 14], in 2 x 2 merge-block order; and the grid."""
+    """What Qwen2VLImageProcessor makes of a frame: normalised patches, each [3 channels,
+    2 frames, 14, 14], in 2 x 2 merge-block order; and the grid."""
     x = torch.from_numpy(frame).float() / 255
     x = (x - torch.tensor(CLIP_MEAN).view(3, 1, 1)) / torch.tensor(CLIP_STD).view(3, 1, 1)
-    n = IMAGE // 14
-    x = x.reshape(3, n // 2, 2, 14, n // 2, 2, 14).permute(1, 4, 2, 5, 0, 3, 6)  # gh, gw, mh, mw, c, ph, pw
+    rows, cols = frame.shape[1] // 14, frame.shape[2] // 14
+    x = x.reshape(3, rows // 2, 2, 14, cols // 2, 2, 14).permute(1, 4, 2, 5, 0, 3, 6)  # gh, gw, mh, mw, c, ph, pw
     x = x.unsqueeze(5).expand(-1, -1, -1, -1, -1, 2, -1, -1)  # the still image as 2 frames
-    return {"pixel_values": x.reshape(n * n, -1), "image_grid_thw": torch.tensor([[1, n, n]])}
+    return {"pixel_values": x.reshape(rows * cols, -1), "image_grid_thw": torch.tensor([[1, rows, cols]])}
 
 
 def hf_logits(reference, ids: list[int], frame: np.ndarray | None) -> torch.Tensor:
@@ -128,53 +138,51 @@ def hf_logits(reference, ids: list[int], frame: np.ndarray | None) -> torch.Tens
         return reference(input_ids=torch.tensor([ids]), **kwargs).logits[0]
 
 
-def prompt_ids(checkpoint: Path, processing, text: str = PROMPT) -> list[int]:
+def prompt_ids(checkpoint: Path, processing, text: str = PROMPT, name: str = "square") -> list[int]:
     from tokenizers import Tokenizer
 
-    expanded = expand_prompt(text, [image_frames(photo(IMAGE, IMAGE), processing)], processing)
+    expanded = expand_prompt(text, [image_frames(photo(*SIZES[name]), processing)], processing)
     return Tokenizer.from_file(str(checkpoint / "tokenizer.json")).encode(expanded).ids
 
 
 def eager_logits(model, ids: list[int], frame: np.ndarray | None, calls: int = 1) -> torch.Tensor:
-    """Logits at every position, the image's rows flagged (as the program's embeddings are): in one
-    call (our runtime) or, `calls=3`, the text before, the image, the text after (ExecuTorch's
+    """Logits at every position, the embeddings with the columns the program's carry: in one call
+    (our runtime) or, `calls=3`, the text before, the image, the text after (ExecuTorch's
     MultimodalRunner)."""
-    rows = torch.tensor([ids]) == IMAGE_ID
     with torch.no_grad():
-        h = model.decoder.embed(torch.tensor([ids]))
+        h = model.text_rows(torch.tensor([ids]))
         if frame is not None:
-            h[rows] = model.vision(torch.from_numpy(frame).unsqueeze(0))[0]
-        first = ids.index(IMAGE_ID) if frame is not None else 0
-        cuts = [0, len(ids)] if calls == 1 else [0, first, first + TOKENS, len(ids)]
+            h[torch.tensor([ids]) == IMAGE_ID] = model.image_rows(torch.from_numpy(frame).unsqueeze(0))[0]
+        first, tokens = (ids.index(IMAGE_ID), ids.count(IMAGE_ID)) if frame is not None else (0, 0)
+        cuts = [0, len(ids)] if calls == 1 else [0, first, first + tokens, len(ids)]
         return torch.cat(
-            [
-                model.decode(h[:, a:b], torch.tensor([a]), last_only=False, image_tokens=rows[:, a:b].float())[0]
-                for a, b in zip(cuts, cuts[1:])
-            ]
+            [model.decode(h[:, a:b], torch.tensor([a]), last_only=False)[0] for a, b in zip(cuts, cuts[1:])]
         )
 
 
 def test_qwen_vl_loads_as_its_family_and_its_tower_matches_transformers(qwen_vl_ours, qwen_vl_reference):
     model, processing = qwen_vl_ours
-    assert (processing.kind, processing.tile_size, processing.tokens_per_image) == ("qwen2_vl", IMAGE, TOKENS)
+    assert (processing.kind, processing.tile_size, processing.tokens_per_image) == ("qwen2_vl", SIDE, 25)
     assert model.decoder.config.mrope_section == (2, 3, 3) and model.vision.layer_windowed == (True, False)
-    frame = image_frames(photo(IMAGE, IMAGE), processing).pixels[0]
-    inputs = hf_inputs(frame)
-    with torch.no_grad():
-        expected = qwen_vl_reference.model.get_image_features(**inputs).pooler_output[0]
-        got = model.vision(torch.from_numpy(frame).unsqueeze(0))[0]
-    assert got.shape == expected.shape == (TOKENS, 64)
-    assert expected.abs().max() > 0.1 and (got - expected).abs().max() <= 1e-4
+    for name, (rows, cols) in GRIDS.items():
+        frame = frame_of(name, processing)
+        assert frame.shape[1:] == (28 * rows, 28 * cols), name
+        with torch.no_grad():
+            expected = qwen_vl_reference.model.get_image_features(**hf_inputs(frame)).pooler_output[0]
+            got = model.vision(torch.from_numpy(frame).unsqueeze(0))[0]
+        assert got.shape == expected.shape == (rows * cols, 64), name
+        assert expected.abs().max() > 0.1 and (got - expected).abs().max() <= 1e-4, name
 
 
+@pytest.mark.parametrize("name", ["square", "wide"])
 def test_qwen_vl_logits_with_an_image_follow_mrope_and_without_equal_plain_rope(
-    qwen_vl_ours, qwen_vl_reference, qwen_vl_checkpoint
+    qwen_vl_ours, qwen_vl_reference, qwen_vl_checkpoint, name
 ):
     model, processing = qwen_vl_ours
-    ids = prompt_ids(qwen_vl_checkpoint, processing)
-    first = ids.index(IMAGE_ID)
-    assert ids.count(IMAGE_ID) == TOKENS and ids[first - 1] == QWEN_SPECIALS.index("<|vision_start|>")
-    frame = image_frames(photo(IMAGE, IMAGE), processing).pixels[0]
+    ids = prompt_ids(qwen_vl_checkpoint, processing, name=name)
+    first, tokens = ids.index(IMAGE_ID), ids.count(IMAGE_ID)
+    assert tokens == GRIDS[name][0] * GRIDS[name][1] and ids[first - 1] == QWEN_SPECIALS.index("<|vision_start|>")
+    frame = frame_of(name, processing)
     expected = hf_logits(qwen_vl_reference, ids, frame)
     for calls in (1, 3):
         got = eager_logits(model, ids, frame, calls)
@@ -186,7 +194,7 @@ def test_qwen_vl_logits_with_an_image_follow_mrope_and_without_equal_plain_rope(
         plain = model.decoder.forward_embeddings(h, torch.tensor([0]))[0]
     assert (plain - expected).abs().max() > 1e-2
 
-    text = ids[: first - 1] + ids[first + TOKENS + 1 :]  # the prompt without its image: M-RoPE is plain RoPE
+    text = ids[: first - 1] + ids[first + tokens + 1 :]  # the prompt without its image: M-RoPE is plain RoPE
     with torch.no_grad():
         plain = model.decoder(torch.tensor([text]), torch.tensor([0]))[0]
     assert (eager_logits(model, text, None) - plain).abs().max() == 0
@@ -209,27 +217,30 @@ def qwen_vl_program(qwen_vl_checkpoint, tmp_path_factory) -> Path:
     return export_program(qwen_vl_checkpoint, tmp_path_factory.mktemp("qwen2_5_vl-program"), MAX_SEQ)
 
 
-def test_qwen_vl_program_matches_transformers(qwen_vl_program, qwen_vl_reference, tmp_path):
+def test_qwen_vl_program_matches_transformers(qwen_vl_program, qwen_vl_reference, qwen_vl_ours, tmp_path):
+    """One program, the image at its own grid: square, then wide (one session: each call's
+    positions follow from the cache's), then text alone in a new conversation."""
     from genai_pipeline.runtime.multimodal import MultimodalSession
     from genai_pipeline.tokenizer import Tokenizer
 
-    image = write_ppm(tmp_path / "photo.ppm", photo(IMAGE, IMAGE))
-    frame = photo(IMAGE, IMAGE).transpose(2, 0, 1).copy()
     manifest = json.loads((qwen_vl_program / "manifest.json").read_text())
-    assert manifest["vision"]["tokens_per_image"] == TOKENS
-
+    assert manifest["vision"]["tokens_per_image"] == 25 and manifest["vision"]["image_size"] == SIDE
     session = MultimodalSession(qwen_vl_program)
-    ids = session.encode_prompt(Tokenizer(qwen_vl_program / "tokenizer.json"), PROMPT, [image])
-    got = session.prefill(ids)
-    expected = hf_logits(qwen_vl_reference, ids, frame)[-1]
-    assert (got - expected).abs().max() <= 1e-3
-    text = ids[: ids.index(IMAGE_ID) - 1]  # a new conversation at 0, text only: the image's shift is gone
+    for name in ("square", "wide"):
+        image = write_ppm(tmp_path / f"{name}.ppm", photo(*SIZES[name]))
+        ids = session.encode_prompt(Tokenizer(qwen_vl_program / "tokenizer.json"), PROMPT, [image])
+        assert ids.count(IMAGE_ID) == GRIDS[name][0] * GRIDS[name][1]
+        session.pos = 0
+        got = session.prefill(ids)
+        expected = hf_logits(qwen_vl_reference, ids, frame_of(name, qwen_vl_ours[1]))[-1]
+        assert (got - expected).abs().max() <= 1e-3, name
+    text = ids[: ids.index(IMAGE_ID) - 1]  # a new conversation at 0, text only: the image's positions are gone
     session.pos = 0
     assert (session.prefill(text) - hf_logits(qwen_vl_reference, text, None)[-1]).abs().max() <= 1e-3
 
     ours = run(str(qwen_vl_program), "--image", str(image), "--prompt", PROMPT, "--max-new-tokens", "8")
-    assert ours["prompt_tokens"] == ids and ours["image_tokens"] == TOKENS
-    assert ours["tokens"] == hf_greedy(qwen_vl_reference, ids, frame, 8)
+    assert ours["prompt_tokens"] == ids and ours["image_tokens"] == 15
+    assert ours["tokens"] == hf_greedy(qwen_vl_reference, ids, frame_of("wide", qwen_vl_ours[1]), 8)
 
 
 def stock_runner_text(program: Path, inputs: list, n: int, capfd) -> str:
@@ -254,20 +265,23 @@ def text_of(program: Path, tokens: list[int]) -> str:
 
 def test_qwen_vl_program_in_executorch_multimodal_runner(qwen_vl_program, qwen_vl_checkpoint, qwen_vl_ours, capfd):
     """The stock runner feeds each image in a call of its own and passes text_decoder only embeddings
-    and a start position: the image-flag column tells the image's rows, the positions follow. Its
-    greedy tokens are ours (which are transformers', above), with and without an image."""
+    and a start position: the image's M-RoPE columns tell its rows, the positions follow. Its
+    greedy tokens are ours (which are transformers', above), with a tall image (its own grid) and
+    without one."""
     from executorch.extension.llm.runner import make_image_input, make_token_input
 
     _, processing = qwen_vl_ours
-    ids = prompt_ids(qwen_vl_checkpoint, processing)
-    first = ids.index(IMAGE_ID)
-    frame = photo(IMAGE, IMAGE).transpose(2, 0, 1).copy()
-    image = write_ppm(qwen_vl_program.parent / "runner.ppm", photo(IMAGE, IMAGE))
+    ids = prompt_ids(qwen_vl_checkpoint, processing, name="tall")
+    first, tokens = ids.index(IMAGE_ID), ids.count(IMAGE_ID)
+    frame = frame_of("tall", processing)
+    assert tokens == 15 and frame.shape == (3, 140, 84)
+    image = write_ppm(qwen_vl_program.parent / "runner.ppm", photo(*SIZES["tall"]))
     ours = run(str(qwen_vl_program), "--image", str(image), "--prompt", PROMPT, "--max-new-tokens", "8")
+    assert ours["prompt_tokens"] == ids
     inputs = [
         make_token_input(ids[:first]),
         make_image_input(torch.from_numpy(frame)),
-        make_token_input(ids[first + TOKENS :]),
+        make_token_input(ids[first + tokens :]),
     ]
     got = stock_runner_text(qwen_vl_program, inputs, 8, capfd)
     assert got.strip() == text_of(qwen_vl_program, ours["tokens"]).strip()
@@ -336,8 +350,10 @@ def test_qwen_vl_eval_images_float_and_program_agree(qwen_vl_program, tmp_path, 
     from genai_pipeline.cli import main
 
     rows = [
-        {"image": write_ppm(tmp_path / f"{i}.ppm", photo(IMAGE, IMAGE, i)).name, "prompt": p, "answer": a, "kind": "x"}
-        for i, (p, a) in enumerate([("What colour is it?", "red"), ("Which shape?", "a circle")])
+        {"image": write_ppm(tmp_path / f"{i}.ppm", photo(*SIZES[name], i)).name, "prompt": p, "answer": a, "kind": "x"}
+        for i, (name, p, a) in enumerate(
+            [("square", "What colour is it?", "red"), ("wide", "Which shape?", "a circle")]
+        )
     ]
     (tmp_path / "q.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     capsys.readouterr()
@@ -356,3 +372,17 @@ def test_qwen_vl_static_recipe_is_refused_before_any_work():
     with pytest.raises(InputError, match="M-RoPE"):
         check_vision_language_quant(QuantOptions(recipe="8a8w"), mrope=True)
     check_vision_language_quant(QuantOptions(recipe="8da4w"), mrope=True)  # dynamic recipes are not refused
+
+
+def test_qwen_vl_quantized_per_component(qwen_vl_checkpoint, tmp_path_factory, capsys):
+    """The default 4-bit decoder and 8-bit tower, images at their own grids (square, wide)."""
+    from test_vision_quant import check_quantized_vlm, export_quantized
+
+    folder = export_quantized(qwen_vl_checkpoint, tmp_path_factory.mktemp("qwen2_5_vl-8da4w") / "export", MAX_SEQ)
+    tmp = folder.parent
+    images = [write_ppm(tmp / f"{name}.ppm", photo(*SIZES[name], 3)) for name in ("square", "wide")]
+    rows = [
+        {"image": i.name, "prompt": "What is it?", "answer": a, "kind": "x"} for i, a in zip(images, ["red", "blue"])
+    ]
+    (tmp / "q.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    check_quantized_vlm(folder, PROMPT, images, tmp / "q.jsonl", capsys)

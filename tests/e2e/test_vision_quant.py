@@ -134,8 +134,8 @@ def test_quantized_program_is_its_eager_twin_and_near_float(quantized_vlm, tmp_p
     program = MultimodalSession(quantized_vlm)
     tokenizer = Tokenizer.from_folder(quantized_vlm)
     reference = float_model(manifest)
-    twin = EagerMultimodalSession(quantized_model(quantized_vlm, manifest, reference), program.image_token_id, 4)
-    reference = EagerMultimodalSession(reference, program.image_token_id, 4)
+    twin = EagerMultimodalSession(quantized_model(quantized_vlm, manifest, reference), program.image_token_id)
+    reference = EagerMultimodalSession(reference, program.image_token_id)
     logits = []
     for seed in range(2):
         prompt = program.encode_prompt(
@@ -418,7 +418,7 @@ def test_static_program_runs_its_qdq_model_and_tracks_float(static_vlm, tmp_path
     reference = float_model(manifest)
     qdq = quantized_model(static_vlm, manifest, reference)
     twin = _QDQSession(qdq, program.image_token_id, MAX_SEQ)
-    reference = EagerMultimodalSession(reference, program.image_token_id, 4)
+    reference = EagerMultimodalSession(reference, program.image_token_id)
     logits = []
     for seed in range(2):
         prompt = program.encode_prompt(
@@ -516,3 +516,48 @@ def test_static_refusals(quant_checkpoint, tmp_path, capsys):
     assert "--split exports float programs only" in _export_error(
         capsys, tmp_path, *ck, "--split", "--recipe", "8a8w", "--calib", f"messages:{_chats(tmp_path)}"
     )
+
+
+# ---------------------------------------------------------------- the other families, quantized
+
+
+def export_quantized(checkpoint: Path, out: Path, max_seq_len: int) -> Path:
+    """The checkpoint exported with the default 4-bit decoder and its automatic tower recipe
+    (8da8w), through the CLI."""
+    argv = ["export", "--checkpoint", str(checkpoint), "--recipe", "8da4w", "--max-seq-len", str(max_seq_len)]
+    assert main([*argv, "--out", str(out)]) == 0
+    return out
+
+
+def check_quantized_vlm(folder: Path, prompt: str, images: list[Path], questions: Path, capsys) -> None:
+    """A quantized export of any family: each component quantized as the manifest says; the program
+    equals its eager quantized twin (1e-4) and stays near float with each image (at its own size);
+    `genai eval --images` scores it beside float."""
+    from genai_pipeline.evaluate.text import float_model, quantized_model
+    from genai_pipeline.runtime.multimodal import EagerMultimodalSession, MultimodalSession
+    from genai_pipeline.tokenizer import Tokenizer
+
+    manifest = Manifest.read(folder)
+    components = manifest.vision["components"]
+    assert components["vision_encoder"]["recipe"].startswith("8da8w")
+    assert components["text_decoder"]["recipe"].startswith("8da4w") and components["text_decoder"]["layers"]["8da4w"]
+    program, tokenizer = MultimodalSession(folder), Tokenizer.from_folder(folder)
+    reference = float_model(manifest)
+    twin = EagerMultimodalSession(quantized_model(folder, manifest, reference), program.image_token_id)
+    reference = EagerMultimodalSession(reference, program.image_token_id)
+    logits = []
+    for image in images:
+        ids = program.encode_prompt(tokenizer, prompt, [image])
+        frames = list(program.frames)
+        got = _first_token_logits(program, ids, frames)
+        assert _relative(got, _first_token_logits(twin, ids, frames)) <= 1e-4
+        assert _relative(got, _first_token_logits(reference, ids, frames)) <= 0.35
+        logits.append(got)
+    assert _relative(logits[0], logits[1]) > 0  # the image reaches the logits
+
+    capsys.readouterr()
+    assert main(["eval", str(folder), "--images", str(questions), "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    ppl = result["answer_perplexity"]
+    assert result["questions"] == len(questions.read_text().splitlines())
+    assert np.isfinite(ppl["program"]) and abs(ppl["program"] / ppl["float"] - 1) <= 0.25

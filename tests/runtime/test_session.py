@@ -67,7 +67,7 @@ def new_session(request, export_tiny, tiny_eager):
         folder = request.getfixturevalue("export_reference_vlm")
         manifest = Manifest.read(folder)
         model = float_model(manifest)
-        return EagerMultimodalSession(model, manifest.vision["image_token_id"], manifest.vision["tokens_per_image"])
+        return EagerMultimodalSession(model, manifest.vision["image_token_id"])
 
     def prefix(session: Session) -> list[int]:
         if not isinstance(session, (MultimodalSession, EagerMultimodalSession)):

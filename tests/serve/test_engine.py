@@ -48,7 +48,7 @@ def test_without_stop_strings_every_piece_goes_at_once():
 def test_cache_keys_tell_images_apart():
     red, blue = (Frames((np.full((3, 4, 4), v, np.uint8),), 0, 0) for v in (1, 2))
     ids = [7, 9, 9, 8]  # 9: the image token, two per image
-    assert cache_keys(ids, (), 9, 2) == tuple(ids)
-    a, b = cache_keys(ids, (red,), 9, 2), cache_keys(ids, (blue,), 9, 2)
+    assert cache_keys(ids, (), 9, []) == tuple(ids)
+    a, b = cache_keys(ids, (red,), 9, [2]), cache_keys(ids, (blue,), 9, [2])
     assert a[0] == b[0] == 7 and a[3] == b[3] == 8 and a[1] != b[1]
-    assert a == cache_keys(ids, (red,), 9, 2)
+    assert a == cache_keys(ids, (red,), 9, [2])
