@@ -25,7 +25,7 @@ import torch
 from tqdm import tqdm
 
 from genai_pipeline.checkpoints import open_decoder
-from genai_pipeline.checkpoints.block_loader import offload
+from genai_pipeline.checkpoints.block_loader import offload, release_block
 from genai_pipeline.checkpoints.hf import random_decoder
 from genai_pipeline.errors import InputError, ProgramError
 from genai_pipeline.evaluate.chosen import chosen_values
@@ -207,7 +207,8 @@ class _Recorder(torch.fx.Interpreter):
 def quantized_model(folder: Path, manifest: Manifest, reference: Decoder, in_place: bool = False):
     """The QDQ model of an export: loaded from `.qdq.pt2` (static recipes), or rebuilt by applying
     the manifest's dynamic recipe to a copy of the float model (to the float model itself with
-    `in_place`). None for a float export."""
+    `in_place`; an offloaded one is released, and the QDQ model rebuilt from the checkpoint). None
+    for a float export."""
     quant = quant_options_from(manifest.quantization)
     if quant.is_float:
         return None
@@ -232,6 +233,8 @@ def quantized_model(folder: Path, manifest: Manifest, reference: Decoder, in_pla
         return model
     chosen = chosen_values(folder, manifest, ArtifactKey.TEXT_DECODER)
     if getattr(reference, "offloaded", False):  # a fresh decoder, quantized as it loads: no float model held
+        if in_place:  # given up: its outer tensors go now, not beside the QDQ model's (a 262k-row table is GBs)
+            release_block(reference)
         model, loader = open_decoder(get_spec(manifest.entry), manifest.checkpoint_path, manifest.max_seq_len)
     else:
         model, loader = reference if in_place else copy.deepcopy(reference), None
