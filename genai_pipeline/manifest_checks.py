@@ -46,11 +46,7 @@ def checked_vision(vision: dict | None) -> dict | None:
         return None
     if not isinstance(vision.get("layout"), str) or not whole(vision.get("image_token_id")):
         raise Malformed("vision without its layout and image token id")
-    for key, kind in (("preprocessing", ImageProcessing), ("config", VisionConfig)):
-        try:
-            kind.from_dict(vision.get(key))
-        except (TypeError, ValueError) as e:
-            raise Malformed(f"vision {key}: {' '.join(str(e).split())[:60]}") from None
+    _check_configs(vision, "vision", ImageProcessing, VisionConfig)
     return vision
 
 
@@ -60,12 +56,17 @@ def checked_audio(audio: dict | None) -> dict | None:
         return None
     if not whole(audio.get("audio_token_id")):
         raise Malformed("audio without its audio token id")
-    for key, kind in (("preprocessing", AudioProcessing), ("config", AudioConfig)):
-        try:
-            kind.from_dict(audio.get(key))
-        except (TypeError, ValueError) as e:
-            raise Malformed(f"audio {key}: {' '.join(str(e).split())[:60]}") from None
+    _check_configs(audio, "audio", AudioProcessing, AudioConfig)
     return audio
+
+
+def _check_configs(section: dict, name: str, preprocessing, config) -> None:
+    """The section's preprocessing and tower config rebuild (their from_dict accepts them)."""
+    for key, kind in (("preprocessing", preprocessing), ("config", config)):
+        try:
+            kind.from_dict(section.get(key))
+        except (TypeError, ValueError) as e:
+            raise Malformed(f"{name} {key}: {' '.join(str(e).split())[:60]}") from None
 
 
 def check_fingerprint(checkpoint: dict) -> None:

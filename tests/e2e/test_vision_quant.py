@@ -136,17 +136,22 @@ def test_quantized_program_is_its_eager_twin_and_near_float(quantized_vlm, tmp_p
     reference = float_model(manifest)
     twin = EagerMultimodalSession(quantized_model(quantized_vlm, manifest, reference), program.image_token_id)
     reference = EagerMultimodalSession(reference, program.image_token_id)
+    images = [write_ppm(tmp_path / f"{seed}.ppm", photo(IMAGE, IMAGE, seed)) for seed in range(2)]
+    check_twin_and_float(program, tokenizer, twin, reference, PROMPT, images)
+
+
+def check_twin_and_float(program, tokenizer, twin, reference, prompt: str, images: list[Path]) -> None:
+    """With each image, the program's first-token logits equal its eager quantized twin's (1e-4) and
+    stay within 35 % of float's; the two images' logits differ (the image reaches them)."""
     logits = []
-    for seed in range(2):
-        prompt = program.encode_prompt(
-            tokenizer, PROMPT, [write_ppm(tmp_path / f"{seed}.ppm", photo(IMAGE, IMAGE, seed))]
-        )
+    for image in images:
+        ids = program.encode_prompt(tokenizer, prompt, [image])
         frames = list(program.frames)
-        got = _first_token_logits(program, prompt, frames)
-        assert _relative(got, _first_token_logits(twin, prompt, frames)) <= 1e-4
-        assert _relative(got, _first_token_logits(reference, prompt, frames)) <= 0.35
+        got = _first_token_logits(program, ids, frames)
+        assert _relative(got, _first_token_logits(twin, ids, frames)) <= 1e-4
+        assert _relative(got, _first_token_logits(reference, ids, frames)) <= 0.35
         logits.append(got)
-    assert _relative(logits[0], logits[1]) > 0  # the image reaches the logits
+    assert _relative(logits[0], logits[1]) > 0
 
 
 def test_tied_table_stored_once(quantized_vlm):
@@ -545,15 +550,7 @@ def check_quantized_vlm(folder: Path, prompt: str, images: list[Path], questions
     reference = float_model(manifest)
     twin = EagerMultimodalSession(quantized_model(folder, manifest, reference), program.image_token_id)
     reference = EagerMultimodalSession(reference, program.image_token_id)
-    logits = []
-    for image in images:
-        ids = program.encode_prompt(tokenizer, prompt, [image])
-        frames = list(program.frames)
-        got = _first_token_logits(program, ids, frames)
-        assert _relative(got, _first_token_logits(twin, ids, frames)) <= 1e-4
-        assert _relative(got, _first_token_logits(reference, ids, frames)) <= 0.35
-        logits.append(got)
-    assert _relative(logits[0], logits[1]) > 0  # the image reaches the logits
+    check_twin_and_float(program, tokenizer, twin, reference, prompt, images)
 
     capsys.readouterr()
     assert main(["eval", str(folder), "--images", str(questions), "--json"]) == 0
