@@ -26,6 +26,7 @@ from genai_pipeline.names import GraphName
 from genai_pipeline.quantize import qdq_cache
 from genai_pipeline.stages import stage
 from genai_pipeline.targets import Target
+from genai_pipeline.upstream.executorch_lowered_modules import release_delegated_weights
 from genai_pipeline.upstream.executorch_program_manager import store_shared_bytes_once
 from genai_pipeline.upstream.exir_lowering import lower_grouped, to_edge_transform_and_lower
 from genai_pipeline.upstream.torch_export_caches import forget_lowered_graphs
@@ -83,6 +84,8 @@ def to_executorch(artifact: Artifact, target: Target, progress: tqdm, quantized:
     edge = lower(artifact, target, progress)
     if release:
         release_weights(artifact)
+        release_delegated_weights(edge)  # the delegates' copies: serialized into their named data
+        trim()
     progress.set_description(f"emit {artifact.key.value}.pte")
     config = ExecutorchBackendConfig(
         # Same-named mutable buffers (the KV cache) get one place shared by all methods:
@@ -172,6 +175,23 @@ def _chosen(artifact: Artifact) -> tuple[str, ...]:
     return tuple(name for name, value in (("int4", artifact.int4), ("smoothing", artifact.smoothing)) if value)
 
 
+def _write_chosen(prepared: PreparedModel, out: Path, release: bool) -> dict:
+    """What each artifact's quantize stage chose (_chosen), written beside the programs as the QDQ
+    cache keeps it, before lowering: {artifact key: file}; `release`: then let go in memory. The
+    lowered graphs hold their own copies of the int4 weights (fused projections are new tensors),
+    so a second one would stay resident through lowering (1.9 GB for a 3B model)."""
+    files = {}
+    for key, artifact in prepared.artifacts.items():
+        if _chosen(artifact):
+            files[key] = out / f".{key.value}.chosen.pt"
+            qdq_cache.write(files[key], qdq_cache.Chosen(artifact.int4, artifact.smoothing))
+            if release:  # the prepared model is not used again (compile_artifacts); the dicts are its
+                for chosen in (artifact.int4, artifact.smoothing):
+                    if isinstance(chosen, dict):
+                        chosen.clear()
+    return files
+
+
 def compile_artifacts(prepared: PreparedModel, target: Target, out: Path, release: bool = False) -> ArtifactSet:
     """Writes `<artifact>.pte` (+ `<artifact>.qdq.pt2` when calibrated), the tokenizer, and the
     manifest last, into `out`: a new or empty folder (`genai export` passes its staging folder, see
@@ -179,7 +199,7 @@ def compile_artifacts(prepared: PreparedModel, target: Target, out: Path, releas
     for `genai eval` (int4 weights, smoothing factors) goes to the QDQ cache under the program's
     digest (quantize/qdq_cache.py), not into `out`. Where the target cannot lower on
     this host (no vendor SDK), the QDQ models and a manifest with status `qdq-only` are written,
-    then ExportError says why. `release`: each artifact's eager weights are let go once lowered
+    then ExportError says why. `release`: each artifact's eager weights and chosen values are let go once lowered
     (the prepared model cannot run after; `genai export` has no more use for it)."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -200,6 +220,8 @@ def compile_artifacts(prepared: PreparedModel, target: Target, out: Path, releas
             if artifact.qdq_key:  # lets a re-run reuse it
                 atomic_write(out / f".{key.value}.qdq.key", artifact.qdq_key)
     blocked = target.lowering_blocked()
+    chosen = {key: _chosen(artifact) for key, artifact in prepared.artifacts.items()}
+    chosen_files = {} if blocked else _write_chosen(prepared, out, release)
     programs = {} if blocked else _lower_all(prepared, target, out, release)
     if prepared.tokenizer_file is not None:  # tokenizer.json or tokenizer.model, under its own name
         _copy(prepared.tokenizer_file, out / prepared.tokenizer_file.name)
@@ -215,9 +237,8 @@ def compile_artifacts(prepared: PreparedModel, target: Target, out: Path, releas
         for path in sorted(out.iterdir())
         if path.is_file() and not path.name.startswith(".") and path.name != MANIFEST
     }
-    for key, artifact in prepared.artifacts.items():
-        if key in programs and _chosen(artifact):  # for `genai eval`, outside the folder (qdq_cache.py)
-            qdq_cache.store(files[programs[key].name].sha256, qdq_cache.Chosen(artifact.int4, artifact.smoothing))
+    for key, written in chosen_files.items():  # for `genai eval`, outside the folder (qdq_cache.py)
+        qdq_cache.keep(files[programs[key].name].sha256, written)
     options = prepared.options
     manifest = Manifest(
         model=prepared.spec.name,
@@ -249,7 +270,7 @@ def compile_artifacts(prepared: PreparedModel, target: Target, out: Path, releas
                     g.value for g, graph in artifact.graphs.items() if graph.dynamic_shapes is not None
                 ),
                 constant_methods=dict(artifact.constant_methods),
-                chosen=_chosen(artifact) if key in programs else (),
+                chosen=chosen[key] if key in programs else (),
             )
             for key, artifact in prepared.artifacts.items()
         },

@@ -5,7 +5,10 @@ charts.
 `stage(name)` may be opened anywhere in the pipeline; it records only inside `recording()` (the
 export opens one) and costs nothing outside. A stage opened again (one per decoder block) adds to
 its record; one opened inside another is recorded under it (`report/rotate`). Resident memory is sampled from /proc every 50 ms by a background thread (Linux; where
-there is no /proc the peak is the process's so far, from getrusage).
+there is no /proc the peak is the process's so far, from getrusage). A thread misses what a native
+call holding the GIL allocates and frees between two samples (a program's load): a stage during
+which the process's own record (VmHWM) rose is given that record, so the stage that set the
+process's peak always shows it.
 """
 
 from __future__ import annotations
@@ -99,12 +102,16 @@ def stage(name: str, quiet: bool = False) -> Iterator[None]:
     rec.open.append(name.rpartition("/")[2])
     outer_peak = rec._peak
     rec._peak = rss_mb()
+    record_before = peak_rss_so_far_mb()
     wall, cpu = time.perf_counter(), time.process_time()
     try:
         yield
     finally:
         rec.open.pop()
         peak = max(rec._peak, rss_mb())
+        record = peak_rss_so_far_mb()
+        if record > record_before:  # a new process record: exact, where sampling can miss a short one
+            peak = max(peak, record)
         done = Stage(name, time.perf_counter() - wall, time.process_time() - cpu, peak)
         rec.add(done)
         rec._peak = max(outer_peak, peak)  # an enclosing stage saw this peak too
@@ -150,6 +157,12 @@ def rss_mb() -> float:
 
 
 def peak_rss_so_far_mb() -> float:
-    """The most resident memory this process has held, in MiB (getrusage: KiB on Linux, bytes on macOS)."""
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return peak / 2**20 if sys.platform == "darwin" else peak / 1024
+    """The most resident memory this process has held, in MiB: its memory's high-water mark (Linux's
+    VmHWM; getrusage's ru_maxrss would also count what the process that exec'd it held), else
+    getrusage's (KiB on Linux, bytes on macOS)."""
+    try:
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1]) / 1024 for line in f if line.startswith("VmHWM:"))
+    except (OSError, StopIteration):
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        return peak / 2**20 if sys.platform == "darwin" else peak / 1024

@@ -47,6 +47,18 @@ class BlockLoader:
             self.load_block(decoder, i)
 
 
+def release_outer(decoder: nn.Module, names: Iterable[str]) -> None:
+    """The named outer tensors back to the meta device, for load_outer to read again (a tied head
+    goes with the table)."""
+    for name in names:
+        tied = name == "tok_embeddings.weight" and decoder.config.tie_embeddings
+        for n in (name, "output.weight") if tied else (name,):
+            p = decoder.get_parameter(n)
+            owner, _, leaf = n.rpartition(".")
+            meta = torch.empty(p.shape, dtype=p.dtype, device="meta")
+            setattr(decoder.get_submodule(owner), leaf, nn.Parameter(meta, requires_grad=False))
+
+
 def release_block(block: nn.Module) -> None:
     """Back to the meta device: the block's weights are freed (its KV cache stays)."""
     for module in block.modules():

@@ -167,7 +167,7 @@ def _capture_blocks(model, tokens: list[int], contract: CacheIOContract | None) 
             layer.register_forward_hook(lambda m, i, o, name=f"layers.{n}": outputs.__setitem__(name, o.detach()))
             for n, layer in enumerate(model.layers)
         ]
-        model(torch.tensor([tokens]), torch.tensor([0]))
+        model.forward_blocks(_embedded(model, tokens), torch.tensor([0]))  # the blocks' outputs: no head
         for h in hooks:
             h.remove()
         return {name: unrotated(model, x) for name, x in outputs.items()}
@@ -177,6 +177,23 @@ def _capture_blocks(model, tokens: list[int], contract: CacheIOContract | None) 
         torch.zeros(1, contract.n_kv_heads, contract.max_seq_len, contract.head_dim) for _ in range(contract.n_layers)
     ]
     return _graph_blocks(model, *contract.call_inputs(tokens, 0, len(tokens), empty, empty))[0]
+
+
+def _embedded(model: Decoder, tokens: list[int]) -> torch.Tensor:
+    """model.embed(tokens), a quantized table (torchao's) dequantized at the rows read only: its
+    own lookup dequantizes the whole table first (a 128k x 3072 one is 1.5 GB in float, more than
+    once over)."""
+    table = model.tok_embeddings.weight
+    if not hasattr(table, "dequantize"):
+        return model.embed(torch.tensor([tokens]))
+    ids = sorted(set(tokens))
+    rows = torch.nn.Embedding.from_pretrained(torch.cat([table[i : i + 1].dequantize() for i in ids]))
+    index = {t: i for i, t in enumerate(ids)}
+    whole, model.tok_embeddings = model.tok_embeddings, rows  # model.embed's scaling applies as ever
+    try:
+        return model.embed(torch.tensor([[index[t] for t in tokens]]))
+    finally:
+        model.tok_embeddings = whole
 
 
 def _graph_blocks(model, *inputs) -> tuple[dict[str, torch.Tensor], torch.Tensor]:

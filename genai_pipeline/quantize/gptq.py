@@ -19,28 +19,42 @@ log = logging.getLogger(__name__)
 
 
 @torch.no_grad()
-def gptq_qparams(w: torch.Tensor, hessian: torch.Tensor, group_size: int, block: int = 128, damp: float = 0.01):
+def gptq_qparams(
+    w: torch.Tensor, hessian: torch.Tensor, group_size: int, block: int = 128, damp: float = 0.01, band: int = 16384
+):
     """GPTQ (Frantar et al. 2022) on a symmetric int4 grid: columns are rounded in order and each
     one's error is spread over the columns not yet rounded through the Cholesky factor of the
     inverse Hessian (X^T X of the layer's inputs); a group's scale is chosen (importance-weighted
     mse) when its first column comes up, from the weights as updated so far.
 
+    Rows are independent given the Hessian: they are solved `band` at a time (a multiple of the
+    4096-row bands below), so a 128k-row head holds one band in float, not a copy of itself.
     The errors are spread lazily (GPTQ's own blocking, applied twice): column by column within a
     group, a group's errors onto the rest of its `block` of columns by one product, a block's onto
     the columns after it by one product. Each block's columns are held as rows, so that the column
     by column work reads and writes contiguous memory."""
-    W, H = w.detach().float().clone(), hessian.detach().float().clone()
-    rows, n = W.shape
+    H = hessian.detach().float().clone()
+    rows, n = w.shape
     dead = torch.diag(H) == 0
     H[dead, dead] = 1
-    W[:, dead] = 0
     H.diagonal().add_(damp * torch.diag(H).mean())  # no n x n identity: w2's H is 0.8 GB in an 8B model
     importance = torch.diag(H).clone()
     Hinv = torch.cholesky_inverse(torch.linalg.cholesky(H))
     del H
     Hinv = torch.linalg.cholesky(Hinv, upper=True)
-    Q, D = torch.empty_like(W, dtype=torch.int8), torch.empty(rows, n // group_size)
+    Q, D = torch.empty(rows, n, dtype=torch.int8), torch.empty(rows, n // group_size)
     block = max(group_size, block // group_size * group_size)
+    for r in range(0, rows, band):
+        W = w[r : r + band].detach().float().clone()
+        W[:, dead] = 0
+        _gptq_rows(W, Hinv, importance, group_size, block, Q[r : r + band], D[r : r + band])
+    return Q, D
+
+
+def _gptq_rows(W, Hinv, importance, group_size: int, block: int, Q, D) -> None:
+    """GPTQ's column loop over the rows `W` (float, updated in place), into their int4 values `Q`
+    and scales `D`."""
+    rows, n = W.shape
     for i1 in range(0, n, block):
         i2 = min(i1 + block, n)
         Wt, Et, Hi = W[:, i1:i2].T.contiguous(), torch.empty(i2 - i1, rows), Hinv[i1:i2, i1:i2]
@@ -56,9 +70,8 @@ def gptq_qparams(w: torch.Tensor, hessian: torch.Tensor, group_size: int, block:
                 Wt[i + 1 : g2].addmm_(Hi[i, i + 1 : g2, None], Et[i, None], alpha=-1)  # addr_ is 100x slower
             Wt[g2:].addmm_(Hi[g1:g2, g2:].T, Et[g1:g2], alpha=-1)
         Q[:, i1:i2] = Qt.T
-        for r in range(0, rows, 4096):  # a band of rows at a time: no [rows, n] temporary (a head's is GBs)
+        for r in range(0, rows, 4096):  # a band of rows at a time: no [rows, n] temporary
             W[r : r + 4096, i2:].addmm_(Et[:, r : r + 4096].T, Hinv[i1:i2, i2:], alpha=-1)
-    return Q, D
 
 
 @torch.no_grad()
@@ -106,7 +119,11 @@ def gptq_weights(
             continue
         group = [n for n in shared.get(name, [name]) if n in names]
         weights = [module.get_submodule(n).weight for n in group]
-        q, d = gptq_qparams(torch.cat(weights), hessians[name], group_size)
+        # One layer solved alone is not copied first (a tied 128k-row head is GBs in float)
+        q, d = gptq_qparams(torch.cat(weights) if len(weights) > 1 else weights[0], hessians[name], group_size)
+        if len(weights) == 1:
+            out[f"{name}.weight"] = (q, d)
+            continue
         for n, qi, di in zip(group, q.split([w.shape[0] for w in weights]), d.split([w.shape[0] for w in weights])):
             out[f"{n}.weight"] = (qi.clone(), di.clone())  # each layer its own storage, not a view of the joint solve
     return out

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -49,8 +50,23 @@ def entry_file(program_sha256: str) -> Path:
 
 def store(program_sha256: str, chosen: Chosen) -> None:
     """Keep `chosen` under the program's digest (replacing an entry there)."""
+    write(entry_file(program_sha256), chosen)
+
+
+def write(path: Path, chosen: Chosen) -> None:
+    """`chosen` in the cache's format at `path`, whole or not at all: an export writes it before its
+    program exists (lowering then holds no copy of it), and `keep` files it once the digest is known."""
     data = {"int4": packed_int4(chosen.int4) if chosen.int4 else None, "smoothing": chosen.smoothing or None}
-    atomic_write(entry_file(program_sha256), lambda f: torch.save(data, f))
+    atomic_write(path, lambda f: torch.save(data, f))
+
+
+def keep(program_sha256: str, written: Path) -> None:
+    """A file `write` made, moved into the cache under the program's digest (replacing an entry there)."""
+    dest = entry_file(program_sha256)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    partial = dest.with_name(f".{dest.name}.{os.getpid()}.partial")
+    shutil.move(written, partial)  # a rename on one file system, else a copy and a delete
+    partial.replace(dest)
 
 
 def load(program_sha256: str) -> Chosen | None:

@@ -19,7 +19,7 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
-from genai_pipeline.checkpoints.block_loader import BlockLoader
+from genai_pipeline.checkpoints.block_loader import BlockLoader, release_outer
 from genai_pipeline.errors import InputError
 from genai_pipeline.heap import trim
 from genai_pipeline.layer_rules import recipe_of
@@ -88,19 +88,25 @@ def quantize_blocks(
     computed: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
     q = hadamard(decoder.config.dim, SEED) if options.rotate else None
 
-    if loader is not None:
-        with stage("load", quiet=True):
-            loader.load_outer(decoder, ("tok_embeddings.weight",))
-    if q is not None:
-        with stage("rotate", quiet=True):
-            rotate_embedding(decoder, q)
+    def load_table() -> None:  # the token table in float, rotated
+        if loader is not None:
+            with stage("load", quiet=True):
+                loader.load_outer(decoder, ("tok_embeddings.weight",))
+        if q is not None:
+            with stage("rotate", quiet=True):
+                rotate_embedding(decoder, q)
+
     hidden = []
+    if loader is None or measure:
+        load_table()
     if measure:
         hidden = [
             decoder.embed(torch.tensor([sample[i : i + calibration.window]]))
             for sample in calibration.samples
             for i in range(0, len(sample), calibration.window)
         ]
+        if loader is not None:  # read again for the head and the lookup: a 128k-row table is GBs in float
+            release_outer(decoder, ("tok_embeddings.weight",))
     started = time.perf_counter()
     bar = tqdm(range(n_layers), desc="quantize blocks", unit="block", leave=False, dynamic_ncols=True)
     for i in bar:
@@ -138,6 +144,8 @@ def quantize_blocks(
         trim()  # the block's float weights and temporaries, back to the OS before the next is loaded
 
     if loader is not None:
+        if decoder.tok_embeddings.weight.is_meta:
+            load_table()
         with stage("load", quiet=True):
             loader.load_outer(decoder, ("norm.weight", "output.weight"))
     if q is not None:

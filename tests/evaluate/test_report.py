@@ -21,3 +21,19 @@ def test_report_quantizing_in_place_matches_a_separate_copy(tmp_path, export_ref
     want = layer_sqnr(block_outputs(reference, tokens), block_outputs(qdq, tokens))
     assert shown == want and len(want) == manifest.config.n_layers
     assert all(5 < db < 60 for db in want.values())  # quantized, so finite noise, and not garbage
+
+
+def test_quantized_table_is_dequantized_at_the_rows_read_only(tmp_path, export_reference):
+    """The report's QDQ lookup gives what torchao's whole-table lookup gives, bit for bit, the
+    embedding's scaling included (a Q4 export: the table is int4 by group)."""
+    import torch
+
+    from genai_pipeline.evaluate.text import _embedded
+
+    folder = export_reference("kv", Q4)
+    manifest = Manifest.read(folder)
+    qdq = quantized_model(folder, manifest, float_model(manifest))
+    assert hasattr(qdq.tok_embeddings.weight, "dequantize")
+    tokens = [5, 3, 5, 900, 0, 3]
+    assert torch.equal(_embedded(qdq, tokens), qdq.embed(torch.tensor([tokens])))
+    assert qdq.tok_embeddings.weight.shape[0] == manifest.config.vocab_size  # the whole table is back
