@@ -248,10 +248,11 @@ def quantized_model(folder: Path, manifest: Manifest, reference: Decoder, in_pla
         model = reference if in_place else copy.deepcopy(reference)
         quantize_model(model, quant, chosen_values(folder, manifest, ArtifactKey.MULTIMODAL).int4)
         return model
+    if getattr(reference, "offloaded", False) and in_place:
+        # given up: its outer tensors go now, not beside the chosen values and the QDQ model (a 128k-row table is GBs)
+        release_block(reference)
     chosen = chosen_values(folder, manifest, ArtifactKey.TEXT_DECODER)
     if getattr(reference, "offloaded", False):  # a fresh decoder, quantized as it loads: no float model held
-        if in_place:  # given up: its outer tensors go now, not beside the QDQ model's (a 262k-row table is GBs)
-            release_block(reference)
         model, loader = open_decoder(get_spec(manifest.entry), manifest.checkpoint_path, manifest.max_seq_len)
     else:
         model, loader = reference if in_place else copy.deepcopy(reference), None
