@@ -77,7 +77,7 @@ def load(program_sha256: str) -> Chosen | None:
         return None
     try:
         data = torch.load(path, weights_only=True)
-        return Chosen(unpacked_int4(data["int4"]) if data["int4"] else None, data["smoothing"])
+        return Chosen(unpacked_int4(data["int4"], consume=True) if data["int4"] else None, data["smoothing"])
     except Exception as e:  # a damaged entry is a missing one, not an error: it can be computed again
         log.debug("unreadable QDQ cache entry %s: %s", path, e)
         return None

@@ -523,3 +523,22 @@ def test_smoothing_keeps_the_float_function_and_balances_inputs_and_weights(tiny
         torch.testing.assert_close(
             absmax[f"layers.{i}.feed_forward.w2"], w2.detach().abs().amax(0), rtol=1e-3, atol=1e-6
         )
+
+
+def test_int4_values_round_trip_two_a_byte():
+    """What the QDQ cache keeps gives back every int4 value exactly; consumed,
+    the packed entries are dropped as they are unpacked."""
+    from genai_pipeline.quantize.weights import packed_int4, unpacked_int4
+
+    g = torch.Generator().manual_seed(0)
+    given = {
+        "a.weight": (torch.randint(-8, 8, (64, 96), generator=g).to(torch.int8), torch.rand(64, 3, generator=g)),
+        "b.weight": (torch.randint(-8, 8, (3, 32), generator=g).to(torch.int8), torch.rand(3, 1, generator=g)),
+    }
+    packed = packed_int4(given)
+    for got in (unpacked_int4(packed), unpacked_int4(packed, consume=True)):
+        assert got.keys() == given.keys()
+        for name, (q, d) in given.items():
+            assert got[name][0].dtype == torch.int8 and torch.equal(got[name][0], q)
+            assert torch.equal(got[name][1], d.to(torch.bfloat16).float())
+    assert packed == {}
