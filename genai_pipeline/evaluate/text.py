@@ -184,7 +184,7 @@ def _embedded(model: Decoder, tokens: list[int]) -> torch.Tensor:
     own lookup dequantizes the whole table first (a 128k x 3072 one is 1.5 GB in float, more than
     once over)."""
     table = model.tok_embeddings.weight
-    if not hasattr(table, "dequantize"):
+    if type(table) in (torch.Tensor, torch.nn.Parameter):  # float: nothing to dequantize
         return model.embed(torch.tensor([tokens]))
     ids = sorted(set(tokens))
     rows = torch.nn.Embedding.from_pretrained(torch.cat([table[i : i + 1].dequantize() for i in ids]))

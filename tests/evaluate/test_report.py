@@ -33,7 +33,7 @@ def test_quantized_table_is_dequantized_at_the_rows_read_only(tmp_path, export_r
     folder = export_reference("kv", Q4)
     manifest = Manifest.read(folder)
     qdq = quantized_model(folder, manifest, float_model(manifest))
-    assert hasattr(qdq.tok_embeddings.weight, "dequantize")
+    assert type(qdq.tok_embeddings.weight) not in (torch.Tensor, torch.nn.Parameter)  # torchao's
     tokens = [5, 3, 5, 900, 0, 3]
     assert torch.equal(_embedded(qdq, tokens), qdq.embed(torch.tensor([tokens])))
     assert qdq.tok_embeddings.weight.shape[0] == manifest.config.vocab_size  # the whole table is back
