@@ -53,17 +53,20 @@ def release_outer(decoder: nn.Module, names: Iterable[str]) -> None:
     for name in names:
         tied = name == "tok_embeddings.weight" and decoder.config.tie_embeddings
         for n in (name, "output.weight") if tied else (name,):
-            p = decoder.get_parameter(n)
             owner, _, leaf = n.rpartition(".")
-            meta = torch.empty(p.shape, dtype=p.dtype, device="meta")
-            setattr(decoder.get_submodule(owner), leaf, nn.Parameter(meta, requires_grad=False))
+            _to_meta(decoder.get_submodule(owner), leaf)
 
 
 def release_block(block: nn.Module) -> None:
     """Back to the meta device: the block's weights are freed (its KV cache stays)."""
     for module in block.modules():
-        for name, p in list(module.named_parameters(recurse=False)):
-            setattr(module, name, nn.Parameter(torch.empty(p.shape, dtype=p.dtype, device="meta"), requires_grad=False))
+        for name, _ in list(module.named_parameters(recurse=False)):
+            _to_meta(module, name)
+
+
+def _to_meta(module: nn.Module, name: str) -> None:
+    p = getattr(module, name)
+    setattr(module, name, nn.Parameter(torch.empty(p.shape, dtype=p.dtype, device="meta"), requires_grad=False))
 
 
 def offload(decoder: nn.Module, loader: BlockLoader) -> nn.Module:
