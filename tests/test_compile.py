@@ -4,12 +4,12 @@ import dataclasses
 
 import pytest
 import torch
-from conftest import TINY_PREFILL, TINY_VOCAB
+from conftest import TINY_MAX_SEQ, TINY_PREFILL, TINY_VOCAB
 
 from genai_pipeline.cli import main
 from genai_pipeline.errors import InputError
 from genai_pipeline.manifest import Manifest
-from genai_pipeline.options import PrepareOptions, SamplingOptions
+from genai_pipeline.options import PrepareOptions, QuantOptions, SamplingOptions
 from genai_pipeline.runtime.generate import Sampler, generate
 from genai_pipeline.runtime.session import DecoderSession, EagerSession
 
@@ -112,3 +112,29 @@ def test_manifest_describes_the_program(export_tiny, tiny_checkpoint):
     from genai_pipeline.export_folder import sha256
 
     assert m.files["text_decoder.pte"].sha256 == sha256(export_tiny("hybrid") / "text_decoder.pte")
+
+
+def test_lowering_from_weights_moved_to_a_file_gives_the_same_program(tiny_checkpoint, tmp_path, monkeypatch):
+    """`genai export` lowers from eager weights moved to a memory-mapped file first
+    (compile.map_weights_to_file): byte for byte the program lowered from them in memory."""
+    import genai_pipeline.compile as compile_module
+    from genai_pipeline.prepare import prepare
+    from genai_pipeline.quantize import quantize
+    from genai_pipeline.registry import get_spec
+    from genai_pipeline.targets import get_target
+
+    moved = []
+    map_weights_to_file = compile_module.map_weights_to_file
+    monkeypatch.setattr(compile_module, "map_weights_to_file", lambda *a: moved.append(map_weights_to_file(*a)))
+    target = get_target("xnnpack")
+    options = PrepareOptions(
+        mode="hybrid", max_seq_len=TINY_MAX_SEQ, prefill_len=TINY_PREFILL, checkpoint=tiny_checkpoint
+    )
+    programs = {}
+    for release in (False, True):
+        prepared = quantize(prepare(get_spec("smollm2-135m"), options), QuantOptions(recipe="8da8w"), target)
+        artifacts = compile_module.compile_artifacts(prepared, target, tmp_path / f"release-{release}", release=release)
+        programs[release] = [p.read_bytes() for p in artifacts.programs.values()]
+        assert len(moved) == release
+    assert moved[0] > 0
+    assert programs[True] == programs[False]

@@ -59,7 +59,10 @@ def _page_out(tensors) -> None:
         ]
     page = mmap.PAGESIZE
     for t in tensors:
-        start, end = t.data_ptr(), t.data_ptr() + t.untyped_storage().nbytes()
+        if not t.is_contiguous():
+            continue
+        start = t.data_ptr()  # its own bytes: one mapping may hold many tensors (heap.move_to_file)
+        end = start + t.numel() * t.element_size()
         first, last = -(-start // page) * page, end // page * page  # whole pages inside the tensor
         if last > first and any(lo <= first and last <= hi for lo, hi in files):
             _madvise(ctypes.c_void_p(first), ctypes.c_size_t(last - first), 21)  # 21: MADV_PAGEOUT

@@ -140,6 +140,23 @@ def test_serialized_checkpoint_pages_are_given_back(tmp_path):
     assert torch.equal(mapped, weights)
 
 
+def test_tensors_sharing_one_mapping_are_paged_out_each_alone(tmp_path):
+    """Weights moved to one file (heap.move_to_file, before lowering): paging out a serialized
+    partition's tensor gives back its own pages only."""
+    from genai_pipeline.heap import move_to_file
+
+    done, pending = torch.randn(64, 2**18), torch.randn(64, 2**18)  # 64 MB each
+    want = pending.clone()
+    move_to_file([done, pending], tmp_path / "weights")
+    before = rss_file_mb()
+    assert done.sum().item() != pending.sum().item()  # reads every page of both
+    assert rss_file_mb() - before > 100
+    touched = rss_file_mb()
+    patches._page_out([done])
+    assert 48 < touched - rss_file_mb() < 80
+    assert torch.equal(pending, want)
+
+
 def test_only_file_mappings_are_paged_out(tmp_path, monkeypatch):
     """Anonymous memory (quantized weights, a bf16 checkpoint made fp32) would go to swap, not away."""
     from safetensors.torch import load_file, save_file
