@@ -31,6 +31,7 @@ from genai_pipeline.quantize.recipes import quantize_embedding, quantize_linears
 from genai_pipeline.quantize.rotation import SEED, hadamard, rotate_block, rotate_embedding, rotate_head
 from genai_pipeline.quantize.smoothing import block_smoothing_scales, smooth, smoothed_hessians, smoothed_inputs
 from genai_pipeline.stages import logged, peak_gb, stage
+from genai_pipeline.upstream.executorch_logs import native_logs_hidden
 
 log = logging.getLogger(__name__)
 
@@ -122,7 +123,8 @@ def quantize_blocks(
             names = {n for n in linears if n.startswith(prefix)}
             statistics = InputStatistics(gptq & names)
             with stage("calibrate", quiet=True), _own_kv_cache(decoder, block):
-                with inputs_recorded(block, names, statistics.record, prefix):
+                # ExecuTorch's custom ops (the KV cache's update, SDPA) log from C++ in eager mode too
+                with inputs_recorded(block, names, statistics.record, prefix), native_logs_hidden():
                     hidden = [decoder.forward_block(i, x) for x in hidden]
             hessians = statistics.hessians
             if measure_smoothing:
@@ -196,8 +198,6 @@ def _quantize(
 
 
 def _gptq(decoder: nn.Module, names: set[str], hessians: dict, group_size: int) -> dict:
-    from genai_pipeline.upstream.executorch_logs import native_logs_hidden
-
     with native_logs_hidden():
         return gptq_weights(decoder, names, [], 0, group_size, hessians)
 
