@@ -5,8 +5,8 @@ large blocks are freed) were freed from, for reuse: after a decoder block is qua
 still holds that block's temporaries in its resident set. `trim()` returns them (malloc_trim also
 releases free pages inside the heap). Elsewhere (macOS, musl) it does nothing.
 
-`move_to_file()` turns tensors' memory into pages of a memory-mapped file, which the kernel (or
-`MADV_PAGEOUT`, upstream/xnnpack_preprocess.py) can drop and read back when needed.
+`move_to_file()` turns tensors' memory into pages of a memory-mapped file, which the kernel can
+drop and read back when needed; `page_out()` asks it to drop them now.
 """
 
 from __future__ import annotations
@@ -16,7 +16,10 @@ import ctypes.util
 import functools
 import mmap
 import os
+import sys
 from pathlib import Path
+
+_madvise = ctypes.CDLL(None, use_errno=True).madvise if sys.platform == "linux" else None
 
 
 @functools.cache
@@ -71,3 +74,28 @@ def move_to_file(tensors, path: Path) -> int:
         for t, offset in placed:
             t.set_(mapped[offset], t.storage_offset(), t.shape, t.stride())
     return sum(s.nbytes() for s in mapped.values())
+
+
+def page_out(tensors) -> None:
+    """Hint the kernel to reclaim the pages behind `tensors` that are memory-mapped files (Linux
+    MADV_PAGEOUT), for a process that has read them and will not soon again. A float export
+    reads its weights from mapped safetensors files, a quantized one from the file `move_to_file`
+    moved them to (compile.map_weights_to_file): once XNNPACK has serialized a partition's weights
+    (upstream/xnnpack_preprocess.py), their pages are clean copies of the file and can go, to be
+    read again only if something reads them again. Anonymous memory is left alone (it would go to
+    swap, not away)."""
+    if _madvise is None:
+        return
+    with open("/proc/self/maps") as maps:  # [start, end) of every file mapping: lines with an inode
+        files = [
+            tuple(int(a, 16) for a in f[0].split("-")) for f in map(str.split, maps) if len(f) >= 6 and f[4] != "0"
+        ]
+    page = mmap.PAGESIZE
+    for t in tensors:
+        if not t.is_contiguous():
+            continue
+        start = t.data_ptr()  # its own bytes: one mapping may hold many tensors (heap.move_to_file)
+        end = start + t.numel() * t.element_size()
+        first, last = -(-start // page) * page, end // page * page  # whole pages inside the tensor
+        if last > first and any(lo <= first and last <= hi for lo, hi in files):
+            _madvise(ctypes.c_void_p(first), ctypes.c_size_t(last - first), 21)  # 21: MADV_PAGEOUT

@@ -1,8 +1,9 @@
-"""heap.move_to_file: tensors' bytes moved to a memory-mapped file, values and views unchanged."""
+"""heap: tensors' bytes moved to a memory-mapped file, values and views unchanged; their pages given back."""
 
 import torch
 
-from genai_pipeline.heap import move_to_file
+from genai_pipeline import heap
+from genai_pipeline.heap import move_to_file, page_out
 
 
 def mappings_of(name: str) -> list[str]:
@@ -34,3 +35,56 @@ def test_moved_tensors_keep_their_values_and_views_and_read_from_the_file(tmp_pa
 def test_nothing_to_move_leaves_no_file(tmp_path):
     assert move_to_file([torch.randn(0)], tmp_path / "weights") == 0
     assert not (tmp_path / "weights").exists()
+
+
+def rss_file_mb() -> float:
+    for line in open("/proc/self/status"):
+        if line.startswith("RssFile:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError("no RssFile in /proc/self/status")
+
+
+def test_serialized_checkpoint_pages_are_given_back(tmp_path):
+    """Lowering pages out a partition's memory-mapped weights once XNNPACK has serialized them;
+    what is read again afterwards comes back from the file unchanged."""
+    from safetensors.torch import load_file, save_file
+
+    weights = torch.randn(64, 2**18)  # 64 MB
+    save_file({"w": weights}, tmp_path / "w.safetensors")
+    mapped = load_file(tmp_path / "w.safetensors")["w"]
+    before = rss_file_mb()
+    assert mapped.sum().item() == weights.sum().item()  # reads every page
+    assert rss_file_mb() - before > 48
+    touched = rss_file_mb()
+    page_out([mapped])
+    assert touched - rss_file_mb() > 48
+    assert torch.equal(mapped, weights)
+
+
+def test_tensors_sharing_one_mapping_are_paged_out_each_alone(tmp_path):
+    """Weights moved to one file (before lowering): paging out a serialized partition's tensor
+    gives back its own pages only."""
+    done, pending = torch.randn(64, 2**18), torch.randn(64, 2**18)  # 64 MB each
+    want = pending.clone()
+    move_to_file([done, pending], tmp_path / "weights")
+    before = rss_file_mb()
+    assert done.sum().item() != pending.sum().item()  # reads every page of both
+    assert rss_file_mb() - before > 100
+    touched = rss_file_mb()
+    page_out([done])
+    assert 48 < touched - rss_file_mb() < 80
+    assert torch.equal(pending, want)
+
+
+def test_only_file_mappings_are_paged_out(tmp_path, monkeypatch):
+    """Anonymous memory (quantized weights, a bf16 checkpoint made fp32) would go to swap, not away."""
+    from safetensors.torch import load_file, save_file
+
+    calls = []
+    monkeypatch.setattr(heap, "_madvise", lambda addr, size, advice: calls.append((addr.value, size.value)))
+    save_file({"w": torch.randn(16, 2**16)}, tmp_path / "w.safetensors")
+    mapped, anonymous = load_file(tmp_path / "w.safetensors")["w"], torch.randn(16, 2**16)
+    page_out([anonymous])
+    assert calls == []
+    page_out([mapped])
+    assert len(calls) == 1 and mapped.data_ptr() <= calls[0][0] and calls[0][1] >= 4 * 2**20 - 2 * 4096

@@ -9,8 +9,8 @@ written; XNNPACK's configs keep the last node they refused (and with it a graph 
 re-trace of the whole partition with fake tensors, whether or not it has anything to rewrite.
 What we change: `install()` replaces the two hooks ExecuTorch gives backends to override
 (`copy_exported_program_for_preprocess`: the graph is copied, the weights shared;
-`preprocess_multimethod`: one bytes object per named weight, checkpoint pages given back once
-serialized, refused nodes forgotten), points the name `preprocess` looks its pass manager up by at a
+`preprocess_multimethod`: one bytes object per named weight, memory-mapped weights' pages given
+back once serialized, refused nodes forgotten), points the name `preprocess` looks its pass manager up by at a
 subclass skipping the passes with nothing to rewrite, and installs xnnpack_dynamic_slice's patch.
 Why: lowering stays within ~2x the weights in memory, and the preprocess passes (~45 % of lowering a
 decoder with a symbolic length) run only where they apply; the program is byte for byte the same
@@ -23,18 +23,14 @@ version than the pinned one installs nothing (ExecuTorch's own preprocess, with 
 """
 
 import copy
-import ctypes
 import functools
 import logging
-import mmap
-import sys
 
+from genai_pipeline.heap import page_out
 from genai_pipeline.upstream import pins
 from genai_pipeline.upstream.xnnpack_dynamic_slice import delegate_dynamic_slices
 
 log = logging.getLogger(__name__)
-
-_madvise = ctypes.CDLL(None, use_errno=True).madvise if sys.platform == "linux" else None
 
 
 def _copy_sharing_weights(cls, program, compile_specs):
@@ -44,28 +40,6 @@ def _copy_sharing_weights(cls, program, compile_specs):
     replaces constants, never writes into them, so sharing them is safe."""
     weights = (*program.state_dict.values(), *program.constants.values())
     return copy.deepcopy(program, memo={id(w): w for w in weights})
-
-
-def _page_out(tensors) -> None:
-    """Hint the kernel to reclaim the pages behind `tensors` that are memory-mapped files (Linux
-    MADV_PAGEOUT). Checkpoint weights are read from mapped safetensors files: once a partition's
-    weights are serialized, their pages are clean copies of the file and can go, to be read again
-    only if something reads them again. Anonymous memory (e.g. quantized weights) is left alone."""
-    if _madvise is None:
-        return
-    with open("/proc/self/maps") as maps:  # [start, end) of every file mapping: lines with an inode
-        files = [
-            tuple(int(a, 16) for a in f[0].split("-")) for f in map(str.split, maps) if len(f) >= 6 and f[4] != "0"
-        ]
-    page = mmap.PAGESIZE
-    for t in tensors:
-        if not t.is_contiguous():
-            continue
-        start = t.data_ptr()  # its own bytes: one mapping may hold many tensors (heap.move_to_file)
-        end = start + t.numel() * t.element_size()
-        first, last = -(-start // page) * page, end // page * page  # whole pages inside the tensor
-        if last > first and any(lo <= first and last <= hi for lo, hi in files):
-            _madvise(ctypes.c_void_p(first), ctypes.c_size_t(last - first), 21)  # 21: MADV_PAGEOUT
 
 
 def _forget_refused_nodes() -> None:
@@ -94,7 +68,7 @@ def _preprocess_sharing_data(cls, programs, compile_specs):
         results[method] = []
         for partition, specs in zip(partitions, compile_specs[method]):
             result = cls.preprocess(partition, specs)
-            _page_out(partition.state_dict.values())
+            page_out(partition.state_dict.values())
             store = result.data_store_output  # deduplicated now, before the next partition adds its own
             for name, entry in (store.pte_data if store is not None else {}).items():
                 store.buffers[entry.buffer_index] = by_name.setdefault(name, store.buffers[entry.buffer_index])
