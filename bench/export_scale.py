@@ -316,9 +316,10 @@ def summary(r: dict) -> str:
 def stage_table(r: dict) -> str:
     if not r["stages"]:
         return "  (no export_stages in the manifest: this genai does not record its stages)"
-    rows = [f"  {'stage':<14}{'seconds':>10}{'cpu s':>10}{'peak RSS MB':>13}"]
+    w = max(14, *(len(s["name"]) + 2 for s in r["stages"]))
+    rows = [f"  {'stage':<{w}}{'seconds':>10}{'cpu s':>10}{'peak RSS MB':>13}"]
     for s in r["stages"]:
-        rows.append(f"  {s['name']:<14}{s['seconds']:>10.1f}{s['cpu_seconds']:>10.1f}{s['peak_rss_mb']:>13.0f}")
+        rows.append(f"  {s['name']:<{w}}{s['seconds']:>10.1f}{s['cpu_seconds']:>10.1f}{s['peak_rss_mb']:>13.0f}")
     return "\n".join(rows)
 
 

@@ -20,7 +20,7 @@ from genai_pipeline.export_folder import (
     tool_versions,
     weights_fingerprint,
 )
-from genai_pipeline.heap import move_to_file, trim
+from genai_pipeline.heap import move_to_file, page_out, trim
 from genai_pipeline.manifest import COMPLETE, QDQ_ONLY, ArtifactEntry, FileEntry, Manifest
 from genai_pipeline.names import GraphName
 from genai_pipeline.quantize import qdq_cache
@@ -117,16 +117,6 @@ def to_executorch(
     return program
 
 
-def _plain_tensors(t: torch.Tensor):
-    """The plain tensors `t` is made of: itself, or a tensor subclass's (torchao's int weights:
-    their integers, scales and zero points)."""
-    if type(t) in (torch.Tensor, torch.nn.Parameter):
-        yield t
-    elif hasattr(t, "__tensor_flatten__"):
-        for name in t.__tensor_flatten__()[0]:
-            yield from _plain_tensors(getattr(t, name))
-
-
 def map_weights_to_file(artifact: Artifact, path: Path) -> int:
     """The artifact's eager weights moved into a memory-mapped file (heap.move_to_file), before
     they are exported. Lowering reads every weight once to serialize it for the backend, and the
@@ -134,8 +124,7 @@ def map_weights_to_file(artifact: Artifact, path: Path) -> int:
     export's peak (a 3B model's 3.6 GB of int8 weights beside its 2 GB program). As file pages,
     XNNPACK's preprocess gives them back once their partition is serialized
     (upstream/xnnpack_preprocess.py). The module runs as before. Returns the bytes moved."""
-    tensors = [t for p in artifact.module.parameters() for t in _plain_tensors(p)]
-    moved = move_to_file(tensors, path)
+    moved = move_to_file(artifact.module.parameters(), path)
     trim()
     log.debug("%s: %.0f MB of weights mapped from a file", artifact.key.value, moved / 2**20)
     return moved
@@ -223,6 +212,7 @@ def _write_chosen(prepared: PreparedModel, out: Path, release: bool) -> dict:
         if _chosen(artifact):
             files[key] = out / f".{key.value}.chosen.pt"
             qdq_cache.write(files[key], qdq_cache.Chosen(artifact.int4, artifact.smoothing))
+            page_out(t for pair in (artifact.int4 or {}).values() for t in pair)  # read from their file, if moved
             if release:  # the prepared model is not used again (compile_artifacts); the dicts are its
                 for chosen in (artifact.int4, artifact.smoothing):
                     if isinstance(chosen, dict):

@@ -137,7 +137,7 @@ def _export(
     with stage("prepare"):
         # the weights a block at a time: quantize streams them (quantize/streaming.py)
         prepared = prepare(spec, options, lazy=True)
-    prepared = quantize(prepared, quant, target, cache=out)
+    prepared = quantize(prepared, quant, target, cache=out, weights_folder=staging)
     log.info("compile for %s (%s)", target.name, prepared.recipe)
     report_tokens = None if quant.is_float or not verify else _report_tokens(prepared, quant)
     blocked = None

@@ -37,8 +37,20 @@ def trim() -> None:
         trim_fn(0)
 
 
+def _plain(t):
+    """The plain tensors `t` is made of: itself, or a tensor subclass's (torchao's int weights:
+    their integers, scales and zero points)."""
+    import torch
+
+    if type(t) in (torch.Tensor, torch.nn.Parameter):
+        yield t
+    elif hasattr(t, "__tensor_flatten__"):
+        for name in t.__tensor_flatten__()[0]:
+            yield from _plain(getattr(t, name))
+
+
 def move_to_file(tensors, path: Path) -> int:
-    """The storages of `tensors` (plain CPU tensors) copied into a new file at `path`, and each
+    """The storages of `tensors` (CPU tensors; a tensor subclass's inner ones) copied into a new file at `path`, and each
     tensor pointed at its storage's bytes there, mapped privately (copy on write: the file never
     changes); the file is unlinked at once and its blocks go when the last tensor does. Returns
     the bytes moved. Values, storages and the views between tensors stay as they were (one
@@ -52,7 +64,7 @@ def move_to_file(tensors, path: Path) -> int:
     offsets, placed = {}, []  # {storage's data_ptr: its offset in the file}, [(tensor, that offset)]
     size = 0
     with open(path, "xb") as f:
-        for t in tensors:
+        for t in (p for tensor in tensors for p in _plain(tensor)):
             storage = t.untyped_storage()
             if storage.nbytes() == 0 or storage.device.type != "cpu":
                 continue
@@ -91,7 +103,7 @@ def page_out(tensors) -> None:
             tuple(int(a, 16) for a in f[0].split("-")) for f in map(str.split, maps) if len(f) >= 6 and f[4] != "0"
         ]
     page = mmap.PAGESIZE
-    for t in tensors:
+    for t in (p for tensor in tensors for p in _plain(tensor)):
         if not t.is_contiguous():
             continue
         start = t.data_ptr()  # its own bytes: one mapping may hold many tensors (heap.move_to_file)

@@ -115,8 +115,8 @@ def test_manifest_describes_the_program(export_tiny, tiny_checkpoint):
 
 
 def test_lowering_from_weights_moved_to_a_file_gives_the_same_program(tiny_checkpoint, tmp_path, monkeypatch):
-    """`genai export` lowers from eager weights moved to a memory-mapped file first
-    (compile.map_weights_to_file): byte for byte the program lowered from them in memory."""
+    """`genai export` quantizes into memory-mapped files (streaming.quantize_blocks) and lowers from
+    weights moved to one (compile.map_weights_to_file): byte for byte the program made in memory."""
     import genai_pipeline.compile as compile_module
     from genai_pipeline.prepare import prepare
     from genai_pipeline.quantize import quantize
@@ -132,8 +132,11 @@ def test_lowering_from_weights_moved_to_a_file_gives_the_same_program(tiny_check
     )
     programs = {}
     for release in (False, True):
-        prepared = quantize(prepare(get_spec("smollm2-135m"), options), QuantOptions(recipe="8da8w"), target)
-        artifacts = compile_module.compile_artifacts(prepared, target, tmp_path / f"release-{release}", release=release)
+        out = tmp_path / f"release-{release}"
+        out.mkdir()
+        prepared = prepare(get_spec("smollm2-135m"), options)
+        prepared = quantize(prepared, QuantOptions(recipe="8da4w"), target, weights_folder=out if release else None)
+        artifacts = compile_module.compile_artifacts(prepared, target, out, release=release)
         programs[release] = [p.read_bytes() for p in artifacts.programs.values()]
         assert len(moved) == release
     assert moved[0] > 0

@@ -70,15 +70,18 @@ def quantize(
     target,
     cache: Path | None = None,
     given: Mapping[str, tuple[torch.Tensor, torch.Tensor]] | None = None,
+    weights_folder: Path | None = None,
 ) -> PreparedModel:
     """`target` (a targets.Target) supplies the quantizer of static recipes. With `cache` (the
     output folder of an earlier export), a QDQ model calibrated there on the same inputs is reused.
-    `given`: int4 weights taken as they are (see recipes.quantize_module)."""
+    `given`: int4 weights taken as they are (see recipes.quantize_module). `weights_folder`: a
+    folder on disk (the export's staging folder) a text decoder's quantized weights are moved to,
+    memory-mapped, as they are made (streaming.quantize_blocks)."""
     if prepared.spec.audio is not None:
         check_speech_quant(options)
         return prepared
     if prepared.spec.vision is None:
-        return quantize_text(prepared, options, target, cache, given)
+        return quantize_text(prepared, options, target, cache, given, weights_folder)
     if options.is_static:
         return quantize_static(prepared, options, target)
     return quantize_vision_language(prepared, options, target)

@@ -14,6 +14,7 @@ import logging
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -21,7 +22,7 @@ from tqdm import tqdm
 
 from genai_pipeline.checkpoints.block_loader import BlockLoader, release_outer
 from genai_pipeline.errors import InputError
-from genai_pipeline.heap import trim
+from genai_pipeline.heap import move_to_file, trim
 from genai_pipeline.layer_rules import recipe_of
 from genai_pipeline.models.decoder import KVCache
 from genai_pipeline.options import QuantOptions
@@ -63,6 +64,7 @@ def quantize_blocks(
     given: Mapping[str, tuple[torch.Tensor, torch.Tensor]] | None = None,
     scales: Mapping[str, torch.Tensor] | None = None,
     defer: bool = False,
+    weights_folder: Path | None = None,
 ) -> Streamed:
     """Quantize `decoder` (a models.decoder.Decoder) block by block, in place, by `options`' rules.
 
@@ -71,7 +73,8 @@ def quantize_blocks(
     `given`: int4 weights taken as they are (a GGUF's, or an export's chosen ones when its quantized
     model is rebuilt); `scales`: smoothing scales to apply instead of measuring them. `defer`: leave
     the weights in float (smoothed, GPTQ's int4 chosen), for a size budget that chooses the 8-bit
-    layers from the whole model."""
+    layers from the whole model. `weights_folder`: a folder on disk (the export's staging folder)
+    each block's quantized weights and GPTQ's values for them are moved to once chosen (_to_file)."""
     n_layers = len(decoder.layers)
     given = dict(given or {})
     any_given = bool(given)
@@ -143,6 +146,9 @@ def quantize_blocks(
             block_linears = {n: r for n, r in linears.items() if n.startswith(prefix)}
             with stage("quantize", quiet=True):
                 _quantize(decoder, block_linears, options, given, computed, any_given)
+                if weights_folder is not None:
+                    chosen = [v for k, v in computed.items() if k.startswith(prefix)]
+                    _to_file(block.parameters(), chosen, weights_folder / f".layers.{i}.weights")
         trim()  # the block's float weights and temporaries, back to the OS before the next is loaded
 
     if loader is not None:
@@ -177,6 +183,10 @@ def quantize_blocks(
         with stage("quantize", quiet=True):
             plan = quantize_embedding(decoder, options, outer, {**given, **computed}) | linears
             _quantize(decoder, outer, options, given, computed, any_given)
+            if weights_folder is not None:
+                weights = [p for n, p in decoder.named_parameters() if not n.startswith("layers.")]
+                chosen = [v for k, v in computed.items() if not k.startswith("layers.")]
+                _to_file(weights, chosen, weights_folder / ".outer.weights")
         logged(("load", "rotate", "calibrate", "smooth", "gptq", "quantize"))
         if given:
             raise InputError(
@@ -195,6 +205,14 @@ def _quantize(
     taken = {k: given.pop(k) for k in keys & given.keys()} | {k: computed[k] for k in keys & computed.keys()}
     quantize_linears(decoder, linears, options, taken, any_given)
     given.update({k: v for k, v in taken.items() if k not in computed})
+
+
+def _to_file(weights, chosen, path: Path) -> None:
+    """Quantized weights and GPTQ's values for them (`chosen`: (int4 values, scales) pairs) moved
+    to a memory-mapped file (heap.move_to_file): the quantized model is not read again until it is
+    lowered, and held in memory it grew to the size of the int8 weights (7.5 GB for an 8B model)
+    beside the next blocks' float work."""
+    move_to_file([*weights, *(t for pair in chosen for t in pair)], path)
 
 
 def _gptq(decoder: nn.Module, names: set[str], hessians: dict, group_size: int) -> dict:

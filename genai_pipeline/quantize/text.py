@@ -38,10 +38,12 @@ def quantize_text(
     target,
     cache: Path | None = None,
     given: Mapping[str, tuple[torch.Tensor, torch.Tensor]] | None = None,
+    weights_folder: Path | None = None,
 ) -> PreparedModel:
     """`target` (a targets.Target) supplies the quantizer of static recipes. With `cache` (the
     output folder of an earlier export), a QDQ model calibrated there on the same inputs is reused.
-    `given`: int4 weights taken as they are (see quantize_module)."""
+    `given`: int4 weights taken as they are (see quantize_module). `weights_folder`: a folder on
+    disk the quantized weights are moved to, memory-mapped, block by block (streaming.quantize_blocks)."""
     if options.vision_recipe is not None:
         raise InputError(f"--vision-recipe applies to vision-language models; {prepared.spec.name} is a text model")
     if options.size_budget is not None and prepared.options.cache_io:
@@ -76,14 +78,14 @@ def quantize_text(
             graphs = {name: dataclasses.replace(g, module=deploy) for name, g in artifact.graphs.items()}
             artifact = dataclasses.replace(artifact, graphs=graphs, qdq=qdq, qdq_key=stamp)
         else:
-            artifact, options = _quantize_dynamic(prepared, artifact, options, given)
+            artifact, options = _quantize_dynamic(prepared, artifact, options, given, weights_folder)
         artifacts[key] = artifact
     return dataclasses.replace(
         prepared, artifacts=artifacts, recipe=describe(options), quantization=dataclasses.asdict(options), loader=None
     )
 
 
-def _quantize_dynamic(prepared: PreparedModel, artifact, options: QuantOptions, given):
+def _quantize_dynamic(prepared: PreparedModel, artifact, options: QuantOptions, given, weights_folder: Path | None):
     """A dynamic recipe on the text decoder, block by block (streaming.py); with a size budget, its
     choice of 8-bit layers made on the whole model after. The artifact with its chosen int4 weights
     and smoothing scales (compile keeps them in the QDQ cache, qdq_cache.py), and the options with the rules
@@ -97,7 +99,9 @@ def _quantize_dynamic(prepared: PreparedModel, artifact, options: QuantOptions, 
     budget = options.size_budget is not None and options.promoted is None
     if budget:  # a budget too small is refused before any work (from the layers' shapes: the model may be unloaded)
         budget_room(decoder, options, len(artifact.graphs))
-    streamed = quantize_blocks(decoder, prepared.loader, options, calibration, given, defer=budget)
+    streamed = quantize_blocks(
+        decoder, prepared.loader, options, calibration, given, defer=budget, weights_folder=weights_folder
+    )
     if options.rotate:
         log.info(
             "rotated the residual stream (%s)",
