@@ -49,32 +49,44 @@ def _plain(t):
             yield from _plain(getattr(t, name))
 
 
+def _file_mappings() -> list[tuple[int, int]]:
+    """[start, end) of every file mapping of the process: the lines of /proc/self/maps with an inode."""
+    with open("/proc/self/maps") as maps:
+        return [tuple(int(a, 16) for a in f[0].split("-")) for f in map(str.split, maps) if len(f) >= 6 and f[4] != "0"]
+
+
+def _in_a_file(start: int, end: int, files: list[tuple[int, int]]) -> bool:
+    return any(lo <= start and end <= hi for lo, hi in files)
+
+
 def move_to_file(tensors, path: Path) -> int:
-    """The storages of `tensors` (CPU tensors; a tensor subclass's inner ones) copied into a new file at `path`, and each
-    tensor pointed at its storage's bytes there, mapped privately (copy on write: the file never
-    changes); the file is unlinked at once and its blocks go when the last tensor does. Returns
-    the bytes moved. Values, storages and the views between tensors stay as they were (one
-    mapping per storage, of its size: ExecuTorch's serializers read a weight's whole storage), but
-    their pages are now clean copies of a file, not anonymous memory: a process that has read
-    them can give them back (MADV_PAGEOUT) and read them again only if it needs them again. Call
-    it before anything makes new tensors of them (views made after see the same bytes)."""
+    """The storages of `tensors` (CPU tensors; a tensor subclass's inner ones) copied into a new
+    file at `path`, and each tensor pointed at its storage's bytes there, mapped privately (copy on
+    write: the file never changes); the file is unlinked at once and its blocks go when the last
+    tensor does. Storages already in a file mapping (a checkpoint's, or moved before) stay where
+    they are. Returns the bytes moved. Values, storages and the views between tensors stay as they
+    were (one mapping per storage, of its size: ExecuTorch's serializers read a weight's whole
+    storage), but their pages are now clean copies of a file, not anonymous memory: a process that
+    has read them can give them back (page_out) and read them again only if it needs them again.
+    Call it before anything makes new tensors of them (views made after see the same bytes)."""
     import numpy as np
     import torch
 
     offsets, placed = {}, []  # {storage's data_ptr: its offset in the file}, [(tensor, that offset)]
-    size = 0
+    size, files = 0, _file_mappings()
     with open(path, "xb") as f:
         for t in (p for tensor in tensors for p in _plain(tensor)):
             storage = t.untyped_storage()
-            if storage.nbytes() == 0 or storage.device.type != "cpu":
-                continue
-            if storage.data_ptr() not in offsets:
-                offsets[storage.data_ptr()] = size
+            key = storage.data_ptr()
+            if key not in offsets:
+                if storage.nbytes() == 0 or storage.device.type != "cpu" or _in_a_file(key, key + 1, files):
+                    continue
+                offsets[key] = size
                 f.write(memoryview(torch.empty(0, dtype=torch.uint8).set_(storage).numpy()))
                 size += storage.nbytes()
                 f.write(bytes(-size % mmap.ALLOCATIONGRANULARITY))  # each storage maps from its own page
                 size += -size % mmap.ALLOCATIONGRANULARITY
-            placed.append((t, offsets[storage.data_ptr()]))
+            placed.append((t, offsets[key]))
     try:
         mapped = {
             offset: torch.from_numpy(np.memmap(path, np.uint8, "c", offset, (nbytes,))).untyped_storage()
@@ -98,10 +110,7 @@ def page_out(tensors) -> None:
     swap, not away)."""
     if _madvise is None:
         return
-    with open("/proc/self/maps") as maps:  # [start, end) of every file mapping: lines with an inode
-        files = [
-            tuple(int(a, 16) for a in f[0].split("-")) for f in map(str.split, maps) if len(f) >= 6 and f[4] != "0"
-        ]
+    files = _file_mappings()
     page = mmap.PAGESIZE
     for t in (p for tensor in tensors for p in _plain(tensor)):
         if not t.is_contiguous():
@@ -109,5 +118,5 @@ def page_out(tensors) -> None:
         start = t.data_ptr()  # its own bytes: one mapping may hold many tensors (heap.move_to_file)
         end = start + t.numel() * t.element_size()
         first, last = -(-start // page) * page, end // page * page  # whole pages inside the tensor
-        if last > first and any(lo <= first and last <= hi for lo, hi in files):
+        if last > first and _in_a_file(first, last, files):
             _madvise(ctypes.c_void_p(first), ctypes.c_size_t(last - first), 21)  # 21: MADV_PAGEOUT

@@ -32,6 +32,15 @@ def test_moved_tensors_keep_their_values_and_views_and_read_from_the_file(tmp_pa
     assert rows[1, 0].item() == 5.0
 
 
+def test_what_is_in_a_file_already_stays_there(tmp_path):
+    first = torch.randn(256, 256)
+    assert move_to_file([first], tmp_path / "a") == first.nbytes
+    where = first.data_ptr()
+    second = torch.randn(256, 256)
+    assert move_to_file([first, second], tmp_path / "b") == second.nbytes
+    assert first.data_ptr() == where and len(mappings_of(str(tmp_path))) == 2
+
+
 def test_nothing_to_move_leaves_no_file(tmp_path):
     assert move_to_file([torch.randn(0)], tmp_path / "weights") == 0
     assert not (tmp_path / "weights").exists()

@@ -25,8 +25,9 @@ def write_quant_report(folder: Path, tokens: list[int], source: str, verificatio
     model = float_model(manifest)
     want = block_outputs(model, tokens)
     # The float model turns into the QDQ one in place: one copy of the weights in memory, not two
-    # (a 1B model's are 5 GB in fp32).
-    qdq = quantized_model(folder, manifest, model, in_place=True)
+    # (a 1B model's are 5 GB in fp32); its blocks go to memory-mapped files as they are quantized,
+    # read back one at a time by the forward (an 8B model's int8 weights are 7.5 GB).
+    qdq = quantized_model(folder, manifest, model, in_place=True, weights_folder=folder)
     sqnr = layer_sqnr(want, block_outputs(qdq, tokens, CacheIOContract.from_manifest(manifest)))
     path = Path(folder) / REPORT
     data = f"{len(tokens)} tokens of {source}"

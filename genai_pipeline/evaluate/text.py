@@ -30,6 +30,7 @@ from genai_pipeline.checkpoints.hf import random_decoder
 from genai_pipeline.errors import InputError, ProgramError
 from genai_pipeline.evaluate.chosen import chosen_values
 from genai_pipeline.export_folder import check_weights
+from genai_pipeline.heap import page_out
 from genai_pipeline.limits import read_input_text
 from genai_pipeline.manifest import COMPLETE, Manifest
 from genai_pipeline.models.cache_io import CacheIOContract, eager_runner
@@ -163,8 +164,13 @@ def _image_size(graph) -> int:
 def _capture_blocks(model, tokens: list[int], contract: CacheIOContract | None) -> dict[str, torch.Tensor]:
     outputs = {}
     if isinstance(model, Decoder):
+
+        def record(layer, output, name):
+            outputs[name] = output.detach()
+            page_out(layer.parameters())  # weights read from a file (quantized_model's weights_folder) go back
+
         hooks = [
-            layer.register_forward_hook(lambda m, i, o, name=f"layers.{n}": outputs.__setitem__(name, o.detach()))
+            layer.register_forward_hook(lambda m, i, o, name=f"layers.{n}": record(m, o, name))
             for n, layer in enumerate(model.layers)
         ]
         model.forward_blocks(_embedded(model, tokens), torch.tensor([0]))  # the blocks' outputs: no head
@@ -221,11 +227,14 @@ class _Recorder(torch.fx.Interpreter):
         return result
 
 
-def quantized_model(folder: Path, manifest: Manifest, reference: Decoder, in_place: bool = False):
+def quantized_model(
+    folder: Path, manifest: Manifest, reference: Decoder, in_place: bool = False, weights_folder: Path | None = None
+):
     """The QDQ model of an export: loaded from `.qdq.pt2` (static recipes), or rebuilt by applying
     the manifest's dynamic recipe to a copy of the float model (to the float model itself with
     `in_place`; an offloaded one is released, and the QDQ model rebuilt from the checkpoint). None
-    for a float export."""
+    for a float export. `weights_folder`: a text decoder's rebuilt blocks are moved to memory-mapped
+    files there (streaming.quantize_blocks)."""
     quant = quant_options_from(manifest.quantization)
     if quant.is_float:
         return None
@@ -256,7 +265,7 @@ def quantized_model(folder: Path, manifest: Manifest, reference: Decoder, in_pla
         model, loader = open_decoder(get_spec(manifest.entry), manifest.checkpoint_path, manifest.max_seq_len)
     else:
         model, loader = reference if in_place else copy.deepcopy(reference), None
-    quantize_blocks(model, loader, quant, given=chosen.int4, scales=chosen.smoothing)
+    quantize_blocks(model, loader, quant, given=chosen.int4, scales=chosen.smoothing, weights_folder=weights_folder)
     return model
 
 

@@ -10,7 +10,8 @@ from genai_pipeline.manifest import Manifest
 def test_report_quantizing_in_place_matches_a_separate_copy(tmp_path, export_reference):
     folder = copy_export(export_reference("kv", Q4), tmp_path / "export")
     tokens = list(range(1, 65))
-    html = write_quant_report(folder, tokens, "test tokens").read_text()
+    html = write_quant_report(folder, tokens, "test tokens").read_text()  # its QDQ blocks read from files
+    assert not list(folder.glob(".*weights"))  # unlinked once mapped
     shown = {
         f"layers.{i}": float(db) for i, db in re.findall(r"<td>layers\.(\d+)</td><td class=num>([\d.]+)</td>", html)
     }

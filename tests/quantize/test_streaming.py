@@ -3,6 +3,7 @@ a block at a time, equals the whole-model pipeline (rotation, one calibration pa
 rotated model, smoothing, GPTQ, the recipes) bit for bit, on the reference model's real weights."""
 
 import copy
+from pathlib import Path
 
 import pytest
 import torch
@@ -62,13 +63,19 @@ def assert_same_weights(a: nn.Module, b: nn.Module) -> None:
             assert x.dtype == y.dtype and torch.equal(x, y), name
 
 
-def test_streamed_from_the_checkpoint_equals_the_whole_model_pipeline(samples, capfd):
+def test_streamed_from_the_checkpoint_equals_the_whole_model_pipeline(samples, capfd, tmp_path):
+    """As `genai export` streams: each block's quantized weights moved to a file once made."""
     want, want_int4, want_scales = whole_model(samples)
     decoder, loader = open_decoder(SPEC, REFERENCE, WINDOW)
     assert decoder.layers[0].attention.wq.weight.is_meta  # nothing read yet
     capfd.readouterr()
-    streamed = quantize_blocks(decoder, loader, OPTIONS, Calibration(samples, WINDOW))
+    streamed = quantize_blocks(decoder, loader, OPTIONS, Calibration(samples, WINDOW), weights_folder=tmp_path)
     assert "kernel_runtime_context" not in capfd.readouterr().err  # ExecuTorch's C++ logs kept off the terminal
+    mapped = [line for line in open("/proc/self/maps") if str(tmp_path) in line]
+    assert {f".layers.{i}.weights" for i in range(len(decoder.layers))} | {".outer.weights"} == {
+        Path(line.split()[5]).name for line in mapped
+    }
+    assert not any(tmp_path.iterdir())  # unlinked once mapped
     assert_same_weights(decoder, want)
     assert streamed.int4.keys() == want_int4.keys() and streamed.scales.keys() == want_scales.keys()
     assert all(torch.equal(streamed.int4[k][0], want_int4[k][0]) for k in want_int4)
