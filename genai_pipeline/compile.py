@@ -55,8 +55,9 @@ def lower(artifact: Artifact, target: Target, progress: tqdm, weights_file: Path
         for name, graph in artifact.graphs.items()
         if name not in (GraphName.PREFILL, GraphName.VERIFY)
     )
-    for graph in artifact.graphs.values():
-        target.adapt_for_lowering(graph.module, static_shapes)
+    with stage("adapt for lowering"):
+        for graph in artifact.graphs.values():
+            target.adapt_for_lowering(graph.module, static_shapes)
     if weights_file is not None:
         with stage("map weights to file"):
             map_weights_to_file(artifact, weights_file)
@@ -249,7 +250,8 @@ def compile_artifacts(prepared: PreparedModel, target: Target, out: Path, releas
                 atomic_write(out / f".{key.value}.qdq.key", artifact.qdq_key)
     blocked = target.lowering_blocked()
     chosen = {key: _chosen(artifact) for key, artifact in prepared.artifacts.items()}
-    chosen_files = {} if blocked else _write_chosen(prepared, out, release)
+    with stage("write chosen values"):
+        chosen_files = {} if blocked else _write_chosen(prepared, out, release)
     programs = {} if blocked else _lower_all(prepared, target, out, release)
     if prepared.tokenizer_file is not None:  # tokenizer.json or tokenizer.model, under its own name
         _copy(prepared.tokenizer_file, out / prepared.tokenizer_file.name)
