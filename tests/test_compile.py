@@ -127,9 +127,7 @@ def test_lowering_from_weights_moved_to_a_file_gives_the_same_program(tiny_check
     map_weights_to_file = compile_module.map_weights_to_file
     monkeypatch.setattr(compile_module, "map_weights_to_file", lambda *a: moved.append(map_weights_to_file(*a)))
     target = get_target("xnnpack")
-    options = PrepareOptions(
-        mode="hybrid", max_seq_len=TINY_MAX_SEQ, prefill_len=TINY_PREFILL, checkpoint=tiny_checkpoint
-    )
+    options = PrepareOptions(mode="kv", max_seq_len=TINY_MAX_SEQ, checkpoint=tiny_checkpoint)  # one method: cheaper
     programs = {}
     for release in (False, True):
         out = tmp_path / f"release-{release}"
