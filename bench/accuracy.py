@@ -12,15 +12,17 @@ and a perplexity-vs-size chart (PNG) under bench/results and prints a table.
     .venv/bin/python -m bench.accuracy --checkpoint /tmp/smollm2-fp32 --levers [LEVER ...]   # eager study
     .venv/bin/python -m bench.accuracy --checkpoint .cache/gemma-3-270m-q4_k_m.gguf --qdq \
         --variants 8da4w 8da4w-table8 8da8w    # the quantize stage itself, QDQ models on both held-out texts
+        [--llamacpp --repeats 0]               # and llama.cpp's types of the same float weights on the same ids
 
 llama.cpp rows: with `--llamacpp`, measured here on the same token ids. llama-cpp-python, built
 from its sdist into bench/.envs/llamacpp by bench/compare.py (its `done.json` says it is there;
 this script does not build it), converts the same fp32 folder with the sdist's
 convert_hf_to_gguf.py and quantizes it with llama_model_quantize (bench/peers.py's workers), then
 scores every GGUF on the ids `genai eval` scores (all logits of each window, the F32 file's the
-reference for KL and top-1); the two fp32 perplexities must agree. Without `--llamacpp` the rows
-are the figures of the issue (SmolLM2-135M-Instruct, same 1022 tokens of heldout.txt, windows of
-512), marked `reference: true`. Sizes are MiB (2^20 bytes).
+reference for KL and top-1); the two fp32 perplexities must agree. A GGUF checkpoint's F32 file is
+its own tensors dequantized by llama_model_quantize (the float weights genai reads from it).
+Without `--llamacpp` the rows are the figures of the issue (SmolLM2-135M-Instruct, same 1022 tokens
+of heldout.txt, windows of 512), marked `reference: true`. Sizes are MiB (2^20 bytes).
 """
 
 from __future__ import annotations
@@ -251,7 +253,11 @@ def main() -> None:
         row["prefill_tokens_per_s"] = statistics.median(row["prefill"]) if row["prefill"] else None
 
     fp = next(iter(rows.values()))["float_perplexity"] if rows else None
-    peers = llamacpp_rows(args, work) if args.llamacpp else LLAMACPP_REFERENCE
+    peers = (
+        llamacpp_rows(args, work, eval_ids(args.checkpoint, args.text, args.max_tokens))
+        if args.llamacpp
+        else LLAMACPP_REFERENCE
+    )
     peer_fp = next(r["perplexity"] for r in peers if r["variant"] == "F32")
     if args.llamacpp and fp is not None and abs(peer_fp / fp - 1) > FP32_AGREEMENT:
         raise SystemExit(
@@ -309,9 +315,9 @@ def eval_ids(checkpoint: str, text: str, max_tokens: int) -> list[int]:
     )[:max_tokens]
 
 
-def llamacpp_rows(args, work: Path) -> list[dict]:
-    """llama.cpp's F32 and LLAMACPP_FTYPES of the checkpoint, scored on the ids genai eval scores,
-    with decode / prefill speed from bench/peers.py's runner (medians of --repeats)."""
+def llamacpp_rows(args, work: Path, ids: list[int]) -> list[dict]:
+    """llama.cpp's F32 and LLAMACPP_FTYPES of the checkpoint, scored on the token `ids` genai scores, with decode / prefill speed from bench/peers.py's runner (medians of --repeats). A GGUF
+    checkpoint's F32 is its own tensors dequantized by llama.cpp (the float weights genai reads)."""
     if not (ENVS / "llamacpp" / "done.json").is_file():
         raise SystemExit(
             f"--llamacpp needs llama-cpp-python in {ENVS / 'llamacpp'}, which "
@@ -319,12 +325,13 @@ def llamacpp_rows(args, work: Path) -> list[dict]:
         )
     (work / "logs").mkdir(parents=True, exist_ok=True)
     inst = install_llamacpp(work)  # the finished build's record, read from done.json
-    model, out = {"folder": str(Path(args.checkpoint).resolve())}, work / "llamacpp"
+    checkpoint = Path(args.checkpoint).resolve()
+    model = {"gguf" if checkpoint.suffix == ".gguf" else "folder": str(checkpoint)}
+    out = work / "llamacpp"
     files = {
         name: export_llamacpp(model, name, ftype, out, work, inst, args.threads)["file"]
         for name, ftype in {"F32": None, **LLAMACPP_FTYPES}.items()
     }
-    ids = eval_ids(args.checkpoint, args.text, args.max_tokens)
     # scored once per (ids, window, files); one thread: llama.cpp's threads spin-wait, which a shared host punishes
     key = zlib.crc32(json.dumps([ids, args.window, list(files.values())]).encode())
     ids_file, scored = work / f"ids-{key:08x}.json", out / f"scores-{key:08x}.json"
@@ -336,7 +343,9 @@ def llamacpp_rows(args, work: Path) -> list[dict]:
         )
         scored.write_text(stdout)
     scores = json.loads(scored.read_text())
-    vocab = json.loads((Path(args.checkpoint) / "config.json").read_text())["vocab_size"]
+    from genai_pipeline.checkpoints import infer_checkpoint_spec
+
+    vocab = infer_checkpoint_spec(checkpoint)[0].config.vocab_size
     rows = []
     for name, file in files.items():
         speed = [
@@ -679,13 +688,29 @@ def qdq_study(args) -> None:
             + f"  [{time.perf_counter() - t:.0f} s]",
             flush=True,
         )
+    peers = {}
+    if args.llamacpp:  # llama.cpp's types of the same float weights, scored on the same ids
+        for name, ids in texts.items():
+            fnll = sum(-p.gather(1, t[:, None]).sum().item() for p, t in reference[name])
+            fp = math.exp(fnll / sum(len(t) for _, t in reference[name]))
+            peers[name] = llamacpp_rows(args, Path(args.work) / checkpoint.name, ids)
+            peer_fp = next(r["perplexity"] for r in peers[name] if r["variant"] == "F32")
+            if abs(peer_fp / fp - 1) > FP32_AGREEMENT:
+                raise SystemExit(
+                    f"{name}: the float perplexities disagree on the same ids: {fp:.3f}, llama.cpp {peer_fp:.3f}"
+                )
+            for r in peers[name]:
+                r["vs_float"] = r["perplexity"] / peer_fp - 1
+                print(
+                    f"llama.cpp {r['variant']:<7} {r['file_mib']:7.1f} MiB  {name}: {100 * r['vs_float']:+6.1f} % "
+                    f"top-1 {100 * r['top1_agreement']:5.1f} % KL {r['kl_divergence']:.3f}",
+                    flush=True,
+                )
     out = Path(args.json).with_name(f"qdq-{checkpoint.stem}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     machine = {"cpus": os.cpu_count(), "platform": platform.platform(), "load": os.getloadavg()}
-    out.write_text(
-        json.dumps({"checkpoint": str(checkpoint), "window": args.window, "machine": machine, "rows": rows}, indent=2)
-        + "\n"
-    )
+    result = {"checkpoint": str(checkpoint), "window": args.window, "machine": machine, "rows": rows, "llamacpp": peers}
+    out.write_text(json.dumps(result, indent=2) + "\n")
     print(f"wrote {out}")
 
 

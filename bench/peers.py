@@ -192,6 +192,7 @@ def worker_quantize(src: str, dst: str, ftype: int, threads: int) -> None:
     params = llama_cpp.llama_model_quantize_default_params()
     params.ftype = ftype
     params.nthread = threads
+    params.allow_requantize = True  # a GGUF checkpoint's own quantized tensors, dequantized to F32 (src F32: no-op)
     rc = llama_cpp.llama_model_quantize(src.encode(), dst.encode(), params)
     if rc != 0:
         raise SystemExit(f"llama_model_quantize returned {rc}")
@@ -203,7 +204,13 @@ def export_llamacpp(model, name, ftype, out: Path, work: Path, inst: dict, threa
 
     def make():
         out.mkdir(parents=True, exist_ok=True)
-        if ftype is None:
+        if ftype is None and "gguf" in model:  # a GGUF checkpoint: its tensors dequantized, as genai reads them
+            wall, rss, _ = run_child(
+                [inst["python"], "-m", "bench.peers", "_quantize", model["gguf"], f32, "0", str(threads)],
+                log=work / "logs" / f"{out.parent.parent.name}-gguf-F32.log",
+            )
+            what = "llama_model_quantize(ftype=0: ALL_F32, allow_requantize) of the GGUF"
+        elif ftype is None:
             wall, rss, _ = run_child(
                 [inst["python"], "-m", "bench.peers", "_convert-gguf", inst["llama_cpp_tree"], model["folder"], f32],
                 log=work / "logs" / f"{out.parent.parent.name}-gguf-F32.log",
@@ -215,8 +222,8 @@ def export_llamacpp(model, name, ftype, out: Path, work: Path, inst: dict, threa
                 [inst["python"], "-m", "bench.peers", "_quantize", f32, target, str(ftype), str(threads)],
                 log=work / "logs" / f"{out.parent.parent.name}-gguf-{name}.log",
             )
-            what = f"convert_hf_to_gguf.py --outtype f32 ({base['export_s']} s) + llama_model_quantize(ftype={ftype}) ({wall:.1f} s)"
-            # the whole path from the HF folder, as for the other systems
+            what = f"{base['how']} ({base['export_s']} s) + llama_model_quantize(ftype={ftype}) ({wall:.1f} s)"
+            # the whole path from the checkpoint, as for the other systems
             return {
                 "file": str(target),
                 "export_s": round(base["export_s"] + wall, 1),
