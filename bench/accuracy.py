@@ -124,18 +124,23 @@ def export_one(checkpoint: str, out: str, quant: dict) -> None:
     genai_pipeline.export(checkpoint=checkpoint, out=out, quant=QuantOptions(**quant), verify=False)
 
 
-def _exported(folder: Path, quant: dict) -> bool:
-    """Whether folder holds the export of `quant` as today's code describes it (a default that changed
-    since, under the same name, is exported again)."""
+def _described(quant: dict) -> dict:
+    """What .quant.json records of an export: its options, and how today's code describes them (the
+    manifest's recipe may say more: a model whose family refuses rotation is recorded without it)."""
     from genai_pipeline.options import QuantOptions
     from genai_pipeline.quantize.recipes import describe
 
-    manifest = folder / "manifest.json"
+    return {"quant": quant, "described": describe(QuantOptions(**quant))}
+
+
+def _exported(folder: Path, quant: dict) -> bool:
+    """Whether folder holds the export of `quant` as today's code describes it (a default that changed
+    since, under the same name, is exported again)."""
+    recorded = folder / ".quant.json"
     return (
-        manifest.is_file()
-        and (folder / ".quant.json").is_file()
-        and json.loads((folder / ".quant.json").read_text()) == quant
-        and json.loads(manifest.read_text())["recipe"] == describe(QuantOptions(**quant))
+        (folder / "manifest.json").is_file()
+        and recorded.is_file()
+        and json.loads(recorded.read_text()) == _described(quant)
     )
 
 
@@ -182,6 +187,8 @@ def main() -> None:
         return levers(args)
     if args.qdq:
         return qdq_study(args)
+    if args.llamacpp and not args.variants and Path(args.checkpoint).suffix == ".gguf":
+        p.error("a GGUF checkpoint's tokenizer is read from an export: name a --variants one, or use --qdq")
 
     env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     cli = [sys.executable, "-m", "genai_pipeline.cli"]
@@ -203,7 +210,7 @@ def main() -> None:
                 ],
                 env,
             )
-            (folder / ".quant.json").write_text(json.dumps(quant))
+            (folder / ".quant.json").write_text(json.dumps(_described(quant)))
             print(f"exported {name} in {time.perf_counter() - t:.0f} s", file=sys.stderr, flush=True)
         result = json.loads(
             _child(
@@ -253,8 +260,9 @@ def main() -> None:
         row["prefill_tokens_per_s"] = statistics.median(row["prefill"]) if row["prefill"] else None
 
     fp = next(iter(rows.values()))["float_perplexity"] if rows else None
+    tokenizer_folder = work / args.variants[0] if args.variants else None
     peers = (
-        llamacpp_rows(args, work, eval_ids(args.checkpoint, args.text, args.max_tokens))
+        llamacpp_rows(args, work, eval_ids(args.checkpoint, args.text, args.max_tokens, tokenizer_folder))
         if args.llamacpp
         else LLAMACPP_REFERENCE
     )
@@ -304,13 +312,14 @@ def main() -> None:
 # ---- llama.cpp on the same ids (--llamacpp)
 
 
-def eval_ids(checkpoint: str, text: str, max_tokens: int) -> list[int]:
-    """The ids `genai eval` scores: the checkpoint's tokenizer on the text, the first max_tokens."""
+def eval_ids(checkpoint: str, text: str, max_tokens: int, folder: Path | None = None) -> list[int]:
+    """The ids `genai eval` scores: the export `folder`'s tokenizer (a GGUF holds none of its own
+    files), else the checkpoint's, on the text, the first max_tokens."""
     from genai_pipeline.checkpoints import infer_checkpoint_spec
     from genai_pipeline.tokenizer import Tokenizer
 
     spec, _ = infer_checkpoint_spec(Path(checkpoint))
-    return Tokenizer.from_folder(Path(checkpoint), bos_id=spec.bos_id).encode(
+    return Tokenizer.from_folder(Path(folder or checkpoint), bos_id=spec.bos_id).encode(
         Path(text).read_text(encoding="utf-8", errors="replace")
     )[:max_tokens]
 
