@@ -325,7 +325,8 @@ def eval_ids(checkpoint: str, text: str, max_tokens: int, folder: Path | None = 
 
 
 def llamacpp_rows(args, work: Path, ids: list[int]) -> list[dict]:
-    """llama.cpp's F32 and LLAMACPP_FTYPES of the checkpoint, scored on the token `ids` genai scores, with decode / prefill speed from bench/peers.py's runner (medians of --repeats). A GGUF
+    """llama.cpp's F32 and LLAMACPP_FTYPES of the checkpoint, scored on the token `ids` genai scores,
+    with decode / prefill speed from bench/peers.py's runner (medians of --repeats). A GGUF
     checkpoint's F32 is its own tensors dequantized by llama.cpp (the float weights genai reads)."""
     if not (ENVS / "llamacpp" / "done.json").is_file():
         raise SystemExit(
