@@ -257,8 +257,8 @@ def _qnn_spec(spec: bytes) -> dict:
 
 
 def format_report(r: dict) -> str:
-    mb = 1 << 20
-    lines = [f"{r['file']}  {r['file_bytes'] / mb:.2f} MB"]
+    mib = 1 << 20
+    lines = [f"{r['file']}  {r['file_bytes'] / mib:.2f} MiB"]
     for name, m in r["methods"].items():
         io = lambda ts: ", ".join(
             f"{t.get('dtype', t.get('type'))}{t.get('shape', '')}{' at most' if t.get('dynamic') else ''}"  # noqa: E731
@@ -271,15 +271,15 @@ def format_report(r: dict) -> str:
         )
     c, n = r["constant_segment"], r["named_data"]
     lines.append(
-        f"constant segment: {c['buffers']} tensors, {c['bytes'] / mb:.2f} MB, shared by all methods: {c['shared_bytes'] / mb:.2f} MB"
+        f"constant segment: {c['buffers']} tensors, {c['bytes'] / mib:.2f} MiB, shared by all methods: {c['shared_bytes'] / mib:.2f} MiB"
     )
     lines.append(
-        f"named data: {n['entries']} entries, {n['bytes'] / mb:.2f} MB, shared by all methods: {n['shared_bytes'] / mb:.2f} MB"
+        f"named data: {n['entries']} entries, {n['bytes'] / mib:.2f} MiB, shared by all methods: {n['shared_bytes'] / mib:.2f} MiB"
     )
     w = r["weights"]
     lines.append(
-        f"weights: {w['bytes'] / mb:.2f} MB; stored twice (a constant and named data with the same bytes): {w['stored_twice_bytes'] / mb:.2f} MB; "
-        f"named data read from the constant segment: {w['named_data_in_constant_segment_bytes'] / mb:.2f} MB"
+        f"weights: {w['bytes'] / mib:.2f} MiB; stored twice (a constant and named data with the same bytes): {w['stored_twice_bytes'] / mib:.2f} MiB; "
+        f"named data read from the constant segment: {w['named_data_in_constant_segment_bytes'] / mib:.2f} MiB"
     )
     payloads = r.get("delegate_payloads", [])
     plain = defaultdict(list)  # payloads of one method and no spec to decode, summed by backend (XNNPACK: dozens)
@@ -289,7 +289,7 @@ def format_report(r: dict) -> str:
     if plain:
         lines.append(
             "delegate payloads of one method each: "
-            + ", ".join(f"{b} {len(sizes)}x, {sum(sizes) / mb:.2f} MB" for b, sizes in plain.items())
+            + ", ".join(f"{b} {len(sizes)}x, {sum(sizes) / mib:.2f} MiB" for b, sizes in plain.items())
         )
     for i, p in enumerate(payloads):
         if len(p["methods"]) == 1 and "qnn" not in p:

@@ -109,7 +109,7 @@ def cmd_export(args) -> int:
         signal.signal(signal.SIGTERM, previous)
     log.info("wrote %s in %.1f s", result.folder, result.manifest.export_seconds)
     for name, f in result.manifest.files.items():
-        log.info("  %s  %.2f MB", name, f.bytes / (1 << 20))
+        log.info("  %s  %.2f MiB", name, f.bytes / (1 << 20))
     return 0
 
 
