@@ -33,10 +33,12 @@ def build(vocab: int, dim: int, rows: int, path: Path) -> int:
 
     from genai_pipeline.quantize.weights import linear_config
 
+    parts = [(n, recipe) for n, recipe in ((rows, "8da8w"), (vocab - rows, "8da4w")) if n]
+
     class Head(nn.Module):
         def __init__(self):
             super().__init__()
-            self.parts = nn.ModuleList(nn.Linear(dim, n, bias=False) for n in (rows, vocab - rows) if n)
+            self.parts = nn.ModuleList(nn.Linear(dim, n, bias=False) for n, _ in parts)
 
         def forward(self, h):
             logits = [part(h) for part in self.parts]
@@ -44,9 +46,8 @@ def build(vocab: int, dim: int, rows: int, path: Path) -> int:
 
     torch.manual_seed(0)
     head = Head()
-    for part, n in zip(head.parts, [n for n in (rows, vocab - rows) if n]):
-        recipe = "8da8w" if n == rows else "8da4w"
-        quantize_(part, linear_config(recipe, 32), filter_fn=lambda m, _: isinstance(m, nn.Linear))
+    for linear, (_, recipe) in zip(head.parts, parts):
+        quantize_(linear, linear_config(recipe, 32), filter_fn=lambda m, _: isinstance(m, nn.Linear))
     exported = torch.export.export(head, (torch.randn(1, dim),))
     program = to_edge_transform_and_lower(exported, partitioner=[XnnpackPartitioner()]).to_executorch()
     path.write_bytes(program.buffer)

@@ -204,16 +204,16 @@ def export_llamacpp(model, name, ftype, out: Path, work: Path, inst: dict, threa
 
     def make():
         out.mkdir(parents=True, exist_ok=True)
+        f32_log = work / "logs" / f"{out.parent.parent.name}-gguf-F32.log"
         if ftype is None and "gguf" in model:  # a GGUF checkpoint: its tensors dequantized, as genai reads them
             wall, rss, _ = run_child(
-                [inst["python"], "-m", "bench.peers", "_quantize", model["gguf"], f32, "0", str(threads)],
-                log=work / "logs" / f"{out.parent.parent.name}-gguf-F32.log",
+                [inst["python"], "-m", "bench.peers", "_quantize", model["gguf"], f32, "0", str(threads)], log=f32_log
             )
             what = "llama_model_quantize(ftype=0: ALL_F32, allow_requantize) of the GGUF"
         elif ftype is None:
             wall, rss, _ = run_child(
                 [inst["python"], "-m", "bench.peers", "_convert-gguf", inst["llama_cpp_tree"], model["folder"], f32],
-                log=work / "logs" / f"{out.parent.parent.name}-gguf-F32.log",
+                log=f32_log,
             )
             what = "convert_hf_to_gguf.py --outtype f32"
         else:
