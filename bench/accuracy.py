@@ -85,6 +85,10 @@ VARIANTS = {
     "8da4w-budget120": {"recipe": "8da4w", "size_budget": 120},
     "8da4w-emb8w": {"recipe": "8da4w", "embedding": "8w"},
     "8da4w-table8": {"recipe": "8da4w", "embedding": "8w", "head": "8da8w"},  # a tied table at 8 bits, stored once
+    "8da4w-table4": {"recipe": "8da4w", "table_8bit_rows": 0},  # the whole tied table at 4 bits (before 0038)
+    "8da4w-rows8192": {"recipe": "8da4w", "table_8bit_rows": 8192},  # the table's first 8192 rows at 8 bits
+    "8da4w-rows16384": {"recipe": "8da4w", "table_8bit_rows": 16384},
+    "8da4w-rows32768": {"recipe": "8da4w", "table_8bit_rows": 32768},
     "8da8w": {"recipe": "8da8w"},  # the default: rotated, smoothed, embedding 8w
     "8da8w-norot": {"recipe": "8da8w", "rotate": False},  # the default before rotation
     "8da8w-nosq": {"recipe": "8da8w", "smooth": None, "rotate": False},  # the default before smoothing

@@ -197,6 +197,9 @@ class QuantOptions:
     # 8da4w: the program's size in MB (10^6 bytes); the block linears kept at 8 bits are then measured
     # and chosen (size_budget.py) instead of by the recipe's fixed rules
     size_budget: float | None = None
+    # 8da4w with a tied table at 4 bits: its first rows (the lowest ids, a vocabulary's most frequent
+    # tokens) at 8 bits for lookup and LM head; None: the recipe's rule (quantize/recipes.py); 0: none
+    table_8bit_rows: int | None = None
     promoted: tuple[str, ...] | None = None  # with size_budget: the linears it chose (None: not yet chosen)
     # The whole rule list of the decoder's linears, first match wins; None: built from the options
     # above (quantize/recipes.py: overrides, promotions, the recipe's). An export records the rules
@@ -219,6 +222,11 @@ class QuantOptions:
         if self.head not in (None, "auto") and (self.head not in LINEAR_RECIPES or self.is_static):
             raise InputError(
                 f"the LM head takes {', '.join(LINEAR_RECIPES)} with a dynamic --recipe, got '{self.head}'"
+            )
+        if self.table_8bit_rows and (self.recipe != "8da4w" or self.table_8bit_rows < 0):
+            raise InputError(
+                f"--table-8bit-rows takes a number of rows above 0 with --recipe 8da4w, got {self.table_8bit_rows} "
+                f"with {self.recipe}"
             )
         if self.size_budget is not None and (self.recipe != "8da4w" or not self.size_budget > 0):
             raise InputError(
@@ -289,8 +297,11 @@ def quant_options_from(data: dict) -> QuantOptions:
         seq_len=calibration.get("seq_len", CalibrationOptions().seq_len),
     )
     overrides = tuple(tuple(o) for o in data.get("overrides", ()))
-    # exports made before rotation (0.x) record no `rotate`: they were not rotated
-    return QuantOptions(**{"rotate": False, **data, "overrides": overrides, "calibration": calibration})
+    # exports made before rotation (0.x) record no `rotate`: they were not rotated; nor those before
+    # the table's 8-bit rows a `table_8bit_rows`: they had none
+    return QuantOptions(
+        **{"rotate": False, "table_8bit_rows": 0, **data, "overrides": overrides, "calibration": calibration}
+    )
 
 
 def parse_override(text: str) -> tuple[str, str]:

@@ -50,8 +50,10 @@ SHARED_BY_MODULE = (
 JOINS_MODULE = {"test_vision_split": "test_vision", "test_vision_chat": "test_vision"}
 # The real model exported with a recipe's defaults, or in fp32: minutes each. xdist hands out its groups
 # first (the largest first), then single tests in this order: these come first among them, so that the
-# workers share out the short tests around them instead of one of them finishing alone.
+# workers share out the short tests around them instead of one of them finishing alone. LONG_TESTS:
+# tests of a minute that use none of them (the real model quantized in the test itself).
 LONG = ("smollm2_default", "smollm2_fp32")
+LONG_TESTS = ("test_default_8da8w_model_meets_its_perplexity_bound",)
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -93,7 +95,7 @@ def pytest_collection_modifyitems(items) -> None:
             group = module
         if group is not None:
             item.add_marker(pytest.mark.xdist_group(group))
-    items.sort(key=lambda item: not uses(item, LONG))
+    items.sort(key=lambda item: not (uses(item, LONG) or item.name in LONG_TESTS))
 
 
 def train_tokenizer(path: Path, vocab_size: int) -> Path:
@@ -349,7 +351,7 @@ def smollm2_default(tmp_path_factory):
     """smollm2_default(recipe, mode="kv") -> folder: the real SmolLM2-135M-Instruct exported with a
     recipe's defaults (no other option but the mode: `kv` unless asked, its one method lowers faster),
     once per session. Without the export's own verification and report: the tests score the program
-    themselves (`genai eval` on 1022 tokens), and the two would rebuild the float and QDQ models again."""
+    themselves (as `genai eval` does, on 1022 tokens), and the two would rebuild the float and QDQ models again."""
     import genai_pipeline
     from genai_pipeline.options import PrepareOptions, QuantOptions
 

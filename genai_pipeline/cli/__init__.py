@@ -86,6 +86,7 @@ def cmd_export(args) -> int:
         calibration=CalibrationOptions(datasets=tuple(args.calib), limit=args.calib_limit, seq_len=args.calib_seq_len),
         vision_recipe=args.vision_recipe,
         size_budget=args.size_budget,
+        table_8bit_rows=args.table_8bit_rows,
     )
     if args.no_calibration:
         from genai_pipeline.quantize.calibration import calibration_free

@@ -119,6 +119,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="8da4w: the program's size in MB (10^6 bytes); which block linears keep 8 bits is then chosen by their "
         "measured gain per byte on the calibration text, instead of by the fixed rules",
     )
+    p.add_argument(
+        "--table-8bit-rows",
+        type=int,
+        metavar="N",
+        help="8da4w with a tied token table at 4 bits: its first N rows (the lowest ids, a vocabulary's most "
+        "frequent tokens) at 8 bits, for lookup and LM head alike; default: as many as add at most 4 %% to the bytes a "
+        "decode step reads (SmolLM2-135M: 13312); 0: none",
+    )
     p.add_argument("--block-size", type=int, default=default(quant, "block_size"), help="16a4w_block block size")
     p.add_argument(
         "--no-calibration",

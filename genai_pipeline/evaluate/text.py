@@ -35,6 +35,7 @@ from genai_pipeline.limits import read_input_text
 from genai_pipeline.manifest import COMPLETE, Manifest
 from genai_pipeline.models.cache_io import CacheIOContract, eager_runner
 from genai_pipeline.models.decoder import Decoder
+from genai_pipeline.models.table_parts import TableLookup
 from genai_pipeline.models.vision import VisionLanguageModel
 from genai_pipeline.names import ArtifactKey, GraphName, Mode
 from genai_pipeline.options import EvalOptions, quant_options_from
@@ -189,11 +190,17 @@ def _embedded(model: Decoder, tokens: list[int]) -> torch.Tensor:
     """model.embed(tokens), a quantized table (torchao's) dequantized at the rows read only: its
     own lookup dequantizes the whole table first (a 128k x 3072 one is 1.5 GB in float, more than
     once over)."""
-    table = model.tok_embeddings.weight
-    if type(table) in (torch.Tensor, torch.nn.Parameter):  # float: nothing to dequantize
+    lookup = model.tok_embeddings
+    # (table, its first id) of each part: a table in parts (models/table_parts.py) holds ids from `rows` on in its rest
+    if isinstance(lookup, TableLookup):
+        parts = [(lookup.rest.weight, lookup.rows), (lookup.first.weight, 0)]
+    else:
+        parts = [(lookup.weight, 0)]
+    if all(type(table) in (torch.Tensor, torch.nn.Parameter) for table, _ in parts):  # float: nothing to dequantize
         return model.embed(torch.tensor([tokens]))
     ids = sorted(set(tokens))
-    rows = torch.nn.Embedding.from_pretrained(torch.cat([table[i : i + 1].dequantize() for i in ids]))
+    found = [next((table, i - first) for table, first in parts if i >= first) for i in ids]
+    rows = torch.nn.Embedding.from_pretrained(torch.cat([table[i : i + 1].dequantize() for table, i in found]))
     index = {t: i for i, t in enumerate(ids)}
     whole, model.tok_embeddings = model.tok_embeddings, rows  # model.embed's scaling applies as ever
     try:

@@ -13,12 +13,23 @@ from torch import nn
 from genai_pipeline.errors import InputError
 from genai_pipeline.layer_rules import Rule, recipe_of, rules_naming
 from genai_pipeline.options import QuantOptions
-from genai_pipeline.quantize.weights import RULES, embedding_config, given_qparams, intx_weight, linear_config
+from genai_pipeline.quantize.weights import (
+    RULES,
+    embedding_config,
+    given_qparams,
+    intx_weight,
+    linear_bytes,
+    linear_config,
+)
 
 log = logging.getLogger(__name__)
 
 
 HEAD = "output"
+LOOKUP = "tok_embeddings"
+# 8da4w: a tied 4-bit table's first rows at 8 bits, as many as add at most this share to the bytes
+# of the linears a decode step reads (table_8bit_rows; docs/decisions/0038)
+TABLE_8BIT_SHARE = 0.04
 EDGE_SHARE = 1 / 15  # 8da4w's edge layers: the first and last 1/15 of the blocks
 
 
@@ -42,6 +53,47 @@ def head_recipe(options: QuantOptions) -> str | None:
     if options.head != "auto":
         return options.head
     return "8da8w" if options.recipe == "8da4w" and options.weight_rule != "gptq" else None
+
+
+def table_8bit_rows(options: QuantOptions, decoder: nn.Module, head: str | None) -> int:
+    """How many of `decoder`'s first table rows 8da4w stores at 8 bits, for lookup and LM head alike
+    (`head`: the head's recipe by the rules): options.table_8bit_rows, or by default the most, in
+    multiples of 1024, whose extra bytes are at most TABLE_8BIT_SHARE of the bytes of the decoder's
+    linears at their recipes: a decode step reads those, so its time grows by about that much.
+    Vocabularies number tokens about in the order their merges were learnt, so the first rows are
+    the most frequent tokens: no data picks them. Only a tied table at 4 bits has them (--embedding
+    4w, an 8da4w head), and not under a size budget, which measures instead; anything else refuses
+    an explicit number."""
+    config = getattr(decoder, "config", None)
+    vocab, dim = decoder.tok_embeddings.weight.shape if hasattr(decoder, "tok_embeddings") else (0, 0)
+    applies = (
+        options.recipe == "8da4w"
+        and getattr(config, "tie_embeddings", False)
+        and options.embedding == "4w"
+        and head == "8da4w"
+        and options.size_budget is None
+    )
+    if options.table_8bit_rows is None:
+        if not applies:
+            return 0
+        recipes = linear_recipes(decoder, options)
+        read = sum(
+            linear_bytes(*decoder.get_submodule(n).weight.shape, r, options.group_size) for n, r in recipes.items()
+        )
+        extra = linear_bytes(1, dim, "8da8w", options.group_size) - linear_bytes(1, dim, "8da4w", options.group_size)
+        rows = int(TABLE_8BIT_SHARE * read / extra) // 1024 * 1024
+        return rows if rows < vocab else 0
+    if options.table_8bit_rows and not applies:
+        raise InputError(
+            "--table-8bit-rows applies to a tied token table at 4 bits (--recipe 8da4w, --embedding 4w, an 8da4w LM "
+            "head, no --size-budget); drop it, or use --embedding 8w for a whole table at 8 bits"
+        )
+    if options.table_8bit_rows >= vocab > 0:
+        raise InputError(
+            f"--table-8bit-rows {options.table_8bit_rows} is the whole table of {vocab} rows: give fewer, or use "
+            "--embedding 8w --quant-override output=8da8w"
+        )
+    return options.table_8bit_rows
 
 
 def eight_bit_patterns(options: QuantOptions) -> tuple[str, ...]:
@@ -109,6 +161,8 @@ def describe(options: QuantOptions) -> str:
         parts.append(f"head{head_recipe(options)}")
     if options.recipe == "8da4w":
         parts += [f"{p.replace(chr(92), '').strip('.$')}=8da8w" for p in eight_bit_patterns(options)]
+    if options.table_8bit_rows:
+        parts.append(f"table{options.table_8bit_rows}rows=8w")
     if options.size_budget is not None:
         parts.append(f"budget{options.size_budget:g}MB")
     elif options.recipe == "8da4w":
@@ -157,7 +211,8 @@ def quantize_embedding(
     linears: Mapping[str, str],
     given: Mapping[str, tuple[torch.Tensor, torch.Tensor]],
 ) -> dict[str, str]:
-    """quantize_module's token embedding (`options.embedding`), in place: {name: emb<recipe>}."""
+    """quantize_module's token embedding (`options.embedding`; a table in parts: its first rows at 8 bits
+    where their head part is 8da8w), in place: {name: emb<recipe>}."""
     from torchao.quantization import quantize_
 
     if not options.embedding:
@@ -168,24 +223,28 @@ def quantize_embedding(
             f"the embedding width {dim} is not a multiple of --group-size {options.group_size}; use --embedding 8w"
         )
     tied = getattr(getattr(module, "config", None), "tie_embeddings", False)
-    # One table for lookup and head, as the checkpoint has: the head's given int4 values (chosen
-    # by gptq, or a GGUF's) where its rule takes them, which the program then stores once (compile).
-    tied_head = given.get(f"{HEAD}.weight") if tied and linears.get(HEAD) == "8da4w" else None
-    if options.embedding == "4w" and options.weight_rule != "torchao":
-        for m in module.modules():
-            if isinstance(m, nn.Embedding):
-                if tied_head is not None:
-                    q, d = given_qparams(f"{HEAD}.weight", *tied_head, m.weight.shape, options.group_size)
-                else:
-                    q, d = RULES[options.weight_rule](m.weight, options.group_size)
-                m.weight = nn.Parameter(intx_weight(q, d, 4, m.weight.dtype, dynamic=False), requires_grad=False)
-    else:
-        quantize_(
-            module,
-            embedding_config(options.embedding, options.group_size),
-            filter_fn=lambda m, _: isinstance(m, nn.Embedding),
-        )
-    return {n: f"emb{options.embedding}" for n, m in module.named_modules() if isinstance(m, nn.Embedding)}
+    plan = {}
+    for name, m in list(module.named_modules()):
+        if not isinstance(m, nn.Embedding):
+            continue
+        head = name.replace(LOOKUP, HEAD, 1)
+        # a table in parts (models/table_parts.py): its first rows at 8 bits, as its head part's 8da8w
+        recipe = "8w" if linears.get(head) == "8da8w" and name.endswith(f"{LOOKUP}.first") else options.embedding
+        # One table for lookup and head, as the checkpoint has: the head's given int4 values (chosen
+        # by gptq, or a GGUF's) where its rule takes them, which the program then stores once (compile).
+        tied_head = given.get(f"{head}.weight") if tied and linears.get(head) == "8da4w" else None
+        if recipe == "4w" and options.weight_rule != "torchao":
+            if tied_head is not None:
+                q, d = given_qparams(f"{head}.weight", *tied_head, m.weight.shape, options.group_size)
+            else:
+                q, d = RULES[options.weight_rule](m.weight, options.group_size)
+            m.weight = nn.Parameter(intx_weight(q, d, 4, m.weight.dtype, dynamic=False), requires_grad=False)
+        else:
+            quantize_(
+                m, embedding_config(recipe, options.group_size), filter_fn=lambda x, _: isinstance(x, nn.Embedding)
+            )
+        plan[name] = f"emb{recipe}"
+    return plan
 
 
 def quantize_linears(

@@ -30,7 +30,7 @@ from genai_pipeline.errors import InputError
 from genai_pipeline.options import QuantOptions
 from genai_pipeline.quantize.calibration import held_out_tokens
 from genai_pipeline.quantize.recipes import linear_recipes
-from genai_pipeline.quantize.weights import RULES, torchao_qparams
+from genai_pipeline.quantize.weights import RULES, linear_bytes, torchao_qparams
 
 log = logging.getLogger(__name__)
 
@@ -41,13 +41,6 @@ GRAPH_BYTES_PER_BLOCK_AND_METHOD = 12_000
 GRAPH_BYTES = 32_000
 SENSITIVITY_WINDOW = 512  # tokens per run from position 0
 BANDS = 10  # layer_groups: bands of adjacent blocks
-
-
-def linear_bytes(out_features: int, in_features: int, recipe: str, group_size: int) -> int:
-    """A linear weight's bytes in an XNNPACK program: int4 values two to a byte and one bf16 scale
-    per group (8da4w), int8 values and one fp32 scale per row (8da8w), or fp32."""
-    n = out_features * in_features
-    return {"8da4w": n // 2 + n // group_size * 2, "8da8w": n + out_features * 4, "fp32": n * 4}[recipe]
 
 
 def program_bytes(module: nn.Module, recipe_of: Callable[[str], str], embedding: str | None, group_size: int) -> int:

@@ -16,12 +16,14 @@ from genai_pipeline.options import QuantOptions
 from genai_pipeline.quantize.calibration import gptq_samples, with_default_data
 from genai_pipeline.quantize.gptq import gptq_names
 from genai_pipeline.quantize.recipes import (
+    HEAD,
     check_group_size,
     describe,
     linear_recipes,
     quantize_module,
     recipe_counts,
     rules_for,
+    table_8bit_rows,
 )
 from genai_pipeline.quantize.rotation import can_rotate
 from genai_pipeline.quantize.size_budget import budget_room, with_promoted
@@ -91,6 +93,8 @@ def _quantize_dynamic(prepared: PreparedModel, artifact, options: QuantOptions, 
     and smoothing scales (compile keeps them in the QDQ cache, qdq_cache.py), and the options with the rules
     applied (the manifest records them; `genai eval` applies them again)."""
     decoder = artifact.module
+    head = linear_recipes(decoder, options, [k.removesuffix(".weight") for k in given or {}]).get(HEAD)
+    options = dataclasses.replace(options, table_8bit_rows=table_8bit_rows(options, decoder, head))  # recorded
     gptq = options.weight_rule == "gptq" and not given and bool(gptq_names(decoder, options))
     measure = gptq or (
         options.smooth is not None and not given

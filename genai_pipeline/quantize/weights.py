@@ -27,6 +27,13 @@ def linear_config(recipe: str, group_size: int):
     return Int8DynamicActivationIntxWeightConfig(weight_dtype=torch.int8, weight_granularity=PerAxis(0))
 
 
+def linear_bytes(out_features: int, in_features: int, recipe: str, group_size: int) -> int:
+    """A linear weight's bytes in an XNNPACK program: int4 values two to a byte and one bf16 scale
+    per group (8da4w), int8 values and one fp32 scale per row (8da8w), or fp32."""
+    n = out_features * in_features
+    return {"8da4w": n // 2 + n // group_size * 2, "8da8w": n + out_features * 4, "fp32": n * 4}[recipe]
+
+
 def embedding_config(recipe: str, group_size: int):
     from torchao.quantization import IntxWeightOnlyConfig
     from torchao.quantization.granularity import PerAxis, PerGroup

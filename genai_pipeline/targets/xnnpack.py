@@ -5,6 +5,7 @@ ExecuTorch's XNNPACK backend is in upstream/xnnpack_preprocess.py and upstream/x
 import torch
 from torch import nn
 
+from genai_pipeline.models.table_parts import TableLookup
 from genai_pipeline.targets.target import Target
 from genai_pipeline.upstream import xnnpack_preprocess
 from genai_pipeline.upstream.xnnpack_dynamic_slice import delegate_dynamic_slices
@@ -71,9 +72,12 @@ def _int4_table_of(weight):
 
 def _swap_tied_int4_lookup(decoder) -> None:
     """When the lookup and the LM head hold the same int4 values, scales and groups (a tied
-    embedding, `8da4w` with `--embedding 4w`), the lookup reads the table with its column pairs
-    swapped: see _PairSwappedEmbedding."""
-    lookup, head = decoder.tok_embeddings, decoder.output
+    embedding, `8da4w` with `--embedding 4w`; of a table in parts, the rest's), the lookup reads the
+    table with its column pairs swapped: see _PairSwappedEmbedding."""
+    owner, name, head = decoder, "tok_embeddings", decoder.output
+    if isinstance(decoder.tok_embeddings, TableLookup):  # models/table_parts.py
+        owner, name, head = decoder.tok_embeddings, "rest", decoder.output.rest
+    lookup = getattr(owner, name)
     if not decoder.config.tie_embeddings or not isinstance(lookup, nn.Embedding):
         return  # untied, or swapped already (prefill and decode share one decoder)
     a, b = _int4_table_of(lookup.weight), _int4_table_of(head.weight)
@@ -85,7 +89,7 @@ def _swap_tied_int4_lookup(decoder) -> None:
         or not all(torch.equal(x, y) for x, y in zip(a[:3], b[:3]))
     ):
         return
-    decoder.tok_embeddings = _PairSwappedEmbedding(lookup)
+    setattr(owner, name, _PairSwappedEmbedding(lookup))
 
 
 def adapt_for_lowering(module, static_shapes: bool) -> None:

@@ -162,32 +162,58 @@ def test_eval_perplexity_equals_transformers_on_the_same_ids(smollm2_fp32, trans
 # solve moves the figure between exports of the same code, docs/decisions/0029). 8da8w: the goal is
 # +0.5 %, which ours just meets (rotated and smoothed; not before rotation). The bound is +0.6 %: another
 # host's float kernels move the figure by hundredths, and a bound a hundredth away would fail on noise,
-# not on a regression (an unrotated program would still fail it).
+# not on a regression (an unrotated model would still fail it).
 BOUNDS = {"8da4w": 0.08, "8da8w": 0.006}
+HELDOUT = REPO / "assets" / "reference" / "heldout.txt"
 
 
-@pytest.mark.parametrize("recipe", sorted(BOUNDS))
-def test_default_recipe_meets_its_perplexity_bound(smollm2_default, recipe):
-    # 8da4w: the stock-runner test's hybrid program (one calibrated export fewer in the suite)
-    folder = smollm2_default(recipe, mode="hybrid" if recipe == "8da4w" else "kv")
-    code, out, err = cli(
-        "eval",
-        folder,
-        "--text",
-        REPO / "assets" / "reference" / "heldout.txt",
-        "--max-tokens",
-        1024,
-        "--window",
-        512,
-        "--json",
-    )
-    assert code == 0, err
-    result = json.loads(out)
+def test_default_8da4w_program_meets_its_perplexity_bound(smollm2_default):
+    # the stock-runner test's hybrid program: the default export, scored as `genai eval` scores it,
+    # without its QDQ model (rebuilt and run in eager torchao: a minute that the bound does not read)
+    from genai_pipeline.evaluate import evaluate
+    from genai_pipeline.options import EvalOptions
+
+    folder = smollm2_default("8da4w", mode="hybrid")
+    result = evaluate(folder, EvalOptions(text=HELDOUT, max_tokens=1024, window=512), progress=False, qdq=False)
     change = result["perplexity"]["program"] / result["perplexity"]["float"] - 1
     assert result["tokens"] == 1022 and result["compared"] == "program"
-    assert change <= BOUNDS[recipe], (
-        f"{recipe}: {100 * change:+.2f} % perplexity against fp32 (bound {100 * BOUNDS[recipe]:+.1f} %)"
-    )
+    assert change <= BOUNDS["8da4w"], f"8da4w: {100 * change:+.2f} % perplexity against fp32 (bound +8 %)"
+
+
+def test_default_8da8w_model_meets_its_perplexity_bound():
+    """8da8w's QDQ model as the export's quantize stage builds it, not lowered: a program computes it
+    within its kernels' rounding (the 8da4w program above, tests/e2e/test_tied_embedding.py), and
+    lowering 30 blocks would cost this test a minute more."""
+    from genai_pipeline.checkpoints import infer_checkpoint_spec
+    from genai_pipeline.names import ArtifactKey
+    from genai_pipeline.options import PrepareOptions, QuantOptions
+    from genai_pipeline.prepare import prepare
+    from genai_pipeline.quantize import quantize
+    from genai_pipeline.runtime.session import EagerSession
+    from genai_pipeline.targets import get_target
+    from genai_pipeline.tokenizer import Tokenizer
+
+    spec, _ = infer_checkpoint_spec(GGUF)
+    prepared = prepare(spec, PrepareOptions(mode="kv", checkpoint=GGUF, max_seq_len=512))
+    ids = Tokenizer.from_folder(prepared.tokenizer_file.parent, bos_id=spec.bos_id).encode(HELDOUT.read_text())[:1024]
+
+    @torch.no_grad()
+    def nll(model) -> tuple[float, int]:
+        session, total, count = EagerSession(model.artifacts[ArtifactKey.TEXT_DECODER].module, 512), 0.0, 0
+        for start in range(0, len(ids) - 1, 512):
+            window = ids[start : start + 512]
+            session.reset()
+            logprobs = torch.log_softmax(session.score(window)[:-1].float(), dim=-1)
+            total -= logprobs.gather(1, torch.tensor(window[1:])[:, None]).sum().item()
+            count += len(window) - 1
+        return total, count
+
+    float_nll, count = nll(prepared)
+    quantized = quantize(prepared, QuantOptions(recipe="8da8w"), get_target("xnnpack"))  # in place
+    assert quantized.recipe.startswith("8da8w-rot-sq")  # rotated and smoothed: the default
+    change = math.exp((nll(quantized)[0] - float_nll) / count) - 1
+    assert count == 1022 and change > 0  # a quantized model, not the float one scored twice
+    assert change <= BOUNDS["8da8w"], f"8da8w: {100 * change:+.2f} % perplexity against fp32 (bound +0.6 %)"
 
 
 def test_default_export_runs_in_executorch_text_llm_runner(smollm2_default):

@@ -1,6 +1,7 @@
 """A tied embedding (token embedding = LM head weight) is stored once in a program, and the program
 still gives the eager model's logits: a Gemma 3 shape with its 262144-row table (2 layers, width
-64, random weights) and the shipped reference model, fp32 and 8da8w with an 8w embedding."""
+64, random weights) and the shipped reference model: fp32, 8da8w with an 8w embedding, 8da4w with a 4w one,
+and 8da4w's table in parts (its first rows at 8 bits, the rest at 4)."""
 
 import dataclasses
 
@@ -14,6 +15,9 @@ from genai_pipeline.prepare import prepare
 from genai_pipeline.quantize import quantize
 from genai_pipeline.registry import get_spec
 from genai_pipeline.targets import get_target
+
+# 8da4w with its 4-bit head and 4w lookup, without calibration (what is stored does not depend on it)
+UNCALIBRATED_8DA4W = QuantOptions(recipe="8da4w", embedding="4w", head="8da4w", weight_rule="mse", smooth=None)
 
 
 def gemma3_shape():
@@ -95,9 +99,22 @@ def test_8da4w_head_reads_the_int4_values_of_the_lookup(tmp_path):
     # column pairs swapped so that its bytes are the head's. The scales stay twice (fp32 for the
     # lookup, bf16 for XNNPACK).
     spec = get_spec("reference")
-    prepared, pte = export(spec, QuantOptions(recipe="8da4w", embedding="4w"), tmp_path)
+    prepared, pte = export(spec, UNCALIBRATED_8DA4W, tmp_path)
     report = inspect_json(pte)
     assert report["weights"]["named_data_in_constant_segment_bytes"] == spec.config.vocab_size * spec.config.dim // 2
+    assert report["weights"]["stored_twice_bytes"] == 0
+    prefill_logits_match_eager(prepared, pte, rtol=5e-2)
+
+
+def test_a_table_in_parts_stores_each_part_once(tmp_path):
+    # The first 1000 rows at 8 bits (8w lookup, 8da8w head: int8 values and per-row fp32 scales once),
+    # the rest at 4 bits (pair-swapped int4 values once), and the program computes its QDQ model.
+    spec = get_spec("reference")
+    prepared, pte = export(spec, dataclasses.replace(UNCALIBRATED_8DA4W, table_8bit_rows=1000), tmp_path)
+    assert "table1000rows=8w" in prepared.recipe
+    report = inspect_json(pte)
+    first, rest = 1000 * (spec.config.dim + 4), (spec.config.vocab_size - 1000) * spec.config.dim // 2
+    assert report["weights"]["named_data_in_constant_segment_bytes"] == first + rest
     assert report["weights"]["stored_twice_bytes"] == 0
     prefill_logits_match_eager(prepared, pte, rtol=5e-2)
 

@@ -38,3 +38,22 @@ def test_quantized_table_is_dequantized_at_the_rows_read_only(tmp_path, export_r
     tokens = [5, 3, 5, 900, 0, 3]
     assert torch.equal(_embedded(qdq, tokens), qdq.embed(torch.tensor([tokens])))
     assert qdq.tok_embeddings.weight.shape[0] == manifest.config.vocab_size  # the whole table is back
+
+
+def test_a_table_in_parts_is_dequantized_at_the_rows_read_only():
+    """As above, for a table whose first rows are at 8 bits (models/table_parts.py): each id's row
+    from the part that holds it."""
+    import torch
+    from conftest import REFERENCE
+
+    from genai_pipeline.checkpoints.hf import open_decoder
+    from genai_pipeline.evaluate.text import _embedded
+    from genai_pipeline.options import QuantOptions
+    from genai_pipeline.quantize.streaming import quantize_blocks
+    from genai_pipeline.registry import get_spec
+
+    decoder, loader = open_decoder(get_spec("reference"), REFERENCE, 64)
+    options = QuantOptions(recipe="8da4w", weight_rule="mse", head="8da4w", smooth=None, table_8bit_rows=1000)
+    quantize_blocks(decoder, loader, options)
+    tokens = [5, 999, 1000, 5, 4095, 1001, 0]
+    assert torch.equal(_embedded(decoder, tokens), decoder.embed(torch.tensor([tokens])))

@@ -17,7 +17,15 @@ from genai_pipeline.manifest import Manifest
 from genai_pipeline.options import PrepareOptions, QuantOptions, quant_options_from
 from genai_pipeline.prepare import prepare
 from genai_pipeline.quantize import quantize
-from genai_pipeline.quantize.recipes import recipe_rules, rules_for
+from genai_pipeline.quantize.recipes import (
+    TABLE_8BIT_SHARE,
+    describe,
+    linear_recipes,
+    recipe_rules,
+    rules_for,
+    table_8bit_rows,
+)
+from genai_pipeline.quantize.weights import linear_bytes
 from genai_pipeline.registry import get_spec
 from genai_pipeline.targets import get_target
 
@@ -187,3 +195,52 @@ def test_a_manifest_without_rules_evaluates_as_before(recorded, tmp_path):
     old |= {"head": "8da8w", "keep_8bit": [r"\.attention\.wv$"]}
     rebuilt = _formats(quantized_model(tmp_path, _manifest(quantization), reference))
     assert _formats(quantized_model(tmp_path, _manifest(old), reference)) == rebuilt
+
+
+def _decoder_of(name: str):
+    """`name`'s decoder without weights (its shapes and config are what the rule reads)."""
+    from genai_pipeline.models.decoder import Decoder
+
+    with torch.device("meta"):
+        return Decoder(get_spec(name).config, max_seq_len=64)
+
+
+def test_a_tied_tables_first_rows_take_8_bits_as_many_as_a_share_of_the_bytes_read_allows():
+    smollm2, reference = _decoder_of("smollm2-135m"), _decoder_of("reference")  # tied: 49152 and 4096 rows
+    default = QuantOptions(recipe="8da4w")
+    rows = table_8bit_rows(default, smollm2, "8da4w")
+    recipes = linear_recipes(smollm2, default)
+    read = sum(linear_bytes(*smollm2.get_submodule(n).weight.shape, r, 32) for n, r in recipes.items())
+    per_row = linear_bytes(1, 576, "8da8w", 32) - linear_bytes(1, 576, "8da4w", 32)  # int8 + scale - int4 + scales
+    assert rows % 1024 == 0 and rows * per_row <= TABLE_8BIT_SHARE * read < (rows + 1024) * per_row
+    assert 8192 <= rows < smollm2.config.vocab_size
+    # a small model's table is most of its bytes: 4 % of them buys no whole 1024 rows of the reference's
+    assert table_8bit_rows(default, reference, "8da4w") == 0
+    assert table_8bit_rows(dataclasses.replace(default, table_8bit_rows=1000), reference, "8da4w") == 1000
+    for other in (
+        dataclasses.replace(default, embedding="8w"),
+        dataclasses.replace(default, table_8bit_rows=0),
+        dataclasses.replace(default, size_budget=90.0),
+    ):
+        assert table_8bit_rows(other, smollm2, "8da4w") == 0
+    assert table_8bit_rows(default, smollm2, "8da8w") == 0  # an 8-bit head: no 4-bit table to split
+    assert "table13312rows=8w" in describe(dataclasses.replace(default, table_8bit_rows=13312))
+
+
+@pytest.mark.parametrize(
+    "options, head, says",
+    [
+        (QuantOptions(recipe="8da4w", embedding="8w", table_8bit_rows=1000), "8da4w", "applies to a tied token table"),
+        (QuantOptions(recipe="8da4w", table_8bit_rows=1000), "8da8w", "applies to a tied token table"),
+        (QuantOptions(recipe="8da4w", table_8bit_rows=4096), "8da4w", "is the whole table of 4096 rows"),
+    ],
+)
+def test_table_8bit_rows_where_they_cannot_apply_say_what_to_do(options, head, says):
+    with pytest.raises(InputError, match=says):
+        table_8bit_rows(options, _decoder_of("reference"), head)
+
+
+def test_table_8bit_rows_go_with_8da4w_only():
+    with pytest.raises(InputError, match="--table-8bit-rows takes a number of rows above 0 with --recipe 8da4w"):
+        QuantOptions(recipe="8da8w", table_8bit_rows=1000)
+    assert quant_options_from({"recipe": "8da8w"}).table_8bit_rows == 0  # a manifest from before them: none

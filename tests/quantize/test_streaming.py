@@ -3,6 +3,7 @@ a block at a time, equals the whole-model pipeline (rotation, one calibration pa
 rotated model, smoothing, GPTQ, the recipes) bit for bit, on the reference model's real weights."""
 
 import copy
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -86,12 +87,31 @@ def test_streamed_from_the_checkpoint_equals_the_whole_model_pipeline(samples, c
 
 
 def test_replayed_from_the_chosen_weights_equals_the_export(samples):
-    """`genai eval`'s rebuild: the same blocks, GPTQ's values and the scales given, nothing measured."""
+    """`genai eval`'s rebuild: the same blocks, GPTQ's values and the scales given, nothing measured;
+    here with the tied table's first rows at 8 bits (models/table_parts.py), which the rebuild splits
+    off again from the whole head's chosen values."""
+    options = dataclasses.replace(OPTIONS, table_8bit_rows=1000)
     decoder, loader = open_decoder(SPEC, REFERENCE, WINDOW)
-    streamed = quantize_blocks(decoder, loader, OPTIONS, Calibration(samples, WINDOW))
+    streamed = quantize_blocks(decoder, loader, options, Calibration(samples, WINDOW))
     replay, loader = open_decoder(SPEC, REFERENCE, WINDOW)
-    quantize_blocks(replay, loader, OPTIONS, given=copy.copy(streamed.int4), scales=streamed.scales)
+    quantize_blocks(replay, loader, options, given=copy.copy(streamed.int4), scales=streamed.scales)
     assert_same_weights(replay, decoder)
+
+    plan = {k: v for k, v in streamed.plan.items() if not k.startswith("layers.")}
+    assert plan == {
+        "tok_embeddings.first": "emb8w",
+        "tok_embeddings.rest": "emb4w",
+        "output.first": "8da8w",
+        "output.rest": "8da4w",
+        "head_rotation": "fp32",
+    }
+    lookup, head = decoder.tok_embeddings, decoder.output
+    gptq_values, _ = streamed.int4["output.weight"]  # GPTQ's whole head, as eval is given it again
+    assert gptq_values.shape[0] == SPEC.config.vocab_size
+    assert torch.equal(head.rest.weight.qdata, gptq_values[1000:])  # the rest: GPTQ's rows as chosen
+    assert torch.equal(lookup.rest.weight.qdata, head.rest.weight.qdata)  # tied: one set of values per part
+    assert torch.equal(lookup.first.weight.qdata, head.first.weight.qdata)
+    assert head.first.weight.qdata.shape == (1000, SPEC.config.dim) and head.first.weight.target_dtype == torch.int8
 
 
 def test_a_cache_io_decoder_is_calibrated_as_the_kv_cache_one(samples):
