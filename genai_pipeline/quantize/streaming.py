@@ -84,6 +84,7 @@ def quantize_blocks(
     unknown = sorted(set(given) - {f"{n}.weight" for n in linears})
     if unknown:
         raise InputError(f"given weights for layers the model does not have: {', '.join(unknown[:3])}")
+    rows = table_8bit_rows(options, decoder, linears.get(HEAD))  # the table's first rows at 8 bits, split at the end
     gptq = set()
     if calibration is not None and options.weight_rule == "gptq" and not given:
         gptq = {n for n, recipe in linears.items() if recipe == "8da4w"}
@@ -182,7 +183,6 @@ def quantize_blocks(
         if decoder.head_rotation is not None:
             outer["head_rotation"] = linears["head_rotation"] = recipe_of("head_rotation", rules)
         outer_computed = dict(computed)  # `computed` keeps the whole head's values: what eval is given again
-        rows = table_8bit_rows(options, decoder, linears.get(HEAD))
         if rows:
             _split_table(decoder, rows, outer, (given, outer_computed))
             del linears[HEAD]
