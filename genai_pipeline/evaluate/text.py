@@ -191,16 +191,18 @@ def _embedded(model: Decoder, tokens: list[int]) -> torch.Tensor:
     own lookup dequantizes the whole table first (a 128k x 3072 one is 1.5 GB in float, more than
     once over)."""
     lookup = model.tok_embeddings
-    # (table, its first id) of each part: a table in parts (models/table_parts.py) holds ids from `rows` on in its rest
-    if isinstance(lookup, TableLookup):
-        parts = [(lookup.rest.weight, lookup.rows), (lookup.first.weight, 0)]
-    else:
-        parts = [(lookup.weight, 0)]
-    if all(type(table) in (torch.Tensor, torch.nn.Parameter) for table, _ in parts):  # float: nothing to dequantize
+    parts = isinstance(lookup, TableLookup)  # a table in parts: models/table_parts.py
+    tables = (lookup.first.weight, lookup.rest.weight) if parts else (lookup.weight,)
+    if all(type(table) in (torch.Tensor, torch.nn.Parameter) for table in tables):  # float: nothing to dequantize
         return model.embed(torch.tensor([tokens]))
+
+    def row(i: int) -> torch.Tensor:  # id i's row, from the part that holds it
+        if parts and i >= lookup.rows:
+            return lookup.rest.weight[i - lookup.rows : i - lookup.rows + 1]
+        return tables[0][i : i + 1]
+
     ids = sorted(set(tokens))
-    found = [next((table, i - first) for table, first in parts if i >= first) for i in ids]
-    rows = torch.nn.Embedding.from_pretrained(torch.cat([table[i : i + 1].dequantize() for table, i in found]))
+    rows = torch.nn.Embedding.from_pretrained(torch.cat([row(i).dequantize() for i in ids]))
     index = {t: i for i, t in enumerate(ids)}
     whole, model.tok_embeddings = model.tok_embeddings, rows  # model.embed's scaling applies as ever
     try:

@@ -47,7 +47,7 @@ def split_table(decoder: nn.Module, rows: int) -> None:
     if not 0 < rows < vocab:
         raise ValueError(f"a table of {vocab} rows splits after 1 to {vocab - 1} rows, not {rows}")
     parts = table[:rows], table[rows:]
-    lookups = [nn.Embedding(len(p), dim, _weight=p, _freeze=True) for p in parts]
+    lookups = [nn.Embedding.from_pretrained(p) for p in parts]  # frozen, on the table's storage
     heads = [nn.Linear(dim, len(p), bias=False, device="meta") for p in parts]
     for head, part in zip(heads, parts):
         head.weight = nn.Parameter(part, requires_grad=False)

@@ -64,11 +64,10 @@ def table_8bit_rows(options: QuantOptions, decoder: nn.Module, head: str | None)
     the most frequent tokens: no data picks them. Only a tied table at 4 bits has them (--embedding
     4w, an 8da4w head), and not under a size budget, which measures instead; anything else refuses
     an explicit number."""
-    config = getattr(decoder, "config", None)
-    vocab, dim = decoder.tok_embeddings.weight.shape if hasattr(decoder, "tok_embeddings") else (0, 0)
+    vocab, dim = decoder.config.vocab_size, decoder.config.dim
     applies = (
         options.recipe == "8da4w"
-        and getattr(config, "tie_embeddings", False)
+        and decoder.config.tie_embeddings
         and options.embedding == "4w"
         and head == "8da4w"
         and options.size_budget is None
@@ -88,7 +87,7 @@ def table_8bit_rows(options: QuantOptions, decoder: nn.Module, head: str | None)
             "--table-8bit-rows applies to a tied token table at 4 bits (--recipe 8da4w, --embedding 4w, an 8da4w LM "
             "head, no --size-budget); drop it, or use --embedding 8w for a whole table at 8 bits"
         )
-    if options.table_8bit_rows >= vocab > 0:
+    if options.table_8bit_rows >= vocab:
         raise InputError(
             f"--table-8bit-rows {options.table_8bit_rows} is the whole table of {vocab} rows: give fewer, or use "
             "--embedding 8w --quant-override output=8da8w"
