@@ -83,6 +83,10 @@ VARIANTS = {
     "8da4w-budget": {"recipe": "8da4w", "size_budget": 91.6},  # --size-budget at the default's size (87.4 MiB)
     "8da4w-budget105": {"recipe": "8da4w", "size_budget": 105},  # llama.cpp Q4_K_M's size
     "8da4w-budget120": {"recipe": "8da4w", "size_budget": 120},
+    "8da4w-budget188": {"recipe": "8da4w", "size_budget": 188.1},  # Gemma 3 270M's default size (179.4 MiB)
+    # the default less one of its 8-bit rules of the blocks (with 8da4w-head4: less the w2 rule)
+    "8da4w-without-wv8": {"recipe": "8da4w", "keep_8bit": []},
+    "8da4w-without-edges8": {"recipe": "8da4w", "overrides": [["feed_forward\\.w[13]$", "8da4w"]]},
     "8da4w-emb8w": {"recipe": "8da4w", "embedding": "8w"},
     "8da4w-table8": {"recipe": "8da4w", "embedding": "8w", "head": "8da8w"},  # a tied table at 8 bits, stored once
     "8da4w-table4": {"recipe": "8da4w", "table_8bit_rows": 0},  # the whole tied table at 4 bits (before 0038)

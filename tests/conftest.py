@@ -32,10 +32,11 @@ TINY_PREFILL = 8
 
 
 # `make test` runs the suite on two workers (pytest-xdist, --dist loadgroup), each with its own session
-# fixtures: the tests that share the real model's fp32 export (minutes to lower) run on one worker,
-SHARED_BY_GROUP = ("smollm2_fp32",)
+# fixtures: the tests that share the real model's fp32 export (minutes to lower), or the tiny Qwen2.5-VL's
+# program (20 s), run on one worker,
+SHARED_BY_GROUP = ("smollm2_fp32", "qwen_vl_program")
 # and so do those of each module whose tests share exports of its own (module fixtures, or a session
-# builder defined there): 11-35 s each, lowered twice when its tests are split.
+# builder defined there): 11-35 s each (test_families: one per family), lowered twice when its tests are split.
 SHARED_BY_MODULE = (
     "test_lookahead_program",
     "test_vision_quant",
@@ -44,16 +45,20 @@ SHARED_BY_MODULE = (
     "test_vision",
     "test_sweep",
     "test_speech",
+    "test_families",
 )
 # A module whose tests take their exports from another module's builder joins that module's group:
 # test_vision.once builds the tiny SmolVLM's one program and its two split layouts once per worker.
 JOINS_MODULE = {"test_vision_split": "test_vision", "test_vision_chat": "test_vision"}
-# The real model exported with a recipe's defaults, or in fp32: minutes each. xdist hands out its groups
-# first (the largest first), then single tests in this order: these come first among them, so that the
-# workers share out the short tests around them instead of one of them finishing alone. LONG_TESTS:
-# tests of a minute that use none of them (the real model quantized in the test itself).
-LONG = ("smollm2_default", "smollm2_fp32")
-LONG_TESTS = ("test_default_8da8w_model_meets_its_perplexity_bound",)
+# The real model exported in fp32: minutes. xdist hands out its groups first (the largest first), then
+# single tests in this order: these come first among them, so that the workers share out the short
+# tests around them instead of one of them finishing alone. LONG_TESTS: tests of a minute or two that
+# use no such export (the real model quantized in the test itself).
+LONG = ("smollm2_fp32",)
+LONG_TESTS = (
+    "test_default_8da4w_model_meets_its_perplexity_bound",
+    "test_default_8da8w_model_meets_its_perplexity_bound",
+)
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -314,8 +319,8 @@ def train_sentencepiece(path: Path, vocab_size: int = 512) -> Path:
 
 @pytest.fixture(scope="session")
 def smollm2_fp32(tmp_path_factory) -> Path:
-    """The real SmolLM2-135M-Instruct, fp32, hybrid, with a `verify` method for lookahead decoding:
-    exported once per session through the CLI from its GGUF."""
+    """The real SmolLM2-135M-Instruct, fp32, hybrid (with `prefill`, for ExecuTorch's TextLLMRunner),
+    with a `verify` method for lookahead decoding: exported once per session through the CLI from its GGUF."""
     import io
     import sys
 
@@ -336,40 +341,9 @@ def smollm2_fp32(tmp_path_factory) -> Path:
                 "512",
                 "--verify-len",
                 "8",
-                "--long-prefill-len",
-                "0",
                 "--out",
                 str(out),
             ]
         )
     assert code == 0, err.getvalue()
     return out
-
-
-@pytest.fixture(scope="session")
-def smollm2_default(tmp_path_factory):
-    """smollm2_default(recipe, mode="kv") -> folder: the real SmolLM2-135M-Instruct exported with a
-    recipe's defaults (no other option but the mode: `kv` unless asked, its one method lowers faster),
-    once per session. Without the export's own verification and report: the tests score the program
-    themselves (as `genai eval` does, on 1022 tokens), and the two would rebuild the float and QDQ models again."""
-    import genai_pipeline
-    from genai_pipeline.options import PrepareOptions, QuantOptions
-
-    if not SMOLLM2_GGUF.is_file():
-        pytest.skip(f"{SMOLLM2_GGUF} is fetched by `make test`")
-    built: dict[tuple[str, str], Path] = {}
-
-    def build(recipe: str, mode: str = "kv") -> Path:
-        if (recipe, mode) not in built:
-            out = tmp_path_factory.mktemp("smollm2") / f"{recipe}-{mode}"
-            genai_pipeline.export(
-                out=out,
-                checkpoint=SMOLLM2_GGUF,
-                prepare=PrepareOptions(mode=mode, max_seq_len=512),
-                quant=QuantOptions(recipe=recipe),
-                verify=False,
-            )
-            built[recipe, mode] = out
-        return built[recipe, mode]
-
-    return build
