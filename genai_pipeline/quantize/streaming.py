@@ -30,7 +30,15 @@ from genai_pipeline.options import QuantOptions
 from genai_pipeline.quantize.calibration import InputStatistics, inputs_recorded
 from genai_pipeline.quantize.gptq import gptq_weights
 from genai_pipeline.quantize.recipes import HEAD, quantize_embedding, quantize_linears, rules_for, table_8bit_rows
-from genai_pipeline.quantize.rotation import SEED, hadamard, rotate_block, rotate_embedding, rotate_head
+from genai_pipeline.quantize.rotation import (
+    SEED,
+    hadamard,
+    rotate_block,
+    rotate_embedding,
+    rotate_head,
+    rotate_inputs,
+    rotates_inputs,
+)
 from genai_pipeline.quantize.smoothing import block_smoothing_scales, smooth, smoothed_hessians, smoothed_inputs
 from genai_pipeline.stages import logged, peak_gb, stage
 from genai_pipeline.upstream.executorch_logs import native_logs_hidden
@@ -92,7 +100,8 @@ def quantize_blocks(
     measure = bool(gptq) or measure_smoothing
     chosen_scales = dict(scales or {})
     computed: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
-    q = hadamard(decoder.config.dim, SEED) if options.rotate else None
+    inputs_only = options.rotate and rotates_inputs(decoder)  # sandwich norms: the linears' inputs, at run time
+    q = hadamard(decoder.config.dim, SEED) if options.rotate and not inputs_only else None
 
     def load_table() -> None:  # the token table in float, rotated
         if loader is not None:
@@ -124,6 +133,9 @@ def quantize_blocks(
         if q is not None:
             with stage("rotate", quiet=True):
                 rotate_block(block, q)
+        elif inputs_only:
+            with stage("rotate", quiet=True):
+                rotate_inputs(block, SEED)
         if measure:
             names = {n for n in linears if n.startswith(prefix)}
             statistics = InputStatistics(gptq & names)

@@ -25,7 +25,7 @@ from genai_pipeline.quantize.recipes import (
     rules_for,
     table_8bit_rows,
 )
-from genai_pipeline.quantize.rotation import can_rotate
+from genai_pipeline.quantize.rotation import can_rotate, rotates_inputs
 from genai_pipeline.quantize.size_budget import budget_room, with_promoted
 from genai_pipeline.quantize.static import cached_qdq, calibrate, next_token_only, qdq_key
 from genai_pipeline.quantize.streaming import Calibration, quantize_blocks
@@ -61,8 +61,12 @@ def quantize_text(
         check_group_size(artifact.module, linear_recipes(artifact.module, options), options.group_size)
     if given is None:
         given = checkpoint_int4(prepared, options)
-    if options.rotate and (given or not all(can_rotate(a.module) for a in prepared.artifacts.values())):
+    decoders = [a.module for a in prepared.artifacts.values()]
+    if options.rotate and (given or not all(can_rotate(d) or rotates_inputs(d) for d in decoders)):
         options = dataclasses.replace(options, rotate=False)  # a GGUF's given int4 values fit its own basis only
+    if options.rotate and options.smooth is not None and any(rotates_inputs(d) for d in decoders):
+        # every site SmoothQuant would smooth is rotated instead (docs/decisions/0040)
+        options = dataclasses.replace(options, smooth=None)
     artifacts = {}
     for key, artifact in prepared.artifacts.items():
         if options.is_static:
@@ -106,7 +110,9 @@ def _quantize_dynamic(prepared: PreparedModel, artifact, options: QuantOptions, 
     streamed = quantize_blocks(
         decoder, prepared.loader, options, calibration, given, defer=budget, weights_folder=weights_folder
     )
-    if options.rotate:
+    if options.rotate and rotates_inputs(decoder):
+        log.info("rotated the inputs of every block's linears at run time (sandwich norms: not the residual stream)")
+    elif options.rotate:
         log.info(
             "rotated the residual stream (%s)",
             "head rotation added" if decoder.head_rotation is not None else "no head rotation",

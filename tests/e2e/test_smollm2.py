@@ -18,6 +18,7 @@ import pytest
 import torch
 from conftest import SMOLLM2_GGUF as GGUF
 from conftest import text_llm_runner
+from qdq_bounds import perplexity_changes
 
 from genai_pipeline.cli import main
 from genai_pipeline.manifest import Manifest
@@ -169,40 +170,8 @@ HELDOUT = REPO / "assets" / "reference" / "heldout.txt"
 
 
 def perplexity_change(recipe: str) -> tuple[float, str]:
-    """The perplexity change of `recipe`'s QDQ model with its defaults, as the export's quantize stage
-    builds it (calibrated), against the float model on HELDOUT's first 1024 ids: (change, the recipe
-    string it describes itself by). Not lowered: a program computes its QDQ model within its kernels'
-    rounding (tests/e2e/test_tied_embedding.py, tests/quantize), and lowering 30 blocks in three
-    methods would cost the test four minutes more."""
-    from genai_pipeline.checkpoints import infer_checkpoint_spec
-    from genai_pipeline.names import ArtifactKey
-    from genai_pipeline.options import PrepareOptions, QuantOptions
-    from genai_pipeline.prepare import prepare
-    from genai_pipeline.quantize import quantize
-    from genai_pipeline.runtime.session import EagerSession
-    from genai_pipeline.targets import get_target
-    from genai_pipeline.tokenizer import Tokenizer
-
-    spec, _ = infer_checkpoint_spec(GGUF)
-    prepared = prepare(spec, PrepareOptions(mode="kv", checkpoint=GGUF, max_seq_len=512))
-    ids = Tokenizer.from_folder(prepared.tokenizer_file.parent, bos_id=spec.bos_id).encode(HELDOUT.read_text())[:1024]
-
-    @torch.no_grad()
-    def nll(model) -> tuple[float, int]:
-        session, total, count = EagerSession(model.artifacts[ArtifactKey.TEXT_DECODER].module, 512), 0.0, 0
-        for start in range(0, len(ids) - 1, 512):
-            window = ids[start : start + 512]
-            session.reset()
-            logprobs = torch.log_softmax(session.score(window)[:-1].float(), dim=-1)
-            total -= logprobs.gather(1, torch.tensor(window[1:])[:, None]).sum().item()
-            count += len(window) - 1
-        return total, count
-
-    float_nll, count = nll(prepared)
-    quantized = quantize(prepared, QuantOptions(recipe=recipe), get_target("xnnpack"))  # in place
-    change = math.exp((nll(quantized)[0] - float_nll) / count) - 1
-    assert count == 1022 and change > 0  # a quantized model, not the float one scored twice
-    return change, quantized.recipe
+    changes, recipe = perplexity_changes(GGUF, recipe, (HELDOUT,))
+    return changes[HELDOUT.name], recipe
 
 
 def test_default_8da4w_model_meets_its_perplexity_bound():
