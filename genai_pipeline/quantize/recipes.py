@@ -13,6 +13,7 @@ from torch import nn
 from genai_pipeline.errors import InputError
 from genai_pipeline.layer_rules import Rule, recipe_of, rules_naming
 from genai_pipeline.options import QuantOptions
+from genai_pipeline.quantize.rotation import rotates_inputs
 from genai_pipeline.quantize.weights import (
     RULES,
     embedding_config,
@@ -30,6 +31,9 @@ LOOKUP = "tok_embeddings"
 # 8da4w: a tied 4-bit table's first rows at 8 bits, as many as add at most this share to the bytes
 # of the linears a decode step reads (table_8bit_rows; docs/decisions/0038)
 TABLE_8BIT_SHARE = 0.04
+# ... and where the linears' inputs are rotated at run time (rotation.rotates_inputs), this share: those
+# rotations take most of the decode time the rows had (docs/decisions/0040)
+TABLE_8BIT_SHARE_ROTATED_INPUTS = 0.016
 EDGE_SHARE = 1 / 15  # 8da4w's edge layers: the first and last 1/15 of the blocks
 
 
@@ -80,7 +84,8 @@ def table_8bit_rows(options: QuantOptions, decoder: nn.Module, head: str | None)
             linear_bytes(*decoder.get_submodule(n).weight.shape, r, options.group_size) for n, r in recipes.items()
         )
         extra = linear_bytes(1, dim, "8da8w", options.group_size) - linear_bytes(1, dim, "8da4w", options.group_size)
-        rows = int(TABLE_8BIT_SHARE * read / extra) // 1024 * 1024
+        share = TABLE_8BIT_SHARE_ROTATED_INPUTS if options.rotate and rotates_inputs(decoder) else TABLE_8BIT_SHARE
+        rows = int(share * read / extra) // 1024 * 1024
         return rows if rows < vocab else 0
     if options.table_8bit_rows and not applies:
         raise InputError(

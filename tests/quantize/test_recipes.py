@@ -19,6 +19,7 @@ from genai_pipeline.prepare import prepare
 from genai_pipeline.quantize import quantize
 from genai_pipeline.quantize.recipes import (
     TABLE_8BIT_SHARE,
+    TABLE_8BIT_SHARE_ROTATED_INPUTS,
     describe,
     linear_recipes,
     recipe_rules,
@@ -225,6 +226,23 @@ def test_a_tied_tables_first_rows_take_8_bits_as_many_as_a_share_of_the_bytes_re
         assert table_8bit_rows(other, smollm2, "8da4w") == 0
     assert table_8bit_rows(default, smollm2, "8da8w") == 0  # an 8-bit head: no 4-bit table to split
     assert "table13312rows=8w" in describe(dataclasses.replace(default, table_8bit_rows=13312))
+
+
+def test_a_decoder_whose_inputs_are_rotated_gives_the_table_a_smaller_share():
+    """Gemma 3 (sandwich norms): the run-time rotations take most of the rows' decode time (0040)."""
+    gemma = _decoder_of("gemma3-1b")
+    default = QuantOptions(recipe="8da4w")
+    read = sum(
+        linear_bytes(*gemma.get_submodule(n).weight.shape, r, 32) for n, r in linear_recipes(gemma, default).items()
+    )
+    dim = gemma.config.dim
+    per_row = linear_bytes(1, dim, "8da8w", 32) - linear_bytes(1, dim, "8da4w", 32)
+    rotated, unrotated = (
+        table_8bit_rows(o, gemma, "8da4w") for o in (default, dataclasses.replace(default, rotate=False))
+    )
+    assert rotated * per_row <= TABLE_8BIT_SHARE_ROTATED_INPUTS * read < (rotated + 1024) * per_row
+    assert unrotated * per_row <= TABLE_8BIT_SHARE * read < (unrotated + 1024) * per_row
+    assert 0 < rotated < unrotated
 
 
 @pytest.mark.parametrize(
