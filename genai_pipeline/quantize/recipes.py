@@ -62,8 +62,9 @@ def head_recipe(options: QuantOptions) -> str | None:
 def table_8bit_rows(options: QuantOptions, decoder: nn.Module, head: str | None) -> int:
     """How many of `decoder`'s first table rows 8da4w stores at 8 bits, for lookup and LM head alike
     (`head`: the head's recipe by the rules): options.table_8bit_rows, or by default the most, in
-    multiples of 1024, whose extra bytes are at most TABLE_8BIT_SHARE of the bytes of the decoder's
-    linears at their recipes: a decode step reads those, so its time grows by about that much.
+    multiples of 1024, whose extra bytes are at most TABLE_8BIT_SHARE (TABLE_8BIT_SHARE_ROTATED_INPUTS
+    where the linears' inputs are rotated) of the bytes of the decoder's linears at their recipes: a
+    decode step reads those, so its time grows by about that much.
     Vocabularies number tokens about in the order their merges were learnt, so the first rows are
     the most frequent tokens: no data picks them. Only a tied table at 4 bits has them (--embedding
     4w, an 8da4w head), and not under a size budget, which measures instead; anything else refuses
