@@ -117,11 +117,16 @@ def random_hadamard(dim: int, seed: int = SEED) -> torch.Tensor:
 INPUT_RUN = 64  # rotate_inputs: the Hadamard block, the runs of a row it mixes (docs/decisions/0040)
 
 
+def _sandwich_norms(decoder: nn.Module) -> bool | None:
+    """Whether a text decoder (models.decoder.Decoder) has sandwich norms; None: not one."""
+    config = getattr(decoder, "config", None)
+    return config.sandwich_norms if config is not None and hasattr(decoder, "layers") else None
+
+
 def can_rotate(decoder: nn.Module) -> bool:
     """A text decoder whose norms all sit before a linear: a sandwich norm (Gemma 2/3) normalises
     a block's output before the residual add, where no linear follows to take its scale."""
-    config = getattr(decoder, "config", None)
-    return config is not None and hasattr(decoder, "layers") and not config.sandwich_norms
+    return _sandwich_norms(decoder) is False
 
 
 @torch.no_grad()
@@ -152,8 +157,7 @@ def rotate_block(block: nn.Module, q: Hadamard) -> None:
 def rotates_inputs(decoder: nn.Module) -> bool:
     """A text decoder whose residual stream cannot be rotated (sandwich norms): its linears'
     inputs are, at run time (rotate_inputs)."""
-    config = getattr(decoder, "config", None)
-    return config is not None and hasattr(decoder, "layers") and config.sandwich_norms
+    return _sandwich_norms(decoder) is True
 
 
 @torch.no_grad()
