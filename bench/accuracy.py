@@ -11,7 +11,7 @@ and a perplexity-vs-size chart (PNG) under bench/results and prints a table.
         --text assets/reference/heldout.txt [--variants 8da4w 8da4w-today 8da8w] [--repeats 3]
     .venv/bin/python -m bench.accuracy --checkpoint /tmp/smollm2-fp32 --levers [LEVER ...]   # eager study
     .venv/bin/python -m bench.accuracy --checkpoint .cache/gemma-3-270m-q4_k_m.gguf --qdq \
-        --variants 8da4w 8da4w-table8 8da8w    # the quantize stage itself, QDQ models on both held-out texts
+        --variants 8da4w 8da4w-table8 8da8w    # the quantize stage itself, QDQ models on 4096 tokens of both texts
         [--llamacpp --repeats 0]               # and llama.cpp's types of the same float weights on the same ids
 
 llama.cpp rows: with `--llamacpp`, measured here on the same token ids. llama-cpp-python, built
@@ -156,7 +156,11 @@ def main() -> None:
     p = argparse.ArgumentParser(prog="python -m bench.accuracy", description=__doc__.splitlines()[0])
     p.add_argument("--checkpoint", help="a Hugging Face folder (fp32 safetensors)")
     p.add_argument("--text", default=str(ROOT / "assets" / "reference" / "heldout.txt"))
-    p.add_argument("--max-tokens", type=int, default=1024)
+    p.add_argument(
+        "--max-tokens",
+        type=int,
+        help="of each text (default: 4096 with --qdq, docs/decisions/0041; else 1024, the issue's reference ids)",
+    )
     p.add_argument("--window", type=int, default=512)
     p.add_argument("--variants", nargs="*", default=list(VARIANTS), choices=list(VARIANTS), help="none: llama.cpp only")
     p.add_argument("--repeats", type=int, default=3, help="rounds of genai bench over the variants")
@@ -187,6 +191,8 @@ def main() -> None:
     p.add_argument("--calib-tokens", type=int, default=4096)
     p.add_argument("--export-one", nargs=3, metavar=("CHECKPOINT", "OUT", "QUANT_JSON"), help=argparse.SUPPRESS)
     args = p.parse_args()
+    if args.max_tokens is None:
+        args.max_tokens = 4096 if args.qdq else 1024
     if args.export_one:
         return export_one(args.export_one[0], args.export_one[1], json.loads(args.export_one[2]))
     if not args.checkpoint:
@@ -727,7 +733,14 @@ def qdq_study(args) -> None:
     out = Path(args.json).with_name(f"qdq-{checkpoint.stem}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     machine = {"cpus": os.cpu_count(), "platform": platform.platform(), "load": os.getloadavg()}
-    result = {"checkpoint": str(checkpoint), "window": args.window, "machine": machine, "rows": rows, "llamacpp": peers}
+    result = {
+        "checkpoint": str(checkpoint),
+        "window": args.window,
+        "max_tokens": args.max_tokens,
+        "machine": machine,
+        "rows": rows,
+        "llamacpp": peers,
+    }
     out.write_text(json.dumps(result, indent=2) + "\n")
     print(f"wrote {out}")
 

@@ -58,8 +58,8 @@ JOINS_MODULE = {"test_vision_split": "test_vision", "test_vision_chat": "test_vi
 # use no such export (the real model quantized in the test itself).
 LONG = ("smollm2_fp32",)
 LONG_TESTS = (
-    "test_default_8da4w_model_meets_its_perplexity_bound",
-    "test_default_8da8w_model_meets_its_perplexity_bound",
+    "test_default_8da4w_model_meets_its_bounds_on_both_texts",
+    "test_default_8da8w_model_meets_its_bounds_on_both_texts",
     "test_gemma3_default_8da4w_model_meets_its_perplexity_bound_on_both_texts",
 )
 

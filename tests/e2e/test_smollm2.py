@@ -18,7 +18,7 @@ import pytest
 import torch
 from conftest import SMOLLM2_GGUF as GGUF
 from conftest import text_llm_runner
-from qdq_bounds import perplexity_changes
+from qdq_bounds import reference, scores
 
 from genai_pipeline.cli import main
 from genai_pipeline.manifest import Manifest
@@ -158,32 +158,39 @@ def test_eval_perplexity_equals_transformers_on_the_same_ids(smollm2_fp32, trans
     assert ours["perplexity"]["program"] == pytest.approx(theirs, rel=1e-3)
 
 
-# The issue's bounds for what `--recipe R` gives without flags, against the float model on the
-# same ids as llama.cpp's figures (docs/decisions/0020, 0017): 1022 tokens of held-out prose, windows
-# of 512. 8da4w: the bound is what llama.cpp's Q4_K_M loses there (ours is well below it; GPTQ's float
-# solve moves the figure between exports of the same code, docs/decisions/0029). 8da8w: the goal is
-# +0.5 %, which ours just meets (rotated and smoothed; not before rotation). The bound is +0.6 %: another
-# host's float kernels move the figure by hundredths, and a bound a hundredth away would fail on noise,
-# not on a regression (an unrotated model would still fail it).
-BOUNDS = {"8da4w": 0.08, "8da8w": 0.006}
+# Issue 41's bounds for what `--recipe R` gives without flags, against the float model, on both
+# held-out texts: their first 4,096 tokens (all of Vim's shorter text), windows of 512. On 1,022 tokens top-1
+# moves by a point and perplexity by a few tenths between exports of equal KL (docs/decisions/0041).
+# 8da4w: within +8 % and top-1 agreement >= 85 %. 8da8w: within +1 %, and on heldout.txt within
+# +0.6 %, the earlier goal of +0.5 % with room for another host's float kernels (an unrotated model
+# fails it).
 HELDOUT = REPO / "assets" / "reference" / "heldout.txt"
+TEXTS = (HELDOUT, REPO / "assets" / "heldout" / "vim-first-steps.txt")
+TOKENS = 4096
+BOUNDS_GROUP = pytest.mark.xdist_group("smollm2_bounds")  # one worker prepares and scores the float model once
 
 
-def perplexity_change(recipe: str) -> tuple[float, str]:
-    changes, recipe = perplexity_changes(GGUF, recipe, (HELDOUT,))
-    return changes[HELDOUT.name], recipe
+@pytest.fixture(scope="module")
+def float_model():
+    return reference(GGUF, TEXTS, TOKENS)
 
 
-def test_default_8da4w_model_meets_its_perplexity_bound():
-    change, recipe = perplexity_change("8da4w")
+@BOUNDS_GROUP
+def test_default_8da4w_model_meets_its_bounds_on_both_texts(float_model):
+    result, recipe = scores(float_model, "8da4w")
     assert recipe.startswith("8da4w-g32-rot-sq0.5") and "+table13312rows=8w" in recipe  # the defaults
-    assert change <= BOUNDS["8da4w"], f"8da4w: {100 * change:+.2f} % perplexity against fp32 (bound +8 %)"
+    for text, score in result.items():
+        assert score.change <= 0.08, f"{text}: {100 * score.change:+.2f} % perplexity against fp32 (bound +8 %)"
+        assert score.top1 >= 0.85, f"{text}: top-1 agreement {100 * score.top1:.1f} % (bound 85 %)"
 
 
-def test_default_8da8w_model_meets_its_perplexity_bound():
-    change, recipe = perplexity_change("8da8w")
+@BOUNDS_GROUP
+def test_default_8da8w_model_meets_its_bounds_on_both_texts(float_model):
+    result, recipe = scores(float_model, "8da8w")
     assert recipe.startswith("8da8w-rot-sq")  # rotated and smoothed: the default
-    assert change <= BOUNDS["8da8w"], f"8da8w: {100 * change:+.2f} % perplexity against fp32 (bound +0.6 %)"
+    for text, score in result.items():
+        bound = 0.006 if text == HELDOUT.name else 0.01
+        assert score.change <= bound, f"{text}: {100 * score.change:+.2f} % perplexity (bound {100 * bound:+.1f} %)"
 
 
 def test_the_real_model_runs_in_executorch_text_llm_runner(smollm2_fp32):
