@@ -162,8 +162,8 @@ def test_eval_perplexity_equals_transformers_on_the_same_ids(smollm2_fp32, trans
 # held-out texts: their first 4,096 tokens (all of Vim's shorter text), windows of 512. On 1,022
 # tokens top-1 moves by a point between exports of equal KL (docs/decisions/0041). 8da4w: within +8 %
 # and top-1 agreement >= 85 % (under a point to spare on heldout.txt; GPTQ's float solve moves it by
-# tenths on another host). 8da8w: within +1 %, and on heldout.txt within +0.6 %, the earlier goal of +0.5 % with room for
-# another host's float kernels (an unrotated model fails it).
+# tenths on another host). 8da8w: within +1 %, and on heldout.txt within +0.6 %, the earlier goal of
+# +0.5 % with room for another host's float kernels (an unrotated model fails it).
 HELDOUT = REPO / "assets" / "reference" / "heldout.txt"
 TEXTS = (HELDOUT, REPO / "assets" / "heldout" / "vim-first-steps.txt")
 TOKENS = 4096
