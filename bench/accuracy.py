@@ -93,6 +93,12 @@ VARIANTS = {
     "8da4w-rows8192": {"recipe": "8da4w", "table_8bit_rows": 8192},  # the table's first 8192 rows at 8 bits
     "8da4w-rows16384": {"recipe": "8da4w", "table_8bit_rows": 16384},
     "8da4w-rows32768": {"recipe": "8da4w", "table_8bit_rows": 32768},
+    # block linears at 8 bits, the tied table as the default's (docs/decisions/0042): all of them, the
+    # MLP's, the attention's, or those of Gemma 3 270M's blocks of lowest layer SQNR
+    "8da4w-blocks8": {"recipe": "8da4w", "overrides": [["^layers\\.", "8da8w"]]},
+    "8da4w-mlp8": {"recipe": "8da4w", "overrides": [["^layers\\.\\d+\\.feed_forward\\.", "8da8w"]]},
+    "8da4w-attention8": {"recipe": "8da4w", "overrides": [["^layers\\.\\d+\\.attention\\.", "8da8w"]]},
+    "8da4w-blocks11to17-8": {"recipe": "8da4w", "overrides": [["^layers\\.(1[1-7])\\.", "8da8w"]]},
     "8da8w": {"recipe": "8da8w"},  # the default: rotated, smoothed, embedding 8w
     "8da8w-norot": {"recipe": "8da8w", "rotate": False},  # the default before rotation
     "8da8w-nosq": {"recipe": "8da8w", "smooth": None, "rotate": False},  # the default before smoothing
