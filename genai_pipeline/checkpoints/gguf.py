@@ -40,6 +40,7 @@ from genai_pipeline.checkpoints.llama2c import interleaved_to_halves
 from genai_pipeline.errors import CheckpointError
 from genai_pipeline.models.decoder import Decoder, DecoderConfig
 from genai_pipeline.registry import ModelSpec
+from genai_pipeline.upstream.gguf_reader import gguf_reader
 
 # -- reading -------------------------------------------------------------------------------------
 
@@ -73,11 +74,9 @@ def open_reader(file: Path):
 
 @functools.lru_cache(maxsize=2)
 def _reader(file: str, mtime_ns: int, size: int):
-    import gguf
-
     check_layout(Path(file))
     try:
-        return gguf.GGUFReader(file, "r")
+        return gguf_reader(file)
     except Exception as e:  # the reader raises ValueError, struct.error, IndexError ... on a damaged file
         reason = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise CheckpointError(f"cannot read '{file}': {reason}; the file is truncated or not a GGUF") from None

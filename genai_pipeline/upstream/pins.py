@@ -1,4 +1,4 @@
-"""The versions of torch, ExecuTorch and torchao that every module of genai_pipeline/upstream/ was
+"""The versions of torch, ExecuTorch, torchao and gguf that every module of genai_pipeline/upstream/ was
 checked against (pyproject.toml pins the same ones), and the one check those modules call.
 
 A module here patches, forks or reads the internals of one of these packages. On the pinned
@@ -20,8 +20,9 @@ from genai_pipeline.errors import ExportError
 PINNED_TORCH = "2.13.0"
 PINNED_EXECUTORCH = "1.5.1"
 PINNED_TORCHAO = "0.18.0"
+PINNED_GGUF = "0.19.0"
 
-PINNED = {"torch": PINNED_TORCH, "executorch": PINNED_EXECUTORCH, "torchao": PINNED_TORCHAO}
+PINNED = {"torch": PINNED_TORCH, "executorch": PINNED_EXECUTORCH, "torchao": PINNED_TORCHAO, "gguf": PINNED_GGUF}
 
 
 @functools.cache
@@ -35,7 +36,7 @@ def installed(package: str) -> str | None:
 
 
 def pinned(*packages: str) -> bool:
-    """True when each of `packages` (torch, executorch, torchao) is installed at its pinned version."""
+    """True when each of `packages` (torch, executorch, torchao, gguf) is installed at its pinned version."""
     return all(installed(p) == PINNED[p] for p in packages)
 
 

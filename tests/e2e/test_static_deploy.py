@@ -61,9 +61,8 @@ def test_hybrid_8a8w_program_returns_the_next_token_only_and_matches_its_qdq_mod
     eager = generate(EagerSession(qdq, 64), PROMPT, 16, greedy)
     assert ours.tokens == eager.tokens
 
-    # A second export into the same folder reuses the calibrated model of the first
-    assert main(argv) == 0
-    assert "reusing the calibrated" in capsys.readouterr().err
+    # the folder keeps the calibrated model for a re-run to reuse (its reuse: tests/quantize/test_quantize.py's
+    # QNN export, which re-runs without lowering)
     manifest = json.loads((out / "manifest.json").read_text())
     assert {"quant_report.html", "text_decoder.qdq.pt2", "text_decoder.pte"} <= set(manifest["files"])
     assert (out / ".text_decoder.qdq.key").is_file()

@@ -1,4 +1,4 @@
-"""upstream/pins.py: the one place the pinned torch / ExecuTorch / torchao versions are written, and
+"""upstream/pins.py: the one place the pinned torch / ExecuTorch / torchao / gguf versions are written, and
 the check every module of upstream/ calls. Fails first when an installed wheel is not the pinned one:
 then re-check each module of genai_pipeline/upstream/ (docs/upstream-patches.md) before moving a pin."""
 
@@ -33,7 +33,7 @@ def test_the_pinned_versions_are_written_once():
         f"{path.relative_to(REPO)}: {line}"
         for path in (REPO / "genai_pipeline").rglob("*.py")
         for line in path.read_text().splitlines()
-        if re.match(r"\s*PINNED_(TORCH|EXECUTORCH|TORCHAO)\s*=", line)
+        if re.match(r"\s*PINNED_(TORCH|EXECUTORCH|TORCHAO|GGUF)\s*=", line)
     ]
     assert sorted(written) == [
         f'genai_pipeline/upstream/pins.py: PINNED_{p.upper()} = "{v}"' for p, v in sorted(pins.PINNED.items())
