@@ -6,6 +6,8 @@ width and vocabulary, and every (model, mode, target) program is built once and 
 
 from __future__ import annotations
 
+import fcntl
+import hashlib
 import json
 import os
 import shutil
@@ -217,20 +219,50 @@ def export_tiny(tiny_checkpoint, tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def export_reference(tmp_path_factory):
-    """export_reference(mode, quant=QuantOptions()) -> folder of the shipped reference model, xnnpack."""
+    """export_reference(mode, quant=QuantOptions()) -> folder of the shipped reference model, xnnpack.
+    Its inputs are the same on every worker, so each (mode, quant) is lowered once per run, by the
+    first worker to need it (shared_export), and read by the others."""
     built: dict[tuple, Path] = {}
+
+    def export(out: Path, mode: str, quant: QuantOptions) -> None:
+        options = PrepareOptions(mode=mode, max_seq_len=256, prefill_len=32)
+        genai_pipeline.export("reference", out=out, prepare=options, quant=quant, verify=False)  # the program alone
 
     def build(mode: str, quant: QuantOptions = QuantOptions()) -> Path:
         if (mode, quant) not in built:
-            out = tmp_path_factory.mktemp(f"reference_{mode}_{describe(quant)}")
-            options = PrepareOptions(mode=mode, max_seq_len=256, prefill_len=32)
-            genai_pipeline.export(
-                "reference", out=out, prepare=options, quant=quant, verify=False
-            )  # no report: the program alone
-            built[mode, quant] = out
+            name = f"reference_{mode}_{describe(quant)}_{hashlib.sha256(repr(quant).encode()).hexdigest()[:12]}"
+            built[mode, quant] = shared_export(tmp_path_factory, name, lambda out: export(out, mode, quant))
         return built[mode, quant]
 
     return build
+
+
+def shared_export(tmp_path_factory, name: str, export) -> Path:
+    """The folder `export(folder)` fills, made once for all of `make test`'s workers: under xdist in
+    the run's own base folder, by the first worker to ask while the others wait on a lock; each
+    worker's QDQ cache (qdq_cache_of_the_session) gets the entry the export kept, so that `genai
+    eval` of the folder reads it as on the worker that exported. One process: its own folder."""
+    from genai_pipeline.manifest import Manifest
+    from genai_pipeline.quantize import qdq_cache
+
+    if "PYTEST_XDIST_WORKER" not in os.environ:
+        out = tmp_path_factory.mktemp(name)
+        export(out)
+        return out
+    folder = tmp_path_factory.getbasetemp().parent / "exports-of-the-run"  # the workers' base folders' parent
+    folder.mkdir(exist_ok=True)
+    out, kept = folder / name, folder / f"{name}.qdq.pt"
+    with open(folder / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        if not (out / "manifest.json").is_file():
+            export(out)
+        entry = qdq_cache.entry_file(Manifest.read(out).files["text_decoder.pte"].sha256)
+        if entry.is_file() and not kept.is_file():
+            shutil.copyfile(entry, kept)
+        elif kept.is_file() and not entry.is_file():
+            entry.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(kept, entry)
+    return out
 
 
 @pytest.fixture(scope="session")

@@ -1,5 +1,5 @@
-"""The versions of torch, ExecuTorch, torchao and gguf that every module of genai_pipeline/upstream/ was
-checked against (pyproject.toml pins the same ones), and the one check those modules call.
+"""The versions of torch, ExecuTorch, torchao and gguf that every module of genai_pipeline/upstream/
+was checked against (pyproject.toml pins the same ones), and the one check those modules call.
 
 A module here patches, forks or reads the internals of one of these packages. On the pinned
 version it does what its docstring says; on any other it either falls back to upstream's own
