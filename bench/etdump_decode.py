@@ -4,7 +4,7 @@ XNNPACK's per-operator times too) over decode steps of one program, summed by op
     .venv/bin/python -m bench.etdump_decode PROGRAM.pte [--caller genai|optimum] [--threads 2] [--steps 64] \
         [--prompt 128] [--method verify --tokens 8] [--json out.json]
 
-A 128-token prompt goes in first (positions 0-127), then `--steps` single-token steps through `forward`
+A 128-token prompt goes in first (positions 0-127; `--prompt 0`: none, for a program with no prompt method), then `--steps` single-token steps through `forward`
 (a dynamic program's; `--caller optimum` passes positions as optimum-executorch's programs take them, a
 cache_position per token). `--method verify --tokens 8` times a lookahead program's verify calls instead:
 8 tokens a call, the call at position p + 1 after the one at p (the rows a call writes past its first
@@ -55,7 +55,8 @@ def main() -> None:
         positions = (torch.tensor([pos]) if args.caller == "genai" else torch.arange(pos, pos + len(tokens))).long()
         return module.run_method(method, (torch.tensor([tokens], dtype=torch.long), positions))[0]
 
-    call(list(range(100, 100 + args.prompt)), 0)
+    if args.prompt:
+        call(list(range(100, 100 + args.prompt)), 0)
     token, walls = 5, []
     for step in range(args.steps):
         start = time.perf_counter()
@@ -70,7 +71,7 @@ def main() -> None:
             [e for e in block.events if e.perf_data is not None] for block in Inspector(etdump_path=path).event_blocks
         ]
     # The timed method's block: one per method run; `forward`'s holds the prompt's call first
-    prompt_calls = int(args.method == "forward")
+    prompt_calls = int(args.method == "forward" and args.prompt > 0)
     calls = args.steps + prompt_calls
     events = next(
         (b for b in blocks if any(e.name == "Method::execute" and len(e.perf_data.raw) == calls for e in b)), None
