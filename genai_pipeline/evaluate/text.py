@@ -261,9 +261,10 @@ def quantized_model(
         qdq_file = manifest.artifacts[ArtifactKey.TEXT_DECODER].qdq
         return torch.export.load(Path(folder) / qdq_file).module()
     if manifest.vision is not None:  # every component, each with its recipe
-        from genai_pipeline.quantize.multimodal import quantize_model
+        from genai_pipeline.quantize.multimodal import quantize_model, rotate_as_recipe
 
         model = reference if in_place else copy.deepcopy(reference)
+        rotate_as_recipe(model, quant)
         quantize_model(model, quant, chosen_values(folder, manifest, ArtifactKey.MULTIMODAL).int4)
         return model
     if getattr(reference, "offloaded", False) and in_place:

@@ -1,8 +1,9 @@
 """quantize, for a vision-language model: each component with its own recipe, through the text path's
 functions (the text path's, not copies).
 
-- text decoder: `--recipe` exactly as for a text model (8da4w: GPTQ on calibration text, the
-  value and down projections at 8 bits, ...), token table by `--embedding`.
+- text decoder: `--recipe` as for a text model (8da4w: GPTQ on calibration text, the value and
+  down projections at 8 bits, ...), token table by `--embedding`. Rotated as a text decoder is, the
+  connector's output with its residual stream (rotate_as_recipe); not smoothed.
 - image tower and connector: `--vision-recipe`; by default (AUTO_VISION) 8da8w under a 4-bit
   decoder, else the decoder's recipe. Only their linear layers are quantized: the patch embedding
   (a convolution), the position table, the norms and the class token stay float. Under 8da4w the
@@ -38,6 +39,7 @@ from genai_pipeline.names import ArtifactKey
 from genai_pipeline.options import QuantOptions
 from genai_pipeline.quantize.gptq import gptq_int4, gptq_names
 from genai_pipeline.quantize.recipes import describe, quantize_module, recipe_counts, rules_for
+from genai_pipeline.quantize.rotation import SEED, can_rotate, rotate, rotate_inputs, rotates_inputs
 
 log = logging.getLogger(__name__)
 
@@ -137,6 +139,23 @@ def tower_options(tower: nn.Module, options: QuantOptions) -> QuantOptions:
     )
 
 
+def rotate_as_recipe(model: nn.Module, options: QuantOptions) -> None:
+    """Under a recipe that rotates (`options.rotate`), rotate a VisionLanguageModel's decoder in place
+    as the text path rotates a text decoder: its residual stream, with the connector's last linear
+    (whose output the stream takes as image embeddings) writing Q^T W; or, with sandwich norms
+    (Gemma 3), its linears' inputs at run time, which leaves the stream and so the connector as they
+    are. Before GPTQ measures the decoder, and again when `genai eval` rebuilds the model."""
+    decoder = model.decoder
+    if not options.rotate or options.is_float:
+        return
+    if rotates_inputs(decoder):
+        for block in decoder.layers:
+            rotate_inputs(block, SEED)
+    elif can_rotate(decoder):
+        connector = [m for m in model.vision.projection.modules() if isinstance(m, nn.Linear)]
+        rotate(decoder, SEED, writers=connector[-1:])
+
+
 def quantize_model(model: nn.Module, options: QuantOptions, int4=None) -> dict[str, dict[str, str]]:
     """Quantize a VisionLanguageModel in place (`options` resolved); `int4`: the decoder's GPTQ
     weights. Returns each component's plan, {layer: recipe}."""
@@ -202,13 +221,13 @@ def quantize_vision_language(prepared: PreparedModel, options: QuantOptions, tar
     """A dynamic recipe (a static one: multimodal_static.quantize_static)."""
     check_vision_language_quant(options, target=target)
     _check_calibration_images(options)
-    # neither rotated nor smoothed: the text path's rotation and SmoothQuant (smoothing.py) are not
-    # applied to a vision-language decoder yet (its image features enter the residual stream unrotated)
-    options = dataclasses.replace(resolved(options), smooth=None, rotate=False)
+    # not smoothed: SmoothQuant measures the text path's blocks as it streams them (streaming.py)
+    options = dataclasses.replace(resolved(options), smooth=None)
     if options.is_float:
         return prepared
     artifact = prepared.artifacts[ArtifactKey.MULTIMODAL]
     model = artifact.module
+    rotate_as_recipe(model, options)
     computed, decoder = None, decoder_options(options)
     if options.weight_rule == "gptq" and gptq_names(model.decoder, decoder):
         computed = gptq_int4(prepared, model.decoder, decoder)

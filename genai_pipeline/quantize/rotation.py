@@ -130,13 +130,17 @@ def can_rotate(decoder: nn.Module) -> bool:
 
 
 @torch.no_grad()
-def rotate(decoder: nn.Module, seed: int = SEED) -> None:
-    """Rotate `decoder` (a models.decoder.Decoder) in place; see the module doc."""
+def rotate(decoder: nn.Module, seed: int = SEED, writers: tuple[nn.Linear, ...] = ()) -> None:
+    """Rotate `decoder` (a models.decoder.Decoder) in place; see the module doc. `writers`: linears
+    outside the decoder whose outputs enter its residual stream (a vision-language model's
+    connector), Q^T W too."""
     if not can_rotate(decoder):
         raise InputError("this decoder cannot be rotated (sandwich norms): quantize it without rotation")
     q = hadamard(decoder.config.dim, seed)
     for block in decoder.layers:
         rotate_block(block, q)
+    for linear in writers:
+        rotate_writer(linear, q)
     rotate_embedding(decoder, q)
     rotate_head(decoder, q)
     decoder.rotation_seed = seed
@@ -151,7 +155,14 @@ def rotate_block(block: nn.Module, q: Hadamard) -> None:
         for linear in map(block.get_submodule, readers):
             _set(linear, q.right(linear.weight.double() * g))
     for linear in map(block.get_submodule, block.residual_writers):
-        _set(linear, q.left_transposed(linear.weight))
+        rotate_writer(linear, q)
+
+
+def rotate_writer(linear: nn.Linear, q: Hadamard) -> None:
+    """A linear writing the residual stream: its output y becomes y Q (Q^T W, and b Q)."""
+    _set(linear, q.left_transposed(linear.weight))
+    if linear.bias is not None:
+        linear.bias.copy_(q.right(linear.bias).to(linear.bias.dtype))
 
 
 def rotates_inputs(decoder: nn.Module) -> bool:

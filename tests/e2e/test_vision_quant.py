@@ -89,10 +89,12 @@ def test_manifest_and_report_name_every_component(quantized_vlm):
     # per layer: q, k, v, out_proj, fc1 (32 inputs) at 8 bits; fc2 (64) and the connector (128) at 4
     assert components["vision_encoder"]["layers"] == {"8da4w": 2 + 1, "8da8w": 2 * 5}
     assert components["token_embedding"] == {**components["token_embedding"], "recipe": "4w", "layers": {"emb4w": 1}}
-    assert components["text_decoder"]["recipe"].startswith(f"8da4w-g{GROUP}")
+    # rotated as a text decoder is (its residual stream, with the connector's output)
+    assert components["text_decoder"]["recipe"].startswith(f"8da4w-g{GROUP}-rot+")
+    assert manifest.quantization["rotate"] is True
     # 2 layers x (q, k, o, w1, w3) + layer 0's w2 + the head at 4 bits (GPTQ); wv, layer 1's w2 at 8
-    # (quantize.recipes.more_bits_layers: the last of 2 layers)
-    assert components["text_decoder"]["layers"] == {"8da4w": 2 * 5 + 1 + 1, "8da8w": 2 + 1}
+    # (quantize.recipes.more_bits_layers: the last of 2 layers); the rotation's float linear before the tied head
+    assert components["text_decoder"]["layers"] == {"8da4w": 2 * 5 + 1 + 1, "8da8w": 2 + 1, "fp32": 1}
     assert manifest.quantization["vision_recipe"] == "8da4w" and manifest.recipe.endswith("+vision8da4w")
     # the rules applied, which eval applies again: the tower's narrow layers (fc1 and each block's
     # attention) at 8 bits, then the rest at the vision recipe
@@ -121,8 +123,8 @@ def test_tower_linears_quantized_embeddings_float(quantized_vlm):
 
 
 def test_quantized_program_is_its_eager_twin_and_near_float(quantized_vlm, tmp_path):
-    """The program equals the eager quantized model (same int weights, dynamic int8 activations:
-    only float summation order differs) to 1e-4; against float, int4 weights on this random
+    """The program equals the eager quantized model (same int weights, dynamic int8 activations)
+    to the bound check_twin_and_float explains; against float, int4 weights on this random
     checkpoint move the first token's logits by ~20 % (measured over 4 images; the eager quantized
     model alone shows the same), so 35 % bounds it. A missing image splice or a tower run on the
     wrong weights moves them by far more (the next assert: another image)."""
@@ -137,18 +139,29 @@ def test_quantized_program_is_its_eager_twin_and_near_float(quantized_vlm, tmp_p
     twin = EagerMultimodalSession(quantized_model(quantized_vlm, manifest, reference), program.image_token_id)
     reference = EagerMultimodalSession(reference, program.image_token_id)
     images = [write_ppm(tmp_path / f"{seed}.ppm", photo(IMAGE, IMAGE, seed)) for seed in range(2)]
-    check_twin_and_float(program, tokenizer, twin, reference, PROMPT, images)
+    check_twin_and_float(program, tokenizer, twin, reference, PROMPT, images, manifest.quantization["rotate"])
 
 
-def check_twin_and_float(program, tokenizer, twin, reference, prompt: str, images: list[Path]) -> None:
-    """With each image, the program's first-token logits equal its eager quantized twin's (1e-4) and
-    stay within 35 % of float's; the two images' logits differ (the image reaches them)."""
+# The program against its eager twin: float summation order alone differs (1e-4), unless the
+# decoder is rotated. Rotation leaves its norms with a unit scale, so a 4-bit table row that holds
+# +k and -k as its extremes keeps them after the first norm: that row's int8 zero point, and some of
+# its values, fall exactly halfway between two integers, and XNNPACK's dynamic quantization breaks
+# such ties otherwise than torchao's eager one (in a linear of the tiny checkpoint, one such row
+# was 0.8 % off, the others 1e-7). 1.1-1.5 % on the first-token logits here; a rebuild left
+# unrotated is 130 % off, one with mse weights instead of GPTQ's 33 %.
+TWIN_BOUND = {False: 1e-4, True: 3e-2}
+
+
+def check_twin_and_float(program, tokenizer, twin, reference, prompt: str, images: list[Path], rotated: bool) -> None:
+    """With each image, the program's first-token logits equal its eager quantized twin's
+    (TWIN_BOUND) and stay within 35 % of float's; the two images' logits differ (the image reaches
+    them)."""
     logits = []
     for image in images:
         ids = program.encode_prompt(tokenizer, prompt, [image])
         frames = list(program.frames)
         got = _first_token_logits(program, ids, frames)
-        assert _relative(got, _first_token_logits(twin, ids, frames)) <= 1e-4
+        assert _relative(got, _first_token_logits(twin, ids, frames)) <= TWIN_BOUND[rotated]
         assert _relative(got, _first_token_logits(reference, ids, frames)) <= 0.35
         logits.append(got)
     assert _relative(logits[0], logits[1]) > 0
@@ -536,7 +549,7 @@ def export_quantized(checkpoint: Path, out: Path, max_seq_len: int) -> Path:
 
 def check_quantized_vlm(folder: Path, prompt: str, images: list[Path], questions: Path, capsys) -> None:
     """A quantized export of any family: each component quantized as the manifest says; the program
-    equals its eager quantized twin (1e-4) and stays near float with each image (at its own size);
+    equals its eager quantized twin (TWIN_BOUND) and stays near float with each image (at its own size);
     `genai eval --images` scores it beside float."""
     from genai_pipeline.evaluate.text import float_model, quantized_model
     from genai_pipeline.runtime.multimodal import EagerMultimodalSession, MultimodalSession
@@ -550,7 +563,7 @@ def check_quantized_vlm(folder: Path, prompt: str, images: list[Path], questions
     reference = float_model(manifest)
     twin = EagerMultimodalSession(quantized_model(folder, manifest, reference), program.image_token_id)
     reference = EagerMultimodalSession(reference, program.image_token_id)
-    check_twin_and_float(program, tokenizer, twin, reference, prompt, images)
+    check_twin_and_float(program, tokenizer, twin, reference, prompt, images, manifest.quantization["rotate"])
 
     capsys.readouterr()
     assert main(["eval", str(folder), "--images", str(questions), "--json"]) == 0
