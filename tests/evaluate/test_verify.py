@@ -55,7 +55,8 @@ def test_a_broken_recipe_trips_the_warning(tmp_path, monkeypatch):
 def test_thresholds_and_the_held_out_text(tmp_path):
     good = Verification("t", 100, 20.0, 21.0, 0.9, 0.05)
     assert warning(good, "8da4w-g32+emb8w") is None
-    assert "try --recipe 8da8w" in warning(Verification("t", 100, 20.0, 30.0, 0.9, 0.05), "8da4w-g32+emb8w")
+    four_bit = warning(Verification("t", 100, 20.0, 30.0, 0.9, 0.05), "8da4w-g32+emb8w")
+    assert r"try --quant-override '^layers\.=8da8w' (every block's linears at 8 bits) or --recipe 8da8w" in four_bit
     top1_alone = warning(Verification("t", 100, 20.0, 19.8, 0.5, 0.05), "8da8w")  # perplexity even improved
     assert (
         top1_alone.startswith("this program loses 50 % of its float model's next tokens against")
