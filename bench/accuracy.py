@@ -84,6 +84,7 @@ VARIANTS = {
     "8da4w-budget105": {"recipe": "8da4w", "size_budget": 105},  # llama.cpp Q4_K_M's size
     "8da4w-budget120": {"recipe": "8da4w", "size_budget": 120},
     "8da4w-budget188": {"recipe": "8da4w", "size_budget": 188.1},  # Gemma 3 270M's default size (179.4 MiB)
+    "8da4w-budget185": {"recipe": "8da4w", "size_budget": 185.4},  # its default's size since 0040 (176.8 MiB)
     # the default less one of its 8-bit rules of the blocks (with 8da4w-head4: less the w2 rule)
     "8da4w-without-wv8": {"recipe": "8da4w", "keep_8bit": []},
     "8da4w-without-edges8": {"recipe": "8da4w", "overrides": [["feed_forward\\.w[13]$", "8da4w"]]},

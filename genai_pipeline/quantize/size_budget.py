@@ -40,6 +40,10 @@ log = logging.getLogger(__name__)
 GRAPH_BYTES_PER_BLOCK_AND_METHOD = 12_000
 GRAPH_BYTES = 32_000
 SENSITIVITY_WINDOW = 512  # tokens per run from position 0
+# The head's logits scored per window, at most: every position of a 512-token window up to a
+# vocabulary of 64k (SmolLM2's 49,152), fewer, evenly spaced, beyond. A head over every position
+# of a 262,144-token vocabulary (Gemma 3) holds 0.5 GB of logits a tensor and runs ~63 times a window.
+HEAD_LOGITS = 1 << 25
 BANDS = 10  # layer_groups: bands of adjacent blocks
 
 
@@ -88,6 +92,14 @@ def layer_groups(names: list[str], n_layers: int) -> dict[str, tuple[str, ...]]:
     return {g: tuple(members) for g, members in groups.items()}
 
 
+def scored_positions(length: int, vocab: int, head_logits: int = HEAD_LOGITS) -> torch.Tensor:
+    """The positions of a window of `length` tokens whose next-token distributions a size budget
+    compares: all of them while length x vocab <= head_logits, else as many as fit, evenly spaced,
+    the last one included."""
+    count = max(1, min(length, head_logits // vocab))
+    return torch.linspace(length - 1, 0, count).round().long().unique()  # from the last: one position is the last
+
+
 @torch.no_grad()
 def promotion_gains(
     module: nn.Module,
@@ -95,12 +107,14 @@ def promotion_gains(
     eight_bit: dict[str, torch.Tensor],
     groups: dict[str, tuple[str, ...]],
     windows: list[list[int]],
+    head_logits: int = HEAD_LOGITS,
 ) -> dict[str, float]:
     """For each group of `groups` (of the layers of `four_bit`, {linear name: its 4-bit weight as
     float}): KL(float || every layer at 4 bits) minus the same with that group's layers at 8 bits
-    (`eight_bit`, the same as float), in nats per token over `windows` (token lists, each from position 0). A group's
-    change is measured by running the blocks from its first on, from the hidden states the 4-bit
-    model gives that block. The module (weights, KV cache) is left as it was."""
+    (`eight_bit`, the same as float), in nats per token over `windows` (token lists, each from
+    position 0), at each window's scored_positions. A group's change is measured by running the
+    blocks from its first on, from the hidden states the 4-bit model gives that block. The module
+    (weights, KV cache) is left as it was."""
     from genai_pipeline.upstream.executorch_logs import native_logs_hidden
 
     state = {k: v.clone() for k, v in module.named_buffers()}
@@ -115,14 +129,18 @@ def promotion_gains(
     try:
         for window in iterate_with_progress(windows, f"measuring {len(groups)} layer groups' gain from 8 bits"):
             x, pos = torch.tensor([window]), torch.tensor([0])
+            scored = scored_positions(len(window), module.config.vocab_size, head_logits)
+
+            def log_probs(hidden: torch.Tensor) -> torch.Tensor:
+                return torch.log_softmax(module.head(hidden[:, scored])[0].float(), -1)
+
             with native_logs_hidden():  # ExecuTorch's custom ops log from C++ in eager mode too
                 take(originals)
-                reference = torch.log_softmax(module(x, pos)[0].float(), -1)
+                reference = log_probs(module.forward_blocks(module.embed(x), pos))
                 take(four_bit)
 
                 def kl(hidden: torch.Tensor) -> float:
-                    logp = torch.log_softmax(module.head(hidden)[0].float(), -1)
-                    return float((reference.exp() * (reference - logp)).sum())
+                    return float((reference.exp() * (reference - log_probs(hidden))).sum())
 
                 inputs = []  # each block's input in the all-4-bit model
                 hooks = [b.register_forward_pre_hook(lambda _, args: inputs.append(args[0])) for b in module.layers]
@@ -136,7 +154,7 @@ def promotion_gains(
                     first = min(int(n.split(".")[1]) for n in members)
                     gains[g] += base - kl(module.forward_blocks(inputs[first], pos, first=first))
                     take({n: four_bit[n] for n in members})
-            tokens += len(window)
+            tokens += len(scored)
         return {g: v / tokens for g, v in gains.items()}
     finally:
         take(originals)
@@ -171,13 +189,15 @@ def promote(
             chosen.append(g)
             left -= cost[g]
     log.info(
-        "size budget: %d of %d layer groups at 8 bits (%s; %.1f of %.1f MB to spare), measured on %d tokens in %.0f s",
+        "size budget: %d of %d layer groups at 8 bits (%s; %.1f of %.1f MB to spare), measured on %d tokens "
+        "(the KL at %d of their positions) in %.0f s",
         len(chosen),
         len(groups),
         " ".join(sorted(chosen)),
         (room - left) / 1e6,
         room / 1e6,
         sum(map(len, windows)),
+        sum(len(scored_positions(len(w), module.config.vocab_size)) for w in windows),
         time.perf_counter() - started,
     )
     promoted = {n for g in chosen for n in groups[g]}

@@ -26,6 +26,7 @@ from genai_pipeline.quantize.size_budget import (
     program_bytes,
     promote,
     promotion_gains,
+    scored_positions,
 )
 from genai_pipeline.quantize.weights import q4_0_qparams, torchao_qparams
 from genai_pipeline.registry import get_spec
@@ -56,6 +57,13 @@ def test_program_bytes_counts_what_the_program_stores_but_its_graphs(export_refe
     assert len(methods) == 3 and 0 <= size - estimate <= graph_bytes(4, len(methods)), (size, estimate)
 
 
+def test_the_positions_scored_are_all_of_them_or_as_many_as_fit_evenly_spaced():
+    assert torch.equal(scored_positions(512, 49_152), torch.arange(512))  # SmolLM2: every position
+    gemma = scored_positions(512, 262_144)  # 1 << 25 logits: 128 positions
+    assert len(gemma) == 128 and gemma[0] == 0 and gemma[-1] == 511 and set(torch.diff(gemma).tolist()) <= {4, 5}
+    assert scored_positions(10, 1 << 26).tolist() == [9]  # at least one: the last
+
+
 def test_layer_groups_are_one_kind_over_a_band_of_blocks():
     names = [f"layers.{i}.{kind}" for i in range(30) for kind in ("attention.wk", "feed_forward.w2")]
     groups = layer_groups(names, 30)
@@ -83,6 +91,11 @@ def test_the_measurement_finds_a_broken_layer_and_leaves_the_model_as_it_was():
     assert max(gains, key=gains.get) == "w1@2-2" and gains["w1@2-2"] > 100 * max(
         abs(g) for k, g in gains.items() if k != "w1@2-2"
     )
+    # a vocabulary too large for every position's logits: a quarter of them, evenly spaced, find it too
+    sampled = promotion_gains(
+        decoder, four_bit, eight_bit, layer_groups(names, len(decoder.layers)), windows, 24 * decoder.config.vocab_size
+    )
+    assert max(sampled, key=sampled.get) == "w1@2-2" and 0.8 < sampled["w1@2-2"] / gains["w1@2-2"] < 1.25
     after = decoder.state_dict()
     assert all(torch.equal(before[k], after[k]) for k in before)  # weights and KV cache
     extra = linear_bytes(768, 256, "8da8w", 32) - linear_bytes(768, 256, "8da4w", 32)
