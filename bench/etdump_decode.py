@@ -4,7 +4,8 @@ XNNPACK's per-operator times too) over decode steps of one program, summed by op
     .venv/bin/python -m bench.etdump_decode PROGRAM.pte [--caller genai|optimum] [--threads 2] [--steps 64] \
         [--prompt 128] [--method verify --tokens 8] [--json out.json]
 
-A 128-token prompt goes in first (positions 0-127; `--prompt 0`: none, for a program with no prompt method), then `--steps` single-token steps through `forward`
+A 128-token prompt goes in first (positions 0-127; `--prompt 0`: none, for a program with no prompt
+method, as a `--mode kv` export's `decode_token`), then `--steps` single-token steps through `forward`
 (a dynamic program's; `--caller optimum` passes positions as optimum-executorch's programs take them, a
 cache_position per token). `--method verify --tokens 8` times a lookahead program's verify calls instead:
 8 tokens a call, the call at position p + 1 after the one at p (the rows a call writes past its first

@@ -27,7 +27,7 @@ WARN_PERPLEXITY = 0.25
 WARN_TOP1 = 0.75
 # What to try instead, by recipe family.
 # Under 8da4w, the blocks' linears at 8 bits first: the table, the largest tensor of a small model,
-# stays at 4 (Gemma 3 270M: 81 % of 8da8w's bytes, most of its accuracy; docs/decisions/0042).
+# stays at 4, for most of 8da8w's accuracy at fewer bytes (docs/decisions/0042).
 BETTER = {
     "8da4w": "--quant-override '^layers\\.=8da8w' (every block's linears at 8 bits) or --recipe 8da8w",
     "8da8w": "--recipe fp32",

@@ -40,9 +40,9 @@ log = logging.getLogger(__name__)
 GRAPH_BYTES_PER_BLOCK_AND_METHOD = 12_000
 GRAPH_BYTES = 32_000
 SENSITIVITY_WINDOW = 512  # tokens per run from position 0
-# The head's logits scored per window, at most: every position of a 512-token window up to a
-# vocabulary of 64k (SmolLM2's 49,152), fewer, evenly spaced, beyond. A head over every position
-# of a 262,144-token vocabulary (Gemma 3) holds 0.5 GB of logits a tensor and runs ~63 times a window.
+# The head's logits scored per window, at most: every position of a 512-token window up to a 64k
+# vocabulary, fewer, evenly spaced, beyond; each group's gain runs the head once a window, and on a
+# 262k vocabulary every position's logits took the measurement out of memory (docs/decisions/0044).
 HEAD_LOGITS = 1 << 25
 BANDS = 10  # layer_groups: bands of adjacent blocks
 
@@ -97,7 +97,7 @@ def scored_positions(length: int, vocab: int, head_logits: int = HEAD_LOGITS) ->
     compares: all of them while length x vocab <= head_logits, else as many as fit, evenly spaced,
     the last one included."""
     count = max(1, min(length, head_logits // vocab))
-    return torch.linspace(length - 1, 0, count).round().long().unique()  # from the last: one position is the last
+    return torch.linspace(length - 1, 0, count).round().long().unique()  # from the last down: one is the last
 
 
 @torch.no_grad()
