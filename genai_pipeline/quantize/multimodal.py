@@ -145,9 +145,9 @@ def rotate_as_recipe(model: nn.Module, options: QuantOptions) -> None:
     (whose output the stream takes as image embeddings) writing Q^T W; or, with sandwich norms
     (Gemma 3), its linears' inputs at run time, which leaves the stream and so the connector as they
     are. Before GPTQ measures the decoder, and again when `genai eval` rebuilds the model."""
-    decoder = model.decoder
     if not options.rotate:  # nor under fp32 or a static recipe (options.QuantOptions)
         return
+    decoder = model.decoder
     if rotates_inputs(decoder):
         for block in decoder.layers:
             rotate_inputs(block, SEED)

@@ -158,6 +158,7 @@ def rotate_block(block: nn.Module, q: Hadamard) -> None:
         rotate_writer(linear, q)
 
 
+@torch.no_grad()
 def rotate_writer(linear: nn.Linear, q: Hadamard) -> None:
     """A linear writing the residual stream: its output y becomes y Q (Q^T W, and b Q)."""
     _set(linear, q.left_transposed(linear.weight))
