@@ -2,8 +2,9 @@
 functions (the text path's, not copies).
 
 - text decoder: `--recipe` as for a text model (8da4w: GPTQ on calibration text, the value and
-  down projections at 8 bits, ...), token table by `--embedding`. Rotated as a text decoder is, the
-  connector's output with its residual stream (rotate_as_recipe); not smoothed.
+  down projections at 8 bits, a tied 4-bit table's first rows at 8 bits, ...), token table by
+  `--embedding`. Rotated as a text decoder is, the connector's output with its residual stream
+  (rotate_as_recipe); not smoothed.
 - image tower and connector: `--vision-recipe`; by default (AUTO_VISION) 8da8w under a 4-bit
   decoder, else the decoder's recipe. Only their linear layers are quantized: the patch embedding
   (a convolution), the position table, the norms and the class token stay float. Under 8da4w the
@@ -38,7 +39,16 @@ from genai_pipeline.layer_rules import Rule, rules_naming
 from genai_pipeline.names import ArtifactKey
 from genai_pipeline.options import QuantOptions
 from genai_pipeline.quantize.gptq import gptq_int4, gptq_names
-from genai_pipeline.quantize.recipes import describe, quantize_module, recipe_counts, rules_for
+from genai_pipeline.quantize.recipes import (
+    HEAD,
+    describe,
+    linear_recipes,
+    quantize_module,
+    recipe_counts,
+    rules_for,
+    split_tied_table,
+    table_8bit_rows,
+)
 from genai_pipeline.quantize.rotation import SEED, can_rotate, rotate, rotate_inputs, rotates_inputs
 
 log = logging.getLogger(__name__)
@@ -162,7 +172,10 @@ def quantize_model(model: nn.Module, options: QuantOptions, int4=None) -> dict[s
     plans = {"text_decoder": {}, "vision_encoder": {}}
     decoder = decoder_options(options)
     if not decoder.is_float:
-        plans["text_decoder"] = quantize_module(model.decoder, decoder, int4)
+        given = dict(int4 or {})  # `int4` keeps the whole head's values: what eval is given again
+        if decoder.table_8bit_rows:
+            split_tied_table(model.decoder, decoder.table_8bit_rows, given)
+        plans["text_decoder"] = quantize_module(model.decoder, decoder, given)
     if options.vision_recipe != "fp32":
         plans["vision_encoder"] = quantize_module(model.vision, tower_options(model.vision, options))
     return plans
@@ -227,6 +240,9 @@ def quantize_vision_language(prepared: PreparedModel, options: QuantOptions, tar
         return prepared
     artifact = prepared.artifacts[ArtifactKey.MULTIMODAL]
     model = artifact.module
+    # the table's first rows at 8 bits as in a text decoder, counted (or an explicit number refused) before any work
+    head = linear_recipes(model.decoder, decoder_options(options)).get(HEAD)
+    options = dataclasses.replace(options, table_8bit_rows=table_8bit_rows(options, model.decoder, head))
     rotate_as_recipe(model, options)
     computed, decoder = None, decoder_options(options)
     if options.weight_rule == "gptq" and gptq_names(model.decoder, decoder):

@@ -12,6 +12,7 @@ from torch import nn
 
 from genai_pipeline.errors import InputError
 from genai_pipeline.layer_rules import Rule, recipe_of, rules_naming
+from genai_pipeline.models.table_parts import TableHead, split_table
 from genai_pipeline.options import QuantOptions
 from genai_pipeline.quantize.rotation import rotates_inputs
 from genai_pipeline.quantize.weights import (
@@ -179,9 +180,32 @@ def describe(options: QuantOptions) -> str:
 
 
 def linear_recipes(module: nn.Module, options: QuantOptions, given: Iterable[str] = ()) -> dict[str, str]:
-    """name -> recipe of every linear in `module`, by rules_for."""
+    """name -> recipe of every linear in `module`, by rules_for; the parts of a head split with its
+    table by the head's rule (table_part_recipes)."""
     rules = rules_for(options, len(getattr(module, "layers", ())), given)
-    return {n: recipe_of(n, rules) for n, m in module.named_modules() if isinstance(m, nn.Linear)}
+    recipes = {n: recipe_of(n, rules) for n, m in module.named_modules() if isinstance(m, nn.Linear)}
+    if isinstance(getattr(module, HEAD, None), TableHead):
+        recipes.update(table_part_recipes(recipe_of(HEAD, rules)))
+    return recipes
+
+
+def table_part_recipes(head: str) -> dict[str, str]:
+    """The recipes of a head in parts (models/table_parts.py) whose whole takes `head`: its first
+    rows at 8 bits, the rest at `head`. Rules name the whole head (`output`), never its parts."""
+    return {f"{HEAD}.first": "8da8w", f"{HEAD}.rest": head}
+
+
+def split_tied_table(decoder: nn.Module, rows: int, *values: dict) -> None:
+    """`decoder`'s tied table and head in two parts, its first `rows` rows and the rest
+    (models/table_parts.py), in place; the head's int4 values in each of `values` ({weight name:
+    (values, scales)}) renamed and cut to the rest's rows. GPTQ's rows are independent given the
+    Hessian, so the whole head's values cut are what GPTQ on the rest alone would give."""
+    split_table(decoder, rows)
+    for chosen in values:
+        if f"{HEAD}.weight" in chosen:
+            q, d = chosen.pop(f"{HEAD}.weight")
+            chosen[f"{HEAD}.rest.weight"] = (q[rows:], d[rows:])
+    log.info("the table's first %d rows at 8 bits, for lookup and head", rows)
 
 
 def quantize_module(

@@ -25,11 +25,18 @@ from genai_pipeline.errors import InputError
 from genai_pipeline.heap import move_to_file, trim
 from genai_pipeline.layer_rules import recipe_of
 from genai_pipeline.models.decoder import KVCache
-from genai_pipeline.models.table_parts import split_table
 from genai_pipeline.options import QuantOptions
 from genai_pipeline.quantize.calibration import InputStatistics, inputs_recorded
 from genai_pipeline.quantize.gptq import gptq_weights
-from genai_pipeline.quantize.recipes import HEAD, quantize_embedding, quantize_linears, rules_for, table_8bit_rows
+from genai_pipeline.quantize.recipes import (
+    HEAD,
+    quantize_embedding,
+    quantize_linears,
+    rules_for,
+    split_tied_table,
+    table_8bit_rows,
+    table_part_recipes,
+)
 from genai_pipeline.quantize.rotation import (
     SEED,
     hadamard,
@@ -195,8 +202,9 @@ def quantize_blocks(
         if decoder.head_rotation is not None:
             outer["head_rotation"] = linears["head_rotation"] = recipe_of("head_rotation", rules)
         outer_computed = dict(computed)  # `computed` keeps the whole head's values: what eval is given again
-        if rows:
-            _split_table(decoder, rows, outer, (given, outer_computed))
+        if rows:  # the table's first rows at 8 bits: an 8da8w head part and an 8w lookup part
+            split_tied_table(decoder, rows, given, outer_computed)
+            outer.update(table_part_recipes(outer.pop(HEAD)))
             del linears[HEAD]
         with stage("quantize", quiet=True):
             plan = quantize_embedding(decoder, options, outer, {**given, **outer_computed}) | linears | outer
@@ -223,19 +231,6 @@ def _quantize(
     taken = {k: given.pop(k) for k in keys & given.keys()} | {k: computed[k] for k in keys & computed.keys()}
     quantize_linears(decoder, linears, options, taken, any_given)
     given.update({k: v for k, v in taken.items() if k not in computed})
-
-
-def _split_table(decoder: nn.Module, rows: int, outer: dict, values: tuple[dict, ...]) -> None:
-    """The tied table in two parts (models/table_parts.py): its first `rows` rows at 8 bits (8da8w
-    head part, 8w lookup part), the rest at the head's recipe, in place; `outer` ({layer: recipe})
-    and the int4 values in `values` (given, chosen) renamed and cut to the rest's rows."""
-    split_table(decoder, rows)
-    outer[f"{HEAD}.first"], outer[f"{HEAD}.rest"] = "8da8w", outer.pop(HEAD)
-    for chosen in values:
-        if f"{HEAD}.weight" in chosen:
-            q, d = chosen.pop(f"{HEAD}.weight")
-            chosen[f"{HEAD}.rest.weight"] = (q[rows:], d[rows:])
-    log.info("the table's first %d rows at 8 bits, for lookup and head", rows)
 
 
 def _to_file(weights, chosen, path: Path) -> None:

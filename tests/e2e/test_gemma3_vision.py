@@ -15,6 +15,7 @@ from test_vision import export_program, photo, printable, run, tokenizer, write_
 
 from genai_pipeline.checkpoints.multimodal import load_multimodal
 from genai_pipeline.image_processing import expand_prompt, image_frames
+from genai_pipeline.manifest import Manifest
 from genai_pipeline.prepare.multimodal import read_processing
 from genai_pipeline.registry import infer_spec
 from genai_pipeline.registry.chat_templates import GEMMA_VISION
@@ -420,10 +421,15 @@ def test_gemma3_4b_entry_reads_its_config_as_transformers_does():
 
 
 def test_gemma3_quantized_per_component(gemma3_checkpoint, tmp_path_factory, capsys):
-    """The default 4-bit decoder and 8-bit tower, the image rows still attending both ways."""
+    """The default 4-bit decoder and 8-bit tower, the image rows still attending both ways; the tied
+    table's first rows at 8 bits as a real Gemma 3's are by default (this one's table is too small to
+    take any by default), its linears' inputs rotated at run time."""
     from test_vision_quant import check_quantized_vlm, export_quantized
 
-    folder = export_quantized(gemma3_checkpoint, tmp_path_factory.mktemp("gemma3-8da4w") / "export", MAX_SEQ)
+    out = tmp_path_factory.mktemp("gemma3-8da4w") / "export"
+    folder = export_quantized(gemma3_checkpoint, out, MAX_SEQ, "--table-8bit-rows", "64")
+    quantization = Manifest.read(folder).quantization
+    assert quantization["table_8bit_rows"] == 64 and quantization["rotate"]
     tmp = folder.parent
     images = [write_ppm(tmp / f"{seed}.ppm", photo(IMAGE, IMAGE, seed)) for seed in (3, 4)]
     rows = [

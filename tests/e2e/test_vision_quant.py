@@ -3,7 +3,8 @@ what reads one: `genai eval --images` (evaluate/images.py) and `genai bench` (be
 The static recipe (8a8w, calibrated on chats with images) is at the end of the file.
 
 One export of the tiny SmolVLM checkpoint (tests/e2e/test_vision.py builds it) through the CLI:
-decoder 8da4w (GPTQ on the default text), token table 4w, image tower 8da4w with group size 64,
+decoder 8da4w (GPTQ on the default text), token table 4w with its first 128 rows at 8 bits (for
+lookup and head alike, as a text decoder's), image tower 8da4w with group size 64,
 which does not divide the tower's width (32): q, k, v, out and fc1 fall back to 8da8w, fc2 (64
 inputs) and the connector (128) take 4-bit groups. The oracles: the float model, its eager
 quantized twin (torchao in eager mode, the same integers), and transformers' Idefics3."""
@@ -24,6 +25,7 @@ from genai_pipeline.manifest import Manifest
 MAX_SEQ = 96
 GROUP = 64
 TOWER_WIDTH = 32  # save_tiny_smolvlm's vision hidden_size
+TABLE_ROWS = 128  # the tied table's first rows at 8 bits (of test_vision's 384); none by default at this size
 
 
 @pytest.fixture(scope="session")
@@ -46,6 +48,8 @@ def quantized_vlm(quant_checkpoint, tmp_path_factory) -> Path:
                 "8da4w",
                 "--group-size",
                 str(GROUP),
+                "--table-8bit-rows",
+                str(TABLE_ROWS),
                 "--max-seq-len",
                 str(MAX_SEQ),
                 "--out",
@@ -88,13 +92,20 @@ def test_manifest_and_report_name_every_component(quantized_vlm):
     assert components["vision_encoder"]["recipe"] == f"8da4w-g{GROUP}-mse"
     # per layer: q, k, v, out_proj, fc1 (32 inputs) at 8 bits; fc2 (64) and the connector (128) at 4
     assert components["vision_encoder"]["layers"] == {"8da4w": 2 + 1, "8da8w": 2 * 5}
-    assert components["token_embedding"] == {**components["token_embedding"], "recipe": "4w", "layers": {"emb4w": 1}}
+    # the tied table in two parts: its first rows at 8 bits, the rest at 4
+    assert components["token_embedding"] == {
+        **components["token_embedding"],
+        "recipe": "4w",
+        "layers": {"emb4w": 1, "emb8w": 1},
+    }
+    assert manifest.quantization["table_8bit_rows"] == TABLE_ROWS and f"+table{TABLE_ROWS}rows=8w" in manifest.recipe
     # rotated as a text decoder is (its residual stream, with the connector's output)
     assert components["text_decoder"]["recipe"].startswith(f"8da4w-g{GROUP}-rot+")
     assert manifest.quantization["rotate"] is True
-    # 2 layers x (q, k, o, w1, w3) + layer 0's w2 + the head at 4 bits (GPTQ); wv, layer 1's w2 at 8
-    # (quantize.recipes.more_bits_layers: the last of 2 layers); the rotation's float linear before the tied head
-    assert components["text_decoder"]["layers"] == {"8da4w": 2 * 5 + 1 + 1, "8da8w": 2 + 1, "fp32": 1}
+    # 2 layers x (q, k, o, w1, w3) + layer 0's w2 + the head's rest at 4 bits (GPTQ); wv, layer 1's w2
+    # (quantize.recipes.more_bits_layers: the last of 2 layers) and the head's first rows at 8; the
+    # rotation's float linear before the tied head
+    assert components["text_decoder"]["layers"] == {"8da4w": 2 * 5 + 1 + 1, "8da8w": 2 + 1 + 1, "fp32": 1}
     assert manifest.quantization["vision_recipe"] == "8da4w" and manifest.recipe.endswith("+vision8da4w")
     # the rules applied, which eval applies again: the tower's narrow layers (fc1 and each block's
     # attention) at 8 bits, then the rest at the vision recipe
@@ -168,14 +179,17 @@ def check_twin_and_float(program, tokenizer, twin, reference, prompt: str, image
 
 
 def test_tied_table_stored_once(quantized_vlm):
-    """The 4w lookup takes the tied head's GPTQ int4 values: the delegated head reads the lookup's
-    bytes in the constant segment, nothing is stored twice."""
+    """Each part of the tied table is stored once: the 4w lookup of the rest takes the head's GPTQ
+    int4 values, the 8w lookup of the first rows the 8-bit head part's values, and the delegated
+    head parts read the lookups' bytes in the constant segment (token_embedding, another method of
+    the program)."""
     from genai_pipeline.inspect import inspect_program
 
     weights = inspect_program(quantized_vlm / "multimodal.pte")["weights"]
     vocab, dim = Manifest.read(quantized_vlm).config.vocab_size, Manifest.read(quantized_vlm).config.dim
     assert weights["stored_twice_bytes"] == 0
-    assert weights["named_data_in_constant_segment_bytes"] >= vocab * dim // 2  # the int4 table, two values a byte
+    # the rest's int4 values, two a byte, and the first rows' int8 ones
+    assert weights["named_data_in_constant_segment_bytes"] >= (vocab - TABLE_ROWS) * dim // 2 + TABLE_ROWS * dim
 
 
 # ---------------------------------------------------------------- refused in one line
@@ -539,11 +553,11 @@ def test_static_refusals(quant_checkpoint, tmp_path, capsys):
 # ---------------------------------------------------------------- the other families, quantized
 
 
-def export_quantized(checkpoint: Path, out: Path, max_seq_len: int) -> Path:
+def export_quantized(checkpoint: Path, out: Path, max_seq_len: int, *flags: str) -> Path:
     """The checkpoint exported with the default 4-bit decoder and its automatic tower recipe
-    (8da8w), through the CLI."""
+    (8da8w), and `flags`, through the CLI."""
     argv = ["export", "--checkpoint", str(checkpoint), "--recipe", "8da4w", "--max-seq-len", str(max_seq_len)]
-    assert main([*argv, "--out", str(out)]) == 0
+    assert main([*argv, *flags, "--out", str(out)]) == 0
     return out
 
 
@@ -552,6 +566,7 @@ def check_quantized_vlm(folder: Path, prompt: str, images: list[Path], questions
     equals its eager quantized twin (TWIN_BOUND) and stays near float with each image (at its own size);
     `genai eval --images` scores it beside float."""
     from genai_pipeline.evaluate.text import float_model, quantized_model
+    from genai_pipeline.inspect import inspect_program
     from genai_pipeline.runtime.multimodal import EagerMultimodalSession, MultimodalSession
     from genai_pipeline.tokenizer import Tokenizer
 
@@ -559,6 +574,9 @@ def check_quantized_vlm(folder: Path, prompt: str, images: list[Path], questions
     components = manifest.vision["components"]
     assert components["vision_encoder"]["recipe"].startswith("8da8w")
     assert components["text_decoder"]["recipe"].startswith("8da4w") and components["text_decoder"]["layers"]["8da4w"]
+    if manifest.quantization["table_8bit_rows"]:  # the tied table in two parts, each stored once
+        assert components["token_embedding"]["layers"] == {"emb4w": 1, "emb8w": 1}
+        assert inspect_program(folder / "multimodal.pte")["weights"]["stored_twice_bytes"] == 0
     program, tokenizer = MultimodalSession(folder), Tokenizer.from_folder(folder)
     reference = float_model(manifest)
     twin = EagerMultimodalSession(quantized_model(folder, manifest, reference), program.image_token_id)

@@ -24,6 +24,7 @@ from genai_pipeline.quantize.recipes import (
     linear_recipes,
     recipe_rules,
     rules_for,
+    split_tied_table,
     table_8bit_rows,
 )
 from genai_pipeline.quantize.weights import linear_bytes
@@ -243,6 +244,34 @@ def test_a_decoder_whose_inputs_are_rotated_gives_the_table_a_smaller_share():
     assert rotated * per_row <= TABLE_8BIT_SHARE_ROTATED_INPUTS * read < (rotated + 1024) * per_row
     assert unrotated * per_row <= TABLE_8BIT_SHARE * read < (unrotated + 1024) * per_row
     assert 0 < rotated < unrotated
+
+
+def test_a_head_in_parts_takes_its_recipes_from_the_rule_of_the_whole_head():
+    """Rules name the whole head (`output`); split with its table, its first rows take 8 bits and the
+    rest the whole head's recipe, and the head's int4 values are cut to the rest's rows."""
+    from genai_pipeline.models.decoder import Decoder, DecoderConfig
+
+    config = DecoderConfig(vocab_size=97, dim=64, n_layers=1, n_heads=2, n_kv_heads=1, hidden_dim=64)
+    decoder = Decoder(config, max_seq_len=16)
+    decoder.tie_weights()
+    values = {"output.weight": (torch.zeros(97, 64, dtype=torch.int8), torch.ones(97, 2)), "other": (None, None)}
+    split_tied_table(decoder, 32, values)
+    assert values["output.rest.weight"][0].shape == (65, 64) and values["output.rest.weight"][1].shape == (65, 2)
+    assert "output.weight" not in values and "other" in values
+    default = linear_recipes(decoder, QuantOptions(recipe="8da4w", table_8bit_rows=32))
+    assert "output" not in default and (default["output.first"], default["output.rest"]) == ("8da8w", "8da4w")
+    overridden = linear_recipes(decoder, QuantOptions(recipe="8da4w", overrides=(("^output$", "8da8w"),)))
+    assert overridden["output.rest"] == "8da8w"
+    assert decoder.output.first.weight.data_ptr() == decoder.tok_embeddings.first.weight.data_ptr()  # still tied
+
+
+def test_vision_language_decoders_with_a_tied_table_take_its_rows_as_text_decoders_do():
+    """quantize/multimodal.py counts the rows with the text path's rule: Gemma 3 4B's and
+    Qwen2.5-VL 3B's tied tables take some by default; untied ones (SmolVLM's) none."""
+    default = QuantOptions(recipe="8da4w")
+    assert table_8bit_rows(default, _decoder_of("gemma3-4b"), "8da4w") >= 8192
+    assert table_8bit_rows(default, _decoder_of("qwen2_5-vl-3b"), "8da4w") >= 8192
+    assert table_8bit_rows(default, _decoder_of("smolvlm-256m"), "8da4w") == 0
 
 
 @pytest.mark.parametrize(
