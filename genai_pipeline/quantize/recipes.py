@@ -60,6 +60,12 @@ def head_recipe(options: QuantOptions) -> str | None:
     return "8da8w" if options.recipe == "8da4w" and options.weight_rule != "gptq" else None
 
 
+def table_splits(options: QuantOptions, decoder: nn.Module, head: str | None) -> bool:
+    """Whether `decoder`'s table can keep its first rows at 8 bits under `options`: a tied table at 4
+    bits (8da4w, --embedding 4w, `head` the head's recipe by the rules: 8da4w)."""
+    return options.recipe == "8da4w" and decoder.config.tie_embeddings and options.embedding == "4w" and head == "8da4w"
+
+
 def table_8bit_rows(options: QuantOptions, decoder: nn.Module, head: str | None) -> int:
     """How many of `decoder`'s first table rows 8da4w stores at 8 bits, for lookup and LM head alike
     (`head`: the head's recipe by the rules): options.table_8bit_rows, or by default the most, in
@@ -67,19 +73,14 @@ def table_8bit_rows(options: QuantOptions, decoder: nn.Module, head: str | None)
     where the linears' inputs are rotated) of the bytes of the decoder's linears at their recipes: a
     decode step reads those, so its time grows by about that much.
     Vocabularies number tokens about in the order their merges were learnt, so the first rows are
-    the most frequent tokens: no data picks them. Only a tied table at 4 bits has them (--embedding
-    4w, an 8da4w head), and not under a size budget, which measures instead; anything else refuses
-    an explicit number."""
+    the most frequent tokens: no data picks them. Only a tied table at 4 bits has them (table_splits);
+    under a size budget, the number its measurement chose (size_budget.py). Anything else, or a
+    number given beside a budget, is refused."""
     vocab, dim = decoder.config.vocab_size, decoder.config.dim
-    applies = (
-        options.recipe == "8da4w"
-        and decoder.config.tie_embeddings
-        and options.embedding == "4w"
-        and head == "8da4w"
-        and options.size_budget is None
-    )
+    # a size budget chooses them (size_budget.py): none before its choice, its number after
+    applies = table_splits(options, decoder, head) and (options.size_budget is None or options.promoted is not None)
     if options.table_8bit_rows is None:
-        if not applies:
+        if not applies or options.size_budget is not None:
             return 0
         recipes = linear_recipes(decoder, options)
         read = sum(
@@ -92,7 +93,7 @@ def table_8bit_rows(options: QuantOptions, decoder: nn.Module, head: str | None)
     if options.table_8bit_rows and not applies:
         raise InputError(
             "--table-8bit-rows applies to a tied token table at 4 bits (--recipe 8da4w, --embedding 4w, an 8da4w LM "
-            "head, no --size-budget); drop it, or use --embedding 8w for a whole table at 8 bits"
+            "head), and a --size-budget chooses the rows itself; drop it, or use --embedding 8w for a whole table at 8 bits"
         )
     if options.table_8bit_rows >= vocab:
         raise InputError(

@@ -9,7 +9,10 @@ falls when that group alone takes 8-bit values, on calibration text that GPTQ di
 text it fitted, w2's 4-bit loss measured far below its loss elsewhere; docs/decisions/0021). Groups are
 then promoted greedily by gain per byte until the program's estimated size reaches the budget, as
 rules before the recipe's (recipes.rules_for); the recipe's own 8-bit rules of the blocks (wv, w2, the
-edge layers' w1 / w3) are then left out: the measurement replaces them. The weights' bytes are
+edge layers' w1 / w3) are then left out: the measurement replaces them. A tied table at 4 bits
+(recipes.table_splits) is measured at its 4-bit values too, and its first rows are candidates beside
+the groups, in chunks (table_chunks) promoted in id order: what it keeps at 8 bits is a number of first
+rows (recipes.table_8bit_rows), in place of the recipe's fixed share. The weights' bytes are
 estimated as the program stores them (program_bytes); what the graphs and delegate payloads add is
 bounded by graph_bytes.
 """
@@ -29,7 +32,7 @@ from genai_pipeline.data import iterate_with_progress
 from genai_pipeline.errors import InputError
 from genai_pipeline.options import QuantOptions
 from genai_pipeline.quantize.calibration import held_out_tokens
-from genai_pipeline.quantize.recipes import linear_recipes
+from genai_pipeline.quantize.recipes import HEAD, LOOKUP, linear_recipes, table_splits
 from genai_pipeline.quantize.weights import RULES, linear_bytes, torchao_qparams
 
 log = logging.getLogger(__name__)
@@ -92,6 +95,28 @@ def layer_groups(names: list[str], n_layers: int) -> dict[str, tuple[str, ...]]:
     return {g: tuple(members) for g, members in groups.items()}
 
 
+def table_chunks(vocab: int) -> tuple[tuple[int, int], ...]:
+    """A tied table's candidate rows, [start, end) each: the first 1024, then chunks doubling in size
+    ([1024, 2048), [2048, 4096), ...) up to half the vocabulary. The lowest ids are the most
+    frequent tokens (recipes.table_8bit_rows), so a chunk is worth less per row than the one before."""
+    chunks, start, end = [], 0, 1024
+    while end <= vocab // 2:
+        chunks.append((start, end))
+        start, end = end, 2 * end
+    return tuple(chunks)
+
+
+def table_group(start: int, end: int) -> str:
+    return f"table@{start}-{end - 1}"
+
+
+def table_row_bytes(dim: int, group_size: int) -> int:
+    """What a row of a tied 4-bit table adds at 8 bits (program_bytes): int8 values and one fp32
+    scale, read by lookup and head alike, against int4 values, the head's bf16 group scales and the
+    lookup's fp32 ones."""
+    return dim + 4 - (dim // 2 + dim // group_size * 6)
+
+
 def scored_positions(length: int, vocab: int, head_logits: int = HEAD_LOGITS) -> torch.Tensor:
     """The positions of a window of `length` tokens whose next-token distributions a size budget
     compares: all of them while length x vocab <= head_logits, else as many as fit, evenly spaced,
@@ -108,24 +133,41 @@ def promotion_gains(
     groups: dict[str, tuple[str, ...]],
     windows: list[list[int]],
     head_logits: int = HEAD_LOGITS,
+    table: torch.Tensor | None = None,
 ) -> dict[str, float]:
     """For each group of `groups` (of the layers of `four_bit`, {linear name: its 4-bit weight as
     float}): KL(float || every layer at 4 bits) minus the same with that group's layers at 8 bits
     (`eight_bit`, the same as float), in nats per token over `windows` (token lists, each from
     position 0), at each window's scored_positions. A group's change is measured by running the
-    blocks from its first on, from the hidden states the 4-bit model gives that block. The module
-    (weights, KV cache) is left as it was."""
+    blocks from its first on, from the hidden states the 4-bit model gives that block.
+    `table`: a tied table's 4-bit values as float, read by lookup and head alike in the 4-bit model
+    (changed in place and restored); each of its table_chunks is a candidate too, its rows at 8 bits
+    (torchao's 8da8w rule on the float rows), measured by running the whole model where the window
+    looks up one of its rows, else the head alone. The module (weights, KV cache) is left as it was."""
     from genai_pipeline.upstream.executorch_logs import native_logs_hidden
 
     state = {k: v.clone() for k, v in module.named_buffers()}
     linears = {n: module.get_submodule(n) for n in four_bit}
     originals = {n: m.weight.data for n, m in linears.items()}
+    tied = (module.get_submodule(LOOKUP), module.get_submodule(HEAD)) if table is not None else ()
+    tied_originals = [m.weight.data for m in tied]
+    chunks = table_chunks(table.shape[0]) if table is not None else ()
+    if table is not None:  # one tensor for lookup and head
+        table = table.to(tied_originals[0].dtype)
+
+    def eight_bit_rows(start: int, end: int) -> torch.Tensor:
+        q, d = torchao_qparams(tied_originals[0][start:end], module.config.dim, bits=8, bf16=False)
+        return (q.float() * d).to(table.dtype)
 
     def take(weights: dict[str, torch.Tensor]) -> None:
         for n, w in weights.items():
             linears[n].weight.data = w.to(originals[n].dtype)
 
-    gains, tokens = dict.fromkeys(groups, 0.0), 0
+    def take_table(weights) -> None:
+        for m, w in zip(tied, weights):
+            m.weight.data = w
+
+    gains, tokens = dict.fromkeys([*groups, *(table_group(*c) for c in chunks)], 0.0), 0
     try:
         for window in iterate_with_progress(windows, f"measuring {len(groups)} layer groups' gain from 8 bits"):
             x, pos = torch.tensor([window]), torch.tensor([0])
@@ -136,8 +178,11 @@ def promotion_gains(
 
             with native_logs_hidden():  # ExecuTorch's custom ops log from C++ in eager mode too
                 take(originals)
+                take_table(tied_originals)
                 reference = log_probs(module.forward_blocks(module.embed(x), pos))
                 take(four_bit)
+                if table is not None:
+                    take_table((table, table))
 
                 def kl(hidden: torch.Tensor) -> float:
                     return float((reference.exp() * (reference - log_probs(hidden))).sum())
@@ -145,7 +190,8 @@ def promotion_gains(
                 inputs = []  # each block's input in the all-4-bit model
                 hooks = [b.register_forward_pre_hook(lambda _, args: inputs.append(args[0])) for b in module.layers]
                 try:
-                    base = kl(module.forward_blocks(module.embed(x), pos))
+                    last = module.forward_blocks(module.embed(x), pos)
+                    base = kl(last)
                 finally:
                     for hook in hooks:
                         hook.remove()
@@ -154,10 +200,19 @@ def promotion_gains(
                     first = min(int(n.split(".")[1]) for n in members)
                     gains[g] += base - kl(module.forward_blocks(inputs[first], pos, first=first))
                     take({n: four_bit[n] for n in members})
+                for start, end in chunks:
+                    four = table[start:end].clone()
+                    table[start:end] = eight_bit_rows(start, end)
+                    looked_up = bool(((x >= start) & (x < end)).any())
+                    gains[table_group(start, end)] += base - kl(
+                        module.forward_blocks(module.embed(x), pos) if looked_up else last
+                    )
+                    table[start:end] = four
             tokens += len(scored)
         return {g: v / tokens for g, v in gains.items()}
     finally:
         take(originals)
+        take_table(tied_originals)
         for k, v in module.named_buffers():
             v.copy_(state[k])
 
@@ -169,12 +224,15 @@ def promote(
     windows: list[list[int]],
     room: float,
     group_size: int,
-) -> tuple[str, ...]:
-    """The layers of `four_bit` (see promotion_gains) to store at 8 bits within `room` more bytes:
-    by layer_groups, greedily by measured gain per extra byte; groups that gain nothing stay at 4 bits."""
+    table: torch.Tensor | None = None,
+) -> tuple[tuple[str, ...], int]:
+    """The layers of `four_bit` (see promotion_gains) to store at 8 bits within `room` more bytes,
+    and how many of a tied `table`'s first rows: by layer_groups and table_chunks, greedily by
+    measured gain per extra byte, a chunk only after those before it; groups that gain nothing stay
+    at 4 bits."""
     started = time.perf_counter()
     groups = layer_groups(list(four_bit), len(module.layers))
-    gains = promotion_gains(module, four_bit, eight_bit, groups, windows)
+    gains = promotion_gains(module, four_bit, eight_bit, groups, windows, table=table)
 
     def extra(n: str) -> int:
         out_features, in_features = module.get_submodule(n).weight.shape
@@ -183,16 +241,27 @@ def promote(
         )
 
     cost = {g: sum(map(extra, members)) for g, members in groups.items()}
+    chunks = table_chunks(table.shape[0]) if table is not None else ()
+    row = table_row_bytes(module.config.dim, group_size)
+    cost.update({table_group(start, end): (end - start) * row for start, end in chunks})
+    previous = {table_group(*c): table_group(*p) for p, c in zip(chunks, chunks[1:])}
+    order = sorted(gains, key=lambda g: gains[g] / cost[g], reverse=True)
     chosen, left = [], room
-    for g in sorted(gains, key=lambda g: gains[g] / cost[g], reverse=True):
-        if gains[g] > 0 and cost[g] <= left:
-            chosen.append(g)
-            left -= cost[g]
+
+    def can_take(g: str) -> bool:
+        in_order = g not in previous or previous[g] in chosen  # a table chunk after the rows before it
+        return in_order and g not in chosen and gains[g] > 0 and cost[g] <= left
+
+    # the best that fits, asked again after each choice: a chunk may have waited for the one before it
+    while (g := next((g for g in order if can_take(g)), None)) is not None:
+        chosen.append(g)
+        left -= cost[g]
+    rows = max((end for start, end in chunks if table_group(start, end) in chosen), default=0)
     log.info(
-        "size budget: %d of %d layer groups at 8 bits (%s; %.1f of %.1f MB to spare), measured on %d tokens "
+        "size budget: %d of %d candidates at 8 bits (%s; %.1f of %.1f MB to spare), measured on %d tokens "
         "(the KL at %d of their positions) in %.0f s",
         len(chosen),
-        len(groups),
+        len(gains),
         " ".join(sorted(chosen)),
         (room - left) / 1e6,
         room / 1e6,
@@ -200,8 +269,8 @@ def promote(
         sum(len(scored_positions(len(w), module.config.vocab_size)) for w in windows),
         time.perf_counter() - started,
     )
-    promoted = {n for g in chosen for n in groups[g]}
-    return tuple(n for n in four_bit if n in promoted)
+    promoted = {n for g in chosen if g in groups for n in groups[g]}
+    return tuple(n for n in four_bit if n in promoted), rows
 
 
 def budget_room(decoder: nn.Module, options: QuantOptions, n_methods: int) -> float:
@@ -232,14 +301,18 @@ def with_promoted(
 
     smallest = linear_recipes(decoder, dataclasses.replace(options, promoted=()))
     four_bit, eight_bit, rule = {}, {}, RULES[options.weight_rule]
+
+    def four(m: nn.Linear, name: str) -> torch.Tensor:
+        return dequantized(*(int4.get(f"{name}.weight") or rule(m.weight, options.group_size)))
+
     for name, m in decoder.named_modules():
         if isinstance(m, nn.Linear) and name.startswith("layers.") and smallest[name] == "8da4w":
-            four_bit[name] = dequantized(*(int4.get(f"{name}.weight") or rule(m.weight, options.group_size)))
+            four_bit[name] = four(m, name)
             eight_bit[name] = dequantized(
                 *torchao_qparams(m.weight, m.in_features, bits=8, bf16=False)
             )  # torchao's 8da8w rule
+    table = four(decoder.output, HEAD) if table_splits(options, decoder, smallest.get(HEAD)) else None
     tokens, window = held_out_tokens(prepared, options), min(SENSITIVITY_WINDOW, prepared.options.max_seq_len)
     windows = [tokens[i : i + window] for i in range(0, len(tokens), window)]
-    return dataclasses.replace(
-        options, promoted=promote(decoder, four_bit, eight_bit, windows, room, options.group_size)
-    )
+    promoted, rows = promote(decoder, four_bit, eight_bit, windows, room, options.group_size, table)
+    return dataclasses.replace(options, promoted=promoted, table_8bit_rows=rows)

@@ -23,6 +23,7 @@ from genai_pipeline.quantize.recipes import (
     quantize_module,
     recipe_counts,
     rules_for,
+    split_tied_table,
     table_8bit_rows,
 )
 from genai_pipeline.quantize.rotation import can_rotate, rotates_inputs
@@ -127,7 +128,13 @@ def _quantize_dynamic(prepared: PreparedModel, artifact, options: QuantOptions, 
         int4 = {k: v for k, v in int4.items() if k not in chosen}
     taken = [k.removesuffix(".weight") for k in int4]
     options = dataclasses.replace(options, rules=rules_for(options, len(decoder.layers), taken))
-    plan = quantize_module(decoder, options, int4) if budget else streamed.plan
+    if budget:
+        given = dict(int4)  # `int4` keeps the whole head's values: what eval is given again
+        if options.table_8bit_rows:  # the budget's choice of the table's first rows
+            split_tied_table(decoder, options.table_8bit_rows, given)
+        plan = quantize_module(decoder, options, given)
+    else:
+        plan = streamed.plan
     log.info(
         "quantized %s: %s", artifact.key.value, ", ".join(f"{n} layers {r}" for r, n in recipe_counts(plan).items())
     )

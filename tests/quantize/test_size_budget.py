@@ -27,6 +27,8 @@ from genai_pipeline.quantize.size_budget import (
     promote,
     promotion_gains,
     scored_positions,
+    table_chunks,
+    table_row_bytes,
 )
 from genai_pipeline.quantize.weights import q4_0_qparams, torchao_qparams
 from genai_pipeline.registry import get_spec
@@ -99,8 +101,44 @@ def test_the_measurement_finds_a_broken_layer_and_leaves_the_model_as_it_was():
     after = decoder.state_dict()
     assert all(torch.equal(before[k], after[k]) for k in before)  # weights and KV cache
     extra = linear_bytes(768, 256, "8da8w", 32) - linear_bytes(768, 256, "8da4w", 32)
-    assert promote(decoder, four_bit, eight_bit, windows, extra, 32) == (broken,)
-    assert promote(decoder, four_bit, eight_bit, windows, extra - 1, 32) == ()  # it does not fit
+    assert promote(decoder, four_bit, eight_bit, windows, extra, 32) == ((broken,), 0)  # no table given: no rows
+    assert promote(decoder, four_bit, eight_bit, windows, extra - 1, 32) == ((), 0)  # it does not fit
+
+
+def test_the_tables_candidates_are_its_first_rows_in_doubling_chunks():
+    assert table_chunks(49152) == ((0, 1024), (1024, 2048), (2048, 4096), (4096, 8192), (8192, 16384))
+    assert table_chunks(4096) == ((0, 1024), (1024, 2048)) and table_chunks(2047) == ()
+    # Gemma 3's width: 644 bytes a row at 8 bits against 440 at 4 (docs/decisions/0038)
+    assert table_row_bytes(640, 32) == 644 - 440
+
+
+def test_the_measurement_finds_the_table_rows_that_matter_and_takes_them_in_order():
+    """A tied table's chunks are candidates beside the block groups: a chunk the windows look up
+    (the whole model runs) and one only the head reads; rows are promoted as a prefix only."""
+    decoder = _reference_decoder(rotated=False)
+    names = [n for n, m in decoder.named_modules() if isinstance(m, torch.nn.Linear) and n.startswith("layers.")]
+    blocks = {n: decoder.get_submodule(n).weight.detach().clone() for n in names}  # nothing to gain there
+    weights = decoder.output.weight.detach().clone()  # 8 bits are as good as float here
+    tokens = [t % 1024 for t in range(7, 7 + 2 * 96)]  # ids in the first chunk only
+    windows = [tokens[:96], tokens[96:]]
+    groups = layer_groups(names, len(decoder.layers))
+    before = {k: v.clone() for k, v in decoder.state_dict().items()}
+    for broken, looked_up in (((0, 1024), True), ((1024, 2048), False)):
+        four = weights.clone()
+        four[slice(*broken)] += 0.05 * torch.randn_like(four[slice(*broken)])
+        gains = promotion_gains(decoder, blocks, blocks, groups, windows, table=four)
+        name = f"table@{broken[0]}-{broken[1] - 1}"
+        assert max(gains, key=gains.get) == name and gains[name] > 100 * max(
+            abs(g) for k, g in gains.items() if k != name
+        ), looked_up
+    assert all(torch.equal(before[k], v) for k, v in decoder.state_dict().items())
+    assert decoder.output.weight.data_ptr() == decoder.tok_embeddings.weight.data_ptr()  # still one table
+    row = table_row_bytes(decoder.config.dim, 32)
+    # the second chunk gains, the first does not: nothing before it, so no rows
+    assert promote(decoder, blocks, blocks, windows, 10 * 2048 * row, 32, four) == ((), 0)
+    four[:1024] += 0.01 * torch.randn_like(four[:1024])  # the first gains a little: both fit, in order
+    assert promote(decoder, blocks, blocks, windows, 2048 * row, 32, four) == ((), 2048)
+    assert promote(decoder, blocks, blocks, windows, 2048 * row - 1, 32, four) == ((), 1024)
 
 
 def test_an_export_under_a_budget_fits_it_and_eval_rebuilds_its_mix(tmp_path, capsys):
@@ -124,15 +162,15 @@ def test_an_export_under_a_budget_fits_it_and_eval_rebuilds_its_mix(tmp_path, ca
         str(out),
     ]
     assert main(argv) == 0
-    assert "layer groups at 8 bits" in capsys.readouterr().err
+    assert "candidates at 8 bits" in capsys.readouterr().err
     manifest = Manifest.read(out)
-    promoted = manifest.quantization["promoted"]
-    assert manifest.recipe.endswith(f"+emb4w+budget{budget:g}MB") and 0 < len(promoted) < 4 * 7
+    promoted, rows = manifest.quantization["promoted"], manifest.quantization["table_8bit_rows"]
+    assert f"+emb4w+{f'table{rows}rows=8w+' if rows else ''}budget{budget:g}MB" in manifest.recipe
+    assert 0 < len(promoted) < 4 * 7 and rows in (0, 1024, 2048)
     quant = QuantOptions(recipe="8da4w", size_budget=budget, promoted=promoted)
     size = (out / "text_decoder.pte").stat().st_size
-    assert (
-        0 <= size - _bytes(decoder, quant) <= graph_bytes(4, 1) and size <= budget * 1e6
-    )  # a tied int4 table: stored once
+    expected = _bytes(decoder, quant) + rows * table_row_bytes(decoder.config.dim, 32)
+    assert 0 <= size - expected <= graph_bytes(4, 1) and size <= budget * 1e6  # a tied table: each part stored once
     rebuilt = quantized_model(out, manifest, float_model(manifest))
     eight = {
         n
@@ -140,6 +178,7 @@ def test_an_export_under_a_budget_fits_it_and_eval_rebuilds_its_mix(tmp_path, ca
         if n.startswith("layers.") and isinstance(m, torch.nn.Linear) and m.weight.target_dtype == torch.int8
     }
     assert eight == set(promoted)
+    assert rebuilt.output.first.out_features == rows if rows else isinstance(rebuilt.output, torch.nn.Linear)
     assert main(["eval", str(out), "--text", str(REFERENCE / "heldout.txt"), "--max-tokens", "300", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["top1_agreement"] > 0.8
 
