@@ -116,8 +116,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--size-budget",
         type=float,
         metavar="MB",
-        help="8da4w: the program's size in MB (10^6 bytes); which block linears keep 8 bits is then chosen by their "
-        "measured gain per byte on the calibration text, instead of by the fixed rules",
+        help="8da4w: the program's size in MB (10^6 bytes); which block linears keep 8 bits, and how many of a tied "
+        "4-bit table's first rows, is then chosen by their measured gain per byte on the calibration text, instead of by "
+        "the fixed rules",
     )
     p.add_argument(
         "--table-8bit-rows",

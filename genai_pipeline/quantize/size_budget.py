@@ -169,7 +169,7 @@ def promotion_gains(
 
     gains, tokens = dict.fromkeys([*groups, *(table_group(*c) for c in chunks)], 0.0), 0
     try:
-        for window in iterate_with_progress(windows, f"measuring {len(groups)} layer groups' gain from 8 bits"):
+        for window in iterate_with_progress(windows, f"measuring {len(gains)} candidates' gain from 8 bits"):
             x, pos = torch.tensor([window]), torch.tensor([0])
             scored = scored_positions(len(window), module.config.vocab_size, head_logits)
 
@@ -296,8 +296,10 @@ def with_promoted(
     (budget_room; size_budget.py), measured on held_out_tokens with each candidate at the 4-bit
     values the export stores (`int4`: gptq's or a GGUF's, else the weight rule's) or at 8da8w's."""
 
-    def dequantized(q: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
-        return q.float() * d.float().repeat_interleave(q.shape[1] // d.shape[1], dim=1)
+    def dequantized(q: torch.Tensor, d: torch.Tensor) -> torch.Tensor:  # in place: one float copy of a large table
+        w = q.float()
+        w.view(q.shape[0], d.shape[1], -1).mul_(d.float().unsqueeze(-1))
+        return w
 
     smallest = linear_recipes(decoder, dataclasses.replace(options, promoted=()))
     four_bit, eight_bit, rule = {}, {}, RULES[options.weight_rule]
