@@ -47,8 +47,12 @@ W2_4BIT = [["feed_forward\\.w2$", "8da4w"]]  # every w2 at 4 bits (the default k
 W2_8BIT = [["feed_forward\\.w2$", "8da8w"]]  # every w2 at 8 bits (the default before the mix)
 VARIANTS = {
     # the default: rotated, smoothed, gptq (head too), wv 8-bit, w2 8-bit in llama.cpp's more-bits layers
-    # and w1/w3 in the edge layers, embedding 4w
+    # and w1/w3 in the edge layers, embedding 4w; where the tied table holds half the weights, every
+    # block linear 8-bit and no run-time rotation instead (docs/decisions/0047)
     "8da4w": {"recipe": "8da4w"},
+    # the fixed 8-bit rules even where the tied table holds half the weights (the default before
+    # docs/decisions/0047; on other models the same as 8da4w)
+    "8da4w-4bit-blocks": {"recipe": "8da4w", "keep_8bit": ["\\.attention\\.wv$"]},
     "8da4w-norot": {"recipe": "8da4w", "rotate": False},  # the default, not rotated
     "8da4w-nosq": {"recipe": "8da4w", "smooth": None, "rotate": False},  # the default, neither smoothed nor rotated
     "8da4w-head8": {"recipe": "8da4w", "head": "8da8w", "overrides": W2_4BIT},  # gptq, head and wv 8-bit

@@ -187,7 +187,8 @@ class QuantOptions:
         "gptq"  # 4-bit weights: gptq (calibrated), mse (least-squares scales), q4_0 (llama.cpp's, positive), torchao
     )
     head: str | None = "auto"  # the LM head's recipe; auto: the recipe's rule (quantize/recipes.py); None: the recipe
-    keep_8bit: tuple[str, ...] | None = None  # regexes of layers at 8da8w under 8da4w; None: the recipe's rule
+    # regexes of layers at 8da8w under 8da4w; None: the recipe's rule (quantize/recipes.py for_decoder)
+    keep_8bit: tuple[str, ...] | None = None
     smooth: float | None = SMOOTH_ALPHA  # dynamic recipes: SmoothQuant's alpha on the calibration text; None: off
     rotate: bool = True  # dynamic recipes: rotate first, the residual stream or the linears' inputs (rotation.py)
     calibration: CalibrationOptions = CalibrationOptions()  # static recipes only

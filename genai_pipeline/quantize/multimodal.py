@@ -42,6 +42,7 @@ from genai_pipeline.quantize.gptq import gptq_int4, gptq_names
 from genai_pipeline.quantize.recipes import (
     HEAD,
     describe,
+    for_decoder,
     linear_recipes,
     quantize_module,
     recipe_counts,
@@ -240,6 +241,7 @@ def quantize_vision_language(prepared: PreparedModel, options: QuantOptions, tar
         return prepared
     artifact = prepared.artifacts[ArtifactKey.MULTIMODAL]
     model = artifact.module
+    options = for_decoder(options, model.decoder)
     # the table's first rows at 8 bits as in a text decoder, counted (or an explicit number refused) before any work
     head = linear_recipes(model.decoder, decoder_options(options)).get(HEAD)
     options = dataclasses.replace(options, table_8bit_rows=table_8bit_rows(options, model.decoder, head))

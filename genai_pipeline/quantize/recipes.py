@@ -4,6 +4,7 @@ promotions before them), and quantize_module, which applies them to a module in 
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Iterable, Mapping
 
@@ -36,6 +37,11 @@ TABLE_8BIT_SHARE = 0.04
 # rotations take most of the decode time the rows had (docs/decisions/0040)
 TABLE_8BIT_SHARE_ROTATED_INPUTS = 0.016
 EDGE_SHARE = 1 / 15  # 8da4w's edge layers: the first and last 1/15 of the blocks
+# 8da4w: where a tied table holds at least this share of a decoder's weights, its head takes most of a
+# decode step and the blocks' 4-bit loss is beyond what the table's 8-bit rows recover: every block
+# linear takes 8 bits (for_decoder; docs/decisions/0047)
+TABLE_DOMINATES = 0.5
+BLOCKS = r"^layers\."  # every block linear (for_decoder's rule)
 
 
 def more_bits_layers(n_layers: int) -> tuple[int, ...]:
@@ -103,6 +109,30 @@ def table_8bit_rows(options: QuantOptions, decoder: nn.Module, head: str | None)
     return options.table_8bit_rows
 
 
+def table_share(decoder: nn.Module) -> float:
+    """The share of `decoder`'s weights (its table and block linears) its tied table holds; 0 untied."""
+    config = decoder.config
+    if not config.tie_embeddings:
+        return 0.0
+    table = config.vocab_size * config.dim
+    return table / (table + sum(m.weight.numel() for m in decoder.layers.modules() if isinstance(m, nn.Linear)))
+
+
+def for_decoder(options: QuantOptions, decoder: nn.Module) -> QuantOptions:
+    """`options` as they apply to `decoder`: under 8da4w, where its tied table holds at least
+    TABLE_DOMINATES of its weights, every block linear at 8 bits (`keep_8bit`) and no run-time
+    rotation of their inputs (rotation.rotates_inputs): those would feed 8-bit linears only, for a
+    few percent of a step. Options that name the 8-bit layers (`keep_8bit`, a size budget, an
+    export's own `rules`) are kept as they are."""
+    if options.recipe != "8da4w" or options.keep_8bit is not None or options.size_budget is not None:
+        return options
+    share = table_share(decoder)
+    if options.rules is not None or share < TABLE_DOMINATES:
+        return options
+    log.info("the tied table holds %.0f %% of the weights: every block linear at 8 bits", 100 * share)
+    return dataclasses.replace(options, keep_8bit=(BLOCKS,), rotate=options.rotate and not rotates_inputs(decoder))
+
+
 def eight_bit_patterns(options: QuantOptions) -> tuple[str, ...]:
     """The layers 8da4w keeps at 8 bits in every block: `keep_8bit`, or by default the attention's
     value projection, as llama.cpp's Q4_K_M keeps attn_v higher (docs/decisions/0011); none under a
@@ -121,7 +151,8 @@ def recipe_rules(options: QuantOptions, n_layers: int, given: Iterable[str] = ()
     rules = [Rule(r"^head_rotation$", "fp32")]  # rotation's float d x d before a tied head (rotation.py)
     if options.recipe == "8da4w":
         rules += [Rule(p, "8da8w") for p in eight_bit_patterns(options)]
-        if options.size_budget is None:  # a size budget measures instead (size_budget.py)
+        # a size budget measures instead (size_budget.py); every block at 8 bits needs no more
+        if options.size_budget is None and BLOCKS not in eight_bit_patterns(options):
             rules += [
                 # the MLP's down projection where Q4_K_M gives ffn_down more bits; every w2 at 8 bits
                 # cost 1-thread decode speed beyond the bound (docs/decisions/0020)
@@ -167,12 +198,15 @@ def describe(options: QuantOptions) -> str:
     if not options.is_static and head_recipe(options):
         parts.append(f"head{head_recipe(options)}")
     if options.recipe == "8da4w":
-        parts += [f"{p.replace(chr(92), '').strip('.$')}=8da8w" for p in eight_bit_patterns(options)]
+        parts += [
+            f"{'blocks' if p == BLOCKS else p.replace(chr(92), '').strip('.$')}=8da8w"
+            for p in eight_bit_patterns(options)
+        ]
     if options.table_8bit_rows:
         parts.append(f"table{options.table_8bit_rows}rows=8w")
     if options.size_budget is not None:
         parts.append(f"budget{options.size_budget:g}MB")
-    elif options.recipe == "8da4w":
+    elif options.recipe == "8da4w" and BLOCKS not in eight_bit_patterns(options):
         parts += ["more_bits.w2=8da8w", "edges.w1w3=8da8w"]
     parts += [f"{p}={r}" for p, r in options.overrides]
     if options.vision_recipe:

@@ -19,6 +19,7 @@ from genai_pipeline.quantize.recipes import (
     HEAD,
     check_group_size,
     describe,
+    for_decoder,
     linear_recipes,
     quantize_module,
     recipe_counts,
@@ -63,6 +64,8 @@ def quantize_text(
     if given is None:
         given = checkpoint_int4(prepared, options)
     decoders = [a.module for a in prepared.artifacts.values()]
+    for decoder in decoders:
+        options = for_decoder(options, decoder)
     if options.rotate and (given or not all(can_rotate(d) or rotates_inputs(d) for d in decoders)):
         options = dataclasses.replace(options, rotate=False)  # a GGUF's given int4 values fit its own basis only
     if options.rotate and options.smooth is not None and any(rotates_inputs(d) for d in decoders):

@@ -18,9 +18,12 @@ from genai_pipeline.options import PrepareOptions, QuantOptions, quant_options_f
 from genai_pipeline.prepare import prepare
 from genai_pipeline.quantize import quantize
 from genai_pipeline.quantize.recipes import (
+    BLOCKS,
+    HEAD,
     TABLE_8BIT_SHARE,
     TABLE_8BIT_SHARE_ROTATED_INPUTS,
     describe,
+    for_decoder,
     linear_recipes,
     recipe_rules,
     rules_for,
@@ -244,6 +247,44 @@ def test_a_decoder_whose_inputs_are_rotated_gives_the_table_a_smaller_share():
     assert rotated * per_row <= TABLE_8BIT_SHARE_ROTATED_INPUTS * read < (rotated + 1024) * per_row
     assert unrotated * per_row <= TABLE_8BIT_SHARE * read < (unrotated + 1024) * per_row
     assert 0 < rotated < unrotated
+
+
+def _gemma3_270m():
+    """Gemma 3 270M's shape (a GGUF's, not a registry entry): a 262,144-row table 640 wide, 18 blocks."""
+    from genai_pipeline.models.decoder import Decoder
+
+    config = dataclasses.replace(
+        get_spec("gemma3-1b").config, dim=640, n_layers=18, hidden_dim=2048, sliding_window_layers=(0,)
+    )
+    with torch.device("meta"):
+        return Decoder(config, max_seq_len=64)
+
+
+def test_a_tied_table_that_holds_half_the_weights_takes_every_block_linear_to_8_bits():
+    """docs/decisions/0047: Gemma 3 270M's blocks at 8 bits, its table at 4 with its first rows at 8,
+    and no run-time rotations, which would rotate 8-bit inputs only."""
+    default = QuantOptions(recipe="8da4w")
+    gemma = for_decoder(default, _gemma3_270m())
+    assert (gemma.keep_8bit, gemma.rotate, gemma.smooth) == ((BLOCKS,), False, default.smooth)
+    recipes = linear_recipes(_gemma3_270m(), gemma)
+    assert {r for n, r in recipes.items() if n.startswith("layers.")} == {"8da8w"} and recipes[HEAD] == "8da4w"
+    assert table_8bit_rows(gemma, _gemma3_270m(), "8da4w") > table_8bit_rows(default, _gemma3_270m(), "8da4w") > 0
+    recipe = describe(gemma)
+    assert recipe.startswith("8da4w-g32-sq0.5+emb4w+blocks=8da8w") and "more_bits" not in recipe, recipe
+    # a residual stream that rotates keeps its rotation: the 4-bit head reads it
+    stories = for_decoder(default, _decoder_of("stories15m"))
+    assert (stories.keep_8bit, stories.rotate) == ((BLOCKS,), True)
+    # every registry text decoder's table holds under a third of its weights: unchanged
+    for name in ("smollm2-135m", "gemma3-1b", "qwen2_5-0_5b", "reference"):
+        assert for_decoder(default, _decoder_of(name)) == default, name
+    # options that name the 8-bit layers, and the other recipes, are kept
+    for given in (
+        dataclasses.replace(default, keep_8bit=()),
+        dataclasses.replace(default, size_budget=220.0),
+        dataclasses.replace(default, rules=rules_for(default, 18)),
+        QuantOptions(recipe="8da8w"),
+    ):
+        assert for_decoder(given, _gemma3_270m()) == given
 
 
 def test_a_head_in_parts_takes_its_recipes_from_the_rule_of_the_whole_head():
