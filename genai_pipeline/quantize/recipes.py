@@ -124,10 +124,9 @@ def for_decoder(options: QuantOptions, decoder: nn.Module) -> QuantOptions:
     rotation of their inputs (rotation.rotates_inputs): those would feed 8-bit linears only, for a
     few percent of a step. Options that name the 8-bit layers (`keep_8bit`, a size budget, an
     export's own `rules`) are kept as they are."""
-    if options.recipe != "8da4w" or options.keep_8bit is not None or options.size_budget is not None:
-        return options
+    named = options.keep_8bit is not None or options.size_budget is not None or options.rules is not None
     share = table_share(decoder)
-    if options.rules is not None or share < TABLE_DOMINATES:
+    if options.recipe != "8da4w" or named or share < TABLE_DOMINATES:
         return options
     log.info("the tied table holds %.0f %% of the weights: every block linear at 8 bits", 100 * share)
     return dataclasses.replace(options, keep_8bit=(BLOCKS,), rotate=options.rotate and not rotates_inputs(decoder))
